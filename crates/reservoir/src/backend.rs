@@ -1,0 +1,253 @@
+//! The backend contract: the only place that touches a device.
+//!
+//! A [`Backend`] is a slow, synchronising source of device memory (a driver's
+//! `cudaMalloc`, `clSVMAlloc`, `mmap`, or the [simulated device](crate::sim)).
+//! The caching allocator sits on top of it and calls it as rarely as it can.
+//!
+//! The contract is deliberately small: allocate and free whole segments, report
+//! free and total memory, create streams, record, query and synchronise events.
+//! Everything else (virtual-memory mapping, IPC, peer access, copies) is an
+//! optional capability, queried at run time through [`Backend::capabilities`]
+//! and the `as_*` accessors.
+//!
+//! Backends report only what the caller cannot anticipate. Their errors say
+//! whether releasing cached memory and retrying can help
+//! ([`BackendError::is_retryable`]).
+
+use std::fmt;
+
+/// A device address. Addresses are plain integers to the allocator: policy
+/// code never dereferences device memory.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
+#[serde(transparent)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null pointer, returned for zero-byte allocations (as PyTorch does).
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// True for the null pointer.
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+impl fmt::Debug for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// A stream: an ordered queue of device work.
+///
+/// The value is the backend's handle (for CUDA, the `cudaStream_t` pointer
+/// value). Free blocks are ordered by it, exactly as PyTorch orders them by
+/// the stream pointer, so replays that map recorded stream values one to one
+/// reproduce PyTorch's tie-breaking. `StreamId(0)` is the default stream.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
+#[serde(transparent)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The default (legacy) stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+impl fmt::Debug for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {}", self.0)
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// An event recorded on a stream: complete when the work before it is.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct EventId(pub u64);
+
+/// Free and total device memory, as `cudaMemGetInfo` reports it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct MemInfo {
+    /// Bytes the device could still hand out.
+    pub free: u64,
+    /// The device's capacity in bytes.
+    pub total: u64,
+}
+
+/// What went wrong inside a backend.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The device has no room for `requested` bytes. Releasing cached
+    /// memory and retrying can help.
+    #[error("device out of memory: {requested} bytes requested, {free} bytes free")]
+    OutOfMemory {
+        /// Bytes that were asked for.
+        requested: u64,
+        /// Bytes the device reported free at the time.
+        free: u64,
+    },
+    /// The device is gone (reset, removed, context lost). Nothing helps.
+    #[error("device lost: {0}")]
+    DeviceLost(String),
+    /// The backend was handed something it does not know (an address it
+    /// did not allocate, an unknown stream or event).
+    #[error("invalid value: {0}")]
+    InvalidValue(String),
+    /// The backend lacks this capability.
+    #[error("not supported by the {backend} backend: {what}")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// The operation it cannot do.
+        what: &'static str,
+    },
+    /// Any other driver failure, with the driver's own words.
+    #[error("driver error: {0}")]
+    Driver(String),
+}
+
+impl BackendError {
+    /// True when releasing cached memory and retrying the allocation can
+    /// succeed (the device is out of memory); false when retrying is futile.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, BackendError::OutOfMemory { .. })
+    }
+}
+
+/// Optional capabilities of a backend, queried at run time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Reserve address ranges and map pages into them
+    /// ([`Backend::as_virtual_memory`]); needed by expandable segments.
+    pub virtual_memory: bool,
+    /// Share allocations with other processes.
+    pub ipc: bool,
+    /// Access the memory of peer devices.
+    pub peer_access: bool,
+    /// Copy between device allocations ([`Backend::as_memcpy`]).
+    pub memcpy: bool,
+    /// Work runs asynchronously: events may be pending when recorded and
+    /// must be queried. Informational; the allocator always queries events.
+    pub async_streams: bool,
+}
+
+/// A device memory source: the whole contract a device must fulfil.
+///
+/// All methods take `&self`: a backend is shared between the allocator (which
+/// calls it under its device lock) and the program (which enqueues work on
+/// streams). Implementations use interior mutability where they need state.
+pub trait Backend: Send + Sync {
+    /// A short name for messages ("sim", "host", "opencl", "cuda").
+    fn name(&self) -> &'static str;
+
+    /// Allocate one segment of exactly `size` bytes (the `cudaMalloc` of
+    /// PyTorch). `stream` is the stream the segment will serve; most drivers
+    /// ignore it. On failure nothing is allocated.
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<DevicePtr, BackendError>;
+
+    /// Free a segment returned by [`allocate`](Backend::allocate), with the
+    /// size it was allocated with.
+    fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), BackendError>;
+
+    /// Free and total device memory.
+    fn mem_info(&self) -> Result<MemInfo, BackendError>;
+
+    /// Create a new stream.
+    fn create_stream(&self) -> Result<StreamId, BackendError>;
+
+    /// Record an event on `stream`: it completes when the work enqueued on
+    /// `stream` so far has completed.
+    fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError>;
+
+    /// Non-blocking: has the event completed?
+    fn query_event(&self, event: EventId) -> Result<bool, BackendError>;
+
+    /// Block until the event has completed.
+    fn synchronize_event(&self, event: EventId) -> Result<(), BackendError>;
+
+    /// Give an event back to the backend (it may pool it).
+    fn destroy_event(&self, event: EventId) -> Result<(), BackendError>;
+
+    /// Block until all work enqueued on `stream` so far has completed
+    /// (`cudaStreamSynchronize`). The allocator calls it before unmapping
+    /// pages of an expandable segment, which the driver does not order.
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Block until all work on every stream has completed (`cudaDeviceSynchronize`).
+    fn synchronize_device(&self) -> Result<(), BackendError>;
+
+    /// The optional capabilities this backend has.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// The virtual-memory capability, if the backend has it.
+    fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        None
+    }
+
+    /// The copy capability, if the backend has it.
+    fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+        None
+    }
+}
+
+/// A reserved virtual address range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// First address of the range.
+    pub base: DevicePtr,
+    /// Length of the range in bytes (a multiple of the granularity).
+    pub size: u64,
+}
+
+/// Virtual-memory capability: reserve an address range, map and unmap pages
+/// of physical memory into it (`cuMemAddressReserve` / `cuMemCreate` +
+/// `cuMemMap` / `cuMemUnmap` in CUDA). Expandable segments are built on it.
+pub trait VirtualMemory: Send + Sync {
+    /// The page size mapping works in; every offset and length is a multiple.
+    fn granularity(&self) -> u64;
+
+    /// Reserve `size` bytes of address space without backing memory.
+    fn reserve(&self, size: u64) -> Result<Reservation, BackendError>;
+
+    /// Back `[offset, offset + len)` of the reservation with physical memory.
+    /// Fails with [`BackendError::OutOfMemory`] without mapping anything if the
+    /// device cannot back the whole range.
+    fn map(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError>;
+
+    /// Give the physical memory behind `[offset, offset + len)` back.
+    fn unmap(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError>;
+
+    /// Release the reservation (all of it must be unmapped).
+    fn release(&self, reservation: Reservation) -> Result<(), BackendError>;
+}
+
+/// Copy capability: device-to-device copies ordered on a stream.
+pub trait Memcpy: Send + Sync {
+    /// Copy `len` bytes from `src` to `dst`, ordered after prior work on `stream`.
+    fn copy(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError>;
+}

@@ -1,0 +1,370 @@
+//! The invariant checker: walks every segment, pool and counter and compares
+//! them with a recount. Tests, property tests and fuzzing run it after every
+//! operation.
+
+use std::collections::HashMap;
+
+use super::block::{BlockId, NIL};
+use super::device::DeviceState;
+use super::{BlockInfo, BlockState, SegmentInfo};
+use crate::device_allocator::MempoolId;
+use crate::stats::{DeviceStats, StatArray, StatType};
+
+/// A broken invariant, with what was expected and what was found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("allocator invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)*) => {
+        if !$cond {
+            return Err(InvariantViolation(format!($($arg)*)));
+        }
+    };
+}
+
+impl DeviceState {
+    pub(crate) fn block_state(&self, id: BlockId) -> BlockState {
+        let b = &self.blocks[id];
+        if b.allocated {
+            BlockState::ActiveAllocated
+        } else if b.event_count > 0 || !b.stream_uses.is_empty() {
+            BlockState::ActivePendingFree
+        } else {
+            BlockState::Inactive
+        }
+    }
+
+    /// Segments as PyTorch's snapshot reports them: each contiguous mapped
+    /// run of an expandable segment is a segment of its own (spec 1.11).
+    /// With `pool`, only the segments of that pool ([`MempoolId::DEFAULT`]
+    /// for the global pools).
+    pub(crate) fn segment_infos(&self, pool: Option<MempoolId>) -> Vec<SegmentInfo> {
+        let mut out: Vec<SegmentInfo> = Vec::new();
+        for (i, s) in self.segments.items.iter().enumerate() {
+            let owner = self.owner(s.pool).unwrap_or_default();
+            if !s.live || pool.is_some_and(|p| p != owner) {
+                continue;
+            }
+            let mut current: Option<SegmentInfo> = None;
+            for id in self.segment_blocks(i as u32) {
+                let b = &self.blocks[id];
+                if !b.mapped {
+                    out.extend(current.take());
+                    continue;
+                }
+                let seg = current.get_or_insert_with(|| SegmentInfo {
+                    address: b.addr,
+                    total_size: 0,
+                    stream: s.stream,
+                    is_small: self.pools[s.pool as usize].is_small,
+                    is_expandable: s.expandable.is_some(),
+                    pool_id: owner,
+                    blocks: Vec::new(),
+                });
+                seg.total_size += b.size;
+                seg.blocks.push(BlockInfo {
+                    address: b.addr,
+                    size: b.size,
+                    requested_size: b.requested_size,
+                    state: self.block_state(id),
+                });
+            }
+            out.extend(current);
+        }
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        let mut recount = DeviceStats::default();
+        let mut seen = 0usize;
+        let mut reserved = 0u64;
+        let mut pool_members = 0usize;
+        let mut unmapped_members = 0usize;
+        let mut pending: HashMap<BlockId, u32> = HashMap::new();
+        for queue in self.events.values() {
+            for &(_, id) in queue {
+                *pending.entry(id).or_default() += 1;
+            }
+        }
+        for (sid, seg) in self.segments.items.iter().enumerate() {
+            if !seg.live {
+                continue;
+            }
+            let sid = sid as u32;
+            let st = StatType::for_pool(self.pools[seg.pool as usize].is_small);
+            let expandable = seg.expandable.as_deref();
+            if expandable.is_none() {
+                // Expandable segments never count as segments (spec 1.11).
+                recount.segment.increase(st, 1);
+                recount.reserved_bytes.increase(st, seg.size);
+                reserved += seg.size;
+            }
+            ensure!(seg.head != NIL, "segment {:#x} has no head block", seg.addr);
+            ensure!(
+                self.blocks[seg.head].prev == NIL,
+                "head of segment {:#x} has a prev block",
+                seg.addr
+            );
+            let mut expect_addr = seg.addr;
+            let mut prev = NIL;
+            // (free, mapped) of the previous block, to find unmerged neighbours.
+            let mut prev_free: Option<bool> = None;
+            for id in self.segment_blocks(sid) {
+                let b = &self.blocks[id];
+                seen += 1;
+                ensure!(
+                    b.live,
+                    "dead block {id} linked into segment {:#x}",
+                    seg.addr
+                );
+                ensure!(
+                    b.addr == expect_addr,
+                    "gap or overlap in segment {:#x}: block at {:#x}, expected {:#x}",
+                    seg.addr,
+                    b.addr,
+                    expect_addr
+                );
+                ensure!(
+                    b.size > 0 && b.size % 512 == 0,
+                    "block {:#x} has size {}",
+                    b.addr,
+                    b.size
+                );
+                ensure!(b.prev == prev, "block {:#x} prev link broken", b.addr);
+                ensure!(
+                    b.segment == sid,
+                    "block {:#x} names the wrong segment",
+                    b.addr
+                );
+                ensure!(
+                    b.stream == seg.stream,
+                    "block {:#x} stream differs from its segment",
+                    b.addr
+                );
+                ensure!(
+                    b.pool == seg.pool,
+                    "block {:#x} pool differs from its segment",
+                    b.addr
+                );
+                ensure!(
+                    b.expandable == expandable.is_some(),
+                    "block {:#x} disagrees with its segment about being expandable",
+                    b.addr
+                );
+                if let Some(e) = expandable {
+                    let page = e.page_size;
+                    let first = (b.addr - seg.addr) / page;
+                    let last = (b.addr + b.size - seg.addr).div_ceil(page);
+                    for pg in first..last {
+                        let is_mapped = e.pages.get(pg as usize).copied().unwrap_or(false);
+                        // A block boundary may fall inside a page only between mapped blocks.
+                        ensure!(
+                            is_mapped == b.mapped,
+                            "page {pg} of expandable segment {:#x} is {} under a {} block at {:#x}",
+                            seg.addr,
+                            if is_mapped { "mapped" } else { "unmapped" },
+                            if b.mapped { "mapped" } else { "unmapped" },
+                            b.addr
+                        );
+                    }
+                    if b.mapped {
+                        recount.reserved_bytes.increase(st, b.size);
+                        reserved += b.size;
+                    }
+                } else {
+                    ensure!(
+                        b.mapped,
+                        "block {:#x} of a plain segment is unmapped",
+                        b.addr
+                    );
+                }
+                if !b.mapped {
+                    let key = super::block::UnmappedKey {
+                        stream: b.stream,
+                        addr: b.addr,
+                        id,
+                    };
+                    ensure!(
+                        self.pools[b.pool as usize].unmapped.contains(&key),
+                        "unmapped block {:#x} missing from the unmapped set",
+                        b.addr
+                    );
+                    ensure!(
+                        !b.allocated && b.event_count == 0,
+                        "unmapped block {:#x} in use",
+                        b.addr
+                    );
+                    ensure!(
+                        prev_free != Some(false),
+                        "adjacent unmapped blocks at {:#x}",
+                        b.addr
+                    );
+                    unmapped_members += 1;
+                    expect_addr += b.size;
+                    prev = id;
+                    prev_free = Some(false);
+                    continue;
+                }
+                expect_addr += b.size;
+                prev = id;
+                let in_map = self.allocated.get(&b.addr) == Some(&id);
+                let key = super::block::FreeKey::new(
+                    b.stream,
+                    b.size,
+                    self.segments[b.segment].seq,
+                    b.addr,
+                    id,
+                );
+                let in_pool = self.pools[b.pool as usize].blocks.contains(&key);
+                let events = pending.get(&id).copied().unwrap_or(0);
+                ensure!(
+                    events == b.event_count,
+                    "block {:#x}: event_count {} but {} queued events",
+                    b.addr,
+                    b.event_count,
+                    events
+                );
+                let state = self.block_state(id);
+                match state {
+                    BlockState::ActiveAllocated => {
+                        ensure!(
+                            in_map,
+                            "allocated block {:#x} missing from the pointer map",
+                            b.addr
+                        );
+                        ensure!(!in_pool, "allocated block {:#x} is in a free list", b.addr);
+                        recount.allocation.increase(st, 1);
+                        recount.allocated_bytes.increase(st, b.size);
+                        if b.size >= self.config.max_split_size {
+                            recount.oversize_allocations.increase(1);
+                        }
+                    }
+                    BlockState::ActivePendingFree => {
+                        ensure!(!in_map, "pending block {:#x} is in the pointer map", b.addr);
+                        ensure!(!in_pool, "pending block {:#x} is in a free list", b.addr);
+                    }
+                    BlockState::Inactive => {
+                        ensure!(!in_map, "free block {:#x} is in the pointer map", b.addr);
+                        ensure!(
+                            in_pool,
+                            "free block {:#x} missing from its free list",
+                            b.addr
+                        );
+                        ensure!(
+                            prev_free != Some(true),
+                            "adjacent free blocks at {:#x} were not merged",
+                            b.addr
+                        );
+                        pool_members += 1;
+                        if b.is_split() && !b.expandable {
+                            recount.inactive_split.increase(st, 1);
+                            recount.inactive_split_bytes.increase(st, b.size);
+                        }
+                    }
+                }
+                prev_free = (state == BlockState::Inactive).then_some(true);
+                if state != BlockState::Inactive {
+                    recount.active.increase(st, 1);
+                    recount.active_bytes.increase(st, b.size);
+                    recount.requested_bytes.increase(st, b.requested_size);
+                }
+            }
+            ensure!(
+                expect_addr == seg.addr + seg.size,
+                "blocks of segment {:#x} cover {} bytes, segment has {}",
+                seg.addr,
+                expect_addr - seg.addr,
+                seg.size
+            );
+            if expandable.is_none() && seg.size >= self.config.max_split_size {
+                recount.oversize_segments.increase(1);
+            }
+        }
+        ensure!(
+            seen == self.blocks.len(),
+            "{} live blocks but {} reachable from segments",
+            self.blocks.len(),
+            seen
+        );
+        let in_pools: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
+        ensure!(
+            in_pools == pool_members,
+            "free lists hold {in_pools} blocks, {pool_members} blocks are free"
+        );
+        let in_unmapped: usize = self.pools.iter().map(|p| p.unmapped.len()).sum();
+        ensure!(
+            in_unmapped == unmapped_members,
+            "unmapped sets hold {in_unmapped} blocks, {unmapped_members} blocks are unmapped"
+        );
+        ensure!(
+            self.allocated.len() as i64 == recount.allocation.all().current,
+            "pointer map holds {} entries, {} blocks are allocated",
+            self.allocated.len(),
+            recount.allocation.all().current
+        );
+        ensure!(
+            self.total_allocated_memory == reserved,
+            "total_allocated_memory {} but segments hold {}",
+            self.total_allocated_memory,
+            reserved
+        );
+        let s = &self.stats;
+        let pairs: [(&str, &StatArray, &StatArray); 9] = [
+            ("allocation", &s.allocation, &recount.allocation),
+            ("segment", &s.segment, &recount.segment),
+            ("active", &s.active, &recount.active),
+            ("inactive_split", &s.inactive_split, &recount.inactive_split),
+            (
+                "allocated_bytes",
+                &s.allocated_bytes,
+                &recount.allocated_bytes,
+            ),
+            ("reserved_bytes", &s.reserved_bytes, &recount.reserved_bytes),
+            ("active_bytes", &s.active_bytes, &recount.active_bytes),
+            (
+                "inactive_split_bytes",
+                &s.inactive_split_bytes,
+                &recount.inactive_split_bytes,
+            ),
+            (
+                "requested_bytes",
+                &s.requested_bytes,
+                &recount.requested_bytes,
+            ),
+        ];
+        for (name, have, want) in pairs {
+            for t in StatType::ALL {
+                ensure!(
+                    have.get(t).current == want.get(t).current,
+                    "{name}.{}.current is {} but a recount gives {}",
+                    t.name(),
+                    have.get(t).current,
+                    want.get(t).current
+                );
+                ensure!(
+                    have.get(t).peak >= have.get(t).current,
+                    "{name}.{}.peak below current",
+                    t.name()
+                );
+            }
+        }
+        if self.max_split_changed {
+            return Ok(());
+        }
+        ensure!(
+            s.oversize_allocations.current == recount.oversize_allocations.current,
+            "oversize_allocations.current is {} but a recount gives {}",
+            s.oversize_allocations.current,
+            recount.oversize_allocations.current
+        );
+        ensure!(
+            s.oversize_segments.current == recount.oversize_segments.current,
+            "oversize_segments.current is {} but a recount gives {}",
+            s.oversize_segments.current,
+            recount.oversize_segments.current
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,395 @@
+//! Private memory pools (CUDA-graph style `MempoolId`s, spec 1.14) and pool
+//! checkpoints (spec 1.15).
+
+use std::sync::Arc;
+
+use super::block::{BlockId, BlockPool, PoolId, NIL};
+use super::device::{DeviceState, FilterFn, MallocError, PrivatePool};
+use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::device_allocator::MempoolId;
+use crate::error::AllocError;
+
+/// Which allocations go to a private pool while it is being allocated to.
+#[derive(Clone)]
+pub enum PoolFilter {
+    /// Allocations on this stream (a CUDA graph capturing on the stream).
+    Stream(StreamId),
+    /// Allocations made by this thread (`torch.cuda.use_mem_pool`).
+    Thread(std::thread::ThreadId),
+    /// Any rule over the allocation stream.
+    Custom(Arc<dyn Fn(StreamId) -> bool + Send + Sync>),
+}
+
+impl PoolFilter {
+    /// Allocations made by the calling thread.
+    pub fn current_thread() -> PoolFilter {
+        PoolFilter::Thread(std::thread::current().id())
+    }
+
+    pub(crate) fn into_fn(self) -> FilterFn {
+        match self {
+            PoolFilter::Stream(s) => Arc::new(move |stream| stream == s),
+            PoolFilter::Thread(t) => Arc::new(move |_| std::thread::current().id() == t),
+            PoolFilter::Custom(f) => f,
+        }
+    }
+}
+
+impl std::fmt::Debug for PoolFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolFilter::Stream(s) => write!(f, "PoolFilter::Stream({s})"),
+            PoolFilter::Thread(t) => write!(f, "PoolFilter::Thread({t:?})"),
+            PoolFilter::Custom(_) => f.write_str("PoolFilter::Custom(..)"),
+        }
+    }
+}
+
+/// One block of a checkpointed segment (PyTorch's `BlockState`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockCheckpoint {
+    /// Allocation stream.
+    pub stream: StreamId,
+    /// Streams recorded with `record_stream`.
+    pub stream_uses: Vec<StreamId>,
+    /// Bytes.
+    pub size: u64,
+    /// Address.
+    pub ptr: DevicePtr,
+    /// Allocated at the checkpoint?
+    pub allocated: bool,
+    /// The GC age base.
+    pub gc_count_base: i64,
+}
+
+/// One checkpointed segment (PyTorch's `SegmentState`), blocks in address order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentCheckpoint {
+    /// The blocks, tiling the segment.
+    pub blocks: Vec<BlockCheckpoint>,
+    /// Small pool?
+    pub is_small: bool,
+}
+
+/// The state of a private pool (PyTorch's `PrivatePoolState`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolCheckpoint {
+    /// The pool.
+    pub owner: MempoolId,
+    /// Its segments, by address.
+    pub segments: Vec<SegmentCheckpoint>,
+}
+
+/// What restoring a checkpoint changed (PyTorch's `RestoreResult`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreResult {
+    /// Allocations that were live and are freed by the restore: the caller's
+    /// handles to them are dead.
+    pub allocations_freed: Vec<DevicePtr>,
+    /// Allocations live in the checkpoint, allocated anew by the restore: the
+    /// caller takes ownership (free them with `raw_free`).
+    pub allocations_created: Vec<DevicePtr>,
+}
+
+fn err(msg: impl Into<String>) -> AllocError {
+    AllocError::InvalidState(msg.into())
+}
+
+impl DeviceState {
+    /// Count a driver allocation (`up`) or free of a private pool.
+    pub(crate) fn count_private_malloc(&mut self, pool: PoolId, up: bool) {
+        if let Some(id) = self.owner(pool) {
+            let p = self.graph_pools.get_mut(&id).expect("owner pool exists");
+            if up {
+                p.cuda_malloc_count += 1;
+            } else {
+                p.cuda_malloc_count = p.cuda_malloc_count.saturating_sub(1);
+            }
+        }
+    }
+
+    fn new_pool_slot(&mut self, is_small: bool, owner: MempoolId) -> PoolId {
+        let pool = BlockPool::new(is_small, Some(owner));
+        match self.free_pool_slots.pop() {
+            Some(slot) => {
+                self.pools[slot as usize] = pool;
+                slot
+            }
+            None => {
+                self.pools.push(pool);
+                (self.pools.len() - 1) as PoolId
+            }
+        }
+    }
+
+    pub(crate) fn erase_private_pool(&mut self, id: MempoolId) {
+        if let Some(p) = self.graph_pools.remove(&id) {
+            for slot in [p.small, p.large] {
+                self.pools[slot as usize].owner = None;
+                self.free_pool_slots.push(slot);
+            }
+        }
+        self.graph_pools_freeable.remove(&id);
+    }
+
+    /// spec 1.14 `beginAllocateToPool`.
+    pub(crate) fn begin_allocate_to_pool(
+        &mut self,
+        id: MempoolId,
+        filter: FilterFn,
+    ) -> Result<(), AllocError> {
+        if id.is_default() {
+            return Err(AllocError::InvalidArgument(
+                "the default pool (0, 0) cannot be a private pool".into(),
+            ));
+        }
+        if self.captures_underway.iter().any(|(c, _)| *c == id) {
+            return Err(err("beginAllocateToPool: already recording to mempool_id"));
+        }
+        if self.graph_pools_freeable.contains(&id) {
+            return Err(err(format!(
+                "private pool {id:?} was released and waits for empty_cache to free it; \
+                 it cannot be allocated to again"
+            )));
+        }
+        if let Some(p) = self.graph_pools.get_mut(&id) {
+            p.use_count += 1;
+        } else {
+            let small = self.new_pool_slot(true, id);
+            let large = self.new_pool_slot(false, id);
+            self.graph_pools.insert(
+                id,
+                PrivatePool {
+                    use_count: 1,
+                    cuda_malloc_count: 0,
+                    large,
+                    small,
+                },
+            );
+        }
+        self.captures_underway.push((id, filter));
+        Ok(())
+    }
+
+    /// spec 1.14 `endAllocateToPool`.
+    pub(crate) fn end_allocate_to_pool(&mut self, id: MempoolId) -> Result<(), AllocError> {
+        match self.captures_underway.iter().position(|(c, _)| *c == id) {
+            Some(i) => {
+                self.captures_underway.remove(i);
+                Ok(())
+            }
+            None => Err(err(
+                "endAllocatePool: not currently recording to mempool_id",
+            )),
+        }
+    }
+
+    /// spec 1.14 `releasePool`: drop one use; at zero the pool becomes
+    /// freeable and a later empty_cache or flush returns its memory.
+    pub(crate) fn release_pool(&mut self, id: MempoolId) -> Result<(), AllocError> {
+        let Some(p) = self.graph_pools.get_mut(&id) else {
+            return Err(err(format!("releasePool: unknown private pool {id:?}")));
+        };
+        if p.use_count == 0 {
+            return Err(err(format!(
+                "releasePool: private pool {id:?} was already released"
+            )));
+        }
+        if p.use_count == 1 && self.captures_underway.iter().any(|(c, _)| *c == id) {
+            // PyTorch would free the pool under a running capture and then
+            // fail an internal assert on the next allocation routed to it.
+            return Err(err(format!(
+                "releasePool: private pool {id:?} is still being allocated to; call \
+                 end_allocate_to_pool first"
+            )));
+        }
+        p.use_count -= 1;
+        if p.use_count == 0 {
+            self.graph_pools_freeable.insert(id);
+        }
+        Ok(())
+    }
+
+    /// Use count of a private pool (0 for unknown pools).
+    pub(crate) fn pool_use_count(&self, id: MempoolId) -> u32 {
+        self.graph_pools.get(&id).map_or(0, |p| p.use_count)
+    }
+
+    /// The heads (first blocks) of the segments of a private pool, by address.
+    fn private_pool_heads(&self, id: MempoolId) -> Vec<BlockId> {
+        let mut heads: Vec<(u64, BlockId)> = self
+            .segments
+            .items
+            .iter()
+            .filter(|s| s.live && self.owner(s.pool) == Some(id))
+            .map(|s| (s.addr, s.head))
+            .collect();
+        heads.sort_unstable();
+        heads.into_iter().map(|(_, h)| h).collect()
+    }
+
+    fn checkpointable(&self, id: MempoolId) -> Result<(), AllocError> {
+        if self.graph_pools_freeable.contains(&id) {
+            return Err(err("Not expected to checkpoint freeable graph"));
+        }
+        if !self.graph_pools.contains_key(&id) {
+            return Err(err("Could not find pool of id"));
+        }
+        Ok(())
+    }
+
+    /// spec 1.15 `getCheckpointState`.
+    pub(crate) fn checkpoint<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: MempoolId,
+    ) -> Result<PoolCheckpoint, AllocError> {
+        self.checkpointable(id)?;
+        if !self.needs_events_deferred.is_empty() {
+            self.process_events(backend)?;
+        }
+        let mut segments = Vec::new();
+        for head in self.private_pool_heads(id) {
+            let mut blocks = Vec::new();
+            for b in self.segment_blocks(self.blocks[head].segment) {
+                let blk = &self.blocks[b];
+                if blk.event_count > 0 {
+                    return Err(err(
+                        "Events should have synchronized when checkpointing block",
+                    ));
+                }
+                blocks.push(BlockCheckpoint {
+                    stream: blk.stream,
+                    stream_uses: blk.stream_uses.clone(),
+                    size: blk.size,
+                    ptr: DevicePtr(blk.addr),
+                    allocated: blk.allocated,
+                    gc_count_base: blk.gc_count_base,
+                });
+            }
+            segments.push(SegmentCheckpoint {
+                blocks,
+                is_small: self.pools[self.blocks[head].pool as usize].is_small,
+            });
+        }
+        Ok(PoolCheckpoint {
+            owner: id,
+            segments,
+        })
+    }
+
+    /// spec 1.15 `setCheckpointPoolState`: free every allocated block of the
+    /// pool, then re-create the checkpoint's blocks segment by segment. The
+    /// checkpoint is validated first: a bad one changes nothing.
+    pub(crate) fn restore_checkpoint<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        state: &PoolCheckpoint,
+    ) -> Result<RestoreResult, AllocError> {
+        self.checkpointable(state.owner)?;
+        // Validate: each checkpointed segment is a live segment of the pool
+        // with the same extent, its blocks tile it, and nothing is pending.
+        let heads = self.private_pool_heads(state.owner);
+        for seg in &state.segments {
+            let first = seg
+                .blocks
+                .first()
+                .ok_or_else(|| err("checkpoint has an empty segment"))?;
+            let head = heads
+                .iter()
+                .copied()
+                .find(|&h| self.segments[self.blocks[h].segment].addr == first.ptr.0)
+                .ok_or_else(|| err(format!(" could not find {}", first.ptr)))?;
+            let s = &self.segments[self.blocks[head].segment];
+            let mut at = s.addr;
+            for b in &seg.blocks {
+                if b.ptr.0 != at || b.size == 0 {
+                    return Err(err(format!(
+                        "checkpoint block {} does not tile its segment",
+                        b.ptr
+                    )));
+                }
+                at += b.size;
+            }
+            let covered = if s.expandable.is_some() {
+                self.segment_blocks(self.blocks[head].segment)
+                    .take_while(|&b| self.blocks[b].mapped)
+                    .map(|b| self.blocks[b].size)
+                    .sum::<u64>()
+            } else {
+                s.size
+            };
+            if at - s.addr != covered {
+                return Err(err(format!(
+                    "checkpoint segment at {} covers {} bytes, the segment has {covered}",
+                    first.ptr,
+                    at - s.addr
+                )));
+            }
+        }
+        for &h in &heads {
+            for b in self.segment_blocks(self.blocks[h].segment) {
+                if self.blocks[b].event_count > 0 {
+                    return Err(err(
+                        "Events should have synchronized when setting checkpointed block",
+                    ));
+                }
+            }
+        }
+
+        let mut rr = RestoreResult::default();
+        // Free everything allocated in the pool.
+        for &h in &heads {
+            let seg = self.blocks[h].segment;
+            let mut cur = self.segments[seg].head;
+            while cur != NIL {
+                if self.blocks[cur].allocated {
+                    let addr = self.blocks[cur].addr;
+                    rr.allocations_freed.push(DevicePtr(addr));
+                    self.allocated.remove(&addr);
+                    // Freeing merges free neighbours into `cur`, which stays live.
+                    self.free(backend, cur)?;
+                }
+                cur = self.blocks[cur].next;
+            }
+        }
+        // Re-create each checkpointed segment's blocks.
+        for seg in &state.segments {
+            let segment = self
+                .segments
+                .items
+                .iter()
+                .position(|s| s.live && s.addr == seg.blocks[0].ptr.0)
+                .expect("validated above") as u32;
+            let mut cur = self.segments[segment].head;
+            let mut created = Vec::new();
+            for b in &seg.blocks {
+                debug_assert!(self.blocks[cur].mapped && !self.blocks[cur].allocated);
+                self.remove_from_pool(cur);
+                let split = self.blocks[cur].size > b.size;
+                let id = self.alloc_found_block_for_restore(cur, b.size, b.stream, split);
+                created.push((id, b.allocated));
+                cur = self.blocks[id].next;
+            }
+            for (id, allocated) in created {
+                if allocated {
+                    rr.allocations_created.push(DevicePtr(self.blocks[id].addr));
+                } else {
+                    let addr = self.blocks[id].addr;
+                    self.allocated.remove(&addr);
+                    self.free(backend, id)?;
+                }
+            }
+        }
+        Ok(rr)
+    }
+}
+
+impl From<MallocError> for AllocError {
+    fn from(e: MallocError) -> AllocError {
+        match e {
+            MallocError::Other(e) => e,
+            MallocError::Oom(r) => AllocError::OutOfMemory(Box::new(r.error)),
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The device-allocator contract of `c10/core/CachingDeviceAllocator.h`
+//! (`DeviceAllocator`), one allocator per device index, and the registry from
+//! device type to allocator.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+
+use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
+use crate::caching::CachingAllocator;
+use crate::config::AllocatorConfig;
+use crate::error::AllocError;
+use crate::stats::DeviceStats;
+
+/// A device index (`c10::DeviceIndex`).
+pub type DeviceIndex = i8;
+
+/// Identifies a memory pool (`c10::MempoolId_t`): `(0, 0)` is the default
+/// pool; private pools (CUDA-graph style) have a non-zero half.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub struct MempoolId(pub u64, pub u64);
+
+impl MempoolId {
+    /// The default pool.
+    pub const DEFAULT: MempoolId = MempoolId(0, 0);
+
+    /// True for the default pool.
+    pub fn is_default(self) -> bool {
+        self == MempoolId::DEFAULT
+    }
+}
+
+/// Kinds of device, as `c10::DeviceType` names the ones Reservoir serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceType {
+    /// Host memory through the CPU allocator: never served by a device allocator.
+    Cpu,
+    /// NVIDIA CUDA devices.
+    Cuda,
+    /// Apple Metal devices.
+    Mps,
+    /// OpenCL devices.
+    OpenCl,
+    /// Reservoir's simulated device.
+    Sim,
+    /// Host memory served through a device-style caching allocator.
+    Host,
+}
+
+impl fmt::Display for DeviceType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            DeviceType::Cpu => "CPU",
+            DeviceType::Cuda => "CUDA",
+            DeviceType::Mps => "MPS",
+            DeviceType::OpenCl => "OpenCL",
+            DeviceType::Sim => "Sim",
+            DeviceType::Host => "Host",
+        };
+        f.write_str(s)
+    }
+}
+
+/// The contract every device allocator fulfils (`c10::DeviceAllocator`).
+pub trait DeviceAllocator: Send + Sync {
+    /// True once the allocator is ready to serve allocations.
+    fn initialized(&self) -> bool;
+
+    /// Allocate `size` bytes on `device` for `stream`.
+    fn raw_alloc(
+        &self,
+        device: DeviceIndex,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<DevicePtr, AllocError>;
+
+    /// Free a pointer from [`raw_alloc`](Self::raw_alloc).
+    fn raw_free(&self, ptr: DevicePtr) -> Result<(), AllocError>;
+
+    /// Release cached memory of `pool` (every device; [`MempoolId::DEFAULT`]
+    /// releases the global pools).
+    fn empty_cache(&self, pool: MempoolId) -> Result<(), AllocError>;
+
+    /// Mark `ptr` as used by `stream` until the work enqueued so far completes.
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError>;
+
+    /// The statistics of one device.
+    fn device_stats(&self, device: DeviceIndex) -> Result<DeviceStats, AllocError>;
+
+    /// Zero the lifetime totals of one device.
+    fn reset_accumulated_stats(&self, device: DeviceIndex) -> Result<(), AllocError>;
+
+    /// Reset the peaks of one device.
+    fn reset_peak_stats(&self, device: DeviceIndex) -> Result<(), AllocError>;
+
+    /// Free and total memory of one device.
+    fn memory_info(&self, device: DeviceIndex) -> Result<MemInfo, AllocError>;
+}
+
+/// One [`CachingAllocator`] per device index, behind the [`DeviceAllocator`] contract.
+pub struct MultiDeviceAllocator<B: Backend> {
+    devices: Vec<CachingAllocator<B>>,
+}
+
+impl<B: Backend> MultiDeviceAllocator<B> {
+    /// One allocator per backend; the i-th backend is device `i`.
+    pub fn new(backends: Vec<B>, config: AllocatorConfig) -> Self {
+        let devices = backends
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| CachingAllocator::with_device(b, config.clone(), i as DeviceIndex))
+            .collect();
+        MultiDeviceAllocator { devices }
+    }
+
+    /// The allocator of one device.
+    pub fn device(&self, device: DeviceIndex) -> Result<&CachingAllocator<B>, AllocError> {
+        usize::try_from(device)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or_else(|| {
+                AllocError::InvalidArgument(format!(
+                    "device index {device} is out of range: this allocator has {} device(s) \
+                 (valid indices 0..{})",
+                    self.devices.len(),
+                    self.devices.len()
+                ))
+            })
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn owner(&self, ptr: DevicePtr) -> Result<&CachingAllocator<B>, AllocError> {
+        self.devices
+            .iter()
+            .find(|d| d.base_allocation(ptr).is_ok())
+            .ok_or(AllocError::InvalidPointer { ptr })
+    }
+}
+
+impl<B: Backend> DeviceAllocator for MultiDeviceAllocator<B> {
+    fn initialized(&self) -> bool {
+        !self.devices.is_empty()
+    }
+
+    fn raw_alloc(
+        &self,
+        device: DeviceIndex,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<DevicePtr, AllocError> {
+        self.device(device)?.raw_alloc(size, stream)
+    }
+
+    fn raw_free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.owner(ptr)?.raw_free(ptr)
+    }
+
+    fn empty_cache(&self, pool: MempoolId) -> Result<(), AllocError> {
+        if !pool.is_default() {
+            return Err(AllocError::InvalidArgument(format!(
+                "unknown memory pool {pool:?}: no private pool with this id exists"
+            )));
+        }
+        for d in &self.devices {
+            d.empty_cache()?;
+        }
+        Ok(())
+    }
+
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.owner(ptr)?.record_stream(ptr, stream)
+    }
+
+    fn device_stats(&self, device: DeviceIndex) -> Result<DeviceStats, AllocError> {
+        Ok(self.device(device)?.stats())
+    }
+
+    fn reset_accumulated_stats(&self, device: DeviceIndex) -> Result<(), AllocError> {
+        self.device(device)?.reset_accumulated_stats();
+        Ok(())
+    }
+
+    fn reset_peak_stats(&self, device: DeviceIndex) -> Result<(), AllocError> {
+        self.device(device)?.reset_peak_stats();
+        Ok(())
+    }
+
+    fn memory_info(&self, device: DeviceIndex) -> Result<MemInfo, AllocError> {
+        self.device(device)?.mem_info()
+    }
+}
+
+/// Why the registry refused a request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// CPU memory is not served by device allocators (as in PyTorch).
+    #[error("getDeviceAllocator is not supported for CPU device type.")]
+    CpuNotSupported,
+    /// No allocator was registered for this device type.
+    #[error(
+        "no device allocator is registered for {0}; register one with Registry::register first"
+    )]
+    NotRegistered(DeviceType),
+}
+
+/// Device type → allocator (`c10::registerDeviceAllocator` / `getDeviceAllocator`).
+#[derive(Default)]
+pub struct Registry {
+    map: RwLock<HashMap<DeviceType, Arc<dyn DeviceAllocator>>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// The process-wide registry.
+    pub fn global() -> &'static Registry {
+        static GLOBAL: OnceLock<Registry> = OnceLock::new();
+        GLOBAL.get_or_init(Registry::new)
+    }
+
+    /// Register (or replace) the allocator of a device type. CPU is refused.
+    pub fn register(
+        &self,
+        device_type: DeviceType,
+        allocator: Arc<dyn DeviceAllocator>,
+    ) -> Result<(), RegistryError> {
+        if device_type == DeviceType::Cpu {
+            return Err(RegistryError::CpuNotSupported);
+        }
+        self.map.write().insert(device_type, allocator);
+        Ok(())
+    }
+
+    /// The allocator of a device type.
+    pub fn get(&self, device_type: DeviceType) -> Result<Arc<dyn DeviceAllocator>, RegistryError> {
+        if device_type == DeviceType::Cpu {
+            return Err(RegistryError::CpuNotSupported);
+        }
+        self.map
+            .read()
+            .get(&device_type)
+            .cloned()
+            .ok_or(RegistryError::NotRegistered(device_type))
+    }
+}

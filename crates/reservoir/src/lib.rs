@@ -1,0 +1,48 @@
+//! # Reservoir
+//!
+//! A caching device-memory allocator: the allocator family PyTorch describes in
+//! its device-allocator headers, rebuilt in Rust and usable outside PyTorch.
+//!
+//! * [`caching::CachingAllocator`] is PyTorch's CUDA caching allocator, exact:
+//!   same rounding, pools, splitting, merging, retry chain, statistics and
+//!   out-of-memory text (see `../shared/spec/pytorch-allocator.md`).
+//! * [`backend::Backend`] is the small contract a device fulfils; the
+//!   [`sim`] module is a simulated device, the embedded default.
+//! * [`stats`], [`trace`], [`config`] mirror PyTorch's statistics, history and
+//!   settings.
+//!
+//! ```
+//! use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
+//! use reservoir::sim::SimDevice;
+//!
+//! let alloc = CachingAllocator::new(SimDevice::default(), AllocatorConfig::default());
+//! let p = alloc.raw_alloc(3 << 20, StreamId::DEFAULT).unwrap();
+//! // A 3 MiB request is served from a fresh 20 MiB segment.
+//! assert_eq!(alloc.stats().reserved_bytes.all().current, 20 << 20);
+//! alloc.raw_free(p).unwrap();
+//! alloc.empty_cache();
+//! assert_eq!(alloc.stats().reserved_bytes.all().current, 0);
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod caching;
+pub mod config;
+pub mod device_allocator;
+pub mod error;
+pub mod format;
+pub mod oracle_trace;
+pub mod pickle;
+pub mod replay;
+pub mod sim;
+pub mod snapshot;
+pub mod stats;
+pub mod trace;
+pub mod workload;
+
+pub use backend::{Backend, BackendError, DevicePtr, EventId, MemInfo, StreamId};
+pub use caching::CachingAllocator;
+pub use config::AllocatorConfig;
+pub use error::AllocError;
+pub use stats::{DeviceStats, Stat, StatArray, StatType};

@@ -1,0 +1,334 @@
+//! Allocator statistics, exactly as `c10/core/CachingDeviceAllocator.h`
+//! defines them (spec section 1.12), and their flat `torch.cuda.memory_stats()`
+//! view.
+
+use std::collections::BTreeMap;
+
+/// One counter with its high-water mark and lifetime totals.
+///
+/// `increase(n)` adds to `current` and `allocated` and raises `peak`;
+/// `decrease(n)` subtracts from `current` and adds to `freed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stat {
+    /// The value now.
+    pub current: i64,
+    /// The highest `current` since the last peak reset.
+    pub peak: i64,
+    /// Sum of all increases since the last accumulated reset.
+    pub allocated: i64,
+    /// Sum of all decreases since the last accumulated reset.
+    pub freed: i64,
+}
+
+impl Stat {
+    /// Add `amount` (PyTorch's `Stat::increase`).
+    #[inline]
+    pub fn increase(&mut self, amount: u64) {
+        let amount = amount as i64;
+        self.current += amount;
+        self.peak = self.peak.max(self.current);
+        self.allocated += amount;
+    }
+
+    /// Subtract `amount` (PyTorch's `Stat::decrease`).
+    #[inline]
+    pub fn decrease(&mut self, amount: u64) {
+        let amount = amount as i64;
+        self.current -= amount;
+        self.freed += amount;
+    }
+
+    /// Zero the lifetime totals (`allocated`, `freed`).
+    pub fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+
+    /// Set the peak back to the current value.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// Which slice of a [`StatArray`] a change applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StatType {
+    /// Every pool ("all").
+    Aggregate = 0,
+    /// Blocks of at most 1 MiB ("small_pool").
+    SmallPool = 1,
+    /// Blocks above 1 MiB ("large_pool").
+    LargePool = 2,
+}
+
+impl StatType {
+    /// All three, in PyTorch's order.
+    pub const ALL: [StatType; 3] = [
+        StatType::Aggregate,
+        StatType::SmallPool,
+        StatType::LargePool,
+    ];
+
+    /// The name PyTorch uses in `memory_stats()` keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            StatType::Aggregate => "all",
+            StatType::SmallPool => "small_pool",
+            StatType::LargePool => "large_pool",
+        }
+    }
+
+    /// The pool-specific type for a pool kind.
+    #[inline]
+    pub fn for_pool(is_small: bool) -> StatType {
+        if is_small {
+            StatType::SmallPool
+        } else {
+            StatType::LargePool
+        }
+    }
+}
+
+/// One [`Stat`] per [`StatType`]: aggregate, small pool, large pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StatArray(pub [Stat; 3]);
+
+impl StatArray {
+    /// The stat of one type.
+    pub fn get(&self, t: StatType) -> &Stat {
+        &self.0[t as usize]
+    }
+
+    /// The aggregate ("all") stat.
+    pub fn all(&self) -> &Stat {
+        &self.0[0]
+    }
+
+    /// Increase the aggregate and the pool's stat (PyTorch's
+    /// `for_each_selected_stat_type` over `{AGGREGATE, pool}`).
+    #[inline]
+    pub fn increase(&mut self, pool: StatType, amount: u64) {
+        self.0[0].increase(amount);
+        self.0[pool as usize].increase(amount);
+    }
+
+    /// Decrease the aggregate and the pool's stat.
+    #[inline]
+    pub fn decrease(&mut self, pool: StatType, amount: u64) {
+        self.0[0].decrease(amount);
+        self.0[pool as usize].decrease(amount);
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.0.iter_mut().for_each(Stat::reset_accumulated);
+    }
+
+    fn reset_peak(&mut self) {
+        self.0.iter_mut().for_each(Stat::reset_peak);
+    }
+}
+
+/// Statistics of one device's caching allocator: `c10::CachingDeviceAllocator::DeviceStats`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceStats {
+    /// Number of allocated blocks (key `allocation`).
+    pub allocation: StatArray,
+    /// Number of segments obtained from the driver.
+    pub segment: StatArray,
+    /// Number of active blocks (allocated, or freed and waiting for other streams).
+    pub active: StatArray,
+    /// Number of free blocks that are part of a split segment (cannot be
+    /// released to the driver).
+    pub inactive_split: StatArray,
+    /// Bytes of allocated blocks (rounded sizes, whole blocks).
+    pub allocated_bytes: StatArray,
+    /// Bytes obtained from the driver.
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks.
+    pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes callers asked for (before rounding), over active blocks.
+    pub requested_bytes: StatArray,
+    /// Allocations that needed the full cache flush and a retry.
+    pub num_alloc_retries: i64,
+    /// Out-of-memory errors raised.
+    pub num_ooms: i64,
+    /// Allocations refused by an out-of-memory rejection policy before any
+    /// attempt (PyTorch 2.9+ key `num_oom_rejections`; 0 unless such a policy
+    /// is installed).
+    pub num_oom_rejections: i64,
+    /// Allocations of at least `max_split_size` bytes.
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size` bytes.
+    pub oversize_segments: Stat,
+    /// Calls to synchronise every outstanding event (empty_cache, OOM flush).
+    pub num_sync_all_streams: i64,
+    /// Driver allocations (segment mallocs and expandable-segment maps).
+    pub num_device_alloc: i64,
+    /// Driver frees (segment frees and expandable-segment unmaps).
+    pub num_device_free: i64,
+    /// `max_split_size` in force when the allocator was created
+    /// (-1 when unlimited, as PyTorch prints `SIZE_MAX`).
+    pub max_split_size: i64,
+}
+
+impl Default for DeviceStats {
+    fn default() -> Self {
+        DeviceStats {
+            allocation: StatArray::default(),
+            segment: StatArray::default(),
+            active: StatArray::default(),
+            inactive_split: StatArray::default(),
+            allocated_bytes: StatArray::default(),
+            reserved_bytes: StatArray::default(),
+            active_bytes: StatArray::default(),
+            inactive_split_bytes: StatArray::default(),
+            requested_bytes: StatArray::default(),
+            num_alloc_retries: 0,
+            num_ooms: 0,
+            num_oom_rejections: 0,
+            oversize_allocations: Stat::default(),
+            oversize_segments: Stat::default(),
+            num_sync_all_streams: 0,
+            num_device_alloc: 0,
+            num_device_free: 0,
+            max_split_size: -1,
+        }
+    }
+}
+
+impl DeviceStats {
+    /// The stat arrays with their `memory_stats()` names.
+    pub fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+        [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ]
+    }
+
+    /// Zero every lifetime total and event counter
+    /// (`torch.cuda.reset_accumulated_memory_stats`).
+    pub fn reset_accumulated(&mut self) {
+        for a in self.arrays_mut() {
+            a.reset_accumulated();
+        }
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_oom_rejections = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+    }
+
+    /// Set every peak to its current value (`torch.cuda.reset_peak_memory_stats`).
+    pub fn reset_peak(&mut self) {
+        for a in self.arrays_mut() {
+            a.reset_peak();
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// The flat, sorted view `torch.cuda.memory_stats()` returns, with the
+    /// same keys: `allocated_bytes.all.current`, `num_alloc_retries`, ...
+    pub fn to_flat(&self) -> BTreeMap<String, i64> {
+        let mut out = BTreeMap::new();
+        for (name, array) in self.arrays() {
+            for t in StatType::ALL {
+                put_stat(&mut out, &format!("{name}.{}", t.name()), array.get(t));
+            }
+        }
+        put_stat(&mut out, "oversize_allocations", &self.oversize_allocations);
+        put_stat(&mut out, "oversize_segments", &self.oversize_segments);
+        out.insert("num_alloc_retries".into(), self.num_alloc_retries);
+        out.insert("num_ooms".into(), self.num_ooms);
+        out.insert("num_oom_rejections".into(), self.num_oom_rejections);
+        out.insert("num_sync_all_streams".into(), self.num_sync_all_streams);
+        out.insert("num_device_alloc".into(), self.num_device_alloc);
+        out.insert("num_device_free".into(), self.num_device_free);
+        out.insert("max_split_size".into(), self.max_split_size);
+        out
+    }
+}
+
+fn put_stat(out: &mut BTreeMap<String, i64>, prefix: &str, s: &Stat) {
+    out.insert(format!("{prefix}.current"), s.current);
+    out.insert(format!("{prefix}.peak"), s.peak);
+    out.insert(format!("{prefix}.allocated"), s.allocated);
+    out.insert(format!("{prefix}.freed"), s.freed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_semantics_match_c10() {
+        // spec 1.12: increase raises current/peak/allocated, decrease adds to freed.
+        let mut s = Stat::default();
+        s.increase(10);
+        s.increase(5);
+        s.decrease(12);
+        assert_eq!(
+            s,
+            Stat {
+                current: 3,
+                peak: 15,
+                allocated: 15,
+                freed: 12
+            }
+        );
+        s.reset_peak();
+        assert_eq!(s.peak, 3);
+        s.reset_accumulated();
+        assert_eq!(
+            s,
+            Stat {
+                current: 3,
+                peak: 3,
+                allocated: 0,
+                freed: 0
+            }
+        );
+    }
+
+    #[test]
+    fn flat_keys_use_torch_names() {
+        let mut st = DeviceStats::default();
+        st.allocated_bytes.increase(StatType::LargePool, 4096);
+        let flat = st.to_flat();
+        assert_eq!(flat["allocated_bytes.all.current"], 4096);
+        assert_eq!(flat["allocated_bytes.large_pool.peak"], 4096);
+        assert_eq!(flat["allocated_bytes.small_pool.current"], 0);
+        assert_eq!(flat["max_split_size"], -1);
+        assert!(flat.contains_key("num_alloc_retries"));
+        assert!(flat.contains_key("oversize_segments.freed"));
+        // 9 arrays x 3 pools x 4 fields + 2 single stats x 4 + 7 scalars:
+        // the 123 keys torch 2.15's memory_stats() returns.
+        assert_eq!(flat.len(), 9 * 3 * 4 + 8 + 7);
+    }
+}
