@@ -1,0 +1,565 @@
+//! The writer: emits only what `MemoryViz.js` and Python both read.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::op;
+use super::value::Value;
+
+/// How [`to_vec_with`] writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Pickle protocol: 2, 3 or 4 (what `MemoryViz.js` accepts). Protocol 4
+    /// adds `FRAME` opcodes (every 64 KiB, as Python does) and memoizes with
+    /// `MEMOIZE`; 2 and 3 memoize with `BINPUT`/`LONG_BINPUT`. Default 4,
+    /// Python's default and what `torch.cuda.memory._dump_snapshot` writes.
+    pub protocol: u8,
+    /// Write each distinct string once and shared containers (an [`Arc`]
+    /// referenced from several places) once, referring back with
+    /// `BINGET`/`LONG_BINGET`. Without it, snapshots with recorded stacks
+    /// grow tenfold. Default true.
+    pub memoize: bool,
+    /// Deepest container nesting accepted. Default 256 (the reader's limit).
+    pub max_depth: usize,
+}
+
+impl Default for WriteOptions {
+    fn default() -> WriteOptions {
+        WriteOptions {
+            protocol: 4,
+            memoize: true,
+            max_depth: 256,
+        }
+    }
+}
+
+/// A value the MemoryViz-compatible subset cannot express.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    /// The protocol is not 2, 3 or 4.
+    #[error("protocol {0} cannot be written (choose 2, 3 or 4)")]
+    Protocol(u8),
+    /// The value holds something outside the writable subset.
+    #[error("{0} cannot be written with the opcodes MemoryViz.js reads")]
+    Unsupported(&'static str),
+    /// Containers nest deeper than [`WriteOptions::max_depth`].
+    #[error("containers nest deeper than {0}")]
+    Depth(usize),
+}
+
+/// Write `value` with the default [`WriteOptions`] (protocol 4, memoized).
+pub fn to_vec(value: &Value) -> Result<Vec<u8>, WriteError> {
+    to_vec_with(value, &WriteOptions::default())
+}
+
+/// Write `value` with explicit options.
+pub fn to_vec_with(value: &Value, opts: &WriteOptions) -> Result<Vec<u8>, WriteError> {
+    if !(2..=4).contains(&opts.protocol) {
+        return Err(WriteError::Protocol(opts.protocol));
+    }
+    let mut w = Writer {
+        out: Vec::with_capacity(1 << 16),
+        proto: opts.protocol,
+        memoize: opts.memoize,
+        max_depth: opts.max_depth,
+        memo_len: 0,
+        strings: FxHashMap::default(),
+        shared: FxHashMap::default(),
+        frame_start: None,
+    };
+    w.out.push(op::PROTO);
+    w.out.push(opts.protocol);
+    if w.proto >= 4 {
+        w.start_frame();
+    }
+    w.value(value, 0)?;
+    w.out.push(op::STOP);
+    w.end_frame();
+    Ok(w.out)
+}
+
+const FRAME_TARGET: usize = 64 * 1024;
+const BATCH: usize = 1000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    List,
+    Tuple,
+    Dict,
+}
+
+struct Writer<'v> {
+    out: Vec<u8>,
+    proto: u8,
+    memoize: bool,
+    max_depth: usize,
+    memo_len: u32,
+    strings: FxHashMap<&'v str, u32>,
+    shared: FxHashMap<(usize, Kind), u32>,
+    /// Position of the current `FRAME` opcode (protocol 4).
+    frame_start: Option<usize>,
+}
+
+impl<'v> Writer<'v> {
+    fn start_frame(&mut self) {
+        self.frame_start = Some(self.out.len());
+        self.out.push(op::FRAME);
+        self.out.extend_from_slice(&[0; 8]);
+    }
+
+    fn end_frame(&mut self) {
+        if let Some(start) = self.frame_start.take() {
+            let len = (self.out.len() - start - 9) as u64;
+            self.out[start + 1..start + 9].copy_from_slice(&len.to_le_bytes());
+        }
+    }
+
+    /// Called between opcodes: closes the frame once it is big enough.
+    fn boundary(&mut self) {
+        if let Some(start) = self.frame_start {
+            if self.out.len() - start - 9 >= FRAME_TARGET {
+                self.end_frame();
+                self.start_frame();
+            }
+        }
+    }
+
+    fn put(&mut self) -> Result<u32, WriteError> {
+        let idx = self.memo_len;
+        self.memo_len = idx
+            .checked_add(1)
+            .ok_or(WriteError::Unsupported("more than 4 Gi memo entries"))?;
+        if self.proto >= 4 {
+            self.out.push(op::MEMOIZE);
+        } else if let Ok(i) = u8::try_from(idx) {
+            self.out.push(op::BINPUT);
+            self.out.push(i);
+        } else {
+            self.out.push(op::LONG_BINPUT);
+            self.out.extend_from_slice(&idx.to_le_bytes());
+        }
+        Ok(idx)
+    }
+
+    fn get(&mut self, idx: u32) {
+        if let Ok(i) = u8::try_from(idx) {
+            self.out.push(op::BINGET);
+            self.out.push(i);
+        } else {
+            self.out.push(op::LONG_BINGET);
+            self.out.extend_from_slice(&idx.to_le_bytes());
+        }
+    }
+
+    /// The memo key of a container worth memoizing (shared), if any.
+    fn shared_key<T: ?Sized>(&self, arc: &Arc<T>, kind: Kind) -> Option<(usize, Kind)> {
+        if self.memoize && Arc::strong_count(arc) > 1 {
+            Some((Arc::as_ptr(arc) as *const u8 as usize, kind))
+        } else {
+            None
+        }
+    }
+
+    fn value(&mut self, v: &'v Value, depth: usize) -> Result<(), WriteError> {
+        match v {
+            Value::None => self.out.push(op::NONE),
+            Value::Bool(true) => self.out.push(op::NEWTRUE),
+            Value::Bool(false) => self.out.push(op::NEWFALSE),
+            Value::Int(i) => self.int(*i),
+            Value::BigInt(b) => {
+                let bytes = b.to_signed_le();
+                let n = u8::try_from(bytes.len())
+                    .map_err(|_| WriteError::Unsupported("an int wider than 255 bytes"))?;
+                self.out.push(op::LONG1);
+                self.out.push(n);
+                self.out.extend_from_slice(bytes);
+            }
+            Value::Float(f) => {
+                self.out.push(op::BINFLOAT);
+                self.out.extend_from_slice(&f.to_be_bytes());
+            }
+            Value::Str(s) => self.string(s)?,
+            Value::Bytes(_) => return Err(WriteError::Unsupported("bytes")),
+            Value::Set(_) => return Err(WriteError::Unsupported("a set")),
+            Value::Global(_) => return Err(WriteError::Unsupported("a global reference")),
+            Value::List(items) => {
+                let key = self.shared_key(items, Kind::List);
+                if self.memoized(key) {
+                    return Ok(());
+                }
+                self.check_depth(depth)?;
+                self.out.push(op::EMPTY_LIST);
+                self.remember(key)?;
+                for chunk in items.chunks(BATCH) {
+                    if chunk.len() > 1 {
+                        self.out.push(op::MARK);
+                    }
+                    for item in chunk {
+                        self.value(item, depth + 1)?;
+                        self.boundary();
+                    }
+                    self.out.push(if chunk.len() > 1 {
+                        op::APPENDS
+                    } else {
+                        op::APPEND
+                    });
+                    self.boundary();
+                }
+            }
+            Value::Dict(pairs) => {
+                let key = self.shared_key(pairs, Kind::Dict);
+                if self.memoized(key) {
+                    return Ok(());
+                }
+                self.check_depth(depth)?;
+                self.out.push(op::EMPTY_DICT);
+                self.remember(key)?;
+                for chunk in pairs.chunks(BATCH) {
+                    if chunk.len() > 1 {
+                        self.out.push(op::MARK);
+                    }
+                    for (k, v) in chunk {
+                        self.value(k, depth + 1)?;
+                        self.value(v, depth + 1)?;
+                        self.boundary();
+                    }
+                    self.out.push(if chunk.len() > 1 {
+                        op::SETITEMS
+                    } else {
+                        op::SETITEM
+                    });
+                    self.boundary();
+                }
+            }
+            Value::Tuple(items) => {
+                let key = self.shared_key(items, Kind::Tuple);
+                if self.memoized(key) {
+                    return Ok(());
+                }
+                self.check_depth(depth)?;
+                if items.is_empty() {
+                    self.out.push(op::EMPTY_TUPLE);
+                } else if items.len() <= 3 {
+                    for item in items.iter() {
+                        self.value(item, depth + 1)?;
+                    }
+                    self.out
+                        .push([op::TUPLE1, op::TUPLE2, op::TUPLE3][items.len() - 1]);
+                } else {
+                    self.out.push(op::MARK);
+                    for item in items.iter() {
+                        self.value(item, depth + 1)?;
+                        self.boundary();
+                    }
+                    self.out.push(op::TUPLE);
+                }
+                self.remember(key)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_depth(&self, depth: usize) -> Result<(), WriteError> {
+        if depth >= self.max_depth {
+            Err(WriteError::Depth(self.max_depth))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Writes a memo reference if the container was written before.
+    fn memoized(&mut self, key: Option<(usize, Kind)>) -> bool {
+        match key.and_then(|k| self.shared.get(&k).copied()) {
+            Some(idx) => {
+                self.get(idx);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remember(&mut self, key: Option<(usize, Kind)>) -> Result<(), WriteError> {
+        if let Some(k) = key {
+            let idx = self.put()?;
+            self.shared.insert(k, idx);
+        }
+        Ok(())
+    }
+
+    fn int(&mut self, i: i64) {
+        if let Ok(b) = u8::try_from(i) {
+            self.out.push(op::BININT1);
+            self.out.push(b);
+        } else if let Ok(h) = u16::try_from(i) {
+            self.out.push(op::BININT2);
+            self.out.extend_from_slice(&h.to_le_bytes());
+        } else if let Ok(w) = i32::try_from(i) {
+            self.out.push(op::BININT);
+            self.out.extend_from_slice(&w.to_le_bytes());
+        } else {
+            let bytes = i.to_le_bytes();
+            let mut n = 8;
+            while n > 1 {
+                let last = bytes[n - 1];
+                let prev_neg = bytes[n - 2] & 0x80 != 0;
+                if (last == 0 && !prev_neg) || (last == 0xff && prev_neg) {
+                    n -= 1;
+                } else {
+                    break;
+                }
+            }
+            self.out.push(op::LONG1);
+            self.out.push(n as u8);
+            self.out.extend_from_slice(&bytes[..n]);
+        }
+    }
+
+    fn string(&mut self, s: &'v str) -> Result<(), WriteError> {
+        if self.memoize {
+            if let Some(&idx) = self.strings.get(s) {
+                self.get(idx);
+                return Ok(());
+            }
+        }
+        match u8::try_from(s.len()) {
+            Ok(n) if self.proto >= 4 => {
+                self.out.push(op::SHORT_BINUNICODE);
+                self.out.push(n);
+            }
+            _ => {
+                let n = u32::try_from(s.len())
+                    .map_err(|_| WriteError::Unsupported("a str longer than 4 GiB"))?;
+                self.out.push(op::BINUNICODE);
+                self.out.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+        self.out.extend_from_slice(s.as_bytes());
+        if self.memoize {
+            let idx = self.put()?;
+            self.strings.insert(s, idx);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{from_slice, opcode_name};
+    use super::*;
+
+    /// Opcodes of a pickle this writer produced (it only emits opcodes whose
+    /// arguments it knows how to skip).
+    fn opcodes(data: &[u8]) -> Vec<u8> {
+        let mut ops = Vec::new();
+        let mut i = 0;
+        while i < data.len() {
+            let o = data[i];
+            ops.push(o);
+            i += 1;
+            i += match o {
+                op::PROTO | op::BININT1 | op::BINGET | op::BINPUT => 1,
+                op::BININT2 => 2,
+                op::BININT | op::LONG_BINGET | op::LONG_BINPUT => 4,
+                op::FRAME | op::BINFLOAT => 8,
+                op::LONG1 | op::SHORT_BINUNICODE => 1 + usize::from(data[i]),
+                op::BINUNICODE => {
+                    4 + u32::from_le_bytes(data[i..i + 4].try_into().unwrap()) as usize
+                }
+                _ => 0,
+            };
+        }
+        ops
+    }
+
+    fn sample() -> Value {
+        let shared = Value::list(vec![Value::from("frame"), Value::from(1i64)]);
+        Value::dict(vec![
+            (
+                Value::from("ints"),
+                Value::list(
+                    [
+                        0i64,
+                        255,
+                        256,
+                        65535,
+                        65536,
+                        -1,
+                        i64::from(i32::MIN),
+                        i64::from(i32::MAX) + 1,
+                        i64::MIN,
+                        i64::MAX,
+                    ]
+                    .map(Value::Int)
+                    .to_vec(),
+                ),
+            ),
+            (Value::from("big"), Value::from(u64::MAX)),
+            (Value::from("neg_big"), Value::from(i128::MIN)),
+            (
+                Value::from("floats"),
+                Value::list(vec![
+                    Value::Float(0.5),
+                    Value::Float(-1e300),
+                    Value::Float(f64::INFINITY),
+                ]),
+            ),
+            (Value::from("str"), Value::from("x".repeat(300))),
+            (Value::from("unicode"), Value::from("h\u{e9}llo \u{1f600}")),
+            (
+                Value::from("tuples"),
+                Value::list(vec![
+                    Value::tuple(vec![]),
+                    Value::tuple(vec![Value::None]),
+                    Value::tuple(vec![Value::Bool(true), Value::Bool(false)]),
+                    Value::tuple(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+                    Value::tuple((0..5).map(Value::Int).collect()),
+                ]),
+            ),
+            (Value::from("a"), shared.clone()),
+            (Value::from("b"), shared),
+            (
+                Value::from("many"),
+                Value::list((0..2500).map(Value::Int).collect()),
+            ),
+            (Value::from("one"), Value::list(vec![Value::None])),
+        ])
+    }
+
+    #[test]
+    fn round_trip_all_protocols() {
+        let v = sample();
+        for protocol in 2..=4 {
+            for memoize in [false, true] {
+                let opts = WriteOptions {
+                    protocol,
+                    memoize,
+                    ..WriteOptions::default()
+                };
+                let data = to_vec_with(&v, &opts).unwrap();
+                assert_eq!(
+                    from_slice(&data).unwrap(),
+                    v,
+                    "protocol {protocol} memoize {memoize}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_memoryviz_opcodes() {
+        let allowed = [
+            op::PROTO,
+            op::FRAME,
+            op::MARK,
+            op::STOP,
+            op::EMPTY_DICT,
+            op::EMPTY_LIST,
+            op::EMPTY_TUPLE,
+            op::TUPLE,
+            op::TUPLE1,
+            op::TUPLE2,
+            op::TUPLE3,
+            op::SETITEM,
+            op::SETITEMS,
+            op::APPEND,
+            op::APPENDS,
+            op::BININT,
+            op::BININT1,
+            op::BININT2,
+            op::LONG1,
+            op::BINFLOAT,
+            op::NEWTRUE,
+            op::NEWFALSE,
+            op::NONE,
+            op::SHORT_BINUNICODE,
+            op::BINUNICODE,
+            op::MEMOIZE,
+            op::BINPUT,
+            op::LONG_BINPUT,
+            op::BINGET,
+            op::LONG_BINGET,
+        ];
+        for protocol in 2..=4 {
+            let opts = WriteOptions {
+                protocol,
+                ..WriteOptions::default()
+            };
+            let data = to_vec_with(&sample(), &opts).unwrap();
+            for o in opcodes(&data) {
+                assert!(
+                    allowed.contains(&o),
+                    "protocol {protocol}: {:?}",
+                    opcode_name(o)
+                );
+            }
+            let has_short = opcodes(&data).contains(&op::SHORT_BINUNICODE);
+            assert_eq!(has_short, protocol >= 4);
+        }
+    }
+
+    #[test]
+    fn frames_cover_the_stream() {
+        let v = Value::list((0..100_000).map(|i| Value::from(format!("s{i}"))).collect());
+        let data = to_vec(&v).unwrap();
+        // Walk the frames: each FRAME's length must land exactly on the next FRAME or the end.
+        let mut i = 2;
+        let mut frames = 0;
+        while i < data.len() {
+            assert_eq!(data[i], op::FRAME, "frame at {i}");
+            let n = u64::from_le_bytes(data[i + 1..i + 9].try_into().unwrap()) as usize;
+            i += 9 + n;
+            frames += 1;
+        }
+        assert_eq!(i, data.len());
+        assert!(frames > 10);
+        assert_eq!(from_slice(&data).unwrap(), v);
+    }
+
+    #[test]
+    fn unwritable_values() {
+        assert_eq!(
+            to_vec(&Value::Bytes(Arc::from(&b"x"[..]))),
+            Err(WriteError::Unsupported("bytes"))
+        );
+        assert_eq!(
+            to_vec(&Value::Set(Arc::from(vec![]))),
+            Err(WriteError::Unsupported("a set"))
+        );
+        assert_eq!(
+            to_vec_with(
+                &Value::None,
+                &WriteOptions {
+                    protocol: 5,
+                    ..WriteOptions::default()
+                }
+            ),
+            Err(WriteError::Protocol(5))
+        );
+        let mut deep = Value::None;
+        for _ in 0..300 {
+            deep = Value::list(vec![deep]);
+        }
+        assert_eq!(to_vec(&deep), Err(WriteError::Depth(256)));
+    }
+
+    #[test]
+    fn memo_indices_beyond_255() {
+        let strings: Vec<Value> = (0..1000).map(|i| Value::from(format!("k{i}"))).collect();
+        let v = Value::list(strings.iter().chain(strings.iter()).cloned().collect());
+        for protocol in [2, 4] {
+            let data = to_vec_with(
+                &v,
+                &WriteOptions {
+                    protocol,
+                    ..WriteOptions::default()
+                },
+            )
+            .unwrap();
+            let ops = opcodes(&data);
+            assert!(ops.contains(&op::LONG_BINGET));
+            assert_eq!(from_slice(&data).unwrap(), v);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! [`Snapshot`] → pickle [`Value`], keeping the sharing of stacks so the
+//! written file stays as small as PyTorch's.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::model::{
+    AllocatorSettings, Block, BlockHistory, ExternalAnnotation, ExtraKeys, Segment, Snapshot,
+};
+use crate::pickle::{self, Value, WriteError, WriteOptions};
+use crate::trace::{Frame, TraceAction, TraceEntry};
+
+impl Snapshot {
+    /// The snapshot as the dict PyTorch pickles: `segments`,
+    /// `device_traces`, then `allocator_settings` and
+    /// `external_annotations` when present, then the extra keys. Keys that
+    /// are `None` in the model are left out; trace entries always get a
+    /// `frames` list (empty when none was recorded), as `MemoryViz.js`
+    /// defaults it. Equal stacks are shared, so memoized writing stores
+    /// each once.
+    pub fn to_value(&self) -> Value {
+        let mut e = Encoder::default();
+        let mut top = vec![
+            (
+                e.s("segments"),
+                Value::list(self.segments.iter().map(|s| e.segment(s)).collect()),
+            ),
+            (
+                e.s("device_traces"),
+                Value::list(
+                    self.device_traces
+                        .iter()
+                        .map(|t| Value::list(t.iter().map(|x| e.entry(x)).collect()))
+                        .collect(),
+                ),
+            ),
+        ];
+        if let Some(a) = &self.allocator_settings {
+            top.push((e.s("allocator_settings"), e.settings(a)));
+        }
+        if let Some(a) = &self.external_annotations {
+            top.push((
+                e.s("external_annotations"),
+                Value::list(a.iter().map(|x| e.annotation(x)).collect()),
+            ));
+        }
+        e.extra(&mut top, &self.extra);
+        Value::dict(top)
+    }
+
+    /// The snapshot as a pickle (protocol 4, memoized, `MemoryViz.js`
+    /// compatible; see [`pickle::to_vec`]).
+    pub fn to_pickle(&self) -> Result<Vec<u8>, WriteError> {
+        pickle::to_vec(&self.to_value())
+    }
+
+    /// The snapshot as a pickle written with explicit options.
+    pub fn to_pickle_with(&self, opts: &WriteOptions) -> Result<Vec<u8>, WriteError> {
+        pickle::to_vec_with(&self.to_value(), opts)
+    }
+}
+
+#[derive(Default)]
+struct Encoder<'a> {
+    strings: FxHashMap<&'a str, Value>,
+    frame_lists: FxHashMap<(usize, usize), Value>,
+    frame_dicts: FxHashMap<&'a Frame, Value>,
+}
+
+impl<'a> Encoder<'a> {
+    /// An interned string value.
+    fn s(&mut self, s: &'a str) -> Value {
+        self.strings
+            .entry(s)
+            .or_insert_with(|| Value::from(s))
+            .clone()
+    }
+
+    fn kv(&mut self, out: &mut Vec<(Value, Value)>, key: &'static str, v: Value) {
+        let k = self.s(key);
+        out.push((k, v));
+    }
+
+    fn extra(&mut self, out: &mut Vec<(Value, Value)>, extra: &'a ExtraKeys) {
+        for (k, v) in &extra.0 {
+            let k = self.s(k);
+            out.push((k, v.clone()));
+        }
+    }
+
+    fn frames(&mut self, frames: &'a Arc<[Frame]>) -> Value {
+        let key = (Arc::as_ptr(frames) as *const u8 as usize, frames.len());
+        if let Some(v) = self.frame_lists.get(&key) {
+            return v.clone();
+        }
+        let v = Value::list(frames.iter().map(|f| self.frame(f)).collect());
+        self.frame_lists.insert(key, v.clone());
+        v
+    }
+
+    fn frame(&mut self, f: &'a Frame) -> Value {
+        if let Some(v) = self.frame_dicts.get(f) {
+            return v.clone();
+        }
+        let mut d = Vec::with_capacity(3);
+        let name = self.s(&f.name);
+        self.kv(&mut d, "name", name);
+        let filename = self.s(&f.filename);
+        self.kv(&mut d, "filename", filename);
+        // Negative lines stand for C++'s unsigned "no line" (see decode).
+        let line = if f.line < 0 {
+            Value::from(f.line as u64)
+        } else {
+            Value::Int(f.line)
+        };
+        self.kv(&mut d, "line", line);
+        let v = Value::dict(d);
+        self.frame_dicts.insert(f, v.clone());
+        v
+    }
+
+    fn segment(&mut self, s: &'a Segment) -> Value {
+        let mut d = Vec::with_capacity(12 + s.extra.0.len());
+        self.kv(&mut d, "device", Value::from(s.device));
+        self.kv(&mut d, "address", Value::from(s.address));
+        self.kv(&mut d, "total_size", Value::from(s.total_size));
+        self.kv(&mut d, "allocated_size", Value::from(s.allocated_size));
+        self.kv(&mut d, "active_size", Value::from(s.active_size));
+        if let Some(r) = s.requested_size {
+            self.kv(&mut d, "requested_size", Value::from(r));
+        }
+        self.kv(&mut d, "stream", Value::from(s.stream.0));
+        let ty = self.s(s.segment_type.as_str());
+        self.kv(&mut d, "segment_type", ty);
+        if let Some((a, b)) = s.segment_pool_id {
+            self.kv(
+                &mut d,
+                "segment_pool_id",
+                Value::tuple(vec![Value::Int(a), Value::Int(b)]),
+            );
+        }
+        if let Some(x) = s.is_expandable {
+            self.kv(&mut d, "is_expandable", Value::Bool(x));
+        }
+        if let Some(f) = &s.frames {
+            let f = self.frames(f);
+            self.kv(&mut d, "frames", f);
+        }
+        let blocks = Value::list(s.blocks.iter().map(|b| self.block(b)).collect());
+        self.kv(&mut d, "blocks", blocks);
+        self.extra(&mut d, &s.extra);
+        Value::dict(d)
+    }
+
+    fn block(&mut self, b: &'a Block) -> Value {
+        let mut d = Vec::with_capacity(6 + b.extra.0.len());
+        if let Some(a) = b.address {
+            self.kv(&mut d, "address", Value::from(a));
+        }
+        self.kv(&mut d, "size", Value::from(b.size));
+        if let Some(r) = b.requested_size {
+            self.kv(&mut d, "requested_size", Value::from(r));
+        }
+        let state = self.s(b.state.as_str());
+        self.kv(&mut d, "state", state);
+        if let Some(f) = &b.frames {
+            let f = self.frames(f);
+            self.kv(&mut d, "frames", f);
+        }
+        if let Some(h) = &b.history {
+            let h = Value::list(h.iter().map(|x| self.history(x)).collect());
+            self.kv(&mut d, "history", h);
+        }
+        self.extra(&mut d, &b.extra);
+        Value::dict(d)
+    }
+
+    fn history(&mut self, h: &'a BlockHistory) -> Value {
+        let mut d = Vec::with_capacity(3 + h.extra.0.len());
+        self.kv(&mut d, "addr", Value::from(h.addr));
+        self.kv(&mut d, "real_size", Value::from(h.real_size));
+        if let Some(f) = &h.frames {
+            let f = self.frames(f);
+            self.kv(&mut d, "frames", f);
+        }
+        self.extra(&mut d, &h.extra);
+        Value::dict(d)
+    }
+
+    fn entry(&mut self, e: &'a TraceEntry) -> Value {
+        let mut d = Vec::with_capacity(8);
+        let action = self.s(e.action.as_str());
+        self.kv(&mut d, "action", action);
+        if e.action == TraceAction::Oom {
+            self.kv(&mut d, "device_free", Value::from(e.addr));
+        } else {
+            self.kv(&mut d, "addr", Value::from(e.addr));
+        }
+        self.kv(&mut d, "size", Value::from(e.size));
+        self.kv(&mut d, "stream", Value::from(e.stream.0));
+        if let Some(t) = e.time_us {
+            self.kv(&mut d, "time_us", Value::Int(t));
+        }
+        if let Some(c) = &e.compile_context {
+            let c = self.s(c);
+            self.kv(&mut d, "compile_context", c);
+        }
+        if let Some(u) = &e.user_metadata {
+            let u = self.s(u);
+            self.kv(&mut d, "user_metadata", u);
+        }
+        let frames = self.frames(&e.frames);
+        self.kv(&mut d, "frames", frames);
+        Value::dict(d)
+    }
+
+    fn settings(&mut self, a: &'a AllocatorSettings) -> Value {
+        let mut d = Vec::new();
+        if let Some(c) = &a.pytorch_cuda_alloc_conf {
+            let c = self.s(c);
+            self.kv(&mut d, "PYTORCH_CUDA_ALLOC_CONF", c);
+        }
+        if let Some(x) = a.max_split_size {
+            self.kv(&mut d, "max_split_size", Value::Int(x));
+        }
+        if let Some(x) = a.garbage_collection_threshold {
+            self.kv(&mut d, "garbage_collection_threshold", Value::Float(x));
+        }
+        if let Some(x) = a.expandable_segments {
+            self.kv(&mut d, "expandable_segments", Value::Bool(x));
+        }
+        if let Some(x) = a.pinned_num_register_threads {
+            self.kv(&mut d, "pinned_num_register_threads", Value::Int(x));
+        }
+        if let Some(x) = a.release_lock_on_cudamalloc {
+            self.kv(&mut d, "release_lock_on_cudamalloc", Value::Bool(x));
+        }
+        if let Some(x) = a.pinned_use_cuda_host_register {
+            self.kv(&mut d, "pinned_use_cuda_host_register", Value::Bool(x));
+        }
+        if let Some(x) = a.graph_capture_record_stream_reuse {
+            self.kv(&mut d, "graph_capture_record_stream_reuse", Value::Bool(x));
+        }
+        if let Some(r) = &a.roundup_power2_divisions {
+            let pairs = r
+                .iter()
+                .map(|(k, v)| (Value::from(k.to_string()), Value::from(*v)))
+                .collect();
+            self.kv(&mut d, "roundup_power2_divisions", Value::dict(pairs));
+        }
+        self.extra(&mut d, &a.extra);
+        Value::dict(d)
+    }
+
+    fn annotation(&mut self, a: &'a ExternalAnnotation) -> Value {
+        let mut d = Vec::new();
+        if let Some(s) = &a.stage {
+            let s = self.s(s);
+            self.kv(&mut d, "stage", s);
+        }
+        if let Some(s) = &a.name {
+            let s = self.s(s);
+            self.kv(&mut d, "name", s);
+        }
+        if let Some(x) = a.device {
+            self.kv(&mut d, "device", Value::Int(x));
+        }
+        if let Some(x) = a.time_us {
+            self.kv(&mut d, "time_us", Value::Int(x));
+        }
+        self.extra(&mut d, &a.extra);
+        Value::dict(d)
+    }
+}
