@@ -1,0 +1,123 @@
+//! The human-readable comparison table of `reservoir replay`.
+
+use std::fmt::Write as _;
+
+use reservoir::format::format_size;
+use reservoir::replay::ReplayReport;
+
+/// A duration in nanoseconds, with a unit that keeps 3-4 significant digits.
+pub fn format_ns(ns: f64) -> String {
+    if ns < 1e3 {
+        format!("{ns:.0} ns")
+    } else if ns < 1e6 {
+        format!("{:.2} us", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+/// The rows of the table: a label and one cell per report.
+fn rows(reports: &[ReplayReport]) -> Vec<(&'static str, Vec<String>)> {
+    let col = |f: &dyn Fn(&ReplayReport) -> String| reports.iter().map(f).collect::<Vec<_>>();
+    vec![
+        ("peak allocated", col(&|r| format_size(r.peak_allocated))),
+        ("peak reserved", col(&|r| format_size(r.peak_reserved))),
+        (
+            "fragmentation (reserved/allocated)",
+            col(&|r| match r.fragmentation {
+                Some(f) => format!("{f:.3}x"),
+                None => "-".to_string(),
+            }),
+        ),
+        (
+            "reserved-unallocated at reserved peak",
+            col(&|r| format_size(r.reserved_unallocated_at_peak)),
+        ),
+        (
+            "largest free block at reserved peak",
+            col(&|r| format_size(r.largest_free_block_at_peak)),
+        ),
+        ("driver allocs", col(&|r| r.driver_allocs.to_string())),
+        ("driver frees", col(&|r| r.driver_frees.to_string())),
+        ("OOMs", col(&|r| r.ooms.to_string())),
+        (
+            "simulated driver time",
+            col(&|r| format_ns(r.driver_time_ns as f64)),
+        ),
+        (
+            "allocator time per call (mean)",
+            col(&|r| format_ns(r.allocator_ns_per_op)),
+        ),
+        (
+            "allocator time per call (median)",
+            col(&|r| format_ns(r.allocator_ns_p50)),
+        ),
+    ]
+}
+
+/// The table: one column per setting, then the settings strings and the
+/// first out-of-memory message of each setting that had one.
+pub fn render(reports: &[ReplayReport]) -> String {
+    let rows = rows(reports);
+    let label_w = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            rows.iter()
+                .map(|(_, cells)| cells[i].len())
+                .chain(std::iter::once(r.setting.len()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let _ = write!(out, "{:label_w$}", "");
+    for (r, w) in reports.iter().zip(&widths) {
+        let _ = write!(out, "  {:>w$}", r.setting);
+    }
+    out.push('\n');
+    for (label, cells) in &rows {
+        let _ = write!(out, "{label:label_w$}");
+        for (c, w) in cells.iter().zip(&widths) {
+            let _ = write!(out, "  {c:>w$}");
+        }
+        out.push('\n');
+    }
+    out.push('\n');
+    let name_w = reports.iter().map(|r| r.setting.len()).max().unwrap_or(0);
+    out.push_str("settings:\n");
+    for r in reports {
+        let conf = if r.config.is_empty() {
+            "(PyTorch defaults)"
+        } else {
+            &r.config
+        };
+        let _ = writeln!(out, "  {:name_w$}  {conf}", r.setting);
+    }
+    for r in reports {
+        if let Some(o) = &r.first_oom {
+            let _ = writeln!(
+                out,
+                "\nfirst OOM with {} (op {}, line {}; {} OOMs in all):\n  {}",
+                r.setting, o.op, o.line, r.ooms, o.message
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(format_ns(12.4), "12 ns");
+        assert_eq!(format_ns(1_500.0), "1.50 us");
+        assert_eq!(format_ns(2_345_678.0), "2.35 ms");
+        assert_eq!(format_ns(3.2e9), "3.20 s");
+    }
+}

@@ -1,0 +1,206 @@
+//! The `reservoir` binary, run as a user would.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn reservoir(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_reservoir"))
+        .args(args)
+        .output()
+        .expect("the reservoir binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn default_replay_prints_the_table() {
+    let o = reservoir(&["replay"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("workload gpt-train:"), "{out}");
+    for needle in [
+        "pytorch",
+        "max-split-128",
+        "roundup-4",
+        "gc-0.8",
+        "peak allocated",
+        "peak reserved",
+        "fragmentation",
+        "reserved-unallocated at reserved peak",
+        "largest free block at reserved peak",
+        "driver allocs",
+        "driver frees",
+        "OOMs",
+        "simulated driver time",
+        "allocator time per call",
+        "MiB",
+        "max_split_size_mb:128",
+        "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    // nothing on stderr when not on a terminal (no progress bar)
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+}
+
+#[test]
+fn json_output_parses_and_has_the_keys() {
+    let o = reservoir(&["replay", "--json", "--workload", "gpt-train:steps=2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    let reports = v.as_array().expect("an array");
+    assert_eq!(reports.len(), 4);
+    let names: Vec<&str> = reports
+        .iter()
+        .map(|r| r["setting"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pytorch", "max-split-128", "roundup-4", "gc-0.8"]);
+    for r in reports {
+        for key in [
+            "setting",
+            "config",
+            "capacity",
+            "peak_allocated",
+            "peak_reserved",
+            "fragmentation",
+            "reserved_unallocated_at_peak",
+            "largest_free_block_at_peak",
+            "driver_allocs",
+            "driver_frees",
+            "ooms",
+            "first_oom",
+            "driver_time_ns",
+            "allocator_ns_per_op",
+            "memory_stats",
+            "samples",
+        ] {
+            assert!(r.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(r["capacity"].as_u64(), Some(80 << 30));
+        assert!(r["peak_reserved"].as_u64().unwrap() >= r["peak_allocated"].as_u64().unwrap());
+        assert_eq!(r["ooms"].as_u64(), Some(0));
+    }
+}
+
+#[test]
+fn settings_configs_and_capacity() {
+    let o = reservoir(&[
+        "replay",
+        "--json",
+        "--setting",
+        "big-split=max_split_size_mb:512",
+        "--config",
+        "",
+        "--capacity",
+        "1.5G",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = v.as_array().unwrap();
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[0]["setting"], "big-split");
+    assert_eq!(r[0]["config"], "max_split_size_mb:512");
+    assert_eq!(r[1]["setting"], "pytorch");
+    assert_eq!(r[1]["capacity"].as_u64(), Some(3 << 29));
+}
+
+#[test]
+fn out_of_memory_is_reported() {
+    let o = reservoir(&["replay", "--capacity", "256MiB", "--config", ""]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("first OOM with pytorch"), "{out}");
+    assert!(
+        out.contains("CUDA out of memory. Tried to allocate"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_size_names_the_value_and_the_forms() {
+    let o = reservoir(&["replay", "--capacity", "80XB"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("80XB"), "{err}");
+    assert!(
+        err.contains("80GiB") && err.contains("512M") && err.contains("1.5G"),
+        "{err}"
+    );
+    let o = reservoir(&["replay", "--capacity", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--capacity"), "{}", stderr(&o));
+}
+
+#[test]
+fn unknown_workload_lists_the_known_ones() {
+    let o = reservoir(&["replay", "--workload", "gpt-tran"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("gpt-tran"), "{err}");
+    for known in [
+        "gpt-train",
+        "gpt2-medium-train",
+        "llm-infer",
+        "llama-7b-infer",
+    ] {
+        assert!(err.contains(known), "{known} not in {err}");
+    }
+    let o = reservoir(&["workload", "gpt-train:layerz=2"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("layerz") && err.contains("layers"), "{err}");
+}
+
+#[test]
+fn bad_settings_are_explained() {
+    let o = reservoir(&["replay", "--setting", "max_split_size_mb:128"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("NAME=CONF"), "{}", stderr(&o));
+    let o = reservoir(&["replay", "--setting", "x=no_such_key:1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no_such_key"), "{}", stderr(&o));
+    let o = reservoir(&["replay", "-s", "a=", "-s", "a=max_split_size_mb:128"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("twice"), "{}", stderr(&o));
+}
+
+#[test]
+fn workload_writes_an_oracle_trace() {
+    let path: PathBuf =
+        std::env::temp_dir().join(format!("reservoir-cli-test-{}.trace", std::process::id()));
+    let p = path.to_str().unwrap();
+    let o = reservoir(&["workload", "llm-infer:requests=3", "--out", p]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let trace = reservoir::oracle_trace::Trace::parse(&text).unwrap();
+    let again = reservoir::workload::generate("llm-infer:requests=3").unwrap();
+    assert_eq!(trace.ops, again.ops);
+    assert!(stderr(&o).contains(&format!("wrote {} ops", trace.ops.len())));
+    // to standard output
+    let o = reservoir(&["workload", "llm-infer:requests=3"]);
+    assert!(o.status.success());
+    assert_eq!(stdout(&o), text);
+}
+
+#[test]
+fn workloads_lists_every_preset() {
+    let o = reservoir(&["workloads"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for p in reservoir::workload::presets() {
+        assert!(out.contains(p.name), "{} missing", p.name);
+        assert!(
+            out.contains(p.description),
+            "{} description missing",
+            p.name
+        );
+    }
+    assert!(out.contains("kv_heads") && out.contains("layers"), "{out}");
+}
