@@ -1,0 +1,10 @@
+//! One integration test binary, a module per area (spec sections cited in each test).
+
+mod common;
+mod errors;
+mod expandable;
+mod model;
+mod pools;
+mod registry;
+mod rules;
+mod streams;

@@ -1,0 +1,267 @@
+//! Private pools (spec 1.14) and checkpoints (spec 1.15).
+
+use reservoir::caching::{BlockState, PoolFilter};
+use reservoir::device_allocator::MempoolId;
+use reservoir::{Backend, StreamId};
+
+use crate::common::*;
+
+const P: MempoolId = MempoolId(1, 0);
+const S1: StreamId = StreamId(1);
+
+#[test]
+fn pool_blocks_serve_only_the_pool() {
+    // spec 1.14: routing by filter; private blocks never serve other allocations.
+    let c = Checked::default_device();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let in_pool = c.alloc_on(30 * MIB, S1);
+    let outside = c.alloc_on(30 * MIB, S0);
+    c.check();
+    assert_eq!(c.a.pool_segments(P).len(), 1);
+    assert_eq!(c.a.pool_segments(P)[0].blocks[0].address, in_pool.0);
+    assert_eq!(
+        c.a.pool_segments(MempoolId::DEFAULT)[0].blocks[0].address,
+        outside.0
+    );
+    c.free(in_pool);
+    c.a.end_allocate_to_pool(P).unwrap();
+    let again = c.alloc_on(30 * MIB, S1);
+    assert_ne!(
+        again, in_pool,
+        "the pool's cached block is not used outside the pool"
+    );
+    assert_eq!(c.stats().num_device_alloc, 3);
+}
+
+#[test]
+fn pool_errors_change_nothing() {
+    // spec 1.14: the error messages of begin/end/release.
+    let c = Checked::default_device();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let before = (c.flat(), c.a.pool_use_count(P));
+    let e =
+        c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+            .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "beginAllocateToPool: already recording to mempool_id"
+    );
+    assert_eq!((c.flat(), c.a.pool_use_count(P)), before);
+    let e = c.a.end_allocate_to_pool(MempoolId(9, 9)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "endAllocatePool: not currently recording to mempool_id"
+    );
+    assert!(c.a.release_pool(MempoolId(9, 9)).is_err());
+    assert!(c
+        .a
+        .begin_allocate_to_pool(MempoolId::DEFAULT, PoolFilter::Stream(S1))
+        .is_err());
+    c.check();
+}
+
+#[test]
+fn released_pools_are_freed_by_empty_cache() {
+    // spec 1.14: releasePool -> freeable; memory returned by a later empty_cache.
+    let c = Checked::default_device();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let p = c.alloc_on(30 * MIB, S1);
+    c.a.end_allocate_to_pool(P).unwrap();
+    c.free(p);
+    c.empty_cache();
+    assert_eq!(
+        c.reserved(),
+        30 * MIB as i64,
+        "a live pool keeps its memory"
+    );
+    c.a.release_pool(P).unwrap();
+    assert_eq!(c.a.pool_use_count(P), 0);
+    c.empty_cache();
+    assert_eq!(c.reserved(), 0);
+    assert!(c.a.pool_segments(P).is_empty());
+    // the pool is gone: a new begin creates it afresh
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    assert_eq!(c.a.pool_use_count(P), 1);
+}
+
+#[test]
+fn empty_cache_of_one_pool() {
+    // spec 1.9 (N): emptyCache(mempool_id) releases only that freeable pool.
+    let c = Checked::default_device();
+    let q = MempoolId(2, 0);
+    for (id, s) in [(P, S1), (q, StreamId(2))] {
+        c.a.begin_allocate_to_pool(id, PoolFilter::Stream(s))
+            .unwrap();
+        let p = c.alloc_on(30 * MIB, s);
+        c.a.end_allocate_to_pool(id).unwrap();
+        c.free(p);
+        c.a.release_pool(id).unwrap();
+    }
+    let g = c.alloc(30 * MIB);
+    c.free(g);
+    c.a.empty_cache_pool(P).unwrap();
+    c.check();
+    assert!(c.a.pool_segments(P).is_empty());
+    assert_eq!(c.a.pool_segments(q).len(), 1);
+    assert_eq!(
+        c.reserved(),
+        60 * MIB as i64,
+        "the global pool and q stay cached"
+    );
+}
+
+#[test]
+fn oom_message_names_private_pool_memory() {
+    // spec 1.9: the private-pool line of the OOM message (free cached blocks of private pools).
+    let c = Checked::new("", 100 * MIB);
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let p = c.alloc_on(40 * MIB, S1);
+    c.a.end_allocate_to_pool(P).unwrap();
+    c.free(p);
+    c.alloc(40 * MIB);
+    let err = c.try_alloc(40 * MIB).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "Of the allocated memory 80.00 MiB is allocated by PyTorch, with 40.00 MiB allocated \
+             in private pools (e.g., CUDA Graphs), and 0 bytes is reserved by PyTorch but unallocated."
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn thread_filter_routes_only_the_calling_thread() {
+    // spec 1.14: use_mem_pool's filter is "calling thread".
+    let c = Checked::default_device();
+    c.a.begin_allocate_to_pool(P, PoolFilter::current_thread())
+        .unwrap();
+    let mine = c.alloc(MIB);
+    let theirs =
+        std::thread::scope(|s| s.spawn(|| c.a.raw_alloc(MIB, S0).unwrap()).join().unwrap());
+    c.a.end_allocate_to_pool(P).unwrap();
+    c.check();
+    assert_eq!(c.a.pool_segments(P)[0].blocks[0].address, mine.0);
+    assert!(c
+        .a
+        .pool_segments(MempoolId::DEFAULT)
+        .iter()
+        .any(|s| s.blocks[0].address == theirs.0));
+}
+
+#[test]
+fn cross_stream_frees_wait_for_the_end_of_pool_allocation() {
+    // spec 1.10 / 1.14: during capture, frees with stream uses are deferred
+    // (no events); process_events is skipped until every capture ends.
+    let c = Checked::default_device();
+    let s2 = c.a.backend().create_stream().unwrap();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let p = c.alloc(MIB);
+    c.a.record_stream(p, s2).unwrap();
+    c.free(p);
+    assert_eq!(
+        c.segments()[0].blocks[0].state,
+        BlockState::ActivePendingFree
+    );
+    c.alloc(512); // still capturing: nothing processed
+    assert_eq!(
+        c.segments()[0].blocks[0].state,
+        BlockState::ActivePendingFree
+    );
+    c.a.end_allocate_to_pool(P).unwrap();
+    c.alloc(512); // events recorded and (s2 idle) complete at once
+    assert_eq!(c.stats().active.all().current, 2);
+}
+
+#[test]
+fn checkpoint_diverge_restore() {
+    // spec 1.15: checkpoint, diverge, restore; the pool's segments compare
+    // block by block with the checkpointed ones.
+    let c = Checked::default_device();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let a = c.alloc_on(4 * MIB, S1);
+    let b = c.alloc_on(6 * MIB, S1);
+    let d = c.alloc_on(2 * MIB, S1);
+    let small = c.alloc_on(4096, S1);
+    c.free(b);
+    let cp = c.a.checkpoint_pool(P).unwrap();
+    let at_checkpoint = c.a.pool_segments(P);
+    // diverge
+    c.free(a);
+    let e = c.alloc_on(7 * MIB, S1);
+    let f = c.alloc_on(100, S1);
+    assert_ne!(c.a.pool_segments(P), at_checkpoint);
+    let rr = c.a.restore_pool_checkpoint(&cp).unwrap();
+    c.check();
+    let mut freed = rr.allocations_freed.clone();
+    freed.sort();
+    let mut want = vec![d, small, e, f];
+    want.sort();
+    assert_eq!(freed, want);
+    let mut created = rr.allocations_created.clone();
+    created.sort();
+    let mut want = vec![a, d, small];
+    want.sort();
+    assert_eq!(created, want);
+    let shape = |segs: &[reservoir::caching::SegmentInfo]| -> Vec<Vec<(u64, u64, BlockState)>> {
+        segs.iter()
+            .map(|s| {
+                s.blocks
+                    .iter()
+                    .map(|b| (b.address, b.size, b.state))
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(shape(&c.a.pool_segments(P)), shape(&at_checkpoint));
+    // the created allocations are owned by the caller and free normally
+    for p in rr.allocations_created {
+        c.free(p);
+    }
+    c.a.end_allocate_to_pool(P).unwrap();
+}
+
+#[test]
+fn checkpoint_errors() {
+    // spec 1.15: unknown and freeable pools cannot be checkpointed; a bad
+    // checkpoint is refused before anything changes.
+    let c = Checked::default_device();
+    assert_eq!(
+        c.a.checkpoint_pool(P).unwrap_err().to_string(),
+        "Could not find pool of id"
+    );
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let p = c.alloc_on(MIB, S1);
+    let mut cp = c.a.checkpoint_pool(P).unwrap();
+    cp.segments[0].blocks[0].size += 512;
+    let before = (c.flat(), c.segments());
+    assert!(c.a.restore_pool_checkpoint(&cp).is_err());
+    assert_eq!((c.flat(), c.segments()), before);
+    c.a.end_allocate_to_pool(P).unwrap();
+    c.free(p);
+    c.a.release_pool(P).unwrap();
+    assert_eq!(
+        c.a.checkpoint_pool(P).unwrap_err().to_string(),
+        "Not expected to checkpoint freeable graph"
+    );
+}
+
+#[test]
+fn a_pool_cannot_be_released_while_allocated_to() {
+    // spec 1.14: release follows end (PyTorch would assert on the next allocation).
+    let c = Checked::default_device();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let e = c.a.release_pool(P).unwrap_err().to_string();
+    assert!(e.contains("still being allocated to"), "{e}");
+    assert_eq!(c.a.pool_use_count(P), 1);
+    c.a.end_allocate_to_pool(P).unwrap();
+    c.a.release_pool(P).unwrap();
+}
