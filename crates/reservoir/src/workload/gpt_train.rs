@@ -1,6 +1,8 @@
 //! GPT-style transformer training (see [`GptTrain`]).
 
-use super::{parse_bool, parse_dtype, parse_u64, Builder, ParamInfo, WorkloadError, WorkloadKind};
+use super::{
+    check_dims, parse_bool, parse_dtype, parse_u64, Builder, ParamInfo, WorkloadError, WorkloadKind,
+};
 use crate::oracle_trace::{AllocId, Op, SplitMix64, StreamName};
 
 const MIB: u64 = 1 << 20;
@@ -336,17 +338,7 @@ impl GptTrain {
             ("vocab", self.vocab),
             ("steps", self.steps),
         ];
-        for (k, v) in positive {
-            if v == 0 {
-                return Err(WorkloadError::Invalid(format!("{k} must be at least 1")));
-            }
-        }
-        if self.hidden % self.heads != 0 {
-            return Err(WorkloadError::Invalid(format!(
-                "hidden ({}) must be a multiple of heads ({})",
-                self.hidden, self.heads
-            )));
-        }
+        check_dims(&positive, self.hidden, self.heads)?;
         if self.ddp && self.bucket == 0 {
             return Err(WorkloadError::Invalid(
                 "bucket must be positive with ddp".into(),

@@ -1,6 +1,8 @@
 //! LLM inference with a growing KV cache (see [`LlmInfer`]).
 
-use super::{parse_bool, parse_dtype, parse_u64, Builder, ParamInfo, WorkloadError, WorkloadKind};
+use super::{
+    check_dims, parse_bool, parse_dtype, parse_u64, Builder, ParamInfo, WorkloadError, WorkloadKind,
+};
 use crate::oracle_trace::{AllocId, Op, SplitMix64};
 
 const MIB: u64 = 1 << 20;
@@ -350,17 +352,7 @@ impl LlmInfer {
             ("prompt_min", self.prompt_min),
             ("gen_min", self.gen_min),
         ];
-        for (k, v) in positive {
-            if v == 0 {
-                return Err(WorkloadError::Invalid(format!("{k} must be at least 1")));
-            }
-        }
-        if self.hidden % self.heads != 0 {
-            return Err(WorkloadError::Invalid(format!(
-                "hidden ({}) must be a multiple of heads ({})",
-                self.hidden, self.heads
-            )));
-        }
+        check_dims(&positive, self.hidden, self.heads)?;
         if self.heads % self.kv_head_count() != 0 {
             return Err(WorkloadError::Invalid(format!(
                 "heads ({}) must be a multiple of kv_heads ({})",

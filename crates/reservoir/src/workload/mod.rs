@@ -402,6 +402,20 @@ pub enum WorkloadError {
     Invalid(String),
 }
 
+/// The checks every model workload makes: the named dimensions are at least
+/// 1 and `hidden` splits evenly into `heads`.
+fn check_dims(positive: &[(&str, u64)], hidden: u64, heads: u64) -> Result<(), WorkloadError> {
+    if let Some((k, _)) = positive.iter().find(|(_, v)| *v == 0) {
+        return Err(WorkloadError::Invalid(format!("{k} must be at least 1")));
+    }
+    if hidden % heads != 0 {
+        return Err(WorkloadError::Invalid(format!(
+            "hidden ({hidden}) must be a multiple of heads ({heads})"
+        )));
+    }
+    Ok(())
+}
+
 fn known_names() -> String {
     PRESETS
         .iter()
