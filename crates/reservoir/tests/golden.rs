@@ -35,6 +35,7 @@ use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
+use reservoir::caching::stream_order;
 use reservoir::oracle_trace::{golden_specs, Fnv1a, GenKind, GenSpec, Op, Trace};
 use reservoir::sim::{CallKind, CallResult, DeviceCall, SimConfig, SimDevice};
 use reservoir::trace::TraceAction;
@@ -443,7 +444,28 @@ fn replay(g: &Golden, trace: &Trace, check_each_op: bool) -> Result<Replay, Stri
         ids.insert(name.clone(), id);
         names.insert(id, name.clone());
     }
+    // c10 stream ids: the oracle creates a `torch.cuda.Stream()` at the first
+    // use of a name, and c10 hands out default-priority pool streams round
+    // robin. They order PyTorch's per-stream event queues (its hash map).
+    let mut created: BTreeSet<String> = BTreeSet::new();
     let mut stream_of = |name: &str, alloc: &CachingAllocator<SimDevice>| -> StreamId {
+        if name != "0" && name != "default" && !created.contains(name) {
+            let index = created.len() as u32;
+            created.insert(name.to_string());
+            let id = match ids.get(name) {
+                Some(&id) => id,
+                None => {
+                    // Used in the trace but never created by the oracle (only by ops it
+                    // skipped): give it an id after the others.
+                    let id = StreamId(1000 + ids.len() as u64);
+                    alloc.backend().register_stream(id);
+                    ids.insert(name.to_string(), id);
+                    names.insert(id, name.to_string());
+                    id
+                }
+            };
+            alloc.set_c10_stream_id(id, stream_order::c10_pool_stream_id(0, index));
+        }
         if let Some(&id) = ids.get(name) {
             return id;
         }

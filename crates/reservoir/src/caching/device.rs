@@ -14,6 +14,7 @@ use super::block::{
     NIL, POOL_LARGE, POOL_SMALL,
 };
 use super::rules::{self, ONE_EXABYTE};
+use super::stream_order::{stream_set_order, C10Streams, StreamTable};
 use crate::backend::{Backend, BackendError, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
 use crate::device_allocator::MempoolId;
@@ -91,8 +92,11 @@ pub(crate) struct DeviceState {
     pub total_allocated_memory: u64,
     /// The per-process limit (`set_per_process_memory_fraction` below 1.0).
     pub allowed_memory_maximum: Option<u64>,
-    /// Per-stream FIFOs of (event, block) recorded at cross-stream frees.
-    pub events: BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
+    /// Per-stream FIFOs of (event, block) recorded at cross-stream frees,
+    /// in PyTorch's `cuda_events` hash-map layout (see `stream_order`).
+    pub events: StreamTable<VecDeque<(EventId, BlockId)>>,
+    /// c10 stream ids, which order `events` as PyTorch's hash map does.
+    pub c10_streams: C10Streams,
     pub history: Option<RingBuffer>,
     /// Private pools by id (PyTorch's `graph_pools`).
     pub graph_pools: BTreeMap<MempoolId, PrivatePool>,
@@ -134,7 +138,8 @@ impl DeviceState {
             stats,
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
-            events: BTreeMap::new(),
+            events: StreamTable::new(),
+            c10_streams: C10Streams::new(device),
             history: None,
             graph_pools: BTreeMap::new(),
             graph_pools_freeable: std::collections::BTreeSet::new(),
@@ -1036,45 +1041,45 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), AllocError> {
-        let streams = std::mem::take(&mut self.blocks[id].stream_uses);
-        for s in streams {
+        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        // `stream_uses` is a ska::flat_hash_set in PyTorch: walk it in its order.
+        for s in stream_set_order(&uses, &self.c10_streams) {
             let event = backend.record_event(s)?;
             self.blocks[id].event_count += 1;
-            self.events.entry(s).or_default().push_back((event, id));
+            let hash = self.c10_streams.hash(s);
+            self.events
+                .get_or_insert_with(s, hash, VecDeque::new)
+                .push_back((event, id));
         }
         Ok(())
     }
 
     /// spec 1.10: reap completed cross-stream events, per stream, stopping at
-    /// the first pending event of each stream.
+    /// the first pending event of each stream. Streams are walked in the slot
+    /// order of PyTorch's `cuda_events` hash map, and a stream's entry is
+    /// erased once its queue is empty (`it = cuda_events.erase(it)`).
     pub fn process_events<B: Backend + ?Sized>(&mut self, backend: &B) -> Result<(), BackendError> {
         if !self.needs_events_deferred.is_empty() {
             self.insert_events_deferred_until_no_capture(backend)?;
         }
-        if self.events.is_empty() {
-            return Ok(());
-        }
-        let mut events = std::mem::take(&mut self.events);
-        let mut result = Ok(());
-        'streams: for queue in events.values_mut() {
-            while let Some(&(event, id)) = queue.front() {
-                match backend.query_event(event) {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    Err(e) => {
-                        result = Err(e);
-                        break 'streams;
-                    }
+        let mut cur = self.events.first();
+        while let Some(pos) = cur {
+            while let Some(&(event, id)) = self.events.value_at(pos).front() {
+                if !backend.query_event(event)? {
+                    break;
                 }
-                queue.pop_front();
+                self.events.value_at(pos).pop_front();
                 // The event has completed; giving it back cannot change the outcome.
                 let _ = backend.destroy_event(event);
                 self.complete_event(id);
             }
+            cur = if self.events.value_at(pos).is_empty() {
+                self.events.erase_at(pos)
+            } else {
+                self.events.next(pos)
+            };
         }
-        events.retain(|_, q| !q.is_empty());
-        self.events = events;
-        result
+        Ok(())
     }
 
     #[inline]
@@ -1095,11 +1100,12 @@ impl DeviceState {
     ) -> Result<(), BackendError> {
         self.stats.num_sync_all_streams += 1;
         self.insert_events_deferred_until_no_capture(backend)?;
-        let mut events = std::mem::take(&mut self.events);
         let mut result = Ok(());
-        for queue in events.values_mut() {
+        let mut cur = self.events.first();
+        while let Some(pos) = cur {
+            let queue = std::mem::take(self.events.value_at(pos));
             let mut keep = VecDeque::new();
-            for (event, id) in queue.drain(..) {
+            for (event, id) in queue {
                 if only.is_some() && self.owner(self.blocks[id].pool) != only {
                     keep.push_back((event, id));
                     continue;
@@ -1114,10 +1120,14 @@ impl DeviceState {
                 let _ = backend.destroy_event(event);
                 self.complete_event(id);
             }
-            *queue = keep;
+            let empty = keep.is_empty();
+            *self.events.value_at(pos) = keep;
+            cur = if empty {
+                self.events.erase_at(pos)
+            } else {
+                self.events.next(pos)
+            };
         }
-        events.retain(|_, q| !q.is_empty());
-        self.events = events;
         result
     }
 

@@ -13,6 +13,7 @@ mod check;
 mod device;
 mod pools;
 pub mod rules;
+pub mod stream_order;
 
 use std::collections::BTreeMap;
 
@@ -186,6 +187,15 @@ impl<B: Backend> CachingAllocator<B> {
         };
         state.record_stream(id, stream);
         Ok(())
+    }
+
+    /// Tell the allocator the c10 stream id PyTorch would give `stream`
+    /// (see [`stream_order::c10_pool_stream_id`]). PyTorch walks its
+    /// per-stream event queues in the order of a hash map keyed by these ids,
+    /// so they decide which stream's cross-stream frees complete first. By
+    /// default `StreamId(n)` is the n-th pool stream, the default stream 0.
+    pub fn set_c10_stream_id(&self, stream: StreamId, id: i64) {
+        self.state.lock().c10_streams.set_id(stream, id);
     }
 
     /// Release every cached segment that is entirely free, after waiting for
