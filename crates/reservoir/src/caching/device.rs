@@ -459,12 +459,10 @@ impl DeviceState {
         if !self.blocks[candidate].mapped {
             let len = self.blocks[candidate].size.min(size);
             if !self.map_block(backend, candidate, len)? {
-                if created {
-                    // A segment created for this request that could not be
-                    // mapped is given back at once (torch 2.15 does so: its
-                    // device log shows reserve + addr_free on such an OOM).
-                    self.release_expandable_segment(backend, candidate)?;
-                }
+                // A segment created for this request that could not be mapped
+                // stays (fully unmapped, in `unmapped`) for later requests:
+                // torch 2.15 keeps it through the OOM flush, which only
+                // releases segments it unmaps (FINDINGS.md 11).
                 return Ok(None);
             }
         }

@@ -150,3 +150,33 @@ fn out_of_memory_with_expandable_segments() {
     assert_eq!(c.stats().num_ooms, 1);
     assert_eq!(c.reserved(), 100 * MIB as i64);
 }
+
+#[test]
+fn unmappable_new_segment_is_kept_through_the_flush() {
+    // torch 2.15 (goldens streams-010, streams-028, huge-004, oom-004/012/020/028):
+    // a segment created for a request whose pages cannot be mapped is not
+    // released; the OOM flush only releases segments it unmaps, and the next
+    // request of that stream maps into the kept segment (no new reservation).
+    let c = expandable(100 * MIB);
+    let s1 = reservoir::Backend::create_stream(c.a.backend()).unwrap();
+    let a = c.alloc(90 * MIB); // 5 pages: the whole device
+    let err = c.a.raw_alloc(20 * MIB, s1).unwrap_err();
+    c.check();
+    assert!(err.to_string().starts_with("CUDA out of memory."), "{err}");
+    let n = c.a.backend().counters();
+    assert_eq!((n.reserves, n.releases), (2, 0), "s1's new segment stays");
+    c.free(a);
+    let b = c.a.raw_alloc(20 * MIB, s1).unwrap();
+    c.check();
+    let n = c.a.backend().counters();
+    assert_eq!(
+        n.reserves, 2,
+        "the kept segment is mapped, none is reserved"
+    );
+    assert_eq!(
+        n.releases, 1,
+        "the flush released stream 0's unmapped segment"
+    );
+    assert_eq!(c.reserved(), 20 * MIB as i64);
+    c.free(b);
+}
