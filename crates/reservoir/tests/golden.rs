@@ -209,7 +209,11 @@ fn load_stats_keys() -> Vec<String> {
 }
 
 fn load_golden(name: &str, keys: &[String]) -> Result<Golden, String> {
-    let path = golden_dir().join("traces").join(format!("{name}.json"));
+    load_golden_at(&golden_dir().join("traces").join(format!("{name}.json")), keys)
+}
+
+fn load_golden_at(path: &Path, keys: &[String]) -> Result<Golden, String> {
+    let path = path.to_path_buf();
     let g = load_json(&path)?;
     if g["format"] != GOLDEN_FORMAT {
         return Err(format!(
@@ -312,7 +316,7 @@ fn load_golden(name: &str, keys: &[String]) -> Result<Golden, String> {
         .map(|s| s.as_str().unwrap_or("?").to_string())
         .collect();
     Ok(Golden {
-        name: name.to_string(),
+        name: spec.name.clone(),
         spec,
         fingerprint,
         ops: g["ops"].as_u64().ok_or_else(|| bad("ops"))? as usize,
@@ -908,17 +912,23 @@ fn run_one(name: &str, keys: &[String], check_each_op: bool) -> Verdict {
         }
     };
     let trace = g.spec.trace();
-    let mut report = describe(&g) + "\n";
     if trace.fingerprint() != g.fingerprint || trace.ops.len() != g.ops {
+        let mut report = describe(&g) + "\n";
         report.push_str(
             "  the generator no longer produces this trace (fingerprint or op count differs):\n  \
              run tools/regen-goldens.sh, or restore the generator\n",
         );
         return Verdict::Fail(report, vec!["generator".into()]);
     }
-    let result = catch_unwind(AssertUnwindSafe(|| replay(&g, &trace, check_each_op)));
+    run_trace(&g, &trace, keys, check_each_op)
+}
+
+/// Replay `trace` and compare with its golden `g`.
+fn run_trace(g: &Golden, trace: &Trace, keys: &[String], check_each_op: bool) -> Verdict {
+    let mut report = describe(g) + "\n";
+    let result = catch_unwind(AssertUnwindSafe(|| replay(g, trace, check_each_op)));
     let problems = match result {
-        Ok(Ok(r)) => compare(&g, &trace, keys, &r),
+        Ok(Ok(r)) => compare(g, trace, keys, &r),
         Ok(Err(e)) => vec![format!("  replay stopped: {e}\n")],
         Err(p) => {
             let msg = p
@@ -940,7 +950,7 @@ fn run_one(name: &str, keys: &[String], check_each_op: bool) -> Verdict {
     for p in problems {
         report.push_str(&p);
     }
-    report.push_str(&reproduce(&g));
+    report.push_str(&reproduce(g));
     Verdict::Fail(report, checks)
 }
 
@@ -1066,6 +1076,44 @@ fn golden_traces_match_pytorch() {
         "(RESERVOIR_GOLDEN=name[,name] selects traces, RESERVOIR_GOLDEN_DETAILS=N shows more)"
     );
     panic!("{msg}");
+}
+
+/// Hand-made traces (ones the generator cannot make) checked against the
+/// oracle: every `<name>.txt` with a golden `<name>.json` (made by
+/// `tools/make_extra_golden.py`) in `tests/golden/extra`, or in the folder
+/// `RESERVOIR_GOLDEN_EXTRA` names, must match. The committed ones
+/// (`tools/gen_stream_order_traces.py`) pin the order in which cross-stream
+/// frees complete with up to 31 streams.
+#[test]
+fn extra_traces_match_pytorch() {
+    let dir = std::env::var("RESERVOIR_GOLDEN_EXTRA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| golden_dir().join("extra"));
+    let keys = load_stats_keys();
+    let check = std::env::var("RESERVOIR_GOLDEN_CHECK").is_ok_and(|v| v == "1");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "txt") && p.with_extension("json").exists())
+        .collect();
+    names.sort();
+    let mut failed = Vec::new();
+    for path in &names {
+        let text = std::fs::read_to_string(path).unwrap();
+        let trace = Trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+        let g = load_golden_at(&path.with_extension("json"), &keys)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if let Verdict::Fail(report, _) = run_trace(&g, &trace, &keys, check) {
+            eprintln!("{report}");
+            failed.push(path.display().to_string());
+        }
+    }
+    eprintln!(
+        "golden extra: {} of {} traces match PyTorch exactly",
+        names.len() - failed.len(),
+        names.len()
+    );
+    assert!(failed.is_empty(), "differ from PyTorch: {failed:?}");
 }
 
 /// Names listed in `tests/golden/KNOWN_DIVERGENCES.md` (lines `- name: cause`).
