@@ -209,7 +209,10 @@ fn load_stats_keys() -> Vec<String> {
 }
 
 fn load_golden(name: &str, keys: &[String]) -> Result<Golden, String> {
-    load_golden_at(&golden_dir().join("traces").join(format!("{name}.json")), keys)
+    load_golden_at(
+        &golden_dir().join("traces").join(format!("{name}.json")),
+        keys,
+    )
 }
 
 fn load_golden_at(path: &Path, keys: &[String]) -> Result<Golden, String> {
