@@ -14,7 +14,7 @@ use super::block::{
     NIL, POOL_LARGE, POOL_SMALL,
 };
 use super::rules::{self, ONE_EXABYTE};
-use super::stream_order::{stream_set_order, C10Streams, StreamTable};
+use super::stream_order::{stream_set_order, C10Streams, MempoolSet, StreamTable};
 use crate::backend::{Backend, BackendError, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
 use crate::device_allocator::MempoolId;
@@ -101,7 +101,7 @@ pub(crate) struct DeviceState {
     /// Private pools by id (PyTorch's `graph_pools`).
     pub graph_pools: BTreeMap<MempoolId, PrivatePool>,
     /// Private pools whose use count reached 0 (`graph_pools_freeable`).
-    pub graph_pools_freeable: std::collections::BTreeSet<MempoolId>,
+    pub graph_pools_freeable: MempoolSet,
     /// Pools being allocated to, with their filters (`captures_underway`).
     pub captures_underway: Vec<(MempoolId, FilterFn)>,
     /// Cross-stream frees made while allocating to a pool, waiting for the
@@ -142,7 +142,7 @@ impl DeviceState {
             c10_streams: C10Streams::new(device),
             history: None,
             graph_pools: BTreeMap::new(),
-            graph_pools_freeable: std::collections::BTreeSet::new(),
+            graph_pools_freeable: MempoolSet::default(),
             captures_underway: Vec::new(),
             needs_events_deferred: Vec::new(),
             free_pool_slots: Vec::new(),
@@ -1018,9 +1018,11 @@ impl DeviceState {
         &mut self,
         backend: &B,
     ) -> Result<(), BackendError> {
-        while let Some(id) = self.needs_events_deferred.pop() {
+        // In the order the frees happened, as PyTorch walks its vector.
+        let mut deferred = std::mem::take(&mut self.needs_events_deferred).into_iter();
+        while let Some(id) = deferred.next() {
             if let Err(e) = self.insert_events(backend, id) {
-                self.needs_events_deferred.push(id);
+                self.needs_events_deferred = std::iter::once(id).chain(deferred).collect();
                 return Err(match e {
                     AllocError::Backend(b) => b,
                     other => BackendError::Driver(other.to_string()),
@@ -1331,7 +1333,9 @@ impl DeviceState {
             self.release_blocks(backend, POOL_LARGE)?;
             self.release_blocks(backend, POOL_SMALL)?;
         }
-        let freeable: Vec<MempoolId> = self.graph_pools_freeable.iter().copied().collect();
+        // In `graph_pools_freeable`'s hash-map order; erasing the visited entry
+        // (below) does not change the order of the rest.
+        let freeable: Vec<MempoolId> = self.graph_pools_freeable.iter().collect();
         for id in freeable {
             if !pool.is_default() {
                 if id != pool {

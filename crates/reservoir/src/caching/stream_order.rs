@@ -30,12 +30,14 @@
 //!   in order, erase by backward shift, no shrinking (neither `erase` nor
 //!   `clear` gives slots back).
 //!
-//! [`StreamTable`] is that table, keyed by [`StreamId`] with the hash supplied
-//! by the caller ([`C10Streams::hash`]).
+//! [`FlatHashTable`] is that table; [`StreamTable`] keys it by [`StreamId`]
+//! with the hash from [`C10Streams::hash`]. The same table orders the private
+//! pools `release_cached_blocks` frees (`graph_pools_freeable`, [`MempoolSet`]).
 
 use std::collections::BTreeMap;
 
 use crate::backend::StreamId;
+use crate::device_allocator::MempoolId;
 
 /// `c10::DeviceType::CUDA`.
 const DEVICE_TYPE_CUDA: u64 = 1;
@@ -101,13 +103,13 @@ impl C10Streams {
 }
 
 #[derive(Clone, Debug)]
-struct Slot<V> {
+struct Slot<K, V> {
     /// `distance_from_desired`: -1 empty, 0 at its home slot (or the sentinel).
     dist: i8,
-    entry: Option<(StreamId, u64, V)>,
+    entry: Option<(K, u64, V)>,
 }
 
-impl<V> Slot<V> {
+impl<K, V> Slot<K, V> {
     fn empty() -> Self {
         Slot {
             dist: -1,
@@ -122,21 +124,25 @@ impl<V> Slot<V> {
     }
 }
 
-/// `ska::flat_hash_map<StreamId, V>` with fibonacci hashing, reproducing its
-/// slot layout (and so its iteration order) exactly. Positions returned by
-/// [`first`](Self::first) / [`next`](Self::next) / [`erase_at`](Self::erase_at)
-/// are slot indices, stable until the next insertion.
+/// `ska::flat_hash_map<K, V>` with fibonacci hashing, reproducing its slot
+/// layout (and so its iteration order) exactly; the caller passes each key's
+/// `std::hash` value. Positions returned by [`first`](Self::first) /
+/// [`next`](Self::next) / [`erase_at`](Self::erase_at) are slot indices,
+/// stable until the next insertion.
 #[derive(Clone, Debug)]
-pub(crate) struct StreamTable<V> {
+pub(crate) struct FlatHashTable<K, V> {
     /// `num_slots_minus_one + max_lookups` slots, then the sentinel.
-    slots: Vec<Slot<V>>,
+    slots: Vec<Slot<K, V>>,
     num_slots_minus_one: u64,
     shift: u32,
     max_lookups: i8,
     len: usize,
 }
 
-impl<V> Default for StreamTable<V> {
+/// PyTorch's `cuda_events` (per-stream event queues).
+pub(crate) type StreamTable<V> = FlatHashTable<StreamId, V>;
+
+impl<K: Copy + Eq, V> Default for FlatHashTable<K, V> {
     fn default() -> Self {
         Self::new()
     }
@@ -147,12 +153,12 @@ fn log2(v: u64) -> i8 {
     (63 - v.leading_zeros()) as i8
 }
 
-impl<V> StreamTable<V> {
+impl<K: Copy + Eq, V> FlatHashTable<K, V> {
     /// The empty table (`empty_default_table`: 3 empty slots and a sentinel).
     pub fn new() -> Self {
-        let mut slots: Vec<Slot<V>> = (0..MIN_LOOKUPS - 1).map(|_| Slot::empty()).collect();
+        let mut slots: Vec<Slot<K, V>> = (0..MIN_LOOKUPS - 1).map(|_| Slot::empty()).collect();
         slots.push(Slot::sentinel());
-        StreamTable {
+        FlatHashTable {
             slots,
             num_slots_minus_one: 0,
             shift: 63,
@@ -186,19 +192,14 @@ impl<V> StreamTable<V> {
 
     /// The value of `key`, inserting `make()` if absent (`operator[]` /
     /// `emplace`).
-    pub fn get_or_insert_with(
-        &mut self,
-        key: StreamId,
-        hash: u64,
-        make: impl FnOnce() -> V,
-    ) -> &mut V {
+    pub fn get_or_insert_with(&mut self, key: K, hash: u64, make: impl FnOnce() -> V) -> &mut V {
         let pos = self.emplace(key, hash, make);
         &mut self.slots[pos].entry.as_mut().expect("just placed").2
     }
 
     /// Where `key` is, if present (`find`).
     #[allow(dead_code)] // complete map API; used by the tests
-    pub fn find(&self, key: StreamId, hash: u64) -> Option<usize> {
+    pub fn find(&self, key: K, hash: u64) -> Option<usize> {
         let mut pos = self.index_for_hash(hash);
         let mut dist = 0i8;
         while self.slots[pos].dist >= dist {
@@ -213,7 +214,7 @@ impl<V> StreamTable<V> {
         None
     }
 
-    fn emplace(&mut self, key: StreamId, hash: u64, make: impl FnOnce() -> V) -> usize {
+    fn emplace(&mut self, key: K, hash: u64, make: impl FnOnce() -> V) -> usize {
         let mut pos = self.index_for_hash(hash);
         let mut dist = 0i8;
         while self.slots[pos].dist >= dist {
@@ -229,12 +230,7 @@ impl<V> StreamTable<V> {
     }
 
     /// `emplace_new_key`: robin-hood insertion starting at `pos`.
-    fn emplace_new_key(
-        &mut self,
-        mut dist: i8,
-        mut pos: usize,
-        entry: (StreamId, u64, V),
-    ) -> usize {
+    fn emplace_new_key(&mut self, mut dist: i8, mut pos: usize, entry: (K, u64, V)) -> usize {
         if self.num_slots_minus_one == 0
             || dist == self.max_lookups
             || (self.len + 1) as f64 > (self.num_slots_minus_one + 1) as f64 * 0.5
@@ -294,7 +290,7 @@ impl<V> StreamTable<V> {
     }
 
     /// `emplace(std::move(value))` of an entry known to be absent.
-    fn reinsert(&mut self, entry: (StreamId, u64, V)) -> usize {
+    fn reinsert(&mut self, entry: (K, u64, V)) -> usize {
         let mut pos = self.index_for_hash(entry.1);
         let mut dist = 0i8;
         while self.slots[pos].dist >= dist {
@@ -320,7 +316,7 @@ impl<V> StreamTable<V> {
         }
         let max_lookups = log2(num_buckets).max(MIN_LOOKUPS);
         let total = num_buckets as usize + max_lookups as usize;
-        let mut slots: Vec<Slot<V>> = (0..total - 1).map(|_| Slot::empty()).collect();
+        let mut slots: Vec<Slot<K, V>> = (0..total - 1).map(|_| Slot::empty()).collect();
         slots.push(Slot::sentinel());
         let old = std::mem::replace(&mut self.slots, slots);
         self.num_slots_minus_one = num_buckets - 1;
@@ -356,7 +352,7 @@ impl<V> StreamTable<V> {
 
     /// The key at an occupied slot.
     #[allow(dead_code)] // complete map API; used by the tests
-    pub fn key_at(&self, pos: usize) -> StreamId {
+    pub fn key_at(&self, pos: usize) -> K {
         self.slots[pos].entry.as_ref().expect("occupied").0
     }
 
@@ -394,7 +390,7 @@ impl<V> StreamTable<V> {
     }
 
     /// Keys in iteration order.
-    pub fn keys(&self) -> impl Iterator<Item = StreamId> + '_ {
+    pub fn keys(&self) -> impl Iterator<Item = K> + '_ {
         self.slots
             .iter()
             .filter_map(|s| s.entry.as_ref().map(|e| e.0))
@@ -405,6 +401,46 @@ impl<V> StreamTable<V> {
         self.slots
             .iter()
             .filter_map(|s| s.entry.as_ref().map(|e| &e.2))
+    }
+}
+
+/// PyTorch's `graph_pools_freeable`: a `ska::flat_hash_map<MempoolId_t,
+/// PrivatePool*, MempoolIdHash>` whose hash is `id.first != 0 ? id.first :
+/// id.second` (fibonacci-hashed like every ska table). `release_cached_blocks`
+/// releases the freeable private pools in its slot order (FINDINGS.md 12).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MempoolSet {
+    table: FlatHashTable<MempoolId, ()>,
+}
+
+/// `MempoolIdHash`.
+fn mempool_hash(id: MempoolId) -> u64 {
+    if id.0 != 0 {
+        id.0
+    } else {
+        id.1
+    }
+}
+
+impl MempoolSet {
+    pub fn contains(&self, id: &MempoolId) -> bool {
+        self.table.find(*id, mempool_hash(*id)).is_some()
+    }
+
+    pub fn insert(&mut self, id: MempoolId) {
+        self.table.get_or_insert_with(id, mempool_hash(id), || ());
+    }
+
+    /// `erase(key)` (the same as erasing it at an iterator).
+    pub fn remove(&mut self, id: &MempoolId) {
+        if let Some(pos) = self.table.find(*id, mempool_hash(*id)) {
+            self.table.erase_at(pos);
+        }
+    }
+
+    /// The ids in iteration (slot) order.
+    pub fn iter(&self) -> impl Iterator<Item = MempoolId> + '_ {
+        self.table.keys()
     }
 }
 
@@ -467,6 +503,37 @@ mod tests {
             let p = t.find(StreamId(n), hash_of(n)).expect("present");
             assert_eq!(*t.value_at(p), n as u32);
         }
+    }
+
+    #[test]
+    fn freeable_pools_in_torch_order() {
+        // Measured on torch 2.15 (FINDINGS.md 12): MemPools (0, 1)..(0, n)
+        // released, then one empty_cache frees their segments in this order.
+        for (n, expect) in [
+            (3, vec![2, 1, 3]),
+            (6, vec![5, 2, 4, 1, 6, 3]),
+            (9, vec![5, 2, 7, 4, 9, 1, 6, 3, 8]),
+        ] {
+            for reversed in [false, true] {
+                let mut set = MempoolSet::default();
+                let mut ids: Vec<u64> = (1..=n).collect();
+                if reversed {
+                    ids.reverse();
+                }
+                for i in ids {
+                    set.insert(MempoolId(0, i));
+                }
+                let got: Vec<u64> = set.iter().map(|id| id.1).collect();
+                assert_eq!(got, expect, "n = {n}, reversed = {reversed}");
+            }
+        }
+        let mut set = MempoolSet::default();
+        set.insert(MempoolId(0, 1));
+        set.insert(MempoolId(0, 2));
+        assert!(set.contains(&MempoolId(0, 2)));
+        set.remove(&MempoolId(0, 2));
+        assert!(!set.contains(&MempoolId(0, 2)));
+        assert_eq!(set.iter().collect::<Vec<_>>(), vec![MempoolId(0, 1)]);
     }
 
     #[test]

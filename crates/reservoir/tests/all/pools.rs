@@ -265,3 +265,67 @@ fn a_pool_cannot_be_released_while_allocated_to() {
     c.a.end_allocate_to_pool(P).unwrap();
     c.a.release_pool(P).unwrap();
 }
+
+#[test]
+fn freeable_pools_are_released_in_torch_hash_map_order() {
+    // Measured on torch 2.15 (FINDINGS.md 12): MemPools (0, 1)..(0, 6), each
+    // holding one (i + 1) * 12 MiB tensor, released, the tensors freed, then
+    // one empty_cache: segments are freed in `graph_pools_freeable`'s
+    // ska::flat_hash_map order, 5 2 4 1 6 3, whatever the release order.
+    for reversed in [false, true] {
+        let c = Checked::default_device();
+        let mut live = Vec::new();
+        for i in 1..=6u64 {
+            let id = MempoolId(0, i);
+            c.a.begin_allocate_to_pool(id, PoolFilter::Stream(S0))
+                .unwrap();
+            live.push(c.alloc(i * 12 * MIB));
+            c.a.end_allocate_to_pool(id).unwrap();
+        }
+        let mut order: Vec<u64> = (1..=6).collect();
+        if reversed {
+            order.reverse();
+        }
+        for &i in &order {
+            c.a.release_pool(MempoolId(0, i)).unwrap();
+        }
+        for p in live {
+            c.free(p);
+        }
+        let before = c.segment_events().len();
+        c.empty_cache();
+        let freed: Vec<u64> = c.segment_events()[before..]
+            .iter()
+            .map(|(action, size)| {
+                assert_eq!(action, "segment_free");
+                size / (12 * MIB)
+            })
+            .collect();
+        assert_eq!(freed, vec![5, 2, 4, 1, 6, 3], "reversed = {reversed}");
+    }
+}
+
+#[test]
+fn deferred_frees_are_recorded_in_free_order() {
+    // PyTorch walks needs_events_deferred_until_no_capture front to back: the
+    // first block freed during the capture gets the first event on the stream
+    // and completes first.
+    let c = Checked::default_device();
+    let s2 = c.a.backend().create_stream().unwrap();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let ps: Vec<_> = (0..3).map(|_| c.alloc(MIB)).collect();
+    for &p in &ps {
+        c.a.record_stream(p, s2).unwrap();
+        c.free(p);
+    }
+    c.a.end_allocate_to_pool(P).unwrap();
+    c.alloc(512); // events recorded and (s2 idle) complete at once
+    let completed: Vec<u64> =
+        c.a.history()
+            .into_iter()
+            .filter(|e| e.action == reservoir::trace::TraceAction::FreeCompleted)
+            .map(|e| e.addr)
+            .collect();
+    assert_eq!(completed, ps.iter().map(|p| p.0).collect::<Vec<_>>());
+}
