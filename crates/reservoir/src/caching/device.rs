@@ -107,6 +107,10 @@ pub(crate) struct DeviceState {
     /// Cross-stream frees made while allocating to a pool, waiting for the
     /// end of all captures before their events are recorded.
     pub needs_events_deferred: Vec<BlockId>,
+    /// Streams recorded on a block while a pool allocation was underway
+    /// (PyTorch's `block_to_cudagraph_stream_uses`): a free deferred until the
+    /// end of all captures does not wait for them.
+    pub capture_stream_uses: FxHashMap<BlockId, Vec<StreamId>>,
     /// Pool slots of erased private pools, for reuse.
     pub free_pool_slots: Vec<PoolId>,
     /// Segments created so far (the next segment's `seq`).
@@ -145,6 +149,7 @@ impl DeviceState {
             graph_pools_freeable: MempoolSet::default(),
             captures_underway: Vec::new(),
             needs_events_deferred: Vec::new(),
+            capture_stream_uses: FxHashMap::default(),
             free_pool_slots: Vec::new(),
             segment_seq: 0,
             max_split_changed: false,
@@ -1021,6 +1026,16 @@ impl DeviceState {
         // In the order the frees happened, as PyTorch walks its vector.
         let mut deferred = std::mem::take(&mut self.needs_events_deferred).into_iter();
         while let Some(id) = deferred.next() {
+            // `remove_cudagraph_stream_uses`: work recorded during a capture
+            // is captured, not run, so the streams recorded then are dropped
+            // (the set is rebuilt by inserting the rest in its old order).
+            if let Some(captured) = self.capture_stream_uses.remove(&id) {
+                let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+                self.blocks[id].stream_uses = stream_set_order(&uses, &self.c10_streams)
+                    .into_iter()
+                    .filter(|s| !captured.contains(s))
+                    .collect();
+            }
             if let Err(e) = self.insert_events(backend, id) {
                 self.needs_events_deferred = std::iter::once(id).chain(deferred).collect();
                 return Err(match e {
@@ -1042,6 +1057,10 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<(), AllocError> {
         let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        // PyTorch keeps the capture-time uses of a block freed outside a
+        // capture keyed by its Block* until a later deferred free of that
+        // pointer; forgetting them here only differs when a block is reused.
+        self.capture_stream_uses.remove(&id);
         // `stream_uses` is a ska::flat_hash_set in PyTorch: walk it in its order.
         for s in stream_set_order(&uses, &self.c10_streams) {
             let event = backend.record_event(s)?;
@@ -1219,6 +1238,7 @@ impl DeviceState {
         let b = &mut self.blocks[id];
         b.live = false;
         b.stream_uses = Vec::new();
+        self.capture_stream_uses.remove(&id);
         self.blocks.remove(id);
     }
 
@@ -1423,8 +1443,17 @@ impl DeviceState {
     /// spec 1.10: `record_stream`.
     pub fn record_stream(&mut self, id: BlockId, stream: StreamId) {
         let b = &mut self.blocks[id];
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
+        if stream == b.stream {
+            return;
+        }
+        if !b.stream_uses.contains(&stream) {
             b.stream_uses.push(stream);
+        }
+        if !self.captures_underway.is_empty() {
+            let captured = self.capture_stream_uses.entry(id).or_default();
+            if !captured.contains(&stream) {
+                captured.push(stream);
+            }
         }
     }
 

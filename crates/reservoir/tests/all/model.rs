@@ -82,6 +82,9 @@ struct Live {
     stream: u64,
     /// Other streams recorded with `record_stream` (the allocation stream is ignored).
     streams: Vec<u64>,
+    /// Those recorded while a pool allocation was underway: a free deferred
+    /// to the end of all captures does not wait for them.
+    capture_streams: Vec<u64>,
 }
 
 struct Pending {
@@ -107,6 +110,8 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     let mut pending: Vec<Pending> = Vec::new();
     let mut held = [false; STREAMS as usize + 1];
     let mut expandable = false;
+    // Pool allocations underway (begin/end calls that succeeded).
+    let mut captures = 0usize;
     for (i, op) in ops.iter().enumerate() {
         let syncs_before = a.stats().num_sync_all_streams;
         // Unmapping expandable pages synchronises the segment's stream
@@ -139,6 +144,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                         size,
                         stream,
                         streams: Vec::new(),
+                        capture_streams: Vec::new(),
                     });
                 }
                 Err(AllocError::OutOfMemory(e)) => {
@@ -171,11 +177,13 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 let l = live.swap_remove(pick % live.len());
                 a.raw_free(DevicePtr(l.ptr))
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let deferred = captures > 0;
                 let busy: Vec<u64> = l
                     .streams
                     .iter()
                     .copied()
                     .filter(|&s| held[s as usize])
+                    .filter(|s| !(deferred && l.capture_streams.contains(s)))
                     .collect();
                 if !busy.is_empty() {
                     pending.push(Pending {
@@ -197,6 +205,9 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 if stream != l.stream {
                     l.streams.push(stream);
+                    if captures > 0 {
+                        l.capture_streams.push(stream);
+                    }
                 }
             }
             Op::Hold { stream } => {
@@ -226,13 +237,19 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             // released): a refusal must change nothing, which the checks
             // below and the invariant checker see.
             Op::BeginPool { pool, stream } => {
-                let _ = a.begin_allocate_to_pool(
+                if a.begin_allocate_to_pool(
                     MempoolId(pool, 0),
                     PoolFilter::Stream(StreamId(stream)),
-                );
+                )
+                .is_ok()
+                {
+                    captures += 1;
+                }
             }
             Op::EndPool { pool } => {
-                let _ = a.end_allocate_to_pool(MempoolId(pool, 0));
+                if a.end_allocate_to_pool(MempoolId(pool, 0)).is_ok() {
+                    captures -= 1;
+                }
             }
             Op::ReleasePool { pool } => {
                 let _ = a.release_pool(MempoolId(pool, 0));

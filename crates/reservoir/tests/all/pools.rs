@@ -329,3 +329,43 @@ fn deferred_frees_are_recorded_in_free_order() {
             .collect();
     assert_eq!(completed, ps.iter().map(|p| p.0).collect::<Vec<_>>());
 }
+
+#[test]
+fn streams_recorded_during_a_capture_are_not_waited_for() {
+    // PyTorch's remove_cudagraph_stream_uses: a free deferred to the end of
+    // the captures drops the streams recorded while a capture was underway
+    // (their work was captured, not run); earlier uses are still waited for.
+    let c = Checked::default_device();
+    let s2 = c.a.backend().create_stream().unwrap();
+    let s3 = c.a.backend().create_stream().unwrap();
+    let early = c.alloc(MIB);
+    c.a.record_stream(early, s3).unwrap();
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let during = c.alloc(MIB);
+    c.a.backend().hold_stream(s2).unwrap();
+    c.a.backend().hold_stream(s3).unwrap();
+    c.a.record_stream(during, s2).unwrap();
+    c.a.record_stream(early, s2).unwrap();
+    c.free(during);
+    c.free(early);
+    c.a.end_allocate_to_pool(P).unwrap();
+    // Deferred frees: `during` needs no event and is free at once (the
+    // 512 B block takes its place), `early` still waits on s3.
+    let small = c.alloc(512);
+    let blocks: Vec<_> = c.segments()[0]
+        .blocks
+        .iter()
+        .map(|b| (b.address, b.state))
+        .collect();
+    assert_eq!(
+        blocks[..2],
+        [
+            (early.0, BlockState::ActivePendingFree),
+            (small.0, BlockState::ActiveAllocated)
+        ]
+    );
+    assert_eq!(small, during);
+    c.a.backend().release_stream(s3).unwrap();
+    c.a.backend().release_stream(s2).unwrap();
+}
