@@ -62,6 +62,13 @@ pub(crate) struct Block {
     pub gc_count_base: i64,
     /// The slot holds a live block (false on the slab's free list).
     pub live: bool,
+    /// Stack of the allocation (PyTorch's `context_when_allocated`), kept
+    /// while the block is active. Invariant: `None` on free blocks while
+    /// anything observes the allocator (see `history.rs`).
+    pub context: Option<crate::trace::Context>,
+    /// Stack of the driver allocation or first mapping, on the segment's
+    /// first block (PyTorch's `context_when_segment_allocated`).
+    pub segment_context: Option<crate::trace::Context>,
 }
 
 impl Block {
