@@ -122,6 +122,11 @@ pub struct TraceEntry {
     pub time_us: Option<i64>,
     /// The context captured with the entry (empty when none was kept).
     pub frames: Arc<[Frame]>,
+    /// The entry has a `frames` key although `frames` is empty. PyTorch
+    /// writes the key only on entries that kept a stack (context level
+    /// `alloc` or `all`), and a kept stack can be empty; written entries
+    /// get the key when `frames` is non-empty or this is set.
+    pub empty_frames_key: bool,
     /// torch.compile region the entry was recorded in (PyTorch 2.6+ key
     /// `compile_context`), when recorded.
     pub compile_context: Option<String>,
@@ -143,6 +148,7 @@ impl TraceEntry {
             stream,
             time_us: None,
             frames: Arc::from([]),
+            empty_frames_key: false,
             compile_context: None,
             user_metadata: None,
             pool_id: None,

@@ -150,6 +150,7 @@ impl Recorded {
         e.pool_id = Some(pool_id_tuple(self.pool));
         if let Some(c) = &self.context {
             e.frames = c.frames();
+            e.empty_frames_key = e.frames.is_empty();
         }
         e
     }

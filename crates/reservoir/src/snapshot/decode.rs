@@ -507,7 +507,10 @@ impl Decoder {
                 "size" => size = Some(as_u64(v).key("size")?),
                 "stream" => stream = Some(as_u64(v).key("stream")?),
                 "time_us" => e.time_us = Some(as_i64(v).key("time_us")?),
-                "frames" => e.frames = self.frames(v).key("frames")?,
+                "frames" => {
+                    e.frames = self.frames(v).key("frames")?;
+                    e.empty_frames_key = e.frames.is_empty();
+                }
                 "compile_context" => {
                     e.compile_context = Some(as_str(v).key("compile_context")?.to_string())
                 }

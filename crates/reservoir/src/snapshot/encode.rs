@@ -229,7 +229,7 @@ impl<'a> Encoder<'a> {
         }
         // PyTorch writes `frames` only on entries that kept a stack
         // (context level `alloc` or `all`); viewers default it to `[]`.
-        if !e.frames.is_empty() {
+        if e.empty_frames_key || !e.frames.is_empty() {
             let frames = self.frames(&e.frames);
             self.kv(&mut d, "frames", frames);
         }
