@@ -569,17 +569,71 @@ fn expandable_segments_are_one_segment_per_mapped_run() {
         .iter()
         .filter(|s| s.segment_type == reservoir::snapshot::SegmentType::Large)
         .collect();
-    let mut runs: Vec<(u64, usize)> = large
+    // torch 2.15 (oracle, same calls, context="alloc"): runs at offsets 0
+    // and 60 MiB, blocks as below, no segment stacks (split heads).
+    let base = large[0].address;
+    let runs: Vec<(u64, u64, bool, Vec<(u64, BlockState, bool)>)> = large
         .iter()
-        .map(|s| (s.total_size, s.blocks.len()))
+        .map(|s| {
+            (
+                (s.address - base) / MIB,
+                s.total_size / MIB,
+                s.frames.as_ref().unwrap().is_empty(),
+                s.blocks
+                    .iter()
+                    .map(|b| (b.size / MIB, b.state, b.frames.as_ref().unwrap().is_empty()))
+                    .collect(),
+            )
+        })
         .collect();
-    runs.sort();
+    use BlockState::*;
     assert_eq!(
         runs,
-        [(40 * MIB, 2), (40 * MIB, 3)],
-        "a hole splits the segment"
+        [
+            (
+                0,
+                40,
+                true,
+                vec![(30, ActiveAllocated, false), (10, Inactive, true)]
+            ),
+            (
+                60,
+                40,
+                true,
+                vec![
+                    (10, Inactive, true),
+                    (20, ActiveAllocated, false),
+                    (10, Inactive, true)
+                ]
+            ),
+        ]
     );
-    assert_eq!(large[1].address - large[0].address, 60 * MIB);
+    let trace: Vec<(TraceAction, u64, u64, bool)> = snap.device_traces[0]
+        .iter()
+        .map(|e| {
+            (
+                e.action,
+                (e.addr - base) / MIB,
+                e.size / MIB,
+                !e.frames.is_empty(),
+            )
+        })
+        .collect();
+    use TraceAction::*;
+    assert_eq!(
+        trace,
+        [
+            (SegmentMap, 0, 40, true),
+            (Alloc, 0, 30, true),
+            (SegmentMap, 40, 40, true),
+            (Alloc, 30, 40, true),
+            (SegmentMap, 80, 20, true),
+            (Alloc, 70, 20, true),
+            (FreeRequested, 30, 40, true),
+            (FreeCompleted, 30, 40, true),
+            (SegmentUnmap, 40, 20, false),
+        ]
+    );
     for s in &large {
         assert_eq!(s.is_expandable, Some(true));
         assert_eq!(s.total_size % (20 * MIB), 0, "whole pages");
@@ -1027,4 +1081,27 @@ fn recording_toggles_keep_invariants_and_drop_stacks_on_free() {
         .is_empty());
     c.free(q);
     let _ = DevicePtr::NULL;
+}
+
+#[test]
+fn verbosity_is_read_from_the_environment_at_creation() {
+    // Other tests set their level explicitly, so changing the variable here
+    // cannot disturb them.
+    std::env::set_var(reservoir::debug::ENV_VAR, "allocations|releases");
+    let c = Checked::default_device();
+    assert_eq!(
+        c.a.debug_verbosity(),
+        DebugVerbosity::ALLOCATIONS | DebugVerbosity::RELEASES
+    );
+    std::env::set_var(reservoir::debug::ENV_VAR, "bogus");
+    let out: Arc<Mutex<Vec<String>>> = Arc::default();
+    let c = tracing::subscriber::with_default(Collect(out.clone()), Checked::default_device);
+    std::env::remove_var(reservoir::debug::ENV_VAR);
+    assert_eq!(c.a.debug_verbosity(), DebugVerbosity::OFF);
+    let msgs = out.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{msgs:#?}");
+    assert!(
+        msgs[0].starts_with("invalid RESERVOIR_DEBUG_VERBOSITY value \"bogus\": unknown level"),
+        "{msgs:#?}"
+    );
 }
