@@ -572,7 +572,8 @@ fn expandable_segments_are_one_segment_per_mapped_run() {
     // torch 2.15 (oracle, same calls, context="alloc"): runs at offsets 0
     // and 60 MiB, blocks as below, no segment stacks (split heads).
     let base = large[0].address;
-    let runs: Vec<(u64, u64, bool, Vec<(u64, BlockState, bool)>)> = large
+    type Run = (u64, u64, bool, Vec<(u64, BlockState, bool)>);
+    let runs: Vec<Run> = large
         .iter()
         .map(|s| {
             (
