@@ -237,6 +237,31 @@ impl Observe {
 }
 
 impl DeviceState {
+    /// Stacks are held only by active blocks, `ctx_blocks` counts them, and
+    /// the slow path is on while any exists (so freeing drops the stack).
+    pub(crate) fn check_contexts(&self) -> Result<(), super::InvariantViolation> {
+        let mut held = 0usize;
+        for (id, b) in self.blocks.items.iter().enumerate() {
+            if !b.live || b.context.is_none() {
+                continue;
+            }
+            held += 1;
+            if !(b.allocated || b.event_count > 0 || !b.stream_uses.is_empty()) {
+                return Err(super::InvariantViolation(format!(
+                    "free block {id} at {:#x} still holds an allocation stack",
+                    b.addr
+                )));
+            }
+        }
+        if held != self.obs.ctx_blocks || (held > 0 && !self.obs.active) {
+            return Err(super::InvariantViolation(format!(
+                "{held} blocks hold a stack but ctx_blocks is {} (slow path on: {})",
+                self.obs.ctx_blocks, self.obs.active
+            )));
+        }
+        Ok(())
+    }
+
     /// PyTorch's `record_trace`: one branch unless something observes.
     /// `block` is the block or segment head the event is about ([`NIL`]
     /// for `oom` and `snapshot`), `pool` its pool.

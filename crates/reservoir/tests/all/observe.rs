@@ -1106,3 +1106,110 @@ fn verbosity_is_read_from_the_environment_at_creation() {
         "{msgs:#?}"
     );
 }
+
+mod random {
+    //! Random sequences with recording levels switched on and off: the
+    //! invariant checker (stacks only on active blocks) after every
+    //! operation, and every snapshot consistent and equal to `segments()`.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Alloc { size: u64, stream: u64 },
+        Free { pick: usize },
+        RecordStream { pick: usize, stream: u64 },
+        Hold { stream: u64 },
+        Release { stream: u64 },
+        EmptyCache,
+        Record { mode: u8, level: u8 },
+        Snapshot,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (prop_oneof![1u64..=MIB, (MIB + 1)..60 * MIB], 0u64..3)
+                .prop_map(|(size, stream)| Op::Alloc { size, stream }),
+            5 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+            1 => (any::<usize>(), 0u64..3).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
+            1 => (1u64..3).prop_map(|stream| Op::Hold { stream }),
+            1 => (1u64..3).prop_map(|stream| Op::Release { stream }),
+            1 => Just(Op::EmptyCache),
+            1 => (0u8..3, 0u8..4).prop_map(|(mode, level)| Op::Record { mode, level }),
+            1 => Just(Op::Snapshot),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn recording_toggles_keep_every_invariant(
+            expandable in any::<bool>(),
+            ops in proptest::collection::vec(op(), 20..120),
+        ) {
+            let c = Checked::new(if expandable { "expandable_segments:True" } else { "" }, 2 * GIB);
+            let dev = c.a.backend();
+            let streams = [S0, dev.create_stream().unwrap(), dev.create_stream().unwrap()];
+            let mut live: Vec<DevicePtr> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc { size, stream } => {
+                        if let Ok(p) = c.a.raw_alloc(size, streams[stream as usize]) {
+                            live.push(p);
+                        }
+                    }
+                    Op::Free { pick } if !live.is_empty() => {
+                        let p = live.swap_remove(pick % live.len());
+                        c.a.raw_free(p).unwrap();
+                    }
+                    Op::RecordStream { pick, stream } if !live.is_empty() => {
+                        c.a.record_stream(live[pick % live.len()], streams[stream as usize]).unwrap();
+                    }
+                    Op::Hold { stream } => dev.hold_stream(streams[stream as usize]).unwrap(),
+                    Op::Release { stream } => dev.release_stream(streams[stream as usize]).unwrap(),
+                    Op::EmptyCache => c.a.empty_cache().unwrap(),
+                    Op::Record { mode, level } => {
+                        let enabled = [HistoryMode::Off, HistoryMode::State, HistoryMode::All][mode as usize];
+                        let context = [RecordContext::Never, RecordContext::State, RecordContext::Alloc, RecordContext::All][level as usize];
+                        c.a.record_memory_history(HistoryConfig {
+                            enabled,
+                            context,
+                            max_entries: 64,
+                            recorder: counting_recorder(),
+                            clear_history: false,
+                        });
+                    }
+                    Op::Snapshot => {
+                        let snap = c.a.snapshot(None);
+                        prop_assert!(snap.check_consistency().is_ok(), "{:?}", snap.check_consistency());
+                        let ours: Vec<(u64, u64, usize)> = c.segments().iter()
+                            .map(|s| (s.address, s.total_size, s.blocks.len())).collect();
+                        let theirs: Vec<(u64, u64, usize)> = snap.segments.iter()
+                            .map(|s| (s.address, s.total_size, s.blocks.len())).collect();
+                        prop_assert_eq!(ours, theirs);
+                        let active: u64 = snap.segments.iter().map(|s| s.active_size).sum();
+                        prop_assert_eq!(active as i64, c.stats().active_bytes.all().current);
+                        for s in &snap.segments {
+                            for b in &s.blocks {
+                                if b.state == BlockState::Inactive {
+                                    prop_assert!(b.frames.as_ref().unwrap().is_empty());
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                c.check();
+            }
+            for s in 1..3 {
+                dev.release_stream(streams[s]).unwrap();
+            }
+            for p in live {
+                c.a.raw_free(p).unwrap();
+            }
+            c.empty_cache();
+        }
+    }
+}
