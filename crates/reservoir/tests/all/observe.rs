@@ -1203,8 +1203,8 @@ mod random {
                 }
                 c.check();
             }
-            for s in 1..3 {
-                dev.release_stream(streams[s]).unwrap();
+            for &s in &streams[1..] {
+                dev.release_stream(s).unwrap();
             }
             for p in live {
                 c.a.raw_free(p).unwrap();
