@@ -61,14 +61,8 @@ pub(crate) struct Block {
     /// The pool's free-block search count when the block was (re)inserted.
     pub gc_count_base: i64,
     /// The slot holds a live block (false on the slab's free list).
+    /// (Stacks recorded for blocks live in side tables, see `history.rs`.)
     pub live: bool,
-    /// Stack of the allocation (PyTorch's `context_when_allocated`), kept
-    /// while the block is active. Invariant: `None` on free blocks while
-    /// anything observes the allocator (see `history.rs`).
-    pub context: Option<crate::trace::Context>,
-    /// Stack of the driver allocation or first mapping, on the segment's
-    /// first block (PyTorch's `context_when_segment_allocated`).
-    pub segment_context: Option<crate::trace::Context>,
 }
 
 impl Block {

@@ -213,8 +213,6 @@ impl DeviceState {
             stream_uses: Vec::new(),
             gc_count_base: 0,
             live: true,
-            context: None,
-            segment_context: None,
         })
     }
 
@@ -1200,11 +1198,6 @@ impl DeviceState {
         let s = self.blocks[src].clone();
         if self.blocks[dst].prev == src {
             // [src dst]
-            if self.obs.active {
-                // PyTorch moves the segment's stack to the new head.
-                let ctx = self.blocks[src].segment_context.take();
-                self.blocks[dst].segment_context = ctx;
-            }
             let d = &mut self.blocks[dst];
             d.addr = s.addr;
             d.prev = s.prev;
@@ -1212,6 +1205,10 @@ impl DeviceState {
                 self.blocks[s.prev].next = dst;
             } else {
                 self.segments[s.segment].head = dst;
+            }
+            if self.obs.active {
+                // PyTorch moves the segment's stack to the new head.
+                self.move_segment_context(src, dst);
             }
         } else {
             // [dst src]

@@ -19,6 +19,8 @@
 
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use super::block::{BlockId, PoolId, NIL};
 use super::device::DeviceState;
 use crate::backend::{DevicePtr, StreamId};
@@ -161,7 +163,20 @@ pub(crate) fn pool_id_tuple(id: MempoolId) -> (i64, i64) {
     (id.0 as i64, id.1 as i64)
 }
 
+/// A segment's stack, recorded for the block that was its first block at
+/// `addr` in the segment created `seq`-th (checked on use: a block slot
+/// may be reused while nothing observes).
+#[derive(Clone, Debug)]
+pub(crate) struct SegmentContext {
+    addr: u64,
+    seq: u64,
+    ctx: Context,
+}
+
 /// What observes a device: history, trackers, callbacks, debug output.
+///
+/// Stacks recorded for blocks are kept here, not in the blocks, so that
+/// blocks stay as small and cheap to move as without recording.
 pub(crate) struct Observe {
     /// Something needs the slow path: history on, a tracker, debug output,
     /// or blocks still holding a stack (so that freeing them drops it).
@@ -176,8 +191,13 @@ pub(crate) struct Observe {
     pub cur_ctx: Option<Context>,
     /// The block about to be handed out came from the device, not the cache.
     pub fresh: bool,
-    /// Blocks whose `context` is set.
-    pub ctx_blocks: usize,
+    /// Allocation stacks (PyTorch's `context_when_allocated`), by block.
+    /// Invariant: only active blocks have one, and the slow path is on
+    /// while any exists, so that freeing the block drops it.
+    pub block_ctx: FxHashMap<BlockId, Context>,
+    /// Segment stacks (PyTorch's `context_when_segment_allocated`), by the
+    /// block holding them.
+    pub seg_ctx: FxHashMap<BlockId, SegmentContext>,
 }
 
 impl Observe {
@@ -192,7 +212,8 @@ impl Observe {
             callbacks,
             cur_ctx: None,
             fresh: false,
-            ctx_blocks: 0,
+            block_ctx: FxHashMap::default(),
+            seg_ctx: FxHashMap::default(),
         }
     }
 
@@ -201,7 +222,7 @@ impl Observe {
         let active = self.record_history
             || !self.trackers.is_empty()
             || !self.verbosity.is_off()
-            || self.ctx_blocks > 0;
+            || !self.block_ctx.is_empty();
         if active && !self.active {
             // `fresh` may be stale from a malloc made while inactive.
             self.fresh = false;
@@ -237,29 +258,64 @@ impl Observe {
 }
 
 impl DeviceState {
-    /// Stacks are held only by active blocks, `ctx_blocks` counts them, and
-    /// the slow path is on while any exists (so freeing drops the stack).
+    /// Allocation stacks are held only by live active blocks, and the slow
+    /// path is on while any exists (so freeing drops the stack).
     pub(crate) fn check_contexts(&self) -> Result<(), super::InvariantViolation> {
-        let mut held = 0usize;
-        for (id, b) in self.blocks.items.iter().enumerate() {
-            if !b.live || b.context.is_none() {
-                continue;
-            }
-            held += 1;
-            if !(b.allocated || b.event_count > 0 || !b.stream_uses.is_empty()) {
+        for &id in self.obs.block_ctx.keys() {
+            let b = &self.blocks[id];
+            if !b.live || !(b.allocated || b.event_count > 0 || !b.stream_uses.is_empty()) {
                 return Err(super::InvariantViolation(format!(
                     "free block {id} at {:#x} still holds an allocation stack",
                     b.addr
                 )));
             }
         }
-        if held != self.obs.ctx_blocks || (held > 0 && !self.obs.active) {
+        if !self.obs.block_ctx.is_empty() && !self.obs.active {
             return Err(super::InvariantViolation(format!(
-                "{held} blocks hold a stack but ctx_blocks is {} (slow path on: {})",
-                self.obs.ctx_blocks, self.obs.active
+                "{} blocks hold a stack but the observing slow path is off",
+                self.obs.block_ctx.len()
             )));
         }
         Ok(())
+    }
+
+    /// The segment stack recorded for `block`, if still its own.
+    pub(crate) fn segment_context(&self, block: BlockId) -> Option<&Context> {
+        let c = self.obs.seg_ctx.get(&block)?;
+        let b = &self.blocks[block];
+        (b.live && b.addr == c.addr && self.segments[b.segment].seq == c.seq).then_some(&c.ctx)
+    }
+
+    /// The allocation stack of `block`.
+    pub(crate) fn block_context(&self, block: BlockId) -> Option<&Context> {
+        self.obs.block_ctx.get(&block)
+    }
+
+    fn set_segment_context(&mut self, block: BlockId, ctx: Option<Context>) {
+        match ctx {
+            Some(ctx) => {
+                let b = &self.blocks[block];
+                let c = SegmentContext {
+                    addr: b.addr,
+                    seq: self.segments[b.segment].seq,
+                    ctx,
+                };
+                self.obs.seg_ctx.insert(block, c);
+            }
+            None => {
+                self.obs.seg_ctx.remove(&block);
+            }
+        }
+    }
+
+    /// `try_merge_blocks` of `[src dst]`: `dst` (now starting at `src`'s
+    /// address) takes `src`'s segment stack, or none (PyTorch's move).
+    pub(crate) fn move_segment_context(&mut self, src: BlockId, dst: BlockId) {
+        let ctx = self.obs.seg_ctx.remove(&src).and_then(|c| {
+            let b = &self.blocks[src];
+            (b.live && self.segments[b.segment].seq == c.seq).then_some(c.ctx)
+        });
+        self.set_segment_context(dst, ctx);
     }
 
     /// PyTorch's `record_trace`: one branch unless something observes.
@@ -281,15 +337,16 @@ impl DeviceState {
     }
 
     fn set_block_context(&mut self, block: BlockId, ctx: Option<Context>) {
-        let had = self.blocks[block].context.is_some();
-        let has = ctx.is_some();
-        self.blocks[block].context = ctx;
-        match (had, has) {
-            (false, true) => self.obs.ctx_blocks += 1,
-            (true, false) => self.obs.ctx_blocks -= 1,
-            _ => {}
+        let was_empty = self.obs.block_ctx.is_empty();
+        match ctx {
+            Some(c) => {
+                self.obs.block_ctx.insert(block, c);
+            }
+            None => {
+                self.obs.block_ctx.remove(&block);
+            }
         }
-        if had != has {
+        if was_empty != self.obs.block_ctx.is_empty() {
             self.obs.refresh();
         }
     }
@@ -307,12 +364,12 @@ impl DeviceState {
         let cur = self.obs.cur_ctx.clone();
         let block_ctx = |s: &Self| {
             (block != NIL)
-                .then(|| s.blocks[block].context.clone())
+                .then(|| s.block_context(block).cloned())
                 .flatten()
         };
         let seg_ctx = |s: &Self| {
             (block != NIL)
-                .then(|| s.blocks[block].segment_context.clone())
+                .then(|| s.segment_context(block).cloned())
                 .flatten()
         };
         let ctx = match action {
@@ -327,17 +384,21 @@ impl DeviceState {
                 c
             }
             TraceAction::SegmentAlloc => {
-                self.blocks[block].segment_context = cur.clone();
+                self.set_segment_context(block, cur.clone());
                 cur
             }
             TraceAction::SegmentMap => {
-                let b = &mut self.blocks[block];
-                if b.prev == NIL && b.segment_context.is_none() {
-                    b.segment_context = cur.clone();
+                if self.blocks[block].prev == NIL && self.segment_context(block).is_none() {
+                    self.set_segment_context(block, cur.clone());
                 }
                 cur
             }
-            TraceAction::SegmentFree | TraceAction::SegmentUnmap => cur.or_else(|| seg_ctx(self)),
+            TraceAction::SegmentFree => {
+                let c = cur.or_else(|| seg_ctx(self));
+                self.obs.seg_ctx.remove(&block);
+                c
+            }
+            TraceAction::SegmentUnmap => cur.or_else(|| seg_ctx(self)),
             TraceAction::Oom => cur,
             TraceAction::Snapshot => None,
         };

@@ -242,13 +242,18 @@ impl<B: Backend> CachingAllocator<B> {
         if size == 0 {
             return Ok(DevicePtr::NULL);
         }
-        if self.record_level.load(Ordering::Relaxed) == 0 {
-            let mut state = self.state.lock();
-            let r = state.malloc(&self.backend, size, stream);
-            return self.finish_malloc(state, r);
+        if self.record_level.load(Ordering::Relaxed) != 0 {
+            let ctx = self.gather(RecordContext::State);
+            return self.malloc_with(size, stream, ctx);
         }
-        let ctx = self.gather(RecordContext::State);
-        self.malloc_with(size, stream, ctx)
+        let mut state = self.state.lock();
+        match state.malloc(&self.backend, size, stream) {
+            Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
+            Err(e) => {
+                drop(state);
+                self.malloc_failed(e)
+            }
+        }
     }
 
     /// [`raw_alloc`](Self::raw_alloc) with the caller's own stack (for FFI
@@ -284,20 +289,22 @@ impl<B: Backend> CachingAllocator<B> {
         if had {
             state.obs.cur_ctx = None;
         }
-        self.finish_malloc(state, r)
-    }
-
-    #[inline]
-    fn finish_malloc(
-        &self,
-        state: parking_lot::MutexGuard<'_, DeviceState>,
-        r: Result<block::BlockId, MallocError>,
-    ) -> Result<DevicePtr, AllocError> {
         match r {
             Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
-            Err(MallocError::Other(e)) => Err(e),
-            Err(MallocError::Oom(report)) => {
+            Err(e) => {
                 drop(state);
+                self.malloc_failed(e)
+            }
+        }
+    }
+
+    /// A failed malloc, after the lock is released: out-of-memory
+    /// observers, then `AllocationFailed` callbacks.
+    #[cold]
+    fn malloc_failed(&self, e: MallocError) -> Result<DevicePtr, AllocError> {
+        match e {
+            MallocError::Other(e) => Err(e),
+            MallocError::Oom(report) => {
                 let e = report.error;
                 let limit = e.allowed.unwrap_or(e.device_total);
                 for obs in &report.observers {
@@ -322,13 +329,20 @@ impl<B: Backend> CachingAllocator<B> {
         if ptr.is_null() {
             return Ok(());
         }
-        let ctx = self.gather(RecordContext::All);
-        self.with_context(ctx, |state| {
-            let Some(id) = state.allocated.remove(&ptr.0) else {
-                return Err(AllocError::InvalidPointer { ptr });
-            };
-            state.free(&self.backend, id)
-        })
+        if self.record_level.load(Ordering::Relaxed) >= level_u8(RecordContext::All) {
+            let ctx = self.gather(RecordContext::All);
+            return self.with_context(ctx, |state| {
+                let Some(id) = state.allocated.remove(&ptr.0) else {
+                    return Err(AllocError::InvalidPointer { ptr });
+                };
+                state.free(&self.backend, id)
+            });
+        }
+        let mut state = self.state.lock();
+        let Some(id) = state.allocated.remove(&ptr.0) else {
+            return Err(AllocError::InvalidPointer { ptr });
+        };
+        state.free(&self.backend, id)
     }
 
     /// [`raw_free`](Self::raw_free) with the caller's own stack, used (as a

@@ -70,8 +70,7 @@ impl DeviceState {
                     segment_pool_id: Some(pool_id_tuple(owner)),
                     is_expandable: Some(s.expandable.is_some()),
                     frames: Some(
-                        b.segment_context
-                            .as_ref()
+                        self.segment_context(id)
                             .map_or_else(|| empty.clone(), |c| c.frames()),
                     ),
                     ..Segment::default()
@@ -120,7 +119,7 @@ impl DeviceState {
 
     fn block_model(&self, id: BlockId, state: BlockState, empty: &Arc<[Frame]>) -> Block {
         let b = &self.blocks[id];
-        let frames = match (&b.context, state) {
+        let frames = match (self.block_context(id), state) {
             (Some(c), s) if s.is_active() => c.frames(),
             _ => empty.clone(),
         };
