@@ -9,7 +9,10 @@
 //! * [`backend::Backend`] is the small contract a device fulfils; the
 //!   [`sim`] module is a simulated device, the embedded default.
 //! * [`stats`], [`trace`], [`config`] mirror PyTorch's statistics, history and
-//!   settings.
+//!   settings; [`caching::CachingAllocator::snapshot`] builds PyTorch's memory
+//!   snapshot ([`snapshot`]).
+//! * [`callbacks`] is the MPS-style registry of named allocator callbacks;
+//!   [`debug`] selects `tracing` debug output (`RESERVOIR_DEBUG_VERBOSITY`).
 //!
 //! ```
 //! use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
@@ -28,7 +31,9 @@
 
 pub mod backend;
 pub mod caching;
+pub mod callbacks;
 pub mod config;
+pub mod debug;
 pub mod device_allocator;
 pub mod error;
 pub mod format;

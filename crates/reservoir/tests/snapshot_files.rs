@@ -485,7 +485,6 @@ def norm(d):
         d = {"segments": d, "device_traces": []}
     for t in d.get("device_traces", []):
         for e in t:
-            e.setdefault("frames", [])
             if e.get("action") == "oom" and "device_free" in e:
                 e.pop("addr", None)
     return d

@@ -61,6 +61,7 @@ pub(crate) struct Block {
     /// The pool's free-block search count when the block was (re)inserted.
     pub gc_count_base: i64,
     /// The slot holds a live block (false on the slab's free list).
+    /// (Stacks recorded for blocks live in side tables, see `history.rs`.)
     pub live: bool,
 }
 

@@ -77,6 +77,7 @@ impl DeviceState {
     }
 
     pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.check_contexts()?;
         let mut recount = DeviceStats::default();
         let mut seen = 0usize;
         let mut reserved = 0u64;

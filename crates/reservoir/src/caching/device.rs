@@ -21,7 +21,9 @@ use crate::device_allocator::MempoolId;
 use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
 use crate::stats::{DeviceStats, StatType};
-use crate::trace::{RingBuffer, TraceAction, TraceEntry};
+use crate::trace::TraceAction;
+
+use super::history::Observe;
 
 /// A callback run when the cache has no fitting block, before the driver is
 /// asked (PyTorch's `FreeCudaMemoryCallbacksRegistry`). It returns the
@@ -97,7 +99,8 @@ pub(crate) struct DeviceState {
     pub events: StreamTable<VecDeque<(EventId, BlockId)>>,
     /// c10 stream ids, which order `events` as PyTorch's hash map does.
     pub c10_streams: C10Streams,
-    pub history: Option<RingBuffer>,
+    /// History, trace trackers, callbacks and debug output (see `history.rs`).
+    pub obs: Observe,
     /// Private pools by id (PyTorch's `graph_pools`).
     pub graph_pools: BTreeMap<MempoolId, PrivatePool>,
     /// Private pools whose use count reached 0 (`graph_pools_freeable`).
@@ -144,7 +147,7 @@ impl DeviceState {
             allowed_memory_maximum: None,
             events: StreamTable::new(),
             c10_streams: C10Streams::new(device),
-            history: None,
+            obs: Observe::new(Default::default()),
             graph_pools: BTreeMap::new(),
             graph_pools_freeable: MempoolSet::default(),
             captures_underway: Vec::new(),
@@ -155,15 +158,6 @@ impl DeviceState {
             max_split_changed: false,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
-        }
-    }
-
-    #[inline]
-    fn record_trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId) {
-        if let Some(h) = self.history.as_mut() {
-            let mut e = TraceEntry::new(action, addr, size, stream);
-            e.time_us = Some(now_us());
-            h.push(e);
         }
     }
 
@@ -439,7 +433,7 @@ impl DeviceState {
         let st = self.stat_type(pool);
         self.stats.reserved_bytes.increase(st, mapped);
         self.stats.num_device_alloc += 1;
-        self.record_trace(TraceAction::SegmentMap, addr, mapped, stream);
+        self.record_trace(TraceAction::SegmentMap, addr, mapped, stream, pool, id);
         Ok(true)
     }
 
@@ -570,6 +564,8 @@ impl DeviceState {
             unmapped_addr,
             unmapped_size,
             stream,
+            pool,
+            id,
         );
         Ok(())
     }
@@ -683,6 +679,8 @@ impl DeviceState {
                 || (self.captures_underway.is_empty()
                     && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
                     && self.alloc_block(backend, &mut p, true)?);
+            // The block comes from the device (for callbacks and debug output).
+            self.obs.fresh = found;
         }
 
         if !found {
@@ -708,7 +706,7 @@ impl DeviceState {
         orig_size: u64,
     ) -> Result<OomReport, MallocError> {
         let info = backend.mem_info()?;
-        self.record_trace(TraceAction::Oom, info.free, p.size, p.stream);
+        self.record_trace(TraceAction::Oom, info.free, p.size, p.stream, p.pool, NIL);
         self.stats.num_ooms += 1;
 
         let allocated = self.stats.allocated_bytes.all().current as u64;
@@ -909,7 +907,7 @@ impl DeviceState {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream);
+        self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
         Ok(true)
     }
 
@@ -974,7 +972,7 @@ impl DeviceState {
         b.allocated = true;
         b.requested_size = orig_size;
         let (addr, size, stream) = (b.addr, b.size, b.stream);
-        self.record_trace(TraceAction::Alloc, addr, orig_size, stream);
+        self.record_trace(TraceAction::Alloc, addr, orig_size, stream, p.pool, id);
         self.allocated.insert(addr, id);
         let s = &mut self.stats;
         s.allocation.increase(st, 1);
@@ -995,13 +993,21 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), AllocError> {
-        let st = self.stat_type(self.blocks[id].pool);
+        let pool = self.blocks[id].pool;
+        let st = self.stat_type(pool);
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (addr, size, requested, stream) = (b.addr, b.size, b.requested_size, b.stream);
         self.stats.allocation.decrease(st, 1);
         self.stats.allocated_bytes.decrease(st, size);
-        self.record_trace(TraceAction::FreeRequested, addr, requested, stream);
+        self.record_trace(
+            TraceAction::FreeRequested,
+            addr,
+            requested,
+            stream,
+            pool,
+            id,
+        );
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -1165,7 +1171,14 @@ impl DeviceState {
                 b.pool,
             )
         };
-        self.record_trace(TraceAction::FreeCompleted, addr, requested, stream);
+        self.record_trace(
+            TraceAction::FreeCompleted,
+            addr,
+            requested,
+            stream,
+            pool,
+            id,
+        );
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for candidate in [prev, next] {
@@ -1221,6 +1234,10 @@ impl DeviceState {
                 self.blocks[s.prev].next = dst;
             } else {
                 self.segments[s.segment].head = dst;
+            }
+            if self.obs.active {
+                // PyTorch moves the segment's stack to the new head.
+                self.move_segment_context(src, dst);
             }
         } else {
             // [dst src]
@@ -1424,7 +1441,7 @@ impl DeviceState {
         };
         backend.free(DevicePtr(addr), size)?;
         self.stats.num_device_free += 1;
-        self.record_trace(TraceAction::SegmentFree, addr, size, stream);
+        self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
         self.total_allocated_memory -= size;
         self.count_private_malloc(pool, false);
         let st = self.stat_type(pool);
@@ -1527,11 +1544,4 @@ fn apply_net(array: &mut crate::stats::StatArray, st: StatType, net: i64) {
     } else if net < 0 {
         array.decrease(st, (-net) as u64);
     }
-}
-
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
 }

@@ -7,29 +7,81 @@
 //! retry chain (free-memory callbacks, garbage collection, releasing one
 //! oversize block, flushing the cache) runs before an out-of-memory error
 //! carrying PyTorch's message.
+//!
+//! Observing the allocator:
+//! * [`CachingAllocator::record_memory_history`] keeps a history of trace
+//!   entries with optional stacks (PyTorch's `_record_memory_history`),
+//!   read with [`CachingAllocator::history`];
+//!   [`CachingAllocator::attach_trace_tracker`] sees every entry as it is
+//!   recorded.
+//! * [`CachingAllocator::snapshot`] returns a [`Snapshot`] exactly as
+//!   `torch.cuda.memory._snapshot()` builds it (segments, blocks, stacks,
+//!   trace, settings), ready to be written as a pickle for
+//!   pytorch.org/memory_viz.
+//! * [`CachingAllocator::callbacks`] is a registry of named callbacks fired
+//!   on allocations, reuses, frees, releases and failures (see
+//!   [`crate::callbacks`]); [`CachingAllocator::attach_oom_observer`] sees
+//!   out-of-memory failures.
+//! * Debug output through `tracing`, selected by the
+//!   `RESERVOIR_DEBUG_VERBOSITY` bitmask (see [`crate::debug`]).
+//!
+//! With all of these off, each event costs the allocator one branch.
+//!
+//! ```
+//! use reservoir::caching::{HistoryConfig, HistoryMode};
+//! use reservoir::trace::{RecordContext, TraceAction};
+//! use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
+//! use reservoir::sim::SimDevice;
+//!
+//! let alloc = CachingAllocator::new(SimDevice::default(), AllocatorConfig::default());
+//! alloc.record_memory_history(HistoryConfig {
+//!     enabled: HistoryMode::All,
+//!     context: RecordContext::Alloc,
+//!     max_entries: 100_000,
+//!     ..HistoryConfig::default()
+//! });
+//! let p = alloc.raw_alloc(4096, StreamId::DEFAULT).unwrap();
+//! let snap = alloc.snapshot(None);
+//! assert_eq!(snap.segments[0].blocks[0].requested_size, Some(4096));
+//! let actions: Vec<_> = snap.device_traces[0].iter().map(|e| e.action).collect();
+//! assert_eq!(actions, [TraceAction::SegmentAlloc, TraceAction::Alloc]);
+//! snap.check_consistency().unwrap();
+//! let pickle = snap.to_pickle().unwrap(); // loads in Python and memory_viz
+//! # assert!(!pickle.is_empty());
+//! alloc.raw_free(p).unwrap();
+//! ```
 
 mod block;
 mod check;
 mod device;
+mod history;
 mod pools;
 pub mod rules;
+mod snapshot;
 pub mod stream_order;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
+use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::config::AllocatorConfig;
+use crate::debug::{DebugVerbosity, TARGET};
 use crate::device_allocator::MempoolId;
 use crate::error::AllocError;
+use crate::snapshot::Snapshot;
 use crate::stats::DeviceStats;
-use crate::trace::{RingBuffer, TraceEntry};
+use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
 pub use check::InvariantViolation;
 use device::{DeviceState, MallocError};
 pub use device::{FreeMemoryCallback, OomObserver};
+pub use history::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
+pub use snapshot::StreamSegmentSize;
 
 /// State of a block in a snapshot (spec 2.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -93,6 +145,21 @@ pub struct SegmentInfo {
 pub struct CachingAllocator<B: Backend> {
     backend: B,
     state: Mutex<DeviceState>,
+    /// The [`RecordContext`] in force, as `u8`, read without the lock to
+    /// decide whether to gather a stack (PyTorch's `record_context_`).
+    record_level: AtomicU8,
+    /// Where stacks come from (read only when `record_level` asks).
+    recorder: RwLock<ContextRecorder>,
+    callbacks: Arc<CallbackRegistry>,
+}
+
+fn level_u8(l: RecordContext) -> u8 {
+    match l {
+        RecordContext::Never => 0,
+        RecordContext::State => 1,
+        RecordContext::Alloc => 2,
+        RecordContext::All => 3,
+    }
 }
 
 impl<B: Backend> CachingAllocator<B> {
@@ -111,10 +178,52 @@ impl<B: Backend> CachingAllocator<B> {
                 state.set_memory_fraction(fraction, info.total);
             }
         }
+        let callbacks = Arc::new(CallbackRegistry::new());
+        state.obs.callbacks = callbacks.clone();
+        let verbosity = DebugVerbosity::from_env().unwrap_or_else(|e| {
+            tracing::warn!(target: TARGET, "{e}; debug output stays off");
+            DebugVerbosity::OFF
+        });
+        state.obs.verbosity = verbosity;
+        state.obs.refresh();
+        if verbosity.contains(DebugVerbosity::PROFILING) {
+            tracing::info!(
+                target: TARGET,
+                "Initializing caching allocator on device {device} ({} backend, settings {:?}, \
+                 debug verbosity {verbosity})",
+                backend.name(),
+                state.config.last_settings,
+            );
+        }
         CachingAllocator {
             backend,
             state: Mutex::new(state),
+            record_level: AtomicU8::new(0),
+            recorder: RwLock::new(ContextRecorder::Backtrace),
+            callbacks,
         }
+    }
+
+    /// PyTorch's `maybeGatherContext(level)`: a stack if the recording
+    /// level asks for one at `level`.
+    #[inline]
+    fn gather(&self, level: RecordContext) -> Option<Context> {
+        if self.record_level.load(Ordering::Relaxed) < level_u8(level) {
+            return None;
+        }
+        Some(self.recorder.read().gather_context())
+    }
+
+    /// Run `f` under the lock with `ctx` as the operation's stack.
+    fn with_context<R>(&self, ctx: Option<Context>, f: impl FnOnce(&mut DeviceState) -> R) -> R {
+        let mut state = self.state.lock();
+        if ctx.is_none() {
+            return f(&mut state);
+        }
+        state.obs.cur_ctx = ctx;
+        let r = f(&mut state);
+        state.obs.cur_ctx = None;
+        r
     }
 
     /// The backend.
@@ -134,17 +243,81 @@ impl<B: Backend> CachingAllocator<B> {
         if size == 0 {
             return Ok(DevicePtr::NULL);
         }
+        if self.record_level.load(Ordering::Relaxed) != 0 {
+            let ctx = self.gather(RecordContext::State);
+            return self.malloc_with(size, stream, ctx);
+        }
         let mut state = self.state.lock();
         match state.malloc(&self.backend, size, stream) {
             Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
-            Err(MallocError::Other(e)) => Err(e),
-            Err(MallocError::Oom(report)) => {
+            Err(e) => {
                 drop(state);
+                self.malloc_failed(e)
+            }
+        }
+    }
+
+    /// [`raw_alloc`](Self::raw_alloc) with the caller's own stack (for FFI
+    /// layers and replays that know the allocating code's frames). The
+    /// frames are used as a gathered stack would be: kept only if history
+    /// is recorded with a context level of `State` or more.
+    pub fn raw_alloc_with_frames(
+        &self,
+        size: u64,
+        stream: StreamId,
+        frames: Arc<[Frame]>,
+    ) -> Result<DevicePtr, AllocError> {
+        if size == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let ctx = (self.record_level.load(Ordering::Relaxed) >= level_u8(RecordContext::State))
+            .then(|| Context::from_frames(frames));
+        self.malloc_with(size, stream, ctx)
+    }
+
+    fn malloc_with(
+        &self,
+        size: u64,
+        stream: StreamId,
+        ctx: Option<Context>,
+    ) -> Result<DevicePtr, AllocError> {
+        let mut state = self.state.lock();
+        let had = ctx.is_some();
+        if had {
+            state.obs.cur_ctx = ctx;
+        }
+        let r = state.malloc(&self.backend, size, stream);
+        if had {
+            state.obs.cur_ctx = None;
+        }
+        match r {
+            Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
+            Err(e) => {
+                drop(state);
+                self.malloc_failed(e)
+            }
+        }
+    }
+
+    /// A failed malloc, after the lock is released: out-of-memory
+    /// observers, then `AllocationFailed` callbacks.
+    #[cold]
+    fn malloc_failed(&self, e: MallocError) -> Result<DevicePtr, AllocError> {
+        match e {
+            MallocError::Other(e) => Err(e),
+            MallocError::Oom(report) => {
                 let e = report.error;
                 let limit = e.allowed.unwrap_or(e.device_total);
                 for obs in &report.observers {
                     obs(e.device, e.alloc_size, limit, e.device_free);
                 }
+                self.callbacks.fire(&AllocatorEvent {
+                    event: EventType::AllocationFailed,
+                    device: e.device,
+                    ptr: DevicePtr::NULL,
+                    size: e.requested,
+                    stream: e.stream,
+                });
                 Err(AllocError::OutOfMemory(Box::new(e)))
             }
         }
@@ -157,11 +330,40 @@ impl<B: Backend> CachingAllocator<B> {
         if ptr.is_null() {
             return Ok(());
         }
+        if self.record_level.load(Ordering::Relaxed) >= level_u8(RecordContext::All) {
+            let ctx = self.gather(RecordContext::All);
+            return self.with_context(ctx, |state| {
+                let Some(id) = state.allocated.remove(&ptr.0) else {
+                    return Err(AllocError::InvalidPointer { ptr });
+                };
+                state.free(&self.backend, id)
+            });
+        }
         let mut state = self.state.lock();
         let Some(id) = state.allocated.remove(&ptr.0) else {
             return Err(AllocError::InvalidPointer { ptr });
         };
         state.free(&self.backend, id)
+    }
+
+    /// [`raw_free`](Self::raw_free) with the caller's own stack, used (as a
+    /// gathered stack would be) only at context level `All`.
+    pub fn raw_free_with_frames(
+        &self,
+        ptr: DevicePtr,
+        frames: Arc<[Frame]>,
+    ) -> Result<(), AllocError> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let ctx = (self.record_level.load(Ordering::Relaxed) >= level_u8(RecordContext::All))
+            .then(|| Context::from_frames(frames));
+        self.with_context(ctx, |state| {
+            let Some(id) = state.allocated.remove(&ptr.0) else {
+                return Err(AllocError::InvalidPointer { ptr });
+            };
+            state.free(&self.backend, id)
+        })
     }
 
     /// Allocate and return an owning handle that frees on drop.
@@ -209,9 +411,19 @@ impl<B: Backend> CachingAllocator<B> {
     /// pool's id releases only that pool, once it has been released by all
     /// its users (torch 2.9+ `emptyCache(mempool_id)`).
     pub fn empty_cache_pool(&self, pool: MempoolId) -> Result<(), AllocError> {
-        let mut state = self.state.lock();
-        state.release_cached_blocks(&self.backend, pool)?;
-        Ok(())
+        let ctx = self.gather(RecordContext::All);
+        self.with_context(ctx, |state| {
+            if state.obs.verbosity.contains(DebugVerbosity::PROFILING) {
+                tracing::info!(
+                    target: TARGET,
+                    "Attempting to release cached blocks of pool {pool:?} (reserved {}, allocated {})",
+                    crate::format::format_size(state.stats.reserved_bytes.all().current as u64),
+                    crate::format::format_size(state.stats.allocated_bytes.all().current as u64),
+                );
+            }
+            state.release_cached_blocks(&self.backend, pool)?;
+            Ok(())
+        })
     }
 
     /// Route allocations accepted by `filter` to the private pool `pool`,
@@ -350,25 +562,102 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().config.clone()
     }
 
-    /// Start (or stop, with `false`) keeping an unbounded allocation history.
+    /// Start (or stop, with `false`) keeping an unbounded allocation
+    /// history without stacks (see [`record_memory_history`](Self::record_memory_history)).
     pub fn record_history(&self, enabled: bool) {
         self.record_history_with_limit(enabled, usize::MAX);
     }
 
-    /// Keep the newest `max_entries` history entries (or stop recording).
+    /// Keep the newest `max_entries` history entries, without stacks (or
+    /// stop recording).
     pub fn record_history_with_limit(&self, enabled: bool, max_entries: usize) {
+        self.record_memory_history(if enabled {
+            HistoryConfig::events_only(max_entries)
+        } else {
+            HistoryConfig::off()
+        });
+    }
+
+    /// Configure history recording, as PyTorch's
+    /// `torch.cuda.memory._record_memory_history(enabled, context, stacks,
+    /// max_entries, clear_history)`: `enabled` off clears the history;
+    /// `State` keeps a single entry; `context` decides which events gather
+    /// a stack (see [`RecordContext`]). Stacks already kept by live blocks
+    /// stay until the blocks are freed.
+    pub fn record_memory_history(&self, config: HistoryConfig) {
         let mut state = self.state.lock();
-        state.history = enabled.then(|| RingBuffer::new(max_entries));
+        state.obs.configure(&config);
+        *self.recorder.write() = config.recorder.clone();
+        self.record_level
+            .store(level_u8(state.obs.when), Ordering::Relaxed);
+    }
+
+    /// True while history is recorded (`isHistoryEnabled`).
+    pub fn is_history_enabled(&self) -> bool {
+        self.state.lock().obs.record_history
+    }
+
+    /// Drop the recorded entries, keep recording.
+    pub fn clear_history(&self) {
+        self.state.lock().obs.ring.clear();
     }
 
     /// The recorded history, oldest first (empty when not recording).
+    /// Captured backtraces are symbolized here, once each.
     pub fn history(&self) -> Vec<TraceEntry> {
-        let state = self.state.lock();
-        state
-            .history
-            .as_ref()
-            .map(|h| h.entries().cloned().collect())
-            .unwrap_or_default()
+        self.state.lock().obs.entries()
+    }
+
+    /// Call `tracker` on every trace entry from now on, even with history
+    /// off (PyTorch's `attachAllocatorTraceTracker`). It runs under the
+    /// allocator's lock and must not call back into the allocator.
+    pub fn attach_trace_tracker(&self, tracker: TraceTracker) {
+        let mut state = self.state.lock();
+        state.obs.trackers.push(tracker);
+        state.obs.refresh();
+    }
+
+    /// The registry of named callbacks fired on allocator events (see
+    /// [`crate::callbacks`] for when each event fires).
+    pub fn callbacks(&self) -> &Arc<CallbackRegistry> {
+        &self.callbacks
+    }
+
+    /// Set the debug output levels (initially from `RESERVOIR_DEBUG_VERBOSITY`,
+    /// see [`crate::debug`]).
+    pub fn set_debug_verbosity(&self, verbosity: DebugVerbosity) {
+        let mut state = self.state.lock();
+        state.obs.verbosity = verbosity;
+        state.obs.refresh();
+    }
+
+    /// The debug output levels in force.
+    pub fn debug_verbosity(&self) -> DebugVerbosity {
+        self.state.lock().obs.verbosity
+    }
+
+    /// A snapshot of the allocator, as `torch.cuda.memory._snapshot()`
+    /// returns it (spec 2.2 to 2.5): every segment (one per mapped run of
+    /// an expandable segment) with its blocks and stacks, the history, and
+    /// the settings. With `Some(pool)` only that pool's segments are listed
+    /// (torch's `snapshot(mempool_id)`); the history is the device's whole
+    /// history. Each call then appends a `snapshot` entry (size = active
+    /// bytes listed) to the history, so it shows in the next snapshot.
+    pub fn snapshot(&self, mempool: Option<MempoolId>) -> Snapshot {
+        self.snapshot_with(mempool, true)
+    }
+
+    /// [`snapshot`](Self::snapshot), with `include_traces = false` leaving
+    /// `device_traces` empty (torch's `MemPool.snapshot(include_traces)`).
+    pub fn snapshot_with(&self, mempool: Option<MempoolId>, include_traces: bool) -> Snapshot {
+        self.state.lock().snapshot(mempool, include_traces)
+    }
+
+    /// Bytes mapped in each expandable segment, with its stream and pool
+    /// kind, in creation order (PyTorch's `getExpandableSegmentSizes`).
+    /// As in PyTorch, segments of the default stream (0) are not listed.
+    pub fn expandable_segment_sizes(&self) -> Vec<StreamSegmentSize> {
+        self.state.lock().expandable_segment_sizes()
     }
 
     /// Register a callback run when the cache has no block for a request,

@@ -507,13 +507,17 @@ impl Decoder {
                 "size" => size = Some(as_u64(v).key("size")?),
                 "stream" => stream = Some(as_u64(v).key("stream")?),
                 "time_us" => e.time_us = Some(as_i64(v).key("time_us")?),
-                "frames" => e.frames = self.frames(v).key("frames")?,
+                "frames" => {
+                    e.frames = self.frames(v).key("frames")?;
+                    e.empty_frames_key = e.frames.is_empty();
+                }
                 "compile_context" => {
                     e.compile_context = Some(as_str(v).key("compile_context")?.to_string())
                 }
                 "user_metadata" => {
                     e.user_metadata = Some(as_str(v).key("user_metadata")?.to_string())
                 }
+                "pool_id" => e.pool_id = Some(pool_id(v).key("pool_id")?),
                 other => self
                     .warnings
                     .add(format!("ignored trace-entry key {other:?}")),
@@ -679,6 +683,10 @@ fn allocator_settings(v: &Value) -> R<AllocatorSettings> {
                 s.graph_capture_record_stream_reuse =
                     Some(as_bool(v).key("graph_capture_record_stream_reuse")?)
             }
+            "max_round_threshold" => {
+                s.max_round_threshold = Some(as_i64(v).key("max_round_threshold")?)
+            }
+            "max_cached_size" => s.max_cached_size = Some(as_i64(v).key("max_cached_size")?),
             "roundup_power2_divisions" => {
                 s.roundup_power2_divisions =
                     Some(roundup_divisions(v).key("roundup_power2_divisions")?)

@@ -15,10 +15,11 @@ impl Snapshot {
     /// The snapshot as the dict PyTorch pickles: `segments`,
     /// `device_traces`, then `allocator_settings` and
     /// `external_annotations` when present, then the extra keys. Keys that
-    /// are `None` in the model are left out; trace entries always get a
-    /// `frames` list (empty when none was recorded), as `MemoryViz.js`
-    /// defaults it. Equal stacks are shared, so memoized writing stores
-    /// each once.
+    /// are `None` in the model are left out; trace entries get a `frames`
+    /// list only when they carry a stack (as PyTorch writes them; viewers
+    /// default it to `[]`), and a segment's non-empty `frames` comes after
+    /// its `blocks` (PyTorch's key order). Equal stacks are shared, so
+    /// memoized writing stores each once.
     pub fn to_value(&self) -> Value {
         let mut e = Encoder::default();
         let mut top = vec![
@@ -143,12 +144,21 @@ impl<'a> Encoder<'a> {
         if let Some(x) = s.is_expandable {
             self.kv(&mut d, "is_expandable", Value::Bool(x));
         }
+        // PyTorch inserts an empty `frames` list in order, and a gathered
+        // stack after `blocks` (it symbolizes all stacks at the end).
+        let late_frames = s.frames.as_ref().filter(|f| !f.is_empty());
         if let Some(f) = &s.frames {
-            let f = self.frames(f);
-            self.kv(&mut d, "frames", f);
+            if late_frames.is_none() {
+                let f = self.frames(f);
+                self.kv(&mut d, "frames", f);
+            }
         }
         let blocks = Value::list(s.blocks.iter().map(|b| self.block(b)).collect());
         self.kv(&mut d, "blocks", blocks);
+        if let Some(f) = late_frames {
+            let f = self.frames(f);
+            self.kv(&mut d, "frames", f);
+        }
         self.extra(&mut d, &s.extra);
         Value::dict(d)
     }
@@ -210,8 +220,19 @@ impl<'a> Encoder<'a> {
             let u = self.s(u);
             self.kv(&mut d, "user_metadata", u);
         }
-        let frames = self.frames(&e.frames);
-        self.kv(&mut d, "frames", frames);
+        if let Some((a, b)) = e.pool_id {
+            self.kv(
+                &mut d,
+                "pool_id",
+                Value::tuple(vec![Value::Int(a), Value::Int(b)]),
+            );
+        }
+        // PyTorch writes `frames` only on entries that kept a stack
+        // (context level `alloc` or `all`); viewers default it to `[]`.
+        if e.empty_frames_key || !e.frames.is_empty() {
+            let frames = self.frames(&e.frames);
+            self.kv(&mut d, "frames", frames);
+        }
         Value::dict(d)
     }
 
@@ -241,6 +262,12 @@ impl<'a> Encoder<'a> {
         }
         if let Some(x) = a.graph_capture_record_stream_reuse {
             self.kv(&mut d, "graph_capture_record_stream_reuse", Value::Bool(x));
+        }
+        if let Some(x) = a.max_round_threshold {
+            self.kv(&mut d, "max_round_threshold", Value::Int(x));
+        }
+        if let Some(x) = a.max_cached_size {
+            self.kv(&mut d, "max_cached_size", Value::Int(x));
         }
         if let Some(r) = &a.roundup_power2_divisions {
             let pairs = r

@@ -211,6 +211,14 @@ pub struct AllocatorSettings {
     /// `graph_capture_record_stream_reuse` (newest versions).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub graph_capture_record_stream_reuse: Option<bool>,
+    /// `max_round_threshold`: pinned-memory rounding threshold in bytes,
+    /// -1 when unset (torch 2.15).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_round_threshold: Option<i64>,
+    /// `max_cached_size`: largest pinned block kept cached, in bytes, -1
+    /// when unset (torch 2.15).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cached_size: Option<i64>,
     /// `roundup_power2_divisions`: (interval start in MiB, divisions), in
     /// file order (PyTorch writes the keys as strings `"1"`, `"2"`, …).
     #[serde(skip_serializing_if = "Option::is_none")]

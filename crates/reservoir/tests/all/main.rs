@@ -4,6 +4,7 @@ mod common;
 mod errors;
 mod expandable;
 mod model;
+mod observe;
 mod pools;
 mod registry;
 mod rules;

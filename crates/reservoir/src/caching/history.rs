@@ -1,0 +1,555 @@
+//! Memory history, trace trackers, allocator callbacks and debug output:
+//! everything the allocator reports as it works (PyTorch's
+//! `_record_memory_history`, `attachAllocatorTraceTracker`, the MPS
+//! callback registry and `PYTORCH_DEBUG_MPS_ALLOCATOR`).
+//!
+//! Every place where PyTorch calls `record_trace` calls
+//! [`DeviceState::record_trace`], which costs one branch while nothing
+//! observes the allocator; the work is in [`DeviceState::observe_slow`].
+//!
+//! Contexts follow PyTorch's `RecordContext`:
+//! * `malloc` gathers a stack at level `State` or above; the allocated
+//!   block keeps it (snapshot `frames`), and so does a segment created for
+//!   it (segment `frames`, on the segment's first block).
+//! * `free` and `empty_cache` gather one only at level `All`; otherwise a
+//!   free's entries reuse the allocation's stack and a segment release the
+//!   segment's.
+//! * Trace entries carry the stack only at level `Alloc` or above.
+//! * A block handed back to the cache (`free_completed`) drops its stack.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::block::{BlockId, PoolId, NIL};
+use super::device::DeviceState;
+use crate::backend::{DevicePtr, StreamId};
+use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
+use crate::debug::{DebugVerbosity, TARGET};
+use crate::device_allocator::MempoolId;
+use crate::format::format_size;
+use crate::trace::{Context, Frame, RecordContext, RingBuffer, TraceAction, TraceEntry};
+
+/// Whether and how much history is kept (PyTorch's `enabled` argument).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HistoryMode {
+    /// Nothing is recorded; the history is cleared (`enabled=None`).
+    #[default]
+    Off,
+    /// Only stacks of live blocks matter: the history keeps one entry
+    /// (`enabled="state"` forces `max_entries = 1`).
+    State,
+    /// Every event is kept, up to `max_entries` (`enabled="all"`).
+    All,
+}
+
+/// Where stacks come from when a [`RecordContext`] level asks for one.
+#[derive(Clone, Default)]
+pub enum ContextRecorder {
+    /// Capture a [`std::backtrace::Backtrace`] of the calling thread,
+    /// symbolized only when a history or snapshot is read.
+    #[default]
+    Backtrace,
+    /// Call a function returning the frames (for example a Python
+    /// interpreter's stack, through an FFI layer).
+    Custom(Arc<dyn Fn() -> Arc<[Frame]> + Send + Sync>),
+}
+
+impl ContextRecorder {
+    pub(crate) fn gather_context(&self) -> Context {
+        match self {
+            ContextRecorder::Backtrace => Context::capture(),
+            ContextRecorder::Custom(f) => Context::from_frames(f()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ContextRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ContextRecorder::Backtrace => f.write_str("Backtrace"),
+            ContextRecorder::Custom(_) => f.write_str("Custom"),
+        }
+    }
+}
+
+/// Settings of [`CachingAllocator::record_memory_history`](super::CachingAllocator::record_memory_history),
+/// PyTorch's `torch.cuda.memory._record_memory_history(enabled, context,
+/// stacks, max_entries, clear_history)`.
+#[derive(Clone, Debug)]
+pub struct HistoryConfig {
+    /// Off, state-only or all events.
+    pub enabled: HistoryMode,
+    /// Which events gather a stack (ignored, as `Never`, when `enabled` is `Off`).
+    pub context: RecordContext,
+    /// Ring-buffer size for [`HistoryMode::All`] (at least 1; default
+    /// unbounded, PyTorch's `sys.maxsize`).
+    pub max_entries: usize,
+    /// Where stacks come from.
+    pub recorder: ContextRecorder,
+    /// Drop the entries recorded so far.
+    pub clear_history: bool,
+}
+
+impl Default for HistoryConfig {
+    /// PyTorch's defaults: `enabled="all"`, `context="all"`, unbounded.
+    fn default() -> Self {
+        HistoryConfig {
+            enabled: HistoryMode::All,
+            context: RecordContext::All,
+            max_entries: usize::MAX,
+            recorder: ContextRecorder::Backtrace,
+            clear_history: false,
+        }
+    }
+}
+
+impl HistoryConfig {
+    /// Recording off (`enabled=None`).
+    pub fn off() -> HistoryConfig {
+        HistoryConfig {
+            enabled: HistoryMode::Off,
+            context: RecordContext::Never,
+            ..HistoryConfig::default()
+        }
+    }
+
+    /// Every event, no stacks: the cheapest full history.
+    pub fn events_only(max_entries: usize) -> HistoryConfig {
+        HistoryConfig {
+            enabled: HistoryMode::All,
+            context: RecordContext::Never,
+            max_entries,
+            ..HistoryConfig::default()
+        }
+    }
+}
+
+/// A callback run on every trace entry the allocator records, even with
+/// history off (PyTorch's `AllocatorTraceTracker`). Runs under the
+/// allocator's lock: it must not call back into the allocator.
+pub type TraceTracker = Arc<dyn Fn(&TraceEntry) + Send + Sync>;
+
+/// One recorded event with its (not yet symbolized) stack.
+#[derive(Clone, Debug)]
+pub(crate) struct Recorded {
+    action: TraceAction,
+    addr: u64,
+    size: u64,
+    stream: StreamId,
+    time_us: i64,
+    pool: MempoolId,
+    context: Option<Context>,
+}
+
+impl Recorded {
+    pub fn to_entry(&self) -> TraceEntry {
+        let mut e = TraceEntry::new(self.action, self.addr, self.size, self.stream);
+        e.time_us = Some(self.time_us);
+        // torch 2.15 writes these on every entry.
+        e.compile_context = Some("N/A".into());
+        e.user_metadata = Some(String::new());
+        e.pool_id = Some(pool_id_tuple(self.pool));
+        if let Some(c) = &self.context {
+            e.frames = c.frames();
+            e.empty_frames_key = e.frames.is_empty();
+        }
+        e
+    }
+}
+
+/// A pool id as PyTorch writes it: a tuple of two signed 64-bit ints.
+pub(crate) fn pool_id_tuple(id: MempoolId) -> (i64, i64) {
+    (id.0 as i64, id.1 as i64)
+}
+
+/// A segment's stack, recorded for the block that was its first block at
+/// `addr` in the segment created `seq`-th (checked on use: a block slot
+/// may be reused while nothing observes).
+#[derive(Clone, Debug)]
+pub(crate) struct SegmentContext {
+    addr: u64,
+    seq: u64,
+    ctx: Context,
+}
+
+/// What observes a device: history, trackers, callbacks, debug output.
+///
+/// Stacks recorded for blocks are kept here, not in the blocks, so that
+/// blocks stay as small and cheap to move as without recording.
+pub(crate) struct Observe {
+    /// Something needs the slow path: history on, a tracker, debug output,
+    /// or blocks still holding a stack (so that freeing them drops it).
+    pub active: bool,
+    pub record_history: bool,
+    pub when: RecordContext,
+    pub ring: RingBuffer<Recorded>,
+    pub trackers: Vec<TraceTracker>,
+    pub verbosity: DebugVerbosity,
+    pub callbacks: Arc<CallbackRegistry>,
+    /// Stack of the public operation in progress (set under the lock).
+    pub cur_ctx: Option<Context>,
+    /// The block about to be handed out came from the device, not the cache.
+    pub fresh: bool,
+    /// Allocation stacks (PyTorch's `context_when_allocated`), by block.
+    /// Invariant: only active blocks have one, and the slow path is on
+    /// while any exists, so that freeing the block drops it.
+    pub block_ctx: FxHashMap<BlockId, Context>,
+    /// Segment stacks (PyTorch's `context_when_segment_allocated`), by the
+    /// block holding them.
+    pub seg_ctx: FxHashMap<BlockId, SegmentContext>,
+}
+
+impl Observe {
+    pub fn new(callbacks: Arc<CallbackRegistry>) -> Observe {
+        Observe {
+            active: false,
+            record_history: false,
+            when: RecordContext::Never,
+            ring: RingBuffer::new(1),
+            trackers: Vec::new(),
+            verbosity: DebugVerbosity::OFF,
+            callbacks,
+            cur_ctx: None,
+            fresh: false,
+            block_ctx: FxHashMap::default(),
+            seg_ctx: FxHashMap::default(),
+        }
+    }
+
+    /// Recompute [`Observe::active`] after a change.
+    pub fn refresh(&mut self) {
+        let active = self.record_history
+            || !self.trackers.is_empty()
+            || !self.verbosity.is_off()
+            || !self.block_ctx.is_empty();
+        if active && !self.active {
+            // `fresh` may be stale from a malloc made while inactive.
+            self.fresh = false;
+        }
+        self.active = active;
+    }
+
+    /// PyTorch's `recordHistory(enabled, recorder, max_entries, when)`.
+    pub fn configure(&mut self, c: &HistoryConfig) {
+        let enabled = c.enabled != HistoryMode::Off;
+        self.record_history = enabled;
+        let max = if c.enabled == HistoryMode::All {
+            c.max_entries
+        } else {
+            1
+        };
+        self.ring.set_max_entries(max);
+        self.when = if enabled {
+            c.context
+        } else {
+            RecordContext::Never
+        };
+        if !enabled || c.clear_history {
+            self.ring.clear();
+        }
+        self.refresh();
+    }
+
+    /// The history, oldest first.
+    pub fn entries(&self) -> Vec<TraceEntry> {
+        self.ring.entries().map(Recorded::to_entry).collect()
+    }
+}
+
+impl DeviceState {
+    /// Allocation stacks are held only by live active blocks, and the slow
+    /// path is on while any exists (so freeing drops the stack).
+    pub(crate) fn check_contexts(&self) -> Result<(), super::InvariantViolation> {
+        for &id in self.obs.block_ctx.keys() {
+            let b = &self.blocks[id];
+            if !b.live || !(b.allocated || b.event_count > 0 || !b.stream_uses.is_empty()) {
+                return Err(super::InvariantViolation(format!(
+                    "free block {id} at {:#x} still holds an allocation stack",
+                    b.addr
+                )));
+            }
+        }
+        if !self.obs.block_ctx.is_empty() && !self.obs.active {
+            return Err(super::InvariantViolation(format!(
+                "{} blocks hold a stack but the observing slow path is off",
+                self.obs.block_ctx.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The segment stack recorded for `block`, if still its own.
+    pub(crate) fn segment_context(&self, block: BlockId) -> Option<&Context> {
+        let c = self.obs.seg_ctx.get(&block)?;
+        let b = &self.blocks[block];
+        (b.live && b.addr == c.addr && self.segments[b.segment].seq == c.seq).then_some(&c.ctx)
+    }
+
+    /// The allocation stack of `block`.
+    pub(crate) fn block_context(&self, block: BlockId) -> Option<&Context> {
+        self.obs.block_ctx.get(&block)
+    }
+
+    fn set_segment_context(&mut self, block: BlockId, ctx: Option<Context>) {
+        match ctx {
+            Some(ctx) => {
+                let b = &self.blocks[block];
+                let c = SegmentContext {
+                    addr: b.addr,
+                    seq: self.segments[b.segment].seq,
+                    ctx,
+                };
+                self.obs.seg_ctx.insert(block, c);
+            }
+            None => {
+                self.obs.seg_ctx.remove(&block);
+            }
+        }
+    }
+
+    /// `try_merge_blocks` of `[src dst]`: `dst` (now starting at `src`'s
+    /// address) takes `src`'s segment stack, or none (PyTorch's move).
+    pub(crate) fn move_segment_context(&mut self, src: BlockId, dst: BlockId) {
+        let ctx = self.obs.seg_ctx.remove(&src).and_then(|c| {
+            let b = &self.blocks[src];
+            (b.live && self.segments[b.segment].seq == c.seq).then_some(c.ctx)
+        });
+        self.set_segment_context(dst, ctx);
+    }
+
+    /// PyTorch's `record_trace`: one branch unless something observes.
+    /// `block` is the block or segment head the event is about ([`NIL`]
+    /// for `oom` and `snapshot`), `pool` its pool.
+    #[inline]
+    pub(crate) fn record_trace(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolId,
+        block: BlockId,
+    ) {
+        if self.obs.active | self.obs.callbacks.is_active() {
+            self.observe_slow(action, addr, size, stream, pool, block);
+        }
+    }
+
+    fn set_block_context(&mut self, block: BlockId, ctx: Option<Context>) {
+        let was_empty = self.obs.block_ctx.is_empty();
+        match ctx {
+            Some(c) => {
+                self.obs.block_ctx.insert(block, c);
+            }
+            None => {
+                self.obs.block_ctx.remove(&block);
+            }
+        }
+        if was_empty != self.obs.block_ctx.is_empty() {
+            self.obs.refresh();
+        }
+    }
+
+    #[cold]
+    fn observe_slow(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolId,
+        block: BlockId,
+    ) {
+        let cur = self.obs.cur_ctx.clone();
+        let block_ctx = |s: &Self| {
+            (block != NIL)
+                .then(|| s.block_context(block).cloned())
+                .flatten()
+        };
+        let seg_ctx = |s: &Self| {
+            (block != NIL)
+                .then(|| s.segment_context(block).cloned())
+                .flatten()
+        };
+        let ctx = match action {
+            TraceAction::Alloc => {
+                self.set_block_context(block, cur.clone());
+                cur
+            }
+            TraceAction::FreeRequested => cur.or_else(|| block_ctx(self)),
+            TraceAction::FreeCompleted => {
+                let c = cur.or_else(|| block_ctx(self));
+                self.set_block_context(block, None);
+                c
+            }
+            TraceAction::SegmentAlloc => {
+                self.set_segment_context(block, cur.clone());
+                cur
+            }
+            TraceAction::SegmentMap => {
+                if self.blocks[block].prev == NIL && self.segment_context(block).is_none() {
+                    self.set_segment_context(block, cur.clone());
+                }
+                cur
+            }
+            TraceAction::SegmentFree => {
+                let c = cur.or_else(|| seg_ctx(self));
+                self.obs.seg_ctx.remove(&block);
+                c
+            }
+            TraceAction::SegmentUnmap => cur.or_else(|| seg_ctx(self)),
+            TraceAction::Oom => cur,
+            TraceAction::Snapshot => None,
+        };
+        let small = self.pools[pool as usize].is_small;
+        let owner = self.owner(pool).unwrap_or_default();
+        if self.obs.record_history || !self.obs.trackers.is_empty() {
+            let rec = Recorded {
+                action,
+                addr,
+                size,
+                stream,
+                time_us: now_us(),
+                pool: owner,
+                context: if self.obs.when >= RecordContext::Alloc {
+                    ctx
+                } else {
+                    None
+                },
+            };
+            if !self.obs.trackers.is_empty() {
+                let entry = rec.to_entry();
+                for t in &self.obs.trackers {
+                    t(&entry);
+                }
+            }
+            if self.obs.record_history {
+                self.obs.ring.push(rec);
+            }
+        }
+        self.report(action, addr, size, stream, small, block);
+    }
+
+    /// Callbacks and debug output for one event.
+    fn report(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        small: bool,
+        block: BlockId,
+    ) {
+        let v = self.obs.verbosity;
+        let pool_name = if small { "small" } else { "large" };
+        let event = match action {
+            TraceAction::Alloc => {
+                let fresh = std::mem::take(&mut self.obs.fresh);
+                let block_size = self.blocks[block].size;
+                if fresh && v.logs(DebugVerbosity::ALLOCATIONS, small) {
+                    tracing::info!(
+                        target: TARGET,
+                        "Allocated {pool_name} block of size {} at {addr:#x} from new device memory \
+                         (requested {}, stream {}, allocated {}, reserved {})",
+                        format_size(block_size),
+                        format_size(size),
+                        stream.0,
+                        format_size(self.stats.allocated_bytes.all().current as u64),
+                        format_size(self.stats.reserved_bytes.all().current as u64),
+                    );
+                } else if !fresh && v.logs(DebugVerbosity::RECYCLES, small) {
+                    tracing::info!(
+                        target: TARGET,
+                        "Reusing {pool_name} block of size {} at {addr:#x} (requested {}, stream {})",
+                        format_size(block_size),
+                        format_size(size),
+                        stream.0,
+                    );
+                }
+                let kind = if fresh {
+                    EventType::Allocated
+                } else {
+                    EventType::Recycled
+                };
+                Some((kind, block_size))
+            }
+            TraceAction::FreeCompleted => {
+                let block_size = self.blocks[block].size;
+                if v.logs(DebugVerbosity::RELEASES, small) {
+                    tracing::info!(
+                        target: TARGET,
+                        "Returned {pool_name} block of size {} at {addr:#x} to the cache (stream {})",
+                        format_size(block_size),
+                        stream.0,
+                    );
+                }
+                Some((EventType::Freed, block_size))
+            }
+            TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
+                if v.logs(DebugVerbosity::ALLOCATIONS, small) {
+                    let what = if action == TraceAction::SegmentAlloc {
+                        "segment"
+                    } else {
+                        "expandable-segment pages"
+                    };
+                    tracing::info!(
+                        target: TARGET,
+                        "Allocated {pool_name} {what} of size {} at {addr:#x} (stream {}, reserved {})",
+                        format_size(size),
+                        stream.0,
+                        format_size(self.stats.reserved_bytes.all().current as u64),
+                    );
+                }
+                None
+            }
+            TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
+                if v.logs(DebugVerbosity::RELEASES, small) {
+                    let what = if action == TraceAction::SegmentFree {
+                        "segment"
+                    } else {
+                        "expandable-segment pages"
+                    };
+                    tracing::info!(
+                        target: TARGET,
+                        "Released {pool_name} {what} of size {} at {addr:#x} (stream {}, reserved {})",
+                        format_size(size),
+                        stream.0,
+                        format_size(self.stats.reserved_bytes.all().current as u64),
+                    );
+                }
+                Some((EventType::Released, size))
+            }
+            TraceAction::Oom => {
+                if v.contains(DebugVerbosity::PROFILING) {
+                    tracing::info!(
+                        target: TARGET,
+                        "Out of memory: {} request on stream {} failed after every retry \
+                         (device free {})",
+                        format_size(size),
+                        stream.0,
+                        format_size(addr),
+                    );
+                }
+                None
+            }
+            TraceAction::FreeRequested | TraceAction::Snapshot => None,
+        };
+        if let Some((event, size)) = event {
+            self.obs.callbacks.fire(&AllocatorEvent {
+                event,
+                device: self.device,
+                ptr: DevicePtr(addr),
+                size,
+                stream,
+            });
+        }
+    }
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}

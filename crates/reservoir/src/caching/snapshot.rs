@@ -1,0 +1,182 @@
+//! Snapshots (PyTorch's `DeviceCachingAllocator::snapshot` and
+//! `_memory_snapshot_pickled`, spec 2.2 to 2.5) and
+//! `getExpandableSegmentSizes`.
+
+use std::sync::Arc;
+
+use super::block::{BlockId, POOL_LARGE};
+use super::device::DeviceState;
+use super::history::pool_id_tuple;
+use crate::backend::StreamId;
+use crate::config::AllocatorConfig;
+use crate::device_allocator::MempoolId;
+use crate::pickle::Value;
+use crate::snapshot::{
+    AllocatorSettings, Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot,
+};
+use crate::trace::{Frame, TraceAction};
+
+/// Mapped bytes of one expandable segment (PyTorch's `StreamSegmentSize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StreamSegmentSize {
+    /// The stream the segment serves.
+    pub stream: StreamId,
+    /// A small-pool segment (2 MiB pages)?
+    pub is_small_pool: bool,
+    /// Bytes currently mapped.
+    pub total_size: u64,
+}
+
+impl DeviceState {
+    /// The snapshot model; appends the `snapshot` trace entry afterwards.
+    pub(crate) fn snapshot(
+        &mut self,
+        mempool: Option<MempoolId>,
+        include_traces: bool,
+    ) -> Snapshot {
+        let only = mempool.filter(|p| !p.is_default());
+        let device_traces = if include_traces {
+            let mut t = vec![Vec::new(); self.device.max(0) as usize];
+            t.push(self.obs.entries());
+            t
+        } else {
+            Vec::new()
+        };
+        let empty: Arc<[Frame]> = Arc::from([]);
+        let mut segments: Vec<Segment> = Vec::new();
+        for (sid, s) in self.segments.items.iter().enumerate() {
+            let owner = self.owner(s.pool).unwrap_or_default();
+            if !s.live || only.is_some_and(|p| p != owner) {
+                continue;
+            }
+            let segment_type = if self.pools[s.pool as usize].is_small {
+                SegmentType::Small
+            } else {
+                SegmentType::Large
+            };
+            let mut current: Option<Segment> = None;
+            for id in self.segment_blocks(sid as u32) {
+                let b = &self.blocks[id];
+                if !b.mapped {
+                    segments.extend(current.take());
+                    continue;
+                }
+                let seg = current.get_or_insert_with(|| Segment {
+                    device: self.device.max(0) as u32,
+                    address: b.addr,
+                    requested_size: Some(0),
+                    stream: s.stream,
+                    segment_type,
+                    segment_pool_id: Some(pool_id_tuple(owner)),
+                    is_expandable: Some(s.expandable.is_some()),
+                    frames: Some(
+                        self.segment_context(id)
+                            .map_or_else(|| empty.clone(), |c| c.frames()),
+                    ),
+                    ..Segment::default()
+                });
+                let state = match self.block_state(id) {
+                    super::BlockState::ActiveAllocated => BlockState::ActiveAllocated,
+                    super::BlockState::ActivePendingFree => BlockState::ActivePendingFree,
+                    super::BlockState::Inactive => BlockState::Inactive,
+                };
+                seg.total_size += b.size;
+                if state == BlockState::ActiveAllocated {
+                    seg.allocated_size += b.size;
+                }
+                if state.is_active() {
+                    seg.active_size += b.size;
+                    *seg.requested_size.get_or_insert(0) += b.requested_size;
+                }
+                seg.blocks.push(self.block_model(id, state, &empty));
+            }
+            segments.extend(current);
+        }
+        segments.sort_by_key(|s| s.address);
+        let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
+        let pool = only
+            .and_then(|p| self.graph_pools.get(&p))
+            .map_or(POOL_LARGE, |p| p.large);
+        self.record_trace(
+            TraceAction::Snapshot,
+            0,
+            total_active,
+            StreamId::DEFAULT,
+            pool,
+            super::block::NIL,
+        );
+        Snapshot {
+            segments,
+            device_traces,
+            allocator_settings: Some(settings(&self.config)),
+            external_annotations: Some(Vec::new()),
+            extra: ExtraKeys(vec![
+                ("host_segments".into(), Value::list(Vec::new())),
+                ("host_traces".into(), Value::list(Vec::new())),
+            ]),
+        }
+    }
+
+    fn block_model(&self, id: BlockId, state: BlockState, empty: &Arc<[Frame]>) -> Block {
+        let b = &self.blocks[id];
+        let frames = match (self.block_context(id), state) {
+            (Some(c), s) if s.is_active() => c.frames(),
+            _ => empty.clone(),
+        };
+        Block {
+            address: Some(b.addr),
+            size: b.size,
+            requested_size: Some(b.requested_size),
+            state,
+            frames: Some(frames),
+            ..Block::default()
+        }
+    }
+
+    /// PyTorch's `getExpandableSegmentSizes`: every expandable segment in
+    /// creation order, except those of the default stream (PyTorch skips a
+    /// null `cudaStream_t`).
+    pub(crate) fn expandable_segment_sizes(&self) -> Vec<StreamSegmentSize> {
+        let mut segs: Vec<_> = self
+            .segments
+            .items
+            .iter()
+            .filter(|s| s.live && s.stream != StreamId::DEFAULT)
+            .filter_map(|s| s.expandable.as_ref().map(|e| (s, e)))
+            .collect();
+        segs.sort_by_key(|(s, _)| s.seq);
+        segs.into_iter()
+            .map(|(s, e)| StreamSegmentSize {
+                stream: s.stream,
+                is_small_pool: self.pools[s.pool as usize].is_small,
+                total_size: e.pages.iter().filter(|&&m| m).count() as u64 * e.page_size,
+            })
+            .collect()
+    }
+}
+
+/// The `allocator_settings` dict torch 2.15 writes (spec 2.5, with its
+/// `max_round_threshold` and `max_cached_size`).
+pub(crate) fn settings(c: &AllocatorConfig) -> AllocatorSettings {
+    let bytes_or_unset = |v: u64| if v == u64::MAX { -1 } else { v as i64 };
+    AllocatorSettings {
+        pytorch_cuda_alloc_conf: Some(c.last_settings.clone()),
+        max_split_size: Some(bytes_or_unset(c.max_split_size)),
+        garbage_collection_threshold: Some(c.garbage_collection_threshold),
+        expandable_segments: Some(c.expandable_segments),
+        pinned_num_register_threads: Some(c.pinned_num_register_threads as i64),
+        release_lock_on_cudamalloc: Some(c.release_lock_on_cudamalloc),
+        pinned_use_cuda_host_register: Some(c.pinned_use_cuda_host_register),
+        graph_capture_record_stream_reuse: Some(c.graph_capture_record_stream_reuse),
+        max_round_threshold: Some(bytes_or_unset(c.pinned_max_round_threshold)),
+        max_cached_size: Some(bytes_or_unset(c.pinned_max_cached_size)),
+        roundup_power2_divisions: Some(
+            c.roundup_power2_divisions
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| (1u64 << i, d))
+                .collect(),
+        ),
+        extra: ExtraKeys::default(),
+    }
+}
