@@ -135,7 +135,12 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let mut state = self.state.lock();
         match state.malloc(&self.backend, size, stream) {
-            Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
+            Ok(id) => {
+                let ptr = DevicePtr(state.blocks[id].addr);
+                self.backend
+                    .on_block_handed_out(ptr, state.blocks[id].size, stream);
+                Ok(ptr)
+            }
             Err(MallocError::Other(e)) => Err(e),
             Err(MallocError::Oom(report)) => {
                 drop(state);
@@ -160,6 +165,8 @@ impl<B: Backend> CachingAllocator<B> {
         let Some(id) = state.allocated.remove(&ptr.0) else {
             return Err(AllocError::InvalidPointer { ptr });
         };
+        let (size, stream) = (state.blocks[id].size, state.blocks[id].stream);
+        self.backend.on_block_freed(ptr, size, stream);
         state.free(&self.backend, id)
     }
 
