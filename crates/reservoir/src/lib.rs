@@ -29,6 +29,7 @@
 pub mod backend;
 pub mod caching;
 pub mod config;
+pub mod conformance;
 pub mod device_allocator;
 pub mod error;
 pub mod format;

@@ -112,6 +112,8 @@ pub(crate) struct DeviceState {
     pub max_split_changed: bool,
     pub free_memory_callbacks: Vec<FreeMemoryCallback>,
     pub oom_observers: Vec<OomObserver>,
+    /// Blocks borrowed from another stream's pool (cross-stream reuse).
+    pub cross_stream_reuses: u64,
 }
 
 impl DeviceState {
@@ -145,6 +147,7 @@ impl DeviceState {
             max_split_changed: false,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
+            cross_stream_reuses: 0,
         }
     }
 
@@ -664,6 +667,15 @@ impl DeviceState {
 
         let mut found = self.get_free_block(&mut p)
             || (self.trigger_free_memory_callbacks(backend)? && self.get_free_block(&mut p));
+        if !found && self.config.cross_stream_reuse && self.captures_underway.is_empty() {
+            // Reservoir-only policy (caching/cross_stream.rs): borrow a block
+            // cached on another stream; it is handed out on its own stream.
+            if let Some(id) = self.take_from_other_stream(backend, p.pool, p.size, stream)? {
+                p.block = id;
+                p.stream = self.blocks[id].stream;
+                found = true;
+            }
+        }
 
         if !found {
             if self.gc_enabled() {
@@ -689,7 +701,11 @@ impl DeviceState {
             self.pools[p.pool as usize].is_small,
             &self.config,
         );
-        Ok(self.alloc_found_block(&p, orig_size, split))
+        let id = self.alloc_found_block(&p, orig_size, split);
+        if p.stream != stream {
+            self.record_stream(id, stream);
+        }
+        Ok(id)
     }
 
     /// spec 1.9: build the out-of-memory error after every attempt failed.

@@ -74,9 +74,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::{SimConfig, SimDevice};
-use crate::backend::{
-    Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, StreamId,
-};
+use crate::backend::{Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, StreamId};
+use crate::conformance::WorkDevice;
 
 /// How a work item uses a byte range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -202,7 +201,6 @@ struct Stream {
 
 #[derive(Clone, Debug)]
 struct Event {
-    stream: usize,
     finish: u64,
     vc: Vec<u64>,
 }
@@ -263,13 +261,7 @@ impl ClockState {
     /// Pending work of other streams than `i` that overlaps the range, is
     /// not ordered before stream `i`'s next item, and (when `write` is
     /// `Some`) conflicts with an access of that kind.
-    fn unordered(
-        &self,
-        i: usize,
-        ptr: u64,
-        len: u64,
-        write: Option<bool>,
-    ) -> Option<&Pending> {
+    fn unordered(&self, i: usize, ptr: u64, len: u64, write: Option<bool>) -> Option<&Pending> {
         let vc = &self.streams[i].vc;
         self.pending.iter().find(|p| {
             p.stream != i
@@ -517,7 +509,6 @@ impl Backend for AsyncSimDevice {
         let mut st = self.state.lock();
         let i = st.index(stream)?;
         let ev = Event {
-            stream: i,
             finish: st.streams[i].tail,
             vc: st.streams[i].vc.clone(),
         };
@@ -579,6 +570,71 @@ impl Backend for AsyncSimDevice {
     }
 }
 
+/// Simulated durations of [`WorkDevice`] operations: 1 us plus 1 ns per
+/// 16 bytes (about 16 GB/s).
+fn work_ns(len: u64) -> u64 {
+    1_000 + len / 16
+}
+
+/// How long a [`WorkDevice::hold`] keeps a stream busy: one simulated second.
+pub const HOLD_NS: u64 = 1_000_000_000;
+
+impl WorkDevice for AsyncSimDevice {
+    /// A work item writing the range (no data is kept).
+    fn fill(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        _byte: u8,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.enqueue(stream, work_ns(len), &[Access::write(ptr, len)])
+            .map(drop)
+    }
+
+    /// A work item reading `src` and writing `dst`.
+    fn copy(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.enqueue(
+            stream,
+            work_ns(len),
+            &[Access::read(src, len), Access::write(dst, len)],
+        )
+        .map(drop)
+    }
+
+    /// A work item reading the range, then a host wait for the stream; `None`.
+    fn read_checksum(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<Option<u64>, BackendError> {
+        self.enqueue(stream, work_ns(len), &[Access::read(ptr, len)])?;
+        Backend::synchronize_stream(self, stream)?;
+        Ok(None)
+    }
+
+    /// A work item of [`HOLD_NS`] with no byte ranges.
+    fn hold(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.enqueue(stream, HOLD_NS, &[]).map(drop)
+    }
+
+    /// Runs the clock to the end of the stream's work.
+    fn release(&self, stream: StreamId) -> Result<(), BackendError> {
+        Backend::synchronize_stream(self, stream)
+    }
+
+    fn let_time_pass(&self, ns: u64) {
+        self.advance(ns);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,7 +651,11 @@ mod tests {
         let (d, a, b) = dev();
         assert_eq!(d.enqueue(a, 100, &[]).unwrap(), 100);
         assert_eq!(d.enqueue(a, 50, &[]).unwrap(), 150, "in order on a stream");
-        assert_eq!(d.enqueue(b, 30, &[]).unwrap(), 30, "streams run concurrently");
+        assert_eq!(
+            d.enqueue(b, 30, &[]).unwrap(),
+            30,
+            "streams run concurrently"
+        );
         let ea = d.record_event(a).unwrap();
         let eb = d.record_event(b).unwrap();
         assert!(!d.query_event(ea).unwrap());
@@ -619,7 +679,11 @@ mod tests {
         assert_eq!(d.enqueue(b, 10, &[]).unwrap(), 110);
         let eb = d.record_event(b).unwrap();
         d.synchronize_event(eb).unwrap();
-        assert_eq!(d.now(), 110, "a host sync moves the clock to the completion");
+        assert_eq!(
+            d.now(),
+            110,
+            "a host sync moves the clock to the completion"
+        );
         assert!(d.query_event(e).unwrap());
     }
 
@@ -642,7 +706,8 @@ mod tests {
         let p = DevicePtr(0x1000);
         d.enqueue(a, 100, &[Access::write(p, 100)]).unwrap();
         // Disjoint bytes: fine.
-        d.enqueue(b, 10, &[Access::write(p.offset(100), 10)]).unwrap();
+        d.enqueue(b, 10, &[Access::write(p.offset(100), 10)])
+            .unwrap();
         assert!(d.races().is_empty());
         // Read/read is no conflict.
         d.enqueue(a, 10, &[Access::read(p.offset(200), 8)]).unwrap();
@@ -695,11 +760,19 @@ mod tests {
         let kinds: Vec<RaceKind> = d.races().iter().map(|r| r.kind).collect();
         assert_eq!(
             kinds,
-            [RaceKind::HandedOutWhileInUse, RaceKind::DriverFreeWhileInUse]
+            [
+                RaceKind::HandedOutWhileInUse,
+                RaceKind::DriverFreeWhileInUse
+            ]
         );
         d.set_sanitizer(false);
-        d.enqueue(a, 1, &[Access::write(DevicePtr(p.0), 16)]).unwrap();
-        assert_eq!(d.races().len(), 2, "nothing is checked with the sanitizer off");
+        d.enqueue(a, 1, &[Access::write(DevicePtr(p.0), 16)])
+            .unwrap();
+        assert_eq!(
+            d.races().len(),
+            2,
+            "nothing is checked with the sanitizer off"
+        );
     }
 
     #[test]

@@ -48,7 +48,7 @@ mod addr;
 mod clock;
 mod streams;
 
-pub use clock::{Access, AccessKind, AsyncSimDevice, RaceKind, RaceReport};
+pub use clock::{Access, AccessKind, AsyncSimDevice, RaceKind, RaceReport, HOLD_NS};
 pub use streams::HoldSemantics;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

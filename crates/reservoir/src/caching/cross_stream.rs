@@ -1,0 +1,100 @@
+//! Cross-stream reuse: a Reservoir-only policy, off in PyTorch mode
+//! ([`AllocatorConfig::cross_stream_reuse`](crate::config::AllocatorConfig::cross_stream_reuse)).
+//!
+//! PyTorch keys free blocks by stream: a block freed on stream A serves only
+//! stream A, so a program that frees on one stream and allocates on another
+//! strands memory and grows the cache. RMM's pool resource instead lets a
+//! stream take a block cached for another stream after making the taking
+//! stream wait on an event recorded on the block's stream. This module does
+//! the same, when the requesting stream's own pool has nothing that fits
+//! (after the free-memory callbacks, before garbage collection and the
+//! driver):
+//!
+//! 1. best fit over the other streams' free blocks of the same pool, with
+//!    the same oversize rules as PyTorch's search (spec 1.6); blocks of
+//!    expandable segments are left alone;
+//! 2. an event is recorded on the block's stream and the requesting stream
+//!    waits for it ([`Backend::stream_wait_event`]): whatever the block's
+//!    stream enqueued on those bytes is ordered before the borrower's work;
+//! 3. the block is handed out *on its own stream* (segments keep one
+//!    stream, as in PyTorch) and the requesting stream is recorded as a user
+//!    (`record_stream`), so at free time an event is recorded on the borrower
+//!    and the bytes return to their stream's pool only after the borrower's
+//!    work.
+//!
+//! A backend without `stream_wait_event` answers
+//! [`BackendError::Unsupported`]; the block then goes back to its pool and
+//! the policy does nothing.
+#![forbid(unsafe_code)]
+
+use super::block::{BlockId, FreeKey, PoolId};
+use super::device::DeviceState;
+use crate::backend::{Backend, BackendError, StreamId};
+
+impl DeviceState {
+    /// Take the best-fitting free block of `pool` cached on a stream other
+    /// than `stream`, ordered after its stream's work. `None` if there is
+    /// none or the backend cannot order streams.
+    pub(crate) fn take_from_other_stream<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        pool: PoolId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<BlockId>, BackendError> {
+        let Some(key) = self.best_fit_on_other_streams(pool, size, stream) else {
+            return Ok(None);
+        };
+        let owner = key.stream;
+        let event = backend.record_event(owner)?;
+        let waited = backend.stream_wait_event(stream, event);
+        // The wait holds what it needs; the event itself is not kept.
+        let _ = backend.destroy_event(event);
+        match waited {
+            Ok(()) => {}
+            Err(BackendError::Unsupported { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        self.pools[pool as usize].blocks.remove(&key);
+        self.cross_stream_reuses += 1;
+        Ok(Some(key.id))
+    }
+
+    /// The smallest block of `pool` that fits `size`, over every stream but
+    /// `stream`, ties broken by the pool's (stream, size, address) order.
+    fn best_fit_on_other_streams(
+        &self,
+        pool: PoolId,
+        size: u64,
+        stream: StreamId,
+    ) -> Option<FreeKey> {
+        let max_split = self.config.max_split_size;
+        let max_non_split = self.config.max_non_split_rounding_size;
+        let blocks = &self.pools[pool as usize].blocks;
+        let mut best: Option<FreeKey> = None;
+        let mut next = blocks.iter().next().map(|k| k.stream);
+        while let Some(s) = next {
+            if s != stream {
+                let hit = blocks
+                    .range(FreeKey::search(s, size)..)
+                    .take_while(|k| k.stream == s)
+                    .find(|k| !self.blocks[k.id].expandable);
+                if let Some(&k) = hit {
+                    let oversize_misfit = (size < max_split && k.size >= max_split)
+                        || (size >= max_split && k.size >= size.saturating_add(max_non_split));
+                    if !oversize_misfit && best.map_or(true, |b| k.size < b.size) {
+                        best = Some(k);
+                    }
+                }
+            }
+            next = match s.0.checked_add(1) {
+                Some(n) => blocks
+                    .range(FreeKey::search(StreamId(n), 0)..)
+                    .next()
+                    .map(|k| k.stream),
+                None => None,
+            };
+        }
+        best
+    }
+}
