@@ -82,8 +82,9 @@ pub fn limit_pocl_threads(threads: u32) {
     });
 }
 
-/// Settings of an [`OpenClDevice`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Settings of an [`OpenClDevice`]. The default: the first device with
+/// coarse-grained SVM, the default budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OpenClConfig {
     /// The budget in bytes; 0 means [`DEFAULT_CAPACITY`] capped at half the
     /// device's global memory.
@@ -95,15 +96,6 @@ pub struct OpenClConfig {
     pub platform: String,
 }
 
-impl Default for OpenClConfig {
-    fn default() -> Self {
-        OpenClConfig {
-            capacity: 0,
-            fine_grained: false,
-            platform: String::new(),
-        }
-    }
-}
 
 /// Why an [`OpenClDevice`] could not be created.
 #[derive(Debug, thiserror::Error)]
