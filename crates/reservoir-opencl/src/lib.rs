@@ -96,7 +96,6 @@ pub struct OpenClConfig {
     pub platform: String,
 }
 
-
 /// Why an [`OpenClDevice`] could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenClError {

@@ -48,7 +48,9 @@ fn phases(a: &CachingAllocator<AsyncSimDevice>, streams: usize, rounds: usize) -
 }
 
 fn main() {
-    println!("| workload | PyTorch mode peak reserved | cross-stream reuse | saved | reuses | races |");
+    println!(
+        "| workload | PyTorch mode peak reserved | cross-stream reuse | saved | reuses | races |"
+    );
     println!("|---|---|---|---|---|---|");
     for streams in [2, 4, 8] {
         let base = allocator(false);

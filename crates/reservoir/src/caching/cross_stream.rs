@@ -16,8 +16,13 @@
 //! 2. an event is recorded on the block's stream and the requesting stream
 //!    waits for it ([`Backend::stream_wait_event`]): whatever the block's
 //!    stream enqueued on those bytes is ordered before the borrower's work;
-//! 3. the block is handed out *on its own stream* (segments keep one
-//!    stream, as in PyTorch) and the requesting stream is recorded as a user
+//! 3. a block that is a whole segment moves to the requesting stream with
+//!    its segment (RMM moves blocks between streams' free lists the same
+//!    way): after the wait, nothing earlier can touch it, and later frees on
+//!    the new stream make it reusable at once, as in PyTorch;
+//! 4. a piece of a split segment cannot move alone (every block of a segment
+//!    has the segment's stream, and free neighbours merge): it is handed out
+//!    *on its own stream* and the requesting stream is recorded as a user
 //!    (`record_stream`), so at free time an event is recorded on the borrower
 //!    and the bytes return to their stream's pool only after the borrower's
 //!    work.
@@ -27,7 +32,7 @@
 //! the policy does nothing.
 #![forbid(unsafe_code)]
 
-use super::block::{BlockId, FreeKey, PoolId};
+use super::block::{BlockId, FreeKey, PoolId, NIL};
 use super::device::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId};
 
@@ -57,6 +62,14 @@ impl DeviceState {
         }
         self.pools[pool as usize].blocks.remove(&key);
         self.cross_stream_reuses += 1;
+        let b = &self.blocks[key.id];
+        if b.prev == NIL && b.next == NIL {
+            // A whole free segment moves to the borrowing stream for good:
+            // every earlier use of it is ordered before the wait above.
+            let seg = b.segment;
+            self.blocks[key.id].stream = stream;
+            self.segments[seg].stream = stream;
+        }
         Ok(Some(key.id))
     }
 

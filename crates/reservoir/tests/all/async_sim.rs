@@ -158,7 +158,7 @@ fn cross_stream_reuse_is_off_and_invisible_in_pytorch_mode() {
 }
 
 #[test]
-fn cross_stream_reuse_orders_the_borrower_after_the_owner() {
+fn cross_stream_reuse_moves_a_whole_segment_after_a_wait() {
     let a = allocator(cross_stream());
     let dev = a.backend();
     let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
@@ -168,20 +168,38 @@ fn cross_stream_reuse_orders_the_borrower_after_the_owner() {
     let q = a.raw_alloc(4 * MIB, s2).unwrap();
     assert_eq!(q, p, "borrowed from s1's cache");
     assert_eq!(a.cross_stream_reuses(), 1);
+    assert_eq!(a.segments()[0].stream, s2, "the whole segment moved to s2");
+    dev.fill(q, 4 * MIB, 2, s2).unwrap();
+    assert!(dev.stream_finish(s2).unwrap() > dev.stream_finish(s1).unwrap());
+    a.raw_free(q).unwrap();
+    assert_eq!(a.raw_alloc(4 * MIB, s2).unwrap(), p, "now s2's own block");
+    assert_eq!(a.cross_stream_reuses(), 1);
+    dev.assert_no_races();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn cross_stream_reuse_lends_a_piece_of_a_split_segment() {
+    let a = allocator(cross_stream());
+    let dev = a.backend();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let p = a.raw_alloc(4 * MIB, s1).unwrap();
+    let keep = a.raw_alloc(4 * MIB, s1).unwrap(); // the segment stays split
+    dev.fill(p, 4 * MIB, 1, s1).unwrap();
+    a.raw_free(p).unwrap();
+    let q = a.raw_alloc(4 * MIB, s2).unwrap();
+    assert_eq!(q, p, "the free piece is borrowed");
+    assert_eq!(a.segments()[0].stream, s1, "a piece cannot move alone");
     dev.fill(q, 4 * MIB, 2, s2).unwrap();
     dev.assert_no_races();
-    assert!(
-        dev.stream_finish(s2).unwrap() > dev.stream_finish(s1).unwrap(),
-        "s2 waits for s1"
-    );
-    // The segment stays s1's; s2 is a user, so freeing waits for s2.
-    assert_eq!(a.segments()[0].stream, s1);
+    // s2 is a user of the piece: freeing it waits for s2's work.
     a.raw_free(q).unwrap();
-    let r = a.raw_alloc(4 * MIB, s1).unwrap();
-    assert_ne!(r, p, "s2's work is still running");
+    let x = a.raw_alloc(4 * MIB, s1).unwrap();
+    assert_ne!(x, p, "s2's work is still running");
     dev.run_until_idle();
-    a.raw_free(r).unwrap();
+    a.raw_free(x).unwrap();
     assert_eq!(a.raw_alloc(4 * MIB, s1).unwrap(), p);
+    a.raw_free(keep).unwrap();
     dev.assert_no_races();
     a.check_invariants().unwrap();
 }
