@@ -705,6 +705,8 @@ impl DeviceState {
         if p.stream != stream {
             self.record_stream(id, stream);
         }
+        let b = &self.blocks[id];
+        backend.on_block_handed_out(DevicePtr(b.addr), b.size, stream);
         Ok(id)
     }
 
@@ -1007,6 +1009,7 @@ impl DeviceState {
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (addr, size, requested, stream) = (b.addr, b.size, b.requested_size, b.stream);
+        backend.on_block_freed(DevicePtr(addr), size, stream);
         self.stats.allocation.decrease(st, 1);
         self.stats.allocated_bytes.decrease(st, size);
         self.record_trace(TraceAction::FreeRequested, addr, requested, stream);

@@ -136,12 +136,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let mut state = self.state.lock();
         match state.malloc(&self.backend, size, stream) {
-            Ok(id) => {
-                let ptr = DevicePtr(state.blocks[id].addr);
-                self.backend
-                    .on_block_handed_out(ptr, state.blocks[id].size, stream);
-                Ok(ptr)
-            }
+            Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
             Err(MallocError::Other(e)) => Err(e),
             Err(MallocError::Oom(report)) => {
                 drop(state);
@@ -166,8 +161,6 @@ impl<B: Backend> CachingAllocator<B> {
         let Some(id) = state.allocated.remove(&ptr.0) else {
             return Err(AllocError::InvalidPointer { ptr });
         };
-        let (size, stream) = (state.blocks[id].size, state.blocks[id].stream);
-        self.backend.on_block_freed(ptr, size, stream);
         state.free(&self.backend, id)
     }
 
