@@ -26,6 +26,9 @@
 //! are known when the item is enqueued: the simulation is exact and
 //! deterministic.
 //!
+//! The device has no virtual-memory capability (expandable segments fall
+//! back to plain segments on it), so unmapping is never checked.
+//!
 //! ## The race sanitizer
 //!
 //! Happens-before is tracked with one vector clock per stream: an event

@@ -1137,6 +1137,10 @@ impl Backend for SimDevice {
         Ok(())
     }
 
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
+        self.wait_event(stream, event)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             virtual_memory: true,

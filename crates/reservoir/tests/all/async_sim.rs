@@ -246,3 +246,69 @@ fn phase_shifted_streams_share_one_cache_with_cross_stream_reuse() {
         dev.assert_no_races();
     }
 }
+
+/// A simulated device without `stream_wait_event` (the trait's default).
+struct NoWait(reservoir::sim::SimDevice);
+
+impl Backend for NoWait {
+    fn name(&self) -> &'static str {
+        "no-wait"
+    }
+    fn allocate(
+        &self,
+        size: u64,
+        s: StreamId,
+    ) -> Result<reservoir::DevicePtr, reservoir::BackendError> {
+        self.0.allocate(size, s)
+    }
+    fn free(&self, p: reservoir::DevicePtr, size: u64) -> Result<(), reservoir::BackendError> {
+        self.0.free(p, size)
+    }
+    fn mem_info(&self) -> Result<reservoir::MemInfo, reservoir::BackendError> {
+        self.0.mem_info()
+    }
+    fn create_stream(&self) -> Result<StreamId, reservoir::BackendError> {
+        self.0.create_stream()
+    }
+    fn record_event(&self, s: StreamId) -> Result<reservoir::EventId, reservoir::BackendError> {
+        self.0.record_event(s)
+    }
+    fn query_event(&self, e: reservoir::EventId) -> Result<bool, reservoir::BackendError> {
+        self.0.query_event(e)
+    }
+    fn synchronize_event(&self, e: reservoir::EventId) -> Result<(), reservoir::BackendError> {
+        self.0.synchronize_event(e)
+    }
+    fn destroy_event(&self, e: reservoir::EventId) -> Result<(), reservoir::BackendError> {
+        self.0.destroy_event(e)
+    }
+    fn synchronize_stream(&self, s: StreamId) -> Result<(), reservoir::BackendError> {
+        Backend::synchronize_stream(&self.0, s)
+    }
+    fn synchronize_device(&self) -> Result<(), reservoir::BackendError> {
+        self.0.synchronize_device()
+    }
+}
+
+#[test]
+fn cross_stream_reuse_needs_stream_wait_event() {
+    // Without stream_wait_event the policy does nothing; on the (synchronous)
+    // simulated device, which has it, it borrows.
+    let no_wait =
+        CachingAllocator::new(NoWait(reservoir::sim::SimDevice::default()), cross_stream());
+    let sim = CachingAllocator::new(reservoir::sim::SimDevice::default(), cross_stream());
+    let s1 = no_wait.backend().create_stream().unwrap();
+    let s2 = no_wait.backend().create_stream().unwrap();
+    let t1 = sim.backend().create_stream().unwrap();
+    let t2 = sim.backend().create_stream().unwrap();
+    let p = no_wait.raw_alloc(4 * MIB, s1).unwrap();
+    no_wait.raw_free(p).unwrap();
+    assert_ne!(no_wait.raw_alloc(4 * MIB, s2).unwrap(), p);
+    assert_eq!(no_wait.cross_stream_reuses(), 0);
+    no_wait.check_invariants().unwrap();
+    let q = sim.raw_alloc(4 * MIB, t1).unwrap();
+    sim.raw_free(q).unwrap();
+    assert_eq!(sim.raw_alloc(4 * MIB, t2).unwrap(), q);
+    assert_eq!(sim.cross_stream_reuses(), 1);
+    sim.check_invariants().unwrap();
+}
