@@ -155,3 +155,62 @@ fn randomized_multi_stream_integrity_with_cross_stream_reuse() {
     c.cross_stream_reuse = true;
     integrity(c, " (cross-stream reuse)");
 }
+
+#[test]
+fn fine_grained_svm_serves_the_allocator_too() {
+    let Some(dev) = device(OpenClConfig {
+        capacity: 64 * MIB,
+        fine_grained: true,
+        ..OpenClConfig::default()
+    }) else {
+        return;
+    };
+    let a = CachingAllocator::new(dev, AllocatorConfig::default());
+    let p = a.raw_alloc(3 * MIB, S0).unwrap();
+    let q = a.raw_alloc(5 * MIB, S0).unwrap(); // same 20 MiB segment, split
+    assert_eq!(q.0, p.0 + 3 * MIB);
+    a.backend().fill(p, 3 * MIB, 0xa5, S0).unwrap();
+    a.backend().fill(q, 5 * MIB, 0x3c, S0).unwrap();
+    assert_eq!(
+        a.backend().checksum(p, 3 * MIB, S0).unwrap(),
+        checksum_of_fill(0xa5, 3 * MIB)
+    );
+    assert_eq!(
+        a.backend().checksum(q, 5 * MIB, S0).unwrap(),
+        checksum_of_fill(0x3c, 5 * MIB)
+    );
+    a.raw_free(p).unwrap();
+    a.raw_free(q).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.backend().live(), (0, 0));
+}
+
+#[test]
+fn without_record_stream_the_busy_queue_corrupts_the_next_owner() {
+    // The negative control: the same sequence as the proof test but without
+    // record_stream. The block is handed out again at once, and the held
+    // queue's late write lands in the new owner's data, which the checksum
+    // shows. This is the bug record_stream exists to prevent.
+    let Some(dev) = default_device() else { return };
+    let a = CachingAllocator::new(dev, AllocatorConfig::default());
+    let dev = a.backend();
+    let busy = dev.create_stream().unwrap();
+    let p = a.raw_alloc(MIB, S0).unwrap();
+    dev.hold(busy).unwrap();
+    dev.fill(p, MIB, 0x5a, busy).unwrap();
+    a.raw_free(p).unwrap(); // missing: a.record_stream(p, busy)
+    let q = a.raw_alloc(MIB, S0).unwrap();
+    assert_eq!(q, p, "handed out again while the queue is busy");
+    dev.fill(q, MIB, 0x22, S0).unwrap();
+    assert_eq!(
+        dev.checksum(q, MIB, S0).unwrap(),
+        checksum_of_fill(0x22, MIB)
+    );
+    dev.release(busy).unwrap();
+    assert_eq!(
+        dev.checksum(q, MIB, S0).unwrap(),
+        checksum_of_fill(0x5a, MIB),
+        "the busy queue's late write overwrote the new owner's data"
+    );
+    a.raw_free(q).unwrap();
+}
