@@ -193,6 +193,38 @@ pub trait Backend: Send + Sync {
     /// Block until all work on every stream has completed (`cudaDeviceSynchronize`).
     fn synchronize_device(&self) -> Result<(), BackendError>;
 
+    /// Make work enqueued on `stream` after this call wait until `event` has
+    /// completed (`cudaStreamWaitEvent`, `clEnqueueBarrierWithWaitList`),
+    /// without blocking the host. Optional: the default answers
+    /// [`BackendError::Unsupported`]. The caching allocator needs it only for
+    /// the Reservoir-only cross-stream reuse policy.
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
+        let _ = (stream, event);
+        Err(BackendError::Unsupported {
+            backend: self.name(),
+            what: "stream_wait_event",
+        })
+    }
+
+    /// Told by the caching allocator each time it hands the `size` bytes at
+    /// `ptr` (the whole block, rounded size) to a caller for use on `stream`.
+    /// A notification only: it cannot fail and must not call back into the
+    /// allocator. The default does nothing; checking devices (the simulated
+    /// device's race sanitizer) use it to find blocks handed out while work
+    /// of another stream still touches them.
+    fn on_block_handed_out(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
+        let _ = (ptr, size, stream);
+    }
+
+    /// Told by the caching allocator each time a caller frees the block at
+    /// `ptr` (`size` bytes, allocated for `stream`), before any event is
+    /// recorded for it. A notification only, like
+    /// [`on_block_handed_out`](Backend::on_block_handed_out); the default
+    /// does nothing.
+    fn on_block_freed(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
+        let _ = (ptr, size, stream);
+    }
+
     /// The optional capabilities this backend has.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()

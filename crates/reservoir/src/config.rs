@@ -324,6 +324,17 @@ pub struct AllocatorConfig {
     /// Pinned host memory: let the pinned allocator free any pinned pointer.
     /// Key `pinned_free_catch_all`.
     pub pinned_free_catch_all: bool,
+    /// Reservoir-only policy, not PyTorch's (off by default, and then the
+    /// allocator is PyTorch-exact): when a stream's pool has no fitting free
+    /// block, take one cached on another stream, making the allocating
+    /// stream wait on an event recorded on the block's stream (as RMM does)
+    /// instead of asking the driver for more memory. The block keeps its
+    /// segment's stream and records the allocating stream as a user, so it
+    /// returns to its own stream's pool only after the borrower's work.
+    /// Needs [`Backend::stream_wait_event`](crate::backend::Backend::stream_wait_event);
+    /// on backends without it the policy does nothing. Not a settings-string
+    /// key: never parsed from nor written to one.
+    pub cross_stream_reuse: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -350,6 +361,7 @@ impl Default for AllocatorConfig {
             pinned_max_round_threshold: u64::MAX,
             pinned_max_cached_size: u64::MAX,
             pinned_free_catch_all: false,
+            cross_stream_reuse: false,
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod backend;
 pub mod caching;
 pub mod callbacks;
 pub mod config;
+pub mod conformance;
 pub mod debug;
 pub mod device_allocator;
 pub mod error;

@@ -123,6 +123,8 @@ pub(crate) struct DeviceState {
     pub max_split_changed: bool,
     pub free_memory_callbacks: Vec<FreeMemoryCallback>,
     pub oom_observers: Vec<OomObserver>,
+    /// Blocks borrowed from another stream's pool (cross-stream reuse).
+    pub cross_stream_reuses: u64,
 }
 
 impl DeviceState {
@@ -158,6 +160,7 @@ impl DeviceState {
             max_split_changed: false,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
+            cross_stream_reuses: 0,
         }
     }
 
@@ -668,6 +671,15 @@ impl DeviceState {
 
         let mut found = self.get_free_block(&mut p)
             || (self.trigger_free_memory_callbacks(backend)? && self.get_free_block(&mut p));
+        if !found && self.config.cross_stream_reuse && self.captures_underway.is_empty() {
+            // Reservoir-only policy (caching/cross_stream.rs): borrow a block
+            // cached on another stream; it is handed out on its own stream.
+            if let Some(id) = self.take_from_other_stream(backend, p.pool, p.size, stream)? {
+                p.block = id;
+                p.stream = self.blocks[id].stream;
+                found = true;
+            }
+        }
 
         if !found {
             if self.gc_enabled() {
@@ -695,7 +707,13 @@ impl DeviceState {
             self.pools[p.pool as usize].is_small,
             &self.config,
         );
-        Ok(self.alloc_found_block(&p, orig_size, split))
+        let id = self.alloc_found_block(&p, orig_size, split);
+        if p.stream != stream {
+            self.record_stream(id, stream);
+        }
+        let b = &self.blocks[id];
+        backend.on_block_handed_out(DevicePtr(b.addr), b.size, stream);
+        Ok(id)
     }
 
     /// spec 1.9: build the out-of-memory error after every attempt failed.
@@ -998,6 +1016,7 @@ impl DeviceState {
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (addr, size, requested, stream) = (b.addr, b.size, b.requested_size, b.stream);
+        backend.on_block_freed(DevicePtr(addr), size, stream);
         self.stats.allocation.decrease(st, 1);
         self.stats.allocated_bytes.decrease(st, size);
         self.record_trace(

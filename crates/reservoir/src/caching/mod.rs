@@ -53,6 +53,7 @@
 
 mod block;
 mod check;
+mod cross_stream;
 mod device;
 mod history;
 mod pools;
@@ -488,6 +489,13 @@ impl<B: Backend> CachingAllocator<B> {
     /// The statistics as `torch.cuda.memory_stats()` keys.
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
         self.stats().to_flat()
+    }
+
+    /// Blocks handed out to a stream from another stream's cache by the
+    /// Reservoir-only cross-stream reuse policy
+    /// ([`AllocatorConfig::cross_stream_reuse`]); always 0 in PyTorch mode.
+    pub fn cross_stream_reuses(&self) -> u64 {
+        self.state.lock().cross_stream_reuses
     }
 
     /// Zero lifetime totals and event counters.

@@ -18,6 +18,8 @@
 //!   replayed ([`AddressPolicy::Scripted`]).
 //! * **Streams and events** follow the fake's completion model (see
 //!   [`HoldSemantics`]): work completes at once unless its stream is held.
+//!   [`AsyncSimDevice`] is the same memory with work of given durations on a
+//!   simulated clock and a race sanitizer.
 //! * **Virtual memory** ([`VirtualMemory`]): reservations take address space
 //!   only; mapped pages count against the capacity.
 //! * **Observability and faults**: counters ([`SimCounters`]), a device-call
@@ -43,8 +45,10 @@
 //! method takes `&self`.
 
 mod addr;
+mod clock;
 mod streams;
 
+pub use clock::{Access, AccessKind, AsyncSimDevice, RaceKind, RaceReport, HOLD_NS};
 pub use streams::HoldSemantics;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -1131,6 +1135,10 @@ impl Backend for SimDevice {
     fn synchronize_device(&self) -> Result<(), BackendError> {
         self.synchronize_all();
         Ok(())
+    }
+
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
+        self.wait_event(stream, event)
     }
 
     fn capabilities(&self) -> Capabilities {

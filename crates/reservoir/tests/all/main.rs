@@ -1,5 +1,6 @@
 //! One integration test binary, a module per area (spec sections cited in each test).
 
+mod async_sim;
 mod common;
 mod errors;
 mod expandable;
