@@ -466,6 +466,85 @@ fn non_utf8_strings() {
     assert!(snapshot::load_alloc_data(b"{\"actions\":[\"\xff\"]}").is_err());
 }
 
+/// Found by the `snapshot_loader` fuzzer: an unknown key (kept in `extra`)
+/// holding bytes loaded fine, and then the snapshot could not be saved
+/// (the writer refuses bytes). Values the writer cannot write are now
+/// refused when loading, naming the key, at every level that keeps extras.
+#[test]
+fn unknown_keys_must_hold_writable_values() {
+    let unwritable = [
+        Value::Bytes(vec![].into()),
+        Value::Set(vec![].into()),
+        pickle::from_slice(b"cbuiltins\nlen\n.").unwrap(),
+        // LONG4 of 300 bytes
+        pickle::from_slice(&[&b"\x8b\x2c\x01\x00\x00"[..], &[0x11; 300], b"."].concat()).unwrap(),
+        Value::list(vec![Value::dict(vec![(
+            Value::from("deep"),
+            Value::Bytes(vec![1].into()),
+        )])]),
+    ];
+    let seg = |extra: Option<(&str, Value)>, block_extra: Option<(&str, Value)>| {
+        let mut b = vec![
+            (Value::from("size"), Value::from(512i64)),
+            (Value::from("state"), Value::from("inactive")),
+        ];
+        b.extend(block_extra.map(|(k, v)| (Value::from(k), v)));
+        let mut s = vec![
+            (Value::from("device"), Value::from(0i64)),
+            (Value::from("address"), Value::from(0i64)),
+            (Value::from("total_size"), Value::from(512i64)),
+            (Value::from("allocated_size"), Value::from(0i64)),
+            (Value::from("active_size"), Value::from(0i64)),
+            (Value::from("stream"), Value::from(0i64)),
+            (Value::from("segment_type"), Value::from("small")),
+            (Value::from("blocks"), Value::list(vec![Value::dict(b)])),
+        ];
+        s.extend(extra.map(|(k, v)| (Value::from(k), v)));
+        Value::dict(s)
+    };
+    let snap = |top: Option<(&str, Value)>, segment: Value| {
+        let mut d = vec![
+            (Value::from("segments"), Value::list(vec![segment])),
+            (Value::from("device_traces"), Value::list(vec![])),
+        ];
+        d.extend(top.map(|(k, v)| (Value::from(k), v)));
+        Value::dict(d)
+    };
+    // The clean snapshot loads and saves.
+    let ok = Snapshot::from_value(&snap(None, seg(None, None))).unwrap();
+    ok.to_pickle().unwrap();
+    for bad in &unwritable {
+        let cases = [
+            (snap(Some(("x_top", bad.clone())), seg(None, None)), "x_top"),
+            (snap(None, seg(Some(("x_seg", bad.clone())), None)), "x_seg"),
+            (
+                snap(None, seg(None, Some(("x_block", bad.clone())))),
+                "x_block",
+            ),
+            (
+                snap(
+                    Some((
+                        "allocator_settings",
+                        Value::dict(vec![(Value::from("x_set"), bad.clone())]),
+                    )),
+                    seg(None, None),
+                ),
+                "x_set",
+            ),
+        ];
+        for (v, key) in cases {
+            let e = Snapshot::from_value(&v).unwrap_err();
+            assert!(e.path.contains(key), "{e}");
+            assert!(e.message.contains("writer cannot write"), "{e}");
+            // Through the pickle too.
+            let bytes = pickle::to_vec(&v);
+            if let Ok(bytes) = bytes {
+                assert!(snapshot::load_bytes(&bytes).is_err());
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Wrong types for every key
 
