@@ -31,8 +31,11 @@ pub struct Limits {
     pub max_stack: usize,
     /// Most memo entries. Default 4 Mi.
     pub max_memo: usize,
-    /// Budget for containers created and for the size of the final value
-    /// tree, counted with every reference to a shared object expanded:
+    /// Budget for containers created, for the items stored into containers
+    /// (every `APPEND`ed, `SETITEM`ed or constructor-copied slot counts, so
+    /// re-copying one big container through `REDUCE` cannot take quadratic
+    /// memory), and for the size of the final value tree, counted with every
+    /// reference to a shared object expanded:
     /// `max(min_node_budget, nodes_per_input_byte * input length)`. It bounds
     /// the time any traversal of the result can take. Default 32.
     pub nodes_per_input_byte: u64,
@@ -181,6 +184,7 @@ pub fn from_slice_with(data: &[u8], limits: &Limits) -> Result<Value, PickleErro
         memo_sparse: FxHashMap::default(),
         memo_count: 0,
         nodes: Vec::new(),
+        items: 0,
         limits,
         node_budget: limits.node_budget(data.len()),
     };
@@ -236,6 +240,8 @@ struct Parser<'a> {
     /// Number of distinct memo entries (Python's `len(memo)`).
     memo_count: usize,
     nodes: Vec<NodeState>,
+    /// Slots stored into containers so far (charged against `node_budget`).
+    items: u64,
     limits: &'a Limits,
     node_budget: u64,
 }
@@ -386,10 +392,24 @@ impl<'a> Parser<'a> {
 
     // ----- arena -----
 
+    /// Charge `n` slots stored into containers against the node budget.
+    fn charge(&mut self, n: usize) -> Res<()> {
+        self.items = self.items.saturating_add(n as u64);
+        if self.items > self.node_budget {
+            return Err(self.limit("container items", self.node_budget));
+        }
+        Ok(())
+    }
+
     fn new_node(&mut self, node: Node) -> Res<Slot> {
         if self.nodes.len() as u64 >= self.node_budget {
             return Err(self.limit("container count", self.node_budget));
         }
+        let n = match &node {
+            Node::List(v) | Node::Tuple(v) | Node::Set(v) => v.len(),
+            Node::Dict(d) => d.len().saturating_mul(2),
+        };
+        self.charge(n)?;
         let idx = u32::try_from(self.nodes.len())
             .map_err(|_| self.limit("container count", u64::from(u32::MAX)))?;
         self.nodes.push(NodeState::Pending(node));
@@ -673,6 +693,7 @@ impl<'a> Parser<'a> {
             }
             APPEND => {
                 let v = self.pop()?;
+                self.charge(1)?;
                 match self.top_node_mut("list")? {
                     Node::List(l) => l.push(v),
                     other => {
@@ -685,6 +706,7 @@ impl<'a> Parser<'a> {
             }
             APPENDS => {
                 let items = self.pop_mark()?;
+                self.charge(items.len())?;
                 match self.top_node_mut("list")? {
                     Node::List(l) => l.extend(items),
                     other => {
@@ -698,6 +720,7 @@ impl<'a> Parser<'a> {
             SETITEM => {
                 let v = self.pop()?;
                 let k = self.pop()?;
+                self.charge(2)?;
                 match self.top_node_mut("dict")? {
                     Node::Dict(d) => d.push((k, v)),
                     other => {
@@ -711,6 +734,7 @@ impl<'a> Parser<'a> {
             SETITEMS => {
                 let items = self.pop_mark()?;
                 let new = pairs(items)?;
+                self.charge(new.len().saturating_mul(2))?;
                 match self.top_node_mut("dict")? {
                     Node::Dict(d) => d.extend(new),
                     other => {
@@ -723,6 +747,7 @@ impl<'a> Parser<'a> {
             }
             ADDITEMS => {
                 let items = self.pop_mark()?;
+                self.charge(items.len())?;
                 match self.top_node_mut("set")? {
                     Node::Set(s) => s.extend(items),
                     other => {
@@ -840,7 +865,10 @@ impl<'a> Parser<'a> {
         };
         let args = match &args {
             Slot::Node(i) => match self.nodes.get(*i as usize) {
-                Some(NodeState::Pending(Node::Tuple(t))) => t.clone(),
+                Some(NodeState::Pending(Node::Tuple(t))) if t.len() <= 2 => t.clone(),
+                Some(NodeState::Pending(Node::Tuple(_))) => {
+                    return Err(PickleErrorKind::BadArgs("a plain-data constructor"))
+                }
                 _ => {
                     return Err(PickleErrorKind::Type {
                         expected: "tuple",

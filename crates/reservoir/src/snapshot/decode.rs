@@ -342,7 +342,7 @@ impl Decoder {
                 "external_annotations" => {
                     snap.external_annotations = Some(annotations(v).key("external_annotations")?)
                 }
-                _ => snap.extra.0.push((k.to_string(), v.clone())),
+                _ => snap.extra.0.push(extra_value(k, v)?),
             }
         }
         if !have_segments {
@@ -387,7 +387,7 @@ impl Decoder {
                 "is_expandable" => seg.is_expandable = Some(as_bool(v).key("is_expandable")?),
                 "frames" => seg.frames = Some(self.frames(v).key("frames")?),
                 "blocks" => blocks = Some(self.blocks(v).key("blocks")?),
-                _ => seg.extra.0.push((k.to_string(), v.clone())),
+                _ => seg.extra.0.push(extra_value(k, v)?),
             }
         }
         if seg.is_expandable.is_none() {
@@ -428,7 +428,7 @@ impl Decoder {
                     b.history = Some(self.history(v).key("history")?);
                     self.legacy_blocks = true;
                 }
-                _ => b.extra.0.push((k.to_string(), v.clone())),
+                _ => b.extra.0.push(extra_value(k, v)?),
             }
         }
         b.size = size.ok_or_else(|| missing("size"))?;
@@ -454,7 +454,7 @@ impl Decoder {
                 "addr" => addr = Some(as_u64(v).key("addr")?),
                 "real_size" => real_size = Some(as_u64(v).key("real_size")?),
                 "frames" => h.frames = Some(self.frames(v).key("frames")?),
-                _ => h.extra.0.push((k.to_string(), v.clone())),
+                _ => h.extra.0.push(extra_value(k, v)?),
             }
         }
         h.addr = addr.ok_or_else(|| missing("addr"))?;
@@ -645,6 +645,45 @@ fn block_state(v: &Value) -> R<BlockState> {
     })
 }
 
+/// The value of an unknown key, kept in `extra`. It must be plain data the
+/// pickle writer can write back (real snapshots hold only dicts, lists,
+/// tuples, str, int, float, bool and None), so that every snapshot that
+/// loads also saves: bytes, sets, globals and ints wider than 255 bytes are
+/// refused here, naming the key.
+fn extra_value(k: &str, v: &Value) -> R<(String, Value)> {
+    writable(v).dict_key(k)?;
+    Ok((k.to_string(), v.clone()))
+}
+
+fn writable(v: &Value) -> R<()> {
+    // Iterative: the walk must not depend on the nesting depth.
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Bytes(_) | Value::Set(_) | Value::Global(_) => {
+                return Err(Fail::new(format!(
+                    "unknown key holds a {} value, which snapshots never contain and the pickle writer cannot write",
+                    v.type_name()
+                )))
+            }
+            Value::BigInt(b) if b.to_signed_le().len() > 255 => {
+                return Err(Fail::new(
+                    "unknown key holds an int wider than 255 bytes, which the pickle writer cannot write",
+                ))
+            }
+            Value::List(x) | Value::Tuple(x) => stack.extend(x.iter()),
+            Value::Dict(d) => {
+                for (k, x) in d.iter() {
+                    stack.push(k);
+                    stack.push(x);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn pool_id(v: &Value) -> R<(i64, i64)> {
     match as_seq(v) {
         Ok([a, b]) => Ok((as_i64(a).idx(0)?, as_i64(b).idx(1)?)),
@@ -691,7 +730,7 @@ fn allocator_settings(v: &Value) -> R<AllocatorSettings> {
                 s.roundup_power2_divisions =
                     Some(roundup_divisions(v).key("roundup_power2_divisions")?)
             }
-            _ => s.extra.0.push((k.to_string(), v.clone())),
+            _ => s.extra.0.push(extra_value(k, v)?),
         }
     }
     Ok(s)
@@ -727,7 +766,7 @@ fn annotation(v: &Value) -> R<ExternalAnnotation> {
             "name" => a.name = Some(as_str(v).key("name")?.to_string()),
             "device" => a.device = Some(as_i64(v).key("device")?),
             "time_us" => a.time_us = Some(as_i64(v).key("time_us")?),
-            _ => a.extra.0.push((k.to_string(), v.clone())),
+            _ => a.extra.0.push(extra_value(k, v)?),
         }
     }
     Ok(a)

@@ -158,6 +158,12 @@ fn parse_description_address(s: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
+/// Frames per `suffix_table`/`elements_info` entry the expanded stacks of an
+/// `alloc_data` object may hold on average (see [`alloc_data`]).
+const MAX_FRAMES_PER_ENTRY: usize = 32;
+/// Frames the expanded stacks may always hold.
+const MIN_FRAME_BUDGET: usize = 1 << 20;
+
 /// Read the `alloc_data` object of an old `_memory_viz.trace_plot` page
 /// (PyTorch 2.0/2.1): `elements_size[i]` is the size of allocation `i`,
 /// `actions` lists element indices in time order (the first occurrence of
@@ -251,6 +257,13 @@ pub(super) fn alloc_data(v: &Value) -> R<(TraceInput, Vec<String>)> {
                 .key("elements_info")?
         }
     };
+    // Every element gets its whole stack materialized, so a long suffix
+    // chain shared by many elements would take quadratic memory: bound the
+    // total number of frames (the real files need < 6 per table entry).
+    let frame_budget = (suffixes.len() + n)
+        .saturating_mul(MAX_FRAMES_PER_ENTRY)
+        .max(MIN_FRAME_BUDGET);
+    let mut total_frames = 0usize;
     let mut parsed_frames: FxHashMap<usize, Option<Frame>> = FxHashMap::default();
     let mut stacks: Vec<Arc<[Frame]>> = Vec::with_capacity(n);
     let mut addresses: Vec<Option<u64>> = Vec::with_capacity(n);
@@ -285,6 +298,11 @@ pub(super) fn alloc_data(v: &Value) -> R<(TraceInput, Vec<String>)> {
                 }),
             }
             cur = parent;
+        }
+        total_frames = total_frames.saturating_add(frames.len());
+        if total_frames > frame_budget {
+            let msg = format!("stacks expand to more than {frame_budget} frames in all");
+            return Err(Fail::new(msg)).idx(i).key("elements_info");
         }
         stacks.push(if frames.is_empty() {
             empty.clone()
