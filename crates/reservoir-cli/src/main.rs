@@ -1,16 +1,20 @@
 //! `reservoir`: drive and inspect the Reservoir caching allocator.
 //!
 //! ```text
-//! reservoir replay [--workload NAME[:key=value,...]] [--setting NAME=CONF]... [--config CONF]...
-//!                  [--capacity SIZE] [--json]
+//! reservoir replay [FILE]... [--workload NAME[:key=value,...]] [--policy NAME]...
+//!                  [--setting NAME=CONF]... [--config CONF]... [--capacity SIZE] [--device N]
+//!                  [--json] [--html REPORT.html]
+//! reservoir convert FILE --oracle-trace OUT [--device N]
 //! reservoir workload NAME[:key=value,...] [--out FILE]
 //! reservoir workloads
 //! ```
 
+mod html;
 mod size;
 mod table;
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
@@ -21,8 +25,12 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use reservoir::format::format_size;
-use reservoir::replay::{replay_all, ReplayOptions, ReplaySetting};
+use reservoir::replay::snapshot::{
+    convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
+};
+use reservoir::replay::{replay_all, ReplayOptions, ReplayReport, ReplaySetting};
 use reservoir::sim::DEFAULT_CAPACITY;
+use reservoir::snapshot::{self, AddressKind};
 use reservoir::workload::{self, Workload, WorkloadKind};
 
 /// Reservoir: PyTorch's CUDA caching allocator in Rust, and tools to study it
@@ -36,9 +44,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Replay a workload through the allocator on a simulated device, once
-    /// per allocator setting, and compare the settings.
+    /// Replay recorded snapshots (or a built-in workload) through the
+    /// allocator on a simulated device, once per allocator setting: how
+    /// exactly PyTorch's recorded behaviour is reproduced, and what other
+    /// settings would have done.
     Replay(ReplayArgs),
+    /// Convert a recorded snapshot's trace to the oracle's text format (for
+    /// `oracle_replay.py TRACE OUT.json`).
+    Convert(ConvertArgs),
     /// Write a built-in workload's trace in the oracle's text format (for
     /// `oracle_replay.py TRACE OUT.json`).
     Workload(WorkloadArgs),
@@ -48,10 +61,28 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct ReplayArgs {
+    /// Recorded traces: PyTorch memory snapshot pickles
+    /// (`torch.cuda.memory._dump_snapshot`), `alloc_data` JSON of old
+    /// `_memory_viz` pages, or allocatorSim logs.
+    #[arg(value_name = "FILE")]
+    files: Vec<PathBuf>,
+
     /// Built-in workload: a preset name, optionally with parameters, e.g.
     /// `gpt-train:layers=24,hidden=2048,batch=8` (see `reservoir workloads`).
-    #[arg(long, short, value_name = "NAME", default_value = "gpt-train")]
-    workload: String,
+    /// The default when no FILE is given: gpt-train.
+    #[arg(long, short, value_name = "NAME")]
+    workload: Option<String>,
+
+    /// A named policy (repeatable): `pytorch` (the recorded settings),
+    /// `expandable` (expandable_segments:True), `max-split-N`
+    /// (max_split_size_mb:N, default 128), `roundup-N`
+    /// (roundup_power2_divisions:N, default 4), `gc-T`
+    /// (garbage_collection_threshold:T with a 0.95 memory fraction, default
+    /// 0.8), `large-segment-N` (large_segment_size_mb:N). What-if policies
+    /// change the recorded settings. Without any policy, --setting or
+    /// --config: all of them with their defaults.
+    #[arg(long = "policy", short = 'p', value_name = "NAME")]
+    policies: Vec<String>,
 
     /// A named allocator setting, NAME=PYTORCH_CUDA_ALLOC_CONF (repeatable),
     /// e.g. `--setting big-split=max_split_size_mb:512`. Without any
@@ -66,14 +97,42 @@ struct ReplayArgs {
     configs: Vec<String>,
 
     /// Simulated device capacity: bytes, or a number with K/M/G/T (binary
-    /// units, optional iB/B), e.g. 80GiB, 24G, 1.5T.
-    #[arg(long, value_name = "SIZE", default_value = "80GiB", value_parser = size::parse_size)]
-    capacity: u64,
+    /// units, optional iB/B), e.g. 80GiB, 24G, 1.5T. Default: for a
+    /// recorded trace with OOMs, the capacity that reproduces them
+    /// (device_free + reserved at the first oom entry); else 80GiB.
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    capacity: Option<u64>,
 
-    /// Print the reports as a JSON array, one object per setting, instead of
-    /// the table.
+    /// The device whose trace to replay (default: every device with events).
+    #[arg(long, value_name = "N")]
+    device: Option<u32>,
+
+    /// Print the reports as a JSON array, one object per input and setting,
+    /// instead of the table.
     #[arg(long)]
     json: bool,
+
+    /// Also write a self-contained HTML report (timelines, segment map at
+    /// the peak, the numbers).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ConvertArgs {
+    /// A recorded trace (any format `reservoir replay` reads).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+
+    /// Write the oracle's text format here. Traces that start mid-run get a
+    /// prelude that rebuilds the start state with allocations (see the
+    /// header comment of the output).
+    #[arg(long = "oracle-trace", value_name = "OUT")]
+    oracle_trace: PathBuf,
+
+    /// The device (default: the first with events).
+    #[arg(long, value_name = "N")]
+    device: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +151,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Replay(args) => cmd_replay(args),
+        Command::Convert(args) => cmd_convert(args),
         Command::Workload(args) => cmd_workload(args),
         Command::Workloads => cmd_workloads(),
     };
@@ -101,12 +161,71 @@ fn main() {
     }
 }
 
-/// The settings to compare, in command-line order (--setting first).
-fn settings(args: &ReplayArgs) -> Result<Vec<ReplaySetting>> {
-    if args.settings.is_empty() && args.configs.is_empty() {
-        return Ok(ReplaySetting::defaults());
-    }
+/// The what-if policies replayed on a recorded trace when none is named.
+const DEFAULT_POLICIES: [&str; 5] = [
+    "pytorch",
+    "expandable",
+    "max-split-128",
+    "roundup-4",
+    "gc-0.8",
+];
+
+/// The setting of a named policy on top of the recorded settings `base`.
+fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
+    let param = |prefix: &str| name.strip_prefix(prefix).map(|r| r.trim_start_matches('-'));
+    let change = if name == "pytorch" {
+        return Ok(ReplaySetting::new("pytorch", base));
+    } else if name == "expandable" {
+        "expandable_segments:True".to_string()
+    } else if let Some(n) = param("max-split") {
+        format!("max_split_size_mb:{}", if n.is_empty() { "128" } else { n })
+    } else if let Some(n) = param("roundup") {
+        format!(
+            "roundup_power2_divisions:{}",
+            if n.is_empty() { "4" } else { n }
+        )
+    } else if let Some(t) = param("gc") {
+        format!(
+            "garbage_collection_threshold:{},per_process_memory_fraction:0.95",
+            if t.is_empty() { "0.8" } else { t }
+        )
+    } else if let Some(n) = param("large-segment") {
+        format!(
+            "large_segment_size_mb:{}",
+            if n.is_empty() { "64" } else { n }
+        )
+    } else {
+        bail!(
+            "unknown policy {name:?}; known: pytorch, expandable, max-split-N, roundup-N, \
+             gc-T, large-segment-N (or use --setting NAME=CONF)"
+        );
+    };
+    let setting = ReplaySetting::new(name, overlay_config(base, &change));
+    setting
+        .allocator_config()
+        .with_context(|| format!("--policy {name:?}"))?;
+    Ok(setting)
+}
+
+/// The settings to compare, in command-line order (--policy, then
+/// --setting, then --config); `recorded` is the recorded settings string
+/// of a recorded trace (None for a workload).
+fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetting>> {
     let mut out = Vec::new();
+    if args.policies.is_empty() && args.settings.is_empty() && args.configs.is_empty() {
+        match recorded {
+            None => return Ok(ReplaySetting::defaults()),
+            Some(base) => {
+                for p in DEFAULT_POLICIES {
+                    out.push(policy_setting(p, base)?);
+                }
+                return Ok(out);
+            }
+        }
+    }
+    for p in &args.policies {
+        out.push(policy_setting(p, recorded.unwrap_or(""))?);
+    }
     for s in &args.settings {
         if !s.contains('=') {
             bail!(
@@ -136,58 +255,293 @@ fn load_workload(spec: &str) -> Result<Workload> {
     Workload::parse(spec).with_context(|| format!("workload {spec:?}"))
 }
 
+/// One device trace of a recorded file, converted.
+struct RecordedInput {
+    file: String,
+    rec: RecordedTrace,
+    events: u64,
+    settings: Vec<ReplaySetting>,
+    capacity: u64,
+}
+
+/// Load `path` and convert the trace of each selected device.
+fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
+    let loaded = snapshot::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let input = loaded.to_trace_input();
+    let recorded = recorded_setting(input.allocator_settings.as_ref());
+    let config = recorded
+        .allocator_config()
+        .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
+    let settings = settings(args, Some(&recorded.config))?;
+    let mut out = Vec::new();
+    for dev in &input.devices {
+        if args.device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
+            continue;
+        }
+        let rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
+            .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
+        let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
+        out.push(RecordedInput {
+            file: path.display().to_string(),
+            events: dev.events.len() as u64,
+            rec,
+            settings: settings.clone(),
+            capacity,
+        });
+    }
+    if out.is_empty() {
+        match args.device {
+            Some(d) => bail!("{}: device {d} has no trace entries", path.display()),
+            None => bail!(
+                "{}: no trace entries (a state-only snapshot: record with \
+                 torch.cuda.memory._record_memory_history() to get a trace)",
+                path.display()
+            ),
+        }
+    }
+    Ok(out)
+}
+
+/// A progress bar on a terminal, shown once the replay has taken more than
+/// a second.
+struct Progress {
+    bar: ProgressBar,
+    tty: bool,
+    start: Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(total: u64) -> Self {
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} replaying [{bar:40}] {percent}% ({eta} left)")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        Progress {
+            bar,
+            tty: std::io::stderr().is_terminal(),
+            start: Instant::now(),
+            shown: false,
+        }
+    }
+
+    fn set(&mut self, done: u64) {
+        if !self.shown && self.tty && self.start.elapsed() > Duration::from_secs(1) {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.shown = true;
+        }
+        self.bar.set_position(done);
+    }
+}
+
 fn cmd_replay(args: ReplayArgs) -> Result<()> {
-    if args.capacity == 0 {
+    if args.capacity == Some(0) {
         bail!("--capacity must be more than 0 bytes");
     }
-    let settings = settings(&args)?;
-    let w = load_workload(&args.workload)?;
-    let trace = w.trace();
-    let options = ReplayOptions {
-        capacity: args.capacity,
-        ..ReplayOptions::default()
+    let mut recorded = Vec::new();
+    for f in &args.files {
+        recorded.extend(load_recorded(f, &args)?);
+    }
+    let workload = match (&args.workload, args.files.is_empty()) {
+        (Some(w), _) => Some(load_workload(w)?),
+        (None, true) => Some(load_workload("gpt-train")?),
+        (None, false) => None,
+    };
+    let wl = match &workload {
+        Some(w) => Some((w, w.trace(), settings(&args, None)?)),
+        None => None,
     };
 
-    // A progress bar only on a terminal, and only once the replay has taken
-    // more than a second.
-    let total = (trace.ops.len() * settings.len()) as u64;
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} replaying [{bar:40}] {percent}% ({eta} left)")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    let tty = std::io::stderr().is_terminal();
+    let total: u64 = recorded
+        .iter()
+        .map(|r| (r.rec.trace.ops.len() * r.settings.len()) as u64)
+        .sum::<u64>()
+        + wl.as_ref()
+            .map_or(0, |(_, t, s)| (t.ops.len() * s.len()) as u64);
+    let mut progress = Progress::new(total);
+    let mut base = 0u64;
     let start = Instant::now();
-    let mut shown = false;
-    let reports = replay_all(&trace, &settings, &options, &mut |done| {
-        if !shown && tty && start.elapsed() > Duration::from_secs(1) {
-            bar.set_draw_target(ProgressDrawTarget::stderr());
-            shown = true;
-        }
-        bar.set_position(done as u64);
-    })
-    .with_context(|| format!("replaying workload {}", w.preset))?;
-    bar.finish_and_clear();
 
+    let mut sections: Vec<html::Section> = Vec::new();
+    let mut json: Vec<serde_json::Value> = Vec::new();
+    let mut text = String::new();
+    for input in &recorded {
+        let mut reports: Vec<ReplayReport> = Vec::new();
+        let mut fids = Vec::new();
+        for s in &input.settings {
+            let options = ReplayOptions {
+                capacity: input.capacity,
+                ..ReplayOptions::default()
+            };
+            let compare = s.name == "pytorch";
+            let (report, fid) = replay_recorded(&input.rec, s, &options, compare, &mut |n| {
+                progress.set(base + n as u64)
+            })
+            .with_context(|| format!("replaying {} with {}", input.file, s.name))?;
+            base += input.rec.trace.ops.len() as u64;
+            let rr = RecordedReport {
+                file: input.file.clone(),
+                device: input.rec.device,
+                events: input.events,
+                report,
+                fidelity: fid,
+            };
+            json.push(serde_json::to_value(&rr).context("serializing a report")?);
+            fids.push((s.name.clone(), rr.fidelity.clone()));
+            reports.push(rr.report);
+        }
+        let title = format!("{} (device {})", input.file, input.rec.device);
+        let _ = writeln!(
+            text,
+            "{title}\n{} trace entries -> {} ops from a start state of {} segments; simulated {} device{}\n",
+            input.events,
+            input.rec.trace.ops.len(),
+            input.rec.start.segments.len(),
+            format_size(input.capacity),
+            if input.rec.capacity.is_some() && args.capacity.is_none() {
+                " (the capacity that reproduces the recorded OOMs)"
+            } else {
+                ""
+            }
+        );
+        text.push_str(&table::render(&reports));
+        for (name, f) in &fids {
+            if let Some(f) = f {
+                let _ = writeln!(
+                    text,
+                    "\nfidelity of {name} (PyTorch mode): segment events {}/{} ({}), \
+                     block placements {}/{}, peak reserved {} (recorded {}), OOMs {} (recorded {})",
+                    f.segment_events_matched,
+                    f.segment_events_total,
+                    if f.segment_events_exact {
+                        "exact"
+                    } else {
+                        "differs"
+                    },
+                    f.placements_matched,
+                    f.placements_total,
+                    format_size(reports[0].peak_reserved),
+                    format_size(f.recorded_peak_reserved),
+                    reports[0].ooms,
+                    f.recorded_ooms
+                );
+            } else if name == "pytorch" && !input.rec.segments_known {
+                let _ = writeln!(
+                    text,
+                    "\nfidelity: not measured (the source recorded no segments)"
+                );
+            }
+        }
+        text.push('\n');
+        if args.html.is_some() {
+            sections.push(html::Section::recorded(
+                title,
+                &input.rec,
+                &input.settings,
+                input.capacity,
+                &reports,
+                &fids,
+            )?);
+        }
+    }
+    if let Some((w, trace, settings)) = &wl {
+        let options = ReplayOptions {
+            capacity: args.capacity.unwrap_or(DEFAULT_CAPACITY),
+            ..ReplayOptions::default()
+        };
+        let b = base;
+        let reports = replay_all(trace, settings, &options, &mut |done| {
+            progress.set(b + done as u64)
+        })
+        .with_context(|| format!("replaying workload {}", w.preset))?;
+        for r in &reports {
+            json.push(serde_json::to_value(r).context("serializing a report")?);
+        }
+        let _ = writeln!(text, "workload {}", w.spec());
+        let _ = writeln!(
+            text,
+            "{} ops replayed on a simulated {} device ({} settings) in {:.2} s\n",
+            trace.ops.len(),
+            format_size(options.capacity),
+            settings.len(),
+            start.elapsed().as_secs_f64()
+        );
+        text.push_str(&table::render(&reports));
+        if args.html.is_some() {
+            sections.push(html::Section::workload(
+                format!("workload {}", w.spec()),
+                trace,
+                settings,
+                options.capacity,
+                &reports,
+            )?);
+        }
+    }
+    progress.bar.finish_and_clear();
+
+    if let Some(path) = &args.html {
+        let page = html::render(&sections);
+        std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &reports).context("writing JSON")?;
+        serde_json::to_writer_pretty(&mut out, &json).context("writing JSON")?;
         writeln!(out)?;
     } else {
-        writeln!(out, "workload {}", w.spec())?;
-        writeln!(
-            out,
-            "{} ops replayed on a simulated {} device ({} settings) in {:.2} s\n",
-            trace.ops.len(),
-            format_size(args.capacity),
-            settings.len(),
-            start.elapsed().as_secs_f64()
-        )?;
-        write!(out, "{}", table::render(&reports))?;
+        out.write_all(text.trim_end().as_bytes())?;
+        writeln!(out)?;
     }
     out.flush()?;
+    Ok(())
+}
+
+fn cmd_convert(args: ConvertArgs) -> Result<()> {
+    let loaded = snapshot::load(&args.file)
+        .with_context(|| format!("cannot load {}", args.file.display()))?;
+    let input = loaded.to_trace_input();
+    let recorded = recorded_setting(input.allocator_settings.as_ref());
+    let config = recorded.allocator_config()?;
+    let dev = input
+        .devices
+        .iter()
+        .find(|d| args.device.map_or(!d.events.is_empty(), |n| d.device == n))
+        .with_context(|| format!("{}: no device trace to convert", args.file.display()))?;
+    let rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
+        .with_context(|| format!("{}, device {}", args.file.display(), dev.device))?;
+    let (trace, prelude) = reservoir::replay::snapshot::oracle_trace(&rec);
+    let mut header = vec![
+        format!(
+            "converted from {} device {}",
+            args.file.display(),
+            dev.device
+        ),
+        format!("recorded settings: {:?}", recorded.config),
+    ];
+    if let Some(c) = rec.capacity {
+        header.push(format!("capacity reproducing the recorded OOMs: {c}"));
+    }
+    header.push(format!(
+        "prelude: the first {} ops ({} segment allocations) rebuild the start state; \
+         compare segment events after them",
+        prelude.ops, prelude.segments
+    ));
+    let trace = reservoir::oracle_trace::Trace::from_ops(trace.ops, header);
+    let f = File::create(&args.oracle_trace)
+        .with_context(|| format!("cannot create {}", args.oracle_trace.display()))?;
+    let mut f = BufWriter::new(f);
+    trace
+        .write_to(&mut f)
+        .and_then(|_| f.flush())
+        .with_context(|| format!("cannot write {}", args.oracle_trace.display()))?;
+    eprintln!(
+        "wrote {} ops ({} of prelude) to {}",
+        trace.ops.len(),
+        prelude.ops,
+        args.oracle_trace.display()
+    );
     Ok(())
 }
 

@@ -204,3 +204,152 @@ fn workloads_lists_every_preset() {
     }
     assert!(out.contains("kv_heads") && out.contains("layers"), "{out}");
 }
+
+/// A real trace beside the repository (`../shared/traces`), if present.
+fn real_trace(rel: &str) -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    [
+        root.join("../../../shared/traces").join(rel),
+        root.join("../../../../shared/traces").join(rel),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+#[test]
+fn html_report_has_one_series_per_setting_per_timeline() {
+    let out = std::env::temp_dir().join(format!("reservoir-cli-test-{}.html", std::process::id()));
+    let o = reservoir(&[
+        "replay",
+        "--workload",
+        "gpt-train:layers=2,steps=2",
+        "--policy",
+        "pytorch",
+        "--policy",
+        "expandable",
+        "--config",
+        "max_split_size_mb:64",
+        "--html",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = std::fs::read_to_string(&out).unwrap();
+    std::fs::remove_file(&out).ok();
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    assert!(
+        !page.contains("http://") || !page.contains("<script src"),
+        "no network"
+    );
+    for which in ["allocated", "reserved"] {
+        let n = page
+            .matches(&format!("<path class=\"series {which}\""))
+            .count();
+        assert_eq!(n, 3, "{which} series");
+        for (i, name) in ["pytorch", "expandable", "max_split_size_mb:64"]
+            .iter()
+            .enumerate()
+        {
+            let tag = format!("id=\"{which}-0-{i}\" data-setting=\"{name}\"");
+            assert!(page.contains(&tag), "missing {tag}");
+        }
+    }
+    // Each series has points (not an empty path).
+    assert!(!page.contains("d=\"\""));
+    assert!(page.contains("<svg class=\"segmap\" id=\"segmap-0\""));
+    assert!(page.matches("class=\"block live\"").count() > 0);
+    assert!(page.contains("<table class=\"numbers\">"));
+}
+
+#[test]
+fn unknown_policy_lists_the_known_ones() {
+    let o = reservoir(&[
+        "replay",
+        "--workload",
+        "gpt-train:steps=1",
+        "--policy",
+        "fastest",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("unknown policy \"fastest\"") && e.contains("expandable"),
+        "{e}"
+    );
+}
+
+#[test]
+fn replaying_a_recorded_snapshot_is_exact() {
+    let Some(file) = real_trace("select_n-bert-llama/ec5be110_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let o = reservoir(&["replay", file.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let a = v.as_array().unwrap();
+    let names: Vec<&str> = a.iter().map(|r| r["setting"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "pytorch",
+            "expandable",
+            "max-split-128",
+            "roundup-4",
+            "gc-0.8"
+        ]
+    );
+    for r in a {
+        for k in [
+            "peak_allocated",
+            "peak_reserved",
+            "fragmentation",
+            "driver_allocs",
+            "driver_frees",
+            "ooms",
+            "file",
+            "device",
+        ] {
+            assert!(r.get(k).is_some(), "missing {k}");
+        }
+    }
+    let f = &a[0]["fidelity"];
+    assert_eq!(f["segment_events_total"], 1163);
+    assert_eq!(f["segment_events_matched"], 1163);
+    assert_eq!(f["placements_total"], f["placements_matched"]);
+    assert_eq!(f["segment_events_exact"], true);
+    assert!(a[1]["fidelity"].is_null());
+    // expandable segments change the driver calls
+    assert_ne!(a[0]["driver_frees"], a[1]["driver_frees"]);
+
+    // the human table names the fidelity
+    let o = reservoir(&["replay", file.to_str().unwrap(), "--policy", "pytorch"]);
+    let out = stdout(&o);
+    assert!(out.contains("segment events 1163/1163 (exact)"), "{out}");
+}
+
+#[test]
+fn state_only_snapshots_and_conversion() {
+    let Some(file) = real_trace("stateonly-attention/9e5bfb67_memory.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let o = reservoir(&["replay", file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no trace entries"), "{}", stderr(&o));
+
+    let file = real_trace("cs336-kkaitlyn111/1fcf79fe_memory_ctx512_forward.pickle").unwrap();
+    let out = std::env::temp_dir().join(format!("reservoir-cli-conv-{}.txt", std::process::id()));
+    let o = reservoir(&[
+        "convert",
+        file.to_str().unwrap(),
+        "--oracle-trace",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    std::fs::remove_file(&out).ok();
+    let trace = reservoir::oracle_trace::Trace::parse(&text).unwrap();
+    // 1301 allocs + 657 frees + empty_cache calls, after the prelude
+    assert!(trace.ops.len() > 1301 + 657, "{}", trace.ops.len());
+    assert!(text.contains("# prelude: the first "));
+}

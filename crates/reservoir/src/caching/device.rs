@@ -118,6 +118,10 @@ pub(crate) struct DeviceState {
     pub free_pool_slots: Vec<PoolId>,
     /// Segments created so far (the next segment's `seq`).
     pub segment_seq: u64,
+    /// Rank segments among equal free blocks by address (PyTorch's source
+    /// order, what recorded traces show) instead of creation order; set by
+    /// replays of recorded traces (see `caching::seed`).
+    pub rank_by_address: bool,
     /// `max_split_size` changed at run time: the oversize counters then mix
     /// two thresholds (as in PyTorch) and cannot be recounted.
     pub max_split_changed: bool,
@@ -157,6 +161,7 @@ impl DeviceState {
             capture_stream_uses: FxHashMap::default(),
             free_pool_slots: Vec::new(),
             segment_seq: 0,
+            rank_by_address: false,
             max_split_changed: false,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
@@ -338,7 +343,7 @@ impl DeviceState {
         let reservation = vm.reserve(space)?;
         self.segment_seq += 1;
         let seg = self.segments.insert(Segment {
-            seq: self.segment_seq,
+            seq: self.segment_rank(reservation.base.0),
             addr: reservation.base.0,
             size: reservation.size,
             expandable: Some(Box::new(Expandable {
@@ -907,7 +912,7 @@ impl DeviceState {
         self.total_allocated_memory += size;
         self.segment_seq += 1;
         let seg = self.segments.insert(Segment {
-            seq: self.segment_seq,
+            seq: self.segment_rank(ptr.0),
             addr: ptr.0,
             size,
             expandable: None,

@@ -58,6 +58,7 @@ mod device;
 mod history;
 mod pools;
 pub mod rules;
+mod seed;
 mod snapshot;
 pub mod stream_order;
 
@@ -82,6 +83,7 @@ use device::{DeviceState, MallocError};
 pub use device::{FreeMemoryCallback, OomObserver};
 pub use history::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
+pub use seed::{SeedError, SeededBlock, SeededSegment};
 pub use snapshot::StreamSegmentSize;
 
 /// State of a block in a snapshot (spec 2.3).

@@ -51,6 +51,7 @@
 //! ```
 
 mod report;
+pub mod snapshot;
 
 pub use report::{OomRecord, PeakState, ReplayReport, Sample};
 
@@ -59,11 +60,11 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
-use crate::caching::{BlockState, CachingAllocator};
+use crate::caching::{BlockState, CachingAllocator, SeedError, SeededSegment};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
-use crate::sim::{HoldSemantics, SimConfig, SimDevice, DEFAULT_CAPACITY};
+use crate::sim::{AddressPolicy, HoldSemantics, SimConfig, SimDevice, DEFAULT_CAPACITY};
 
 /// A named allocator setting: a `PYTORCH_CUDA_ALLOC_CONF`-style string.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,7 +153,8 @@ pub struct ReplayOptions {
     /// every call. Reading the clock costs about as much as a cached
     /// allocation, so timing every call would slow the replay down by
     /// half. Default 8; traces of fewer than 100 000 ops are always timed
-    /// in full.
+    /// in full, except replays from a [`StartState`] (recorded traces,
+    /// where replay speed matters more than exact quantiles).
     pub time_one_in: u32,
 }
 
@@ -200,6 +202,14 @@ pub enum ReplayError {
         /// The error.
         source: AllocError,
     },
+    /// The start state could not be laid into the allocator.
+    #[error("seeding segment {segment} of the start state: {source}")]
+    Seed {
+        /// Index of the segment in [`StartState::segments`].
+        segment: usize,
+        /// The error.
+        source: SeedError,
+    },
     /// The simulated device refused a stream operation.
     #[error("op {op} (line {line}): device error: {source}")]
     Device {
@@ -212,17 +222,54 @@ pub enum ReplayError {
     },
 }
 
+/// What the allocator holds before the first op of a trace that starts
+/// mid-run (a recorded snapshot's trace, see [`snapshot`]), and how the
+/// device behaves to reproduce a recording.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StartState {
+    /// Segments to seed, in increasing address order: each with the
+    /// address the device should give it and the trace id of each of its
+    /// allocated blocks (parallel to `SeededSegment::blocks`).
+    pub segments: Vec<(u64, SeededSegment, Vec<AllocId>)>,
+    /// Addresses the device hands out for the trace's new segments, in
+    /// order, after the seeded ones (see [`AddressPolicy::Scripted`]).
+    pub scripted_addresses: Vec<u64>,
+    /// Stream names are numbers: use them as the [`StreamId`]s (recorded
+    /// `cudaStream_t` values) instead of numbering streams in first-use
+    /// order. The order of streams then matches the recording (trap 2 of
+    /// the replay-fidelity notes).
+    pub literal_streams: bool,
+    /// Log the device's calls and each allocation's address, for a fidelity
+    /// report ([`Replay::segment_calls`], [`Replay::placements`]).
+    pub record_placements: bool,
+    /// Break best-fit ties by address, as PyTorch's source does and
+    /// recorded traces show (see
+    /// [`CachingAllocator::rank_segments_by_address`]).
+    pub address_order: bool,
+}
+
 /// Stream names to [`StreamId`]s: the one place where that mapping lives.
 #[derive(Clone, Debug, Default)]
 pub struct StreamTable {
     ids: FxHashMap<String, StreamId>,
     order: Vec<(String, StreamId)>,
+    literal: bool,
 }
 
 impl StreamTable {
     /// An empty table.
     pub fn new() -> Self {
         StreamTable::default()
+    }
+
+    /// An empty table that maps names that are numbers to those numbers
+    /// (other names are numbered as [`resolve`](Self::resolve) says, from
+    /// `1 << 63` on so they cannot collide).
+    pub fn literal() -> Self {
+        StreamTable {
+            literal: true,
+            ..StreamTable::default()
+        }
     }
 
     /// The id of `name`: [`StreamId::DEFAULT`] for `0` and `default`, else the
@@ -235,7 +282,11 @@ impl StreamTable {
         if let Some(&id) = self.ids.get(name.as_str()) {
             return (id, false);
         }
-        let id = StreamId(self.order.len() as u64 + 1);
+        let id = match name.as_str().parse::<u64>() {
+            Ok(v) if self.literal => StreamId(v),
+            _ if self.literal => StreamId((1 << 63) + self.order.len() as u64 + 1),
+            _ => StreamId(self.order.len() as u64 + 1),
+        };
         self.ids.insert(name.as_str().to_string(), id);
         self.order.push((name.as_str().to_string(), id));
         (id, true)
@@ -431,6 +482,12 @@ impl CallTimer {
 /// to inspect the allocator afterwards.
 pub struct Replay<'t> {
     trace: &'t Trace,
+    start: Option<&'t StartState>,
+    /// Driver time spent seeding, not reported.
+    seed_driver_time_ns: u64,
+    /// Address returned by each allocation op (0 when it failed), when
+    /// [`StartState::record_placements`] is set.
+    placements: Option<Vec<u64>>,
     setting: ReplaySetting,
     capacity: u64,
     alloc: CachingAllocator<SimDevice>,
@@ -477,25 +534,93 @@ impl<'t> Replay<'t> {
         setting: &ReplaySetting,
         options: &ReplayOptions,
     ) -> Result<Self, ReplayError> {
+        Self::build(trace, None, setting, options)
+    }
+
+    /// Prepare to replay `trace` from `start`: the device hands out the
+    /// scripted addresses, the start state's segments are seeded (and not
+    /// counted: stats, peaks and driver counters start from the seeded
+    /// state), then the trace's ops run as usual.
+    pub fn with_start(
+        trace: &'t Trace,
+        start: &'t StartState,
+        setting: &ReplaySetting,
+        options: &ReplayOptions,
+    ) -> Result<Self, ReplayError> {
+        Self::build(trace, Some(start), setting, options)
+    }
+
+    fn build(
+        trace: &'t Trace,
+        start: Option<&'t StartState>,
+        setting: &ReplaySetting,
+        options: &ReplayOptions,
+    ) -> Result<Self, ReplayError> {
         let config = setting.allocator_config()?;
+        let address_policy = match start {
+            Some(st) => AddressPolicy::Scripted(
+                st.segments
+                    .iter()
+                    .map(|s| s.0)
+                    .chain(st.scripted_addresses.iter().copied())
+                    .collect(),
+            ),
+            None => AddressPolicy::default(),
+        };
         let device = SimDevice::new(SimConfig {
             capacity: options.capacity,
             hold_semantics: HoldSemantics::EnqueuedWork,
+            address_policy,
             ..SimConfig::default()
         });
+        let alloc = CachingAllocator::new(device, config);
+        let mut live = FxHashMap::default();
+        let mut streams = if start.is_some_and(|s| s.literal_streams) {
+            StreamTable::literal()
+        } else {
+            StreamTable::new()
+        };
+        let mut seed_driver_time_ns = 0;
+        if let Some(st) = start {
+            alloc.rank_segments_by_address(st.address_order);
+            for (k, (_, seg, ids)) in st.segments.iter().enumerate() {
+                let name = StreamName::new(seg.stream.0.to_string());
+                let (sid, new) = streams.resolve(&name);
+                if new {
+                    alloc.backend().register_stream(sid);
+                }
+                let base = alloc
+                    .seed_segment(seg)
+                    .map_err(|source| ReplayError::Seed { segment: k, source })?;
+                for (b, id) in seg.blocks.iter().zip(ids) {
+                    live.insert(*id, DevicePtr(base.0 + b.offset));
+                }
+            }
+            alloc.reset_accumulated_stats();
+            alloc.reset_peak_stats();
+            seed_driver_time_ns = alloc.backend().counters().driver_time_ns;
+            if st.record_placements {
+                alloc.backend().set_call_log(true);
+            }
+        }
         Ok(Replay {
             trace,
+            start,
+            seed_driver_time_ns,
+            placements: start
+                .filter(|s| s.record_placements)
+                .map(|_| Vec::with_capacity(trace.ops.len() / 2)),
             setting: setting.clone(),
             capacity: options.capacity,
-            alloc: CachingAllocator::new(device, config),
-            streams: StreamTable::new(),
+            alloc,
+            streams,
             current: StreamId::DEFAULT,
-            live: FxHashMap::default(),
+            live,
             oom_ids: FxHashSet::default(),
             next: 0,
             alloc_ops: 0,
             free_ops: 0,
-            timer: CallTimer::new(if trace.ops.len() < 100_000 {
+            timer: CallTimer::new(if trace.ops.len() < 100_000 && start.is_none() {
                 1
             } else {
                 options.time_one_in
@@ -522,6 +647,18 @@ impl<'t> Replay<'t> {
     /// The simulated device.
     pub fn device(&self) -> &SimDevice {
         self.alloc.backend()
+    }
+
+    /// The address each allocation op returned so far (0 for a failed one),
+    /// when the start state asked for it.
+    pub fn placements(&self) -> Option<&[u64]> {
+        self.placements.as_deref()
+    }
+
+    /// The device calls made since seeding (allocations, frees, maps and
+    /// unmaps), when the start state asked for them.
+    pub fn segment_calls(&self) -> Vec<crate::sim::DeviceCall> {
+        self.alloc.backend().call_log()
     }
 
     /// The stream names seen so far and their ids.
@@ -630,6 +767,9 @@ impl<'t> Replay<'t> {
                 let t0 = self.timer.start();
                 let r = self.alloc.raw_alloc(*bytes, s);
                 self.timer.stop(t0);
+                if let Some(p) = self.placements.as_mut() {
+                    p.push(r.as_ref().map_or(0, |ptr| ptr.0));
+                }
                 match r {
                     Ok(ptr) => {
                         self.live.insert(*id, ptr);
@@ -761,9 +901,7 @@ impl<'t> Replay<'t> {
     /// stays linear in the trace.
     #[inline]
     fn observe(&mut self, i: usize) {
-        let stats = self.alloc.stats();
-        let allocated = stats.allocated_bytes.all().current.max(0) as u64;
-        let reserved = stats.reserved_bytes.all().current.max(0) as u64;
+        let (allocated, reserved) = self.alloc.allocated_and_reserved();
         self.scan_budget = self.scan_budget.saturating_add(self.scan_credit_per_op);
         if reserved > self.peak_reserved_seen && self.track_peak {
             self.peak_reserved_seen = reserved;
@@ -818,8 +956,10 @@ impl<'t> Replay<'t> {
             return self.peak.clone();
         };
         let rerun = || -> Result<PeakState, ReplayError> {
-            let mut r = Replay::new(self.trace, &self.setting, &self.options)?;
+            let mut r = Replay::build(self.trace, self.start, &self.setting, &self.options)?;
             r.track_peak = false;
+            r.placements = None;
+            r.alloc.backend().set_call_log(false);
             while r.next <= op {
                 r.step_inner()?;
             }
@@ -869,7 +1009,9 @@ impl<'t> Replay<'t> {
             driver_frees: stats.num_device_free.max(0) as u64,
             ooms: self.ooms,
             first_oom: self.first_oom.clone(),
-            driver_time_ns: counters.driver_time_ns,
+            driver_time_ns: counters
+                .driver_time_ns
+                .saturating_sub(self.seed_driver_time_ns),
             allocator_calls: self.timer.calls,
             allocator_timed_calls: self.timer.timed,
             allocator_time_ns: (mean * self.timer.calls as f64) as u64,

@@ -1,0 +1,412 @@
+//! The self-contained HTML report of `reservoir replay --html`: inline SVG,
+//! no script, no network.
+//!
+//! Per input: the active (allocated) and reserved memory of every setting
+//! on one op axis (one `<path>` per setting per timeline, with
+//! `class="series allocated"` / `class="series reserved"`, `id` =
+//! `<timeline>-<input>-<setting index>` and `data-setting` = the setting's
+//! name), the segment map of the first setting at its reserved peak
+//! (`class="block live"`, `"block free"`, `"block wasted"` for the part of a
+//! live block beyond its requested size), and the numbers table.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result};
+use reservoir::caching::{BlockState, SegmentInfo};
+use reservoir::format::format_size;
+use reservoir::oracle_trace::Trace;
+use reservoir::replay::snapshot::{Fidelity, RecordedTrace};
+use reservoir::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
+
+use crate::table::format_ns;
+
+/// One input of the report.
+pub struct Section {
+    title: String,
+    ops: u64,
+    reports: Vec<ReplayReport>,
+    fidelity: Vec<(String, Option<Fidelity>)>,
+    /// The setting whose segment map is shown, and the map.
+    peak_setting: String,
+    peak_op: u64,
+    segments: Vec<SegmentInfo>,
+}
+
+/// Replay again up to `op` (included) and return the segments then.
+fn segments_at(mut r: Replay<'_>, op: Option<u64>) -> Result<Vec<SegmentInfo>> {
+    if let Some(op) = op {
+        while (r.position() as u64) <= op {
+            if !r.step().context("replaying to the peak")? {
+                break;
+            }
+        }
+    }
+    Ok(r.allocator().segments())
+}
+
+impl Section {
+    /// A recorded trace's section.
+    pub fn recorded(
+        title: String,
+        rec: &RecordedTrace,
+        settings: &[ReplaySetting],
+        capacity: u64,
+        reports: &[ReplayReport],
+        fidelity: &[(String, Option<Fidelity>)],
+    ) -> Result<Section> {
+        let options = ReplayOptions {
+            capacity,
+            ..ReplayOptions::default()
+        };
+        let peak_op = reports.first().and_then(|r| r.peak.as_ref()).map(|p| p.op);
+        let segments = match settings.first() {
+            Some(s) => segments_at(
+                Replay::with_start(&rec.trace, &rec.start, s, &options)?,
+                peak_op,
+            )?,
+            None => Vec::new(),
+        };
+        Ok(Section {
+            title,
+            ops: rec.trace.ops.len() as u64,
+            reports: reports.to_vec(),
+            fidelity: fidelity.to_vec(),
+            peak_setting: settings.first().map(|s| s.name.clone()).unwrap_or_default(),
+            peak_op: peak_op.unwrap_or(0),
+            segments,
+        })
+    }
+
+    /// A built-in workload's section.
+    pub fn workload(
+        title: String,
+        trace: &Trace,
+        settings: &[ReplaySetting],
+        capacity: u64,
+        reports: &[ReplayReport],
+    ) -> Result<Section> {
+        let options = ReplayOptions {
+            capacity,
+            ..ReplayOptions::default()
+        };
+        let peak_op = reports.first().and_then(|r| r.peak.as_ref()).map(|p| p.op);
+        let segments = match settings.first() {
+            Some(s) => segments_at(Replay::new(trace, s, &options)?, peak_op)?,
+            None => Vec::new(),
+        };
+        Ok(Section {
+            title,
+            ops: trace.ops.len() as u64,
+            reports: reports.to_vec(),
+            fidelity: Vec::new(),
+            peak_setting: settings.first().map(|s| s.name.clone()).unwrap_or_default(),
+            peak_op: peak_op.unwrap_or(0),
+            segments,
+        })
+    }
+}
+
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+const W: f64 = 1200.0;
+const H: f64 = 260.0;
+const LEFT: f64 = 80.0;
+const TOP: f64 = 20.0;
+const BOTTOM: f64 = 30.0;
+
+/// One timeline: `which` is "allocated" or "reserved".
+fn timeline(out: &mut String, k: usize, s: &Section, which: &str, label: &str) {
+    let pick = |p: &reservoir::replay::Sample| {
+        if which == "allocated" {
+            p.allocated
+        } else {
+            p.reserved
+        }
+    };
+    let ymax = s
+        .reports
+        .iter()
+        .flat_map(|r| r.samples.iter().map(pick))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let xmax = s.ops.max(1) as f64;
+    let pw = W - LEFT - 10.0;
+    let ph = H - TOP - BOTTOM;
+    let x = |op: u64| LEFT + op as f64 / xmax * pw;
+    let y = |b: u64| TOP + ph - b as f64 / ymax * ph;
+    let _ = writeln!(
+        out,
+        r#"<h3>{label}</h3><svg class="timeline" id="timeline-{which}-{k}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" xmlns="http://www.w3.org/2000/svg">"#
+    );
+    // axes and grid
+    for i in 0..=4 {
+        let b = ymax * i as f64 / 4.0;
+        let yy = y(b as u64);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"##,
+            W - 10.0,
+            LEFT - 4.0,
+            yy + 4.0,
+            format_size(b as u64)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r##"<line x1="{LEFT}" x2="{}" y1="{}" y2="{}" stroke="#444"/><text x="{}" y="{}" font-size="11" text-anchor="middle">op (0 .. {})</text>"##,
+        W - 10.0,
+        TOP + ph,
+        TOP + ph,
+        LEFT + pw / 2.0,
+        H - 6.0,
+        s.ops
+    );
+    // The first setting (PyTorch's) last, so it is drawn on top.
+    for (i, r) in s.reports.iter().enumerate().rev() {
+        let mut d = String::new();
+        let mut last_y = None;
+        for p in &r.samples {
+            let (px, py) = (x(p.op), y(pick(p)));
+            match last_y {
+                None => {
+                    let _ = write!(d, "M{px:.1},{py:.1}");
+                }
+                Some(ly) => {
+                    // Steps: the value holds until the next sample.
+                    let _ = write!(d, " L{px:.1},{ly:.1} L{px:.1},{py:.1}");
+                }
+            }
+            last_y = Some(py);
+        }
+        if let Some(ly) = last_y {
+            let _ = write!(d, " L{:.1},{ly:.1}", x(s.ops));
+        }
+        let _ = writeln!(
+            out,
+            r#"<path class="series {which}" id="{which}-{k}-{i}" data-setting="{}" d="{d}" fill="none" stroke="{}" stroke-width="1.5" opacity="0.85"/>"#,
+            esc(&r.setting),
+            COLORS[i % COLORS.len()]
+        );
+    }
+    out.push_str("</svg>\n");
+}
+
+/// The segment map: segments in address order laid along rows, each row
+/// `bytes_per_row` bytes wide.
+fn segment_map(out: &mut String, k: usize, s: &Section) {
+    let total: u64 = s.segments.iter().map(|g| g.total_size).sum();
+    let rows = 24u64;
+    let row_h = 16.0;
+    let gap = 4.0;
+    let pw = W - 20.0;
+    let bytes_per_row = (total.div_ceil(rows)).max(1) as f64;
+    let height = rows as f64 * (row_h + gap) + 10.0;
+    let (mut live, mut free, mut wasted) = (0u64, 0u64, 0u64);
+    let _ = writeln!(
+        out,
+        r#"<h3>Segment map of {} at its reserved peak (after op {}): {} segments, {}</h3>
+<svg class="segmap" id="segmap-{k}" width="{W}" height="{height}" viewBox="0 0 {W} {height}" xmlns="http://www.w3.org/2000/svg">"#,
+        esc(&s.peak_setting),
+        s.peak_op,
+        s.segments.len(),
+        format_size(total)
+    );
+    let mut pos = 0f64; // bytes laid so far
+    let rect = |out: &mut String, start: f64, len: f64, class: &str, color: &str| {
+        // Split across rows.
+        let mut a = start;
+        let end = start + len;
+        while a < end {
+            let row = (a / bytes_per_row).floor();
+            let row_end = (row + 1.0) * bytes_per_row;
+            let b = end.min(row_end);
+            let x0 = 10.0 + (a - row * bytes_per_row) / bytes_per_row * pw;
+            let w = ((b - a) / bytes_per_row * pw).max(0.5);
+            let y0 = 5.0 + row * (row_h + gap);
+            let _ = writeln!(
+                out,
+                r##"<rect class="{class}" x="{x0:.2}" y="{y0:.1}" width="{w:.2}" height="{row_h}" fill="{color}" stroke="#fff" stroke-width="0.3"/>"##
+            );
+            a = b;
+        }
+    };
+    for seg in &s.segments {
+        for b in &seg.blocks {
+            let start = pos + (b.address - seg.address) as f64;
+            match b.state {
+                BlockState::Inactive => {
+                    free += b.size;
+                    rect(out, start, b.size as f64, "block free", "#d9d9d9");
+                }
+                _ => {
+                    let used = b.requested_size.min(b.size);
+                    live += used;
+                    wasted += b.size - used;
+                    rect(out, start, used as f64, "block live", "#3a78c2");
+                    if b.size > used {
+                        rect(
+                            out,
+                            start + used as f64,
+                            (b.size - used) as f64,
+                            "block wasted",
+                            "#f0a030",
+                        );
+                    }
+                }
+            }
+        }
+        // Segment boundary.
+        rect(
+            out,
+            pos,
+            (bytes_per_row / pw * 1.0).min(seg.total_size as f64),
+            "segment-start",
+            "#222",
+        );
+        pos += seg.total_size as f64;
+    }
+    out.push_str("</svg>\n");
+    let _ = writeln!(
+        out,
+        r#"<p class="legend"><span style="background:#3a78c2"></span>live (requested) {} <span style="background:#f0a030"></span>wasted (rounding) {} <span style="background:#d9d9d9"></span>free (cached) {} <span style="background:#222"></span>segment start</p>"#,
+        format_size(live),
+        format_size(wasted),
+        format_size(free)
+    );
+}
+
+fn numbers(out: &mut String, s: &Section) {
+    type Cell = fn(&ReplayReport) -> String;
+    let rows: [(&str, Cell); 12] = [
+        ("peak allocated", |r| format_size(r.peak_allocated)),
+        ("peak reserved", |r| format_size(r.peak_reserved)),
+        ("fragmentation (reserved/allocated)", |r| {
+            r.fragmentation.map_or("-".into(), |f| format!("{f:.3}x"))
+        }),
+        ("reserved-unallocated at peak", |r| {
+            format_size(r.reserved_unallocated_at_peak)
+        }),
+        ("largest free block at peak", |r| {
+            format_size(r.largest_free_block_at_peak)
+        }),
+        ("driver allocs", |r| r.driver_allocs.to_string()),
+        ("driver frees", |r| r.driver_frees.to_string()),
+        ("OOMs", |r| r.ooms.to_string()),
+        ("simulated driver time", |r| {
+            format_ns(r.driver_time_ns as f64)
+        }),
+        ("allocator time per call (mean)", |r| {
+            format_ns(r.allocator_ns_per_op)
+        }),
+        ("allocator time per call (median)", |r| {
+            format_ns(r.allocator_ns_p50)
+        }),
+        ("settings", |r| {
+            if r.config.is_empty() {
+                "(PyTorch defaults)".into()
+            } else {
+                r.config.clone()
+            }
+        }),
+    ];
+    out.push_str("<table class=\"numbers\"><tr><th></th>");
+    for (i, r) in s.reports.iter().enumerate() {
+        let _ = write!(
+            out,
+            r#"<th><span class="swatch" style="background:{}"></span>{}</th>"#,
+            COLORS[i % COLORS.len()],
+            esc(&r.setting)
+        );
+    }
+    out.push_str("</tr>\n");
+    for (label, f) in rows {
+        let _ = write!(out, "<tr><td>{label}</td>");
+        for r in &s.reports {
+            let _ = write!(out, "<td>{}</td>", esc(&f(r)));
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</table>\n");
+    for (name, f) in &s.fidelity {
+        if let Some(f) = f {
+            let _ = writeln!(
+                out,
+                r#"<p class="fidelity">Fidelity of <b>{}</b> (PyTorch mode): segment events {}/{}{}, block placements {}/{}, recorded peak reserved {}, recorded OOMs {}.</p>"#,
+                esc(name),
+                f.segment_events_matched,
+                f.segment_events_total,
+                if f.segment_events_exact {
+                    " (exact)"
+                } else {
+                    ""
+                },
+                f.placements_matched,
+                f.placements_total,
+                format_size(f.recorded_peak_reserved),
+                f.recorded_ooms
+            );
+        }
+    }
+    for r in &s.reports {
+        if let Some(o) = &r.first_oom {
+            let _ = writeln!(
+                out,
+                r#"<p class="oom">First OOM with <b>{}</b> (op {}): <code>{}</code></p>"#,
+                esc(&r.setting),
+                o.op,
+                esc(&o.message)
+            );
+        }
+    }
+}
+
+/// The whole page.
+pub fn render(sections: &[Section]) -> String {
+    let mut out = String::from(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Reservoir replay report</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 20px; color: #222; }
+h1 { font-size: 22px; } h2 { font-size: 18px; border-top: 1px solid #ccc; padding-top: 10px; }
+h3 { font-size: 14px; margin: 12px 0 4px; }
+table.numbers { border-collapse: collapse; font-size: 13px; table-layout: fixed; width: 1200px; }
+table.numbers td { overflow-wrap: anywhere; }
+table.numbers td, table.numbers th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+table.numbers td:first-child { text-align: left; }
+.swatch, .legend span { display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 10px; vertical-align: middle; }
+p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
+</style></head><body>
+<h1>Reservoir replay report</h1>
+"#,
+    );
+    for (k, s) in sections.iter().enumerate() {
+        let _ = writeln!(out, "<section id=\"input-{k}\"><h2>{}</h2>", esc(&s.title));
+        out.push_str("<p class=\"legend\">");
+        for (i, r) in s.reports.iter().enumerate() {
+            let _ = write!(
+                out,
+                r#"<span style="background:{}"></span>{}"#,
+                COLORS[i % COLORS.len()],
+                esc(&r.setting)
+            );
+        }
+        out.push_str("</p>\n");
+        timeline(&mut out, k, s, "allocated", "Active (allocated) memory");
+        timeline(&mut out, k, s, "reserved", "Reserved memory");
+        segment_map(&mut out, k, s);
+        numbers(&mut out, s);
+        out.push_str("</section>\n");
+    }
+    out.push_str("</body></html>\n");
+    out
+}

@@ -1,0 +1,253 @@
+//! Seeding: give an allocator a segment with a given block layout, as if a
+//! sequence of allocations had produced it.
+//!
+//! A recorded trace usually starts mid-run: at its first entry the allocator
+//! already held segments, some of their blocks allocated. To replay it, the
+//! state at the first entry is rebuilt (see [`crate::replay::snapshot`]) and
+//! laid into a fresh allocator with [`CachingAllocator::seed_segment`]: the
+//! segment is obtained from the backend (a simulated device scripted with the
+//! recorded address returns that address), its blocks are linked, free ones
+//! go into their pool, and every counter moves exactly as the allocations
+//! that made the layout would have moved it, so
+//! [`check_invariants`](CachingAllocator::check_invariants) holds.
+
+use super::block::{Block, Segment, NIL, POOL_LARGE, POOL_SMALL};
+use super::device::DeviceState;
+use super::CachingAllocator;
+use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::caching::block::FreeKey;
+use crate::stats::StatType;
+
+/// One allocated block of a [`SeededSegment`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeededBlock {
+    /// Offset from the segment's base (a multiple of 512).
+    pub offset: u64,
+    /// Bytes of the block (a nonzero multiple of 512).
+    pub size: u64,
+    /// Bytes the caller asked for (at most `size`).
+    pub requested_size: u64,
+}
+
+/// A segment to lay into an allocator: its allocated blocks, in any order;
+/// every byte not covered by one is a free block (adjacent free bytes form
+/// one block, as the allocator always merges them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeededSegment {
+    /// The stream the segment serves.
+    pub stream: StreamId,
+    /// Small pool (2 MiB segments of blocks up to 1 MiB) or large pool.
+    pub small: bool,
+    /// Bytes to obtain from the backend (a nonzero multiple of 512).
+    pub size: u64,
+    /// The allocated blocks.
+    pub blocks: Vec<SeededBlock>,
+}
+
+/// Why a segment could not be seeded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeedError {
+    /// The layout is impossible (overlap, misalignment, out of bounds).
+    #[error("invalid seeded segment: {0}")]
+    Layout(String),
+    /// The backend refused the segment.
+    #[error("the backend refused a seeded segment of {size} bytes: {source}")]
+    Backend {
+        /// Bytes asked for.
+        size: u64,
+        /// The backend's error.
+        source: BackendError,
+    },
+}
+
+impl DeviceState {
+    /// The rank (`Segment::seq`) of a new segment at `addr`: its creation
+    /// number, or its address under [`CachingAllocator::rank_segments_by_address`].
+    /// Call after incrementing `segment_seq`.
+    pub(crate) fn segment_rank(&self, addr: u64) -> u64 {
+        if self.rank_by_address {
+            addr
+        } else {
+            self.segment_seq
+        }
+    }
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// Among free blocks of equal size, prefer the lowest address (PyTorch's
+    /// `BlockComparatorSize`, and what recorded traces from real GPUs show)
+    /// instead of the oldest segment (what the oracle's fake driver shows,
+    /// the default). Applies to segments created from now on: set it before
+    /// the first allocation. Replays of recorded traces turn it on.
+    pub fn rank_segments_by_address(&self, on: bool) {
+        self.state.lock().rank_by_address = on;
+    }
+
+    /// Allocated and reserved bytes now (`allocated_bytes.all.current`,
+    /// `reserved_bytes.all.current`), without copying every statistic as
+    /// [`stats`](Self::stats) does: what a replay reads after each op.
+    pub fn allocated_and_reserved(&self) -> (u64, u64) {
+        let st = self.state.lock();
+        (
+            st.stats.allocated_bytes.all().current.max(0) as u64,
+            st.stats.reserved_bytes.all().current.max(0) as u64,
+        )
+    }
+
+    /// Obtain a segment of `seg.size` bytes from the backend and lay out
+    /// `seg.blocks` in it; returns its base. Every byte not covered by a
+    /// block becomes a free block in the segment's pool (a recorded trace's
+    /// start state is laid in this way, see [`crate::replay::snapshot`]).
+    ///
+    /// Stats move as if the segment had been allocated from the driver and
+    /// each block allocated in it (`num_device_alloc` included; call
+    /// [`reset_accumulated_stats`](Self::reset_accumulated_stats) and
+    /// [`reset_peak_stats`](Self::reset_peak_stats) after seeding to count
+    /// from the seeded state on). Segments seeded in increasing address
+    /// order keep PyTorch's tie-break among equal free blocks (lowest
+    /// address first). Nothing changes when an error is returned.
+    pub fn seed_segment(&self, seg: &SeededSegment) -> Result<DevicePtr, SeedError> {
+        let layout = |m: String| Err(SeedError::Layout(m));
+        if seg.size == 0 || seg.size % 512 != 0 {
+            return layout(format!(
+                "segment size {} is not a multiple of 512",
+                seg.size
+            ));
+        }
+        let mut blocks = seg.blocks.clone();
+        blocks.sort_by_key(|b| b.offset);
+        let mut end = 0u64;
+        for b in &blocks {
+            if b.size == 0 || b.size % 512 != 0 || b.offset % 512 != 0 {
+                return layout(format!(
+                    "block at offset {} of {} bytes is not 512-aligned",
+                    b.offset, b.size
+                ));
+            }
+            if b.offset < end {
+                return layout(format!(
+                    "block at offset {} overlaps the previous one",
+                    b.offset
+                ));
+            }
+            if b.requested_size > b.size {
+                return layout(format!(
+                    "block at offset {} requested {} bytes, more than its {}",
+                    b.offset, b.requested_size, b.size
+                ));
+            }
+            end = match b.offset.checked_add(b.size) {
+                Some(e) if e <= seg.size => e,
+                _ => {
+                    return layout(format!(
+                        "block at offset {} of {} bytes ends past the segment ({} bytes)",
+                        b.offset, b.size, seg.size
+                    ))
+                }
+            };
+        }
+        let ptr = self
+            .backend
+            .allocate(seg.size, seg.stream)
+            .map_err(|source| SeedError::Backend {
+                size: seg.size,
+                source,
+            })?;
+        let base = ptr.0;
+        let mut st = self.state.lock();
+        let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
+        let stat = StatType::for_pool(seg.small);
+        let max_split = st.config.max_split_size;
+        st.total_allocated_memory += seg.size;
+        st.segment_seq += 1;
+        let seq = st.segment_rank(base);
+        let sid = st.segments.insert(Segment {
+            seq,
+            addr: base,
+            size: seg.size,
+            expandable: None,
+            stream: seg.stream,
+            pool,
+            head: NIL,
+            live: true,
+        });
+        st.stats.segment.increase(stat, 1);
+        st.stats.reserved_bytes.increase(stat, seg.size);
+        if seg.size >= max_split {
+            st.stats.oversize_segments.increase(1);
+        }
+        st.stats.num_device_alloc += 1;
+
+        // The tiling: (offset, size, Some(requested) if allocated).
+        let mut tiles: Vec<(u64, u64, Option<u64>)> = Vec::with_capacity(2 * blocks.len() + 1);
+        let mut at = 0;
+        for b in &blocks {
+            if b.offset > at {
+                tiles.push((at, b.offset - at, None));
+            }
+            tiles.push((b.offset, b.size, Some(b.requested_size)));
+            at = b.offset + b.size;
+        }
+        if at < seg.size {
+            tiles.push((at, seg.size - at, None));
+        }
+        let split = tiles.len() > 1;
+        let mut prev = NIL;
+        let mut ids = Vec::with_capacity(tiles.len());
+        for &(offset, size, requested) in &tiles {
+            let id = st.blocks.insert(Block {
+                addr: base + offset,
+                size,
+                requested_size: requested.unwrap_or(0),
+                stream: seg.stream,
+                pool,
+                segment: sid,
+                prev,
+                next: NIL,
+                allocated: requested.is_some(),
+                mapped: true,
+                expandable: false,
+                event_count: 0,
+                stream_uses: Vec::new(),
+                gc_count_base: 0,
+                live: true,
+            });
+            if prev == NIL {
+                st.segments[sid].head = id;
+            } else {
+                st.blocks[prev].next = id;
+            }
+            prev = id;
+            ids.push(id);
+        }
+        for (&id, &(offset, size, requested)) in ids.iter().zip(&tiles) {
+            match requested {
+                Some(requested) => {
+                    st.allocated.insert(base + offset, id);
+                    let s = &mut st.stats;
+                    s.allocation.increase(stat, 1);
+                    s.allocated_bytes.increase(stat, size);
+                    s.active.increase(stat, 1);
+                    s.active_bytes.increase(stat, size);
+                    s.requested_bytes.increase(stat, requested);
+                    if size >= max_split {
+                        s.oversize_allocations.increase(1);
+                    }
+                }
+                None => {
+                    let key = FreeKey::new(seg.stream, size, seq, base + offset, id);
+                    let p = &mut st.pools[pool as usize];
+                    let gc_base = p.get_free_blocks_call_count;
+                    p.blocks.insert(key);
+                    st.blocks[id].gc_count_base = gc_base;
+                    if split {
+                        st.stats.inactive_split.increase(stat, 1);
+                        st.stats.inactive_split_bytes.increase(stat, size);
+                    }
+                }
+            }
+        }
+        Ok(ptr)
+    }
+}
