@@ -196,6 +196,9 @@ fn xseg_containing(xsegs: &BTreeMap<u64, XSeg>, addr: u64) -> Option<u64> {
     (addr < s.end).then_some(base)
 }
 
+/// (address, size, mapped at dump time) of an expandable range.
+type Point = (u64, u64, bool);
+
 /// The expandable segments behind the dump-time expandable segments (each
 /// a run of mapped pages) and the trace's `segment_map` / `segment_unmap`
 /// entries: per (stream, pool), addresses sorted and cut where they are
@@ -209,7 +212,7 @@ fn expandable_groups(
 ) -> BTreeMap<u64, XSeg> {
     let large_page = config.large_segment_size;
     // (stream, small) -> [(addr, size, mapped at dump time)]
-    let mut points: BTreeMap<(u64, bool), Vec<(u64, u64, bool)>> = BTreeMap::new();
+    let mut points: BTreeMap<(u64, bool), Vec<Point>> = BTreeMap::new();
     for s in dev
         .final_segments
         .iter()
