@@ -17,6 +17,20 @@
 //! when the remainder is too small to have been split off (a large-pool
 //! remainder of at most 1 MiB). Segments are seeded at their recorded addresses.
 //!
+//! Expandable segments appear in a snapshot as runs of mapped pages (one
+//! dump-time segment per run) and in the trace as `segment_map` /
+//! `segment_unmap` entries. Per stream and pool (small when a size is not a
+//! whole number of large pages), the runs and entries are grouped into
+//! reservations (addresses more than 80 GiB apart are different ones); a
+//! reservation's base is the lowest address known to be in it (its first
+//! mapped page, when the trace saw it mapped). Walking backwards, before a
+//! `segment_map` its pages were unmapped, before a `segment_unmap` mapped
+//! and free; blocks in them are rounded without extension (expandable
+//! blocks split off any remainder). Each reservation is seeded with its
+//! mapped pages and blocks ([`crate::caching::CachingAllocator::seed_expandable`]),
+//! a reservation with no page mapped at the start included (the replay
+//! maps into it as the recording's allocator mapped into the one it created).
+//!
 //! # Forward conversion
 //!
 //! | recorded entry | op |
@@ -25,11 +39,10 @@
 //! | `free_completed` | `f <id>` (frees happen at completion) |
 //! | `free_requested`, `snapshot` | nothing |
 //! | `oom` | `a <id> <size>` (with `s` as for `alloc`), expected to fail (never freed) |
-//! | first `segment_free` of a run not followed by an `oom` | `e` (a user's `empty_cache()`, trap 5) |
+//! | first `segment_free` / `segment_unmap` of a run not followed by an `oom`, nor (when the capacity is known) by a `segment_alloc` / `segment_map` that would not fit on the device without the run | `e` (a user's `empty_cache()`, trap 5; the other runs are the allocator's free-and-retry) |
 //! | `segment_alloc` | its address is scripted for the device |
+//! | `segment_map` / `segment_unmap` | nothing (the allocator maps and unmaps by itself) |
 //!
-//! `segment_map` / `segment_unmap` (expandable segments) are not replayable
-//! yet and stop the conversion with [`ConvertError`] naming the entry.
 //! Every inconsistency (freeing an address that is not allocated, an
 //! allocation inside no segment, overlapping blocks...) is a
 //! [`ConvertError`] naming the entry index, never a panic.
@@ -37,7 +50,8 @@
 //! # Fidelity
 //!
 //! [`Fidelity`] compares the replay's device calls with the recorded segment
-//! events (action and size, as a longest common subsequence, so one extra
+//! events (`segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`:
+//! action and size, as a longest common subsequence, so one extra
 //! event costs one mismatch, not the rest of the trace) and each
 //! allocation's address with the recorded one. Segments are given their
 //! recorded addresses, so a replayed block in the recorded segment at the
@@ -103,7 +117,10 @@ pub struct RecordedTrace {
     /// `oom` entries.
     pub ooms: u64,
     /// Capacity that reproduces the recorded OOMs: `device_free` plus the
-    /// reserved bytes at the first `oom` entry; `None` without OOMs.
+    /// reserved bytes at the first `oom` entry. Without OOMs, when the
+    /// recording has expandable segments whose reservations (9/8 of the
+    /// device each) would overlap on an 80 GiB device, the largest capacity
+    /// whose reservations fit between the recorded ones; else `None`.
     pub capacity: Option<u64>,
     /// Peak reserved bytes of the recording (start state included).
     pub peak_reserved: u64,
