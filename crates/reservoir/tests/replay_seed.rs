@@ -298,4 +298,17 @@ fn inconsistent_expandable_traces_name_the_entry() {
     let events = vec![entry(TraceAction::SegmentMap, base, 20 * MIB)];
     let e = convert(&device(events, vec![seg]), &config, false).unwrap_err();
     assert_eq!(e.entry, 0, "{e}");
+    // Hostile sizes and addresses are errors, not overflows or endless loops.
+    for (addr, size) in [
+        (base, u64::MAX - 5),
+        (u64::MAX - 512, 20 * MIB),
+        (base, 1 << 62),
+    ] {
+        let events = vec![
+            entry(TraceAction::SegmentMap, base, 20 * MIB),
+            entry(TraceAction::SegmentUnmap, addr, size),
+        ];
+        let e = convert(&device(events, vec![]), &config, false).unwrap_err();
+        assert_eq!(e.entry, 1, "{e}");
+    }
 }

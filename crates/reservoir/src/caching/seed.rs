@@ -293,7 +293,12 @@ impl<B: Backend> CachingAllocator<B> {
         mapped.sort_unstable();
         let mut end = 0;
         for &(o, l) in &mapped {
-            if l == 0 || o % page != 0 || l % page != 0 || o < end || o + l > space {
+            if l == 0
+                || o % page != 0
+                || l % page != 0
+                || o < end
+                || o.checked_add(l).map_or(true, |e| e > space)
+            {
                 return layout(format!(
                     "mapped range [{o:#x}, +{l:#x}) is empty, not page-aligned ({page:#x}), overlapping or past the reservation ({space:#x})"
                 ));
@@ -306,7 +311,7 @@ impl<B: Backend> CachingAllocator<B> {
         for b in &blocks {
             let inside = mapped
                 .iter()
-                .any(|&(o, l)| b.offset >= o && b.offset + b.size <= o + l);
+                .any(|&(o, l)| b.offset >= o && b.offset.saturating_add(b.size) <= o + l);
             if b.size == 0
                 || b.size % 512 != 0
                 || b.offset % 512 != 0

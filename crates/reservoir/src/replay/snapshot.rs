@@ -226,8 +226,41 @@ fn expandable_groups(
     dev: &DeviceEvents,
     config: &AllocatorConfig,
     span: u64,
-) -> BTreeMap<u64, XSeg> {
-    let large_page = config.large_segment_size;
+) -> Result<BTreeMap<u64, XSeg>, ConvertError> {
+    let large_page = config.large_segment_size.max(SMALL_BUFFER);
+    // Sizes and ends must stay far from overflow, and page loops short.
+    let bad = |addr: u64, size: u64| size > MAX_EXPANDABLE_RANGE || addr > u64::MAX / 2;
+    for (i, e) in dev.events.iter().enumerate() {
+        let x = matches!(
+            e.action,
+            TraceAction::SegmentMap | TraceAction::SegmentUnmap
+        );
+        if x && bad(e.addr, e.size) {
+            return err(
+                i,
+                format!(
+                    "{} of {:#x} ({} bytes): out of range",
+                    e.action, e.addr, e.size
+                ),
+            );
+        }
+    }
+    for s in dev
+        .final_segments
+        .iter()
+        .flatten()
+        .filter(|s| s.expandable())
+    {
+        if bad(s.address, s.total_size) {
+            return err(
+                dev.events.len(),
+                format!(
+                    "expandable segment {:#x} ({} bytes): out of range",
+                    s.address, s.total_size
+                ),
+            );
+        }
+    }
     // (stream, small) -> [(addr, size, mapped at dump time)]
     let mut points: BTreeMap<(u64, bool), Vec<Point>> = BTreeMap::new();
     for s in dev
@@ -292,8 +325,12 @@ fn expandable_groups(
             out.insert(b, x);
         }
     }
-    out
+    Ok(out)
 }
+
+/// Largest expandable range (a map, an unmap, a run of mapped pages) a
+/// trace may have: 1 TiB (half a million small pages).
+const MAX_EXPANDABLE_RANGE: u64 = 1 << 40;
 
 /// Largest device capacity (a multiple of 2 MiB) whose expandable-segment
 /// reservations (9/8 of it, in pages of at most `large_page`) fit in `gap`.
@@ -379,7 +416,7 @@ pub fn convert(
     }
     let from_segments = dev.initially_allocated.is_none();
     let mut xsegs = if from_segments {
-        expandable_groups(dev, config, crate::sim::DEFAULT_CAPACITY)
+        expandable_groups(dev, config, crate::sim::DEFAULT_CAPACITY)?
     } else {
         BTreeMap::new()
     };
@@ -432,6 +469,12 @@ pub fn convert(
                     // Expandable blocks split off any remainder (spec 1.7):
                     // the block is the rounded size.
                     let size = rules::round_size(e.size.max(1), config);
+                    if size > MAX_EXPANDABLE_RANGE || e.addr > u64::MAX / 2 {
+                        return err(
+                            i,
+                            format!("free of {:#x} ({} bytes): out of range", e.addr, e.size),
+                        );
+                    }
                     let overlaps_prev = x
                         .blocks
                         .range(..e.addr)
