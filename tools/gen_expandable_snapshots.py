@@ -52,6 +52,9 @@ TRACES = {
     # A small device: the allocator unmaps cached pages and retries (OOM flush), and some
     # allocations fail.
     "oom_flush": ("--capacity 192M", workload(3, 260, ["0", "s1"], 0, big=80)),
+    # A small device where stream s1's small-pool reservation is fully unmapped (released) by a
+    # flush and a new one is reserved at another address later; 8 failed allocations.
+    "recreated": ("--capacity 320M", workload(12, 260, ["0", "s1"], 0, big=30)),
     # Mid-run: the history ring keeps only the last 120 entries, so the trace starts with
     # segments already mapped and blocks already allocated.
     "mid_run": ("--max-entries 120", workload(4, 260, ["0", "s1"], 100)),

@@ -13,7 +13,13 @@ use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir::snapshot::{self, AddressKind};
 use reservoir::trace::TraceAction;
 
-const SNAPSHOTS: [&str; 4] = ["single_stream", "streams", "oom_flush", "mid_run"];
+const SNAPSHOTS: [&str; 5] = [
+    "single_stream",
+    "streams",
+    "oom_flush",
+    "recreated",
+    "mid_run",
+];
 
 #[test]
 fn expandable_snapshots_replay_exactly() {

@@ -287,43 +287,50 @@ fn expandable_groups(
                 .push((e.addr, e.size, false));
         }
     }
+    // All points in address order: a reservation is a run of points of one
+    // (stream, pool), cut where another's point comes between (reservations
+    // do not overlap) or where they are more than `span` apart.
+    let mut all: Vec<(u64, u64, bool, (u64, bool))> = points
+        .into_iter()
+        .flat_map(|(key, pts)| pts.into_iter().map(move |(a, s, m)| (a, s, m, key)))
+        .collect();
+    all.sort_unstable();
     let mut out = BTreeMap::new();
-    for ((stream, small), mut pts) in points {
-        pts.sort_unstable();
+    let mut cur: Option<(u64, (u64, bool), XSeg)> = None;
+    for (addr, size, mapped, key) in all {
+        if let Some((base, k, x)) = &cur {
+            if *k != key || addr.saturating_sub(x.end) > span || addr.saturating_sub(*base) > span {
+                let (b, _, x) = cur.take().expect("checked");
+                out.insert(b, x);
+            }
+        }
+        let (stream, small) = key;
         let page = if small { SMALL_BUFFER } else { large_page };
-        let mut cur: Option<(u64, XSeg)> = None;
-        for (addr, size, mapped) in pts {
-            if let Some((base, x)) = &mut cur {
-                if addr.saturating_sub(x.end) > span || addr.saturating_sub(*base) > span {
-                    let (b, x) = cur.take().expect("checked");
-                    out.insert(b, x);
-                }
-            }
-            let (_, x) = cur.get_or_insert_with(|| {
-                (
-                    addr,
-                    XSeg {
-                        end: addr,
-                        stream: StreamId(stream),
-                        small,
-                        page,
-                        mapped: Default::default(),
-                        blocks: BTreeMap::new(),
-                    },
-                )
-            });
-            x.end = x.end.max(addr.saturating_add(size));
-            if mapped {
-                let mut p = addr;
-                while p < addr.saturating_add(size) {
-                    x.mapped.insert(p);
-                    p += page;
-                }
+        let (_, _, x) = cur.get_or_insert_with(|| {
+            (
+                addr,
+                key,
+                XSeg {
+                    end: addr,
+                    stream: StreamId(stream),
+                    small,
+                    page,
+                    mapped: Default::default(),
+                    blocks: BTreeMap::new(),
+                },
+            )
+        });
+        x.end = x.end.max(addr.saturating_add(size));
+        if mapped {
+            let mut p = addr;
+            while p < addr.saturating_add(size) {
+                x.mapped.insert(p);
+                p += page;
             }
         }
-        if let Some((b, x)) = cur {
-            out.insert(b, x);
-        }
+    }
+    if let Some((b, _, x)) = cur {
+        out.insert(b, x);
     }
     Ok(out)
 }
@@ -656,7 +663,14 @@ pub fn convert(
         ));
     }
 
+    // Mapped bytes of each reservation (0: not reserved at that time; the
+    // replay reserves it at its first map, at the scripted base).
+    let mut x_mapped: BTreeMap<u64, u64> = BTreeMap::new();
     for (&base, x) in &xsegs {
+        x_mapped.insert(base, x.mapped.len() as u64 * x.page);
+        if x.mapped.is_empty() && x.blocks.is_empty() {
+            continue;
+        }
         let mut blocks = Vec::with_capacity(x.blocks.len());
         let mut ids = Vec::with_capacity(x.blocks.len());
         for (&addr, &(size, requested)) in &x.blocks {
@@ -824,6 +838,14 @@ pub fn convert(
                     action: e.action,
                     size: e.size,
                 });
+                if let Some(m) = xseg_containing(&xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b))
+                {
+                    if *m == 0 && !synthetic {
+                        // A new reservation: its first map is at its base.
+                        start.scripted_addresses.push(e.addr);
+                    }
+                    *m += e.size;
+                }
                 reserved += e.size;
                 peak_reserved = peak_reserved.max(reserved);
             }
@@ -832,6 +854,14 @@ pub fn convert(
                     action: e.action,
                     size: e.size,
                 });
+                if e.action == TraceAction::SegmentUnmap {
+                    // Fully unmapped, a reservation is released.
+                    if let Some(m) =
+                        xseg_containing(&xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b))
+                    {
+                        *m = m.saturating_sub(e.size);
+                    }
+                }
                 reserved = reserved.saturating_sub(e.size);
                 let release = |a: TraceAction| {
                     matches!(a, TraceAction::SegmentFree | TraceAction::SegmentUnmap)
