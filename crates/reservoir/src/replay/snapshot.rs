@@ -19,17 +19,20 @@
 //!
 //! Expandable segments appear in a snapshot as runs of mapped pages (one
 //! dump-time segment per run) and in the trace as `segment_map` /
-//! `segment_unmap` entries. Per stream and pool (small when a size is not a
-//! whole number of large pages), the runs and entries are grouped into
-//! reservations (addresses more than 80 GiB apart are different ones); a
+//! `segment_unmap` entries. All runs and entries are sorted by address and
+//! grouped into reservations: one stream and pool (small when a size is not
+//! a whole number of large pages), cut where another stream or pool's
+//! address comes between or where addresses are more than 80 GiB apart; a
 //! reservation's base is the lowest address known to be in it (its first
 //! mapped page, when the trace saw it mapped). Walking backwards, before a
 //! `segment_map` its pages were unmapped, before a `segment_unmap` mapped
 //! and free; blocks in them are rounded without extension (expandable
-//! blocks split off any remainder). Each reservation is seeded with its
-//! mapped pages and blocks ([`crate::caching::CachingAllocator::seed_expandable`]),
-//! a reservation with no page mapped at the start included (the replay
-//! maps into it as the recording's allocator mapped into the one it created).
+//! blocks split off any remainder). Reservations with pages mapped at the
+//! first entry are seeded with those pages and their blocks
+//! ([`crate::caching::CachingAllocator::seed_expandable`]); the others are
+//! reserved by the replay itself, their recorded base scripted at their
+//! first map (and again at a map after they were fully unmapped, which
+//! releases a reservation).
 //!
 //! # Forward conversion
 //!
@@ -41,7 +44,7 @@
 //! | `oom` | `a <id> <size>` (with `s` as for `alloc`), expected to fail (never freed) |
 //! | first `segment_free` / `segment_unmap` of a run not followed by an `oom`, nor (when the capacity is known) by a `segment_alloc` / `segment_map` that would not fit on the device without the run | `e` (a user's `empty_cache()`, trap 5; the other runs are the allocator's free-and-retry) |
 //! | `segment_alloc` | its address is scripted for the device |
-//! | `segment_map` / `segment_unmap` | nothing (the allocator maps and unmaps by itself) |
+//! | `segment_map` / `segment_unmap` | nothing (the allocator maps and unmaps by itself); the first map of a reservation not reserved at that time scripts its base |
 //!
 //! Every inconsistency (freeing an address that is not allocated, an
 //! allocation inside no segment, overlapping blocks...) is a
