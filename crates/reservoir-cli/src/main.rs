@@ -395,13 +395,14 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
         let title = format!("{} (device {})", input.file, input.rec.device);
         let _ = writeln!(
             text,
-            "{title}\n{} trace entries -> {} ops from a start state of {} segments; simulated {} device{}\n",
+            "{title}\n{} trace entries -> {} ops from a start state of {} segments and {} expandable segments; simulated {} device{}\n",
             input.events,
             input.rec.trace.ops.len(),
             input.rec.start.segments.len(),
+            input.rec.start.expandable.len(),
             format_size(input.capacity),
             if input.rec.capacity.is_some() && args.capacity.is_none() {
-                " (the capacity that reproduces the recorded OOMs)"
+                " (the capacity inferred from the recording: its OOMs, or its expandable-segment reservations)"
             } else {
                 ""
             }
@@ -511,6 +512,19 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
         .with_context(|| format!("{}: no device trace to convert", args.file.display()))?;
     let rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
         .with_context(|| format!("{}, device {}", args.file.display(), dev.device))?;
+    if let Some((base, _, _)) = rec
+        .start
+        .expandable
+        .iter()
+        .find(|(_, x, _)| !x.mapped.is_empty())
+    {
+        bail!(
+            "{}, device {}: the start state has mapped pages in the expandable segment at {base:#x}; \
+             the oracle prelude cannot rebuild expandable segments (replay it with `reservoir replay`)",
+            args.file.display(),
+            dev.device
+        );
+    }
     let (trace, prelude) = reservoir::replay::snapshot::oracle_trace(&rec);
     let mut header = vec![
         format!(
@@ -521,7 +535,7 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
         format!("recorded settings: {:?}", recorded.config),
     ];
     if let Some(c) = rec.capacity {
-        header.push(format!("capacity reproducing the recorded OOMs: {c}"));
+        header.push(format!("capacity inferred from the recording: {c}"));
     }
     header.push(format!(
         "prelude: the first {} ops ({} segment allocations) rebuild the start state; \

@@ -216,3 +216,99 @@ fn inconsistent_traces_name_the_entry() {
         assert!(e.to_string().contains(what), "{e}");
     }
 }
+
+#[test]
+fn seeded_expandable_segment_has_its_pages_blocks_and_invariants() {
+    use reservoir::caching::SeededExpandable;
+    let dev = SimDevice::with_recorded_addresses(
+        SimConfig {
+            capacity: 1 << 30,
+            ..SimConfig::default()
+        },
+        vec![0x7f00_0000_0000],
+    );
+    let a = CachingAllocator::new(
+        dev,
+        AllocatorConfig::parse("expandable_segments:True").unwrap(),
+    );
+    let seg = SeededExpandable {
+        stream: StreamId::DEFAULT,
+        small: false,
+        mapped: vec![(0, 40 * MIB), (60 * MIB, 20 * MIB)],
+        blocks: vec![
+            SeededBlock {
+                offset: 62 * MIB,
+                size: MIB + 512,
+                requested_size: MIB + 100,
+            },
+            SeededBlock {
+                offset: 0,
+                size: 4 * MIB,
+                requested_size: 4 * MIB,
+            },
+        ],
+    };
+    let base = a.seed_expandable(&seg).unwrap();
+    assert_eq!(base.0, 0x7f00_0000_0000);
+    a.check_invariants().unwrap();
+    // Two runs of mapped pages: two segments in a snapshot.
+    let runs: Vec<(u64, u64, usize)> = a
+        .segments()
+        .iter()
+        .map(|s| (s.address - base.0, s.total_size, s.blocks.len()))
+        .collect();
+    assert_eq!(runs, vec![(0, 40 * MIB, 2), (60 * MIB, 20 * MIB, 3)]);
+    let s = a.stats();
+    assert_eq!(s.reserved_bytes.all().current, 60 * MIB as i64);
+    assert_eq!(s.allocated_bytes.all().current, (5 * MIB + 512) as i64);
+    // 30 MiB: the free 36 MiB of the first run serve it, at 4 MiB.
+    let p = a.raw_alloc(30 * MIB, StreamId::DEFAULT).unwrap();
+    assert_eq!(p.0, base.0 + 4 * MIB);
+    a.check_invariants().unwrap();
+    a.raw_free(p).unwrap();
+    a.raw_free(base).unwrap();
+    a.raw_free(reservoir::DevicePtr(base.0 + 62 * MIB)).unwrap();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
+    assert!(a.segments().is_empty());
+}
+
+#[test]
+fn inconsistent_expandable_traces_name_the_entry() {
+    let base = 0x7f00_0000_0000u64;
+    let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    // An unmap of a page that is unmapped afterwards and before: the
+    // second unmap of the same page.
+    let events = vec![
+        entry(TraceAction::SegmentMap, base, 20 * MIB),
+        entry(TraceAction::SegmentUnmap, base, 20 * MIB),
+        entry(TraceAction::SegmentUnmap, base, 20 * MIB),
+    ];
+    let e = convert(&device(events, vec![]), &config, false).unwrap_err();
+    assert_eq!(e.entry, 1, "{e}");
+    // A map under a block allocated at dump time and never allocated in
+    // the trace.
+    let mut seg = segment(
+        base,
+        20 * MIB,
+        vec![(20 * MIB, snapshot::BlockState::ActiveAllocated)],
+    );
+    seg.is_expandable = Some(true);
+    let events = vec![entry(TraceAction::SegmentMap, base, 20 * MIB)];
+    let e = convert(&device(events, vec![seg]), &config, false).unwrap_err();
+    assert_eq!(e.entry, 0, "{e}");
+    // Hostile sizes and addresses are errors, not overflows or endless loops.
+    for (addr, size) in [
+        (base, u64::MAX - 5),
+        (u64::MAX - 512, 20 * MIB),
+        (base, 1 << 62),
+    ] {
+        let events = vec![
+            entry(TraceAction::SegmentMap, base, 20 * MIB),
+            entry(TraceAction::SegmentUnmap, addr, size),
+        ];
+        let e = convert(&device(events, vec![]), &config, false).unwrap_err();
+        assert_eq!(e.entry, 1, "{e}");
+    }
+}

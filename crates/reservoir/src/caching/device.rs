@@ -175,7 +175,7 @@ impl DeviceState {
     }
 
     #[inline]
-    fn stat_type(&self, pool: PoolId) -> StatType {
+    pub(crate) fn stat_type(&self, pool: PoolId) -> StatType {
         StatType::for_pool(self.pools[pool as usize].is_small)
     }
 
@@ -187,7 +187,7 @@ impl DeviceState {
 
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.
     #[inline]
-    fn insert_into_pool(&mut self, id: BlockId) {
+    pub(crate) fn insert_into_pool(&mut self, id: BlockId) {
         let pool = self.blocks[id].pool as usize;
         let key = self.free_key(id);
         self.blocks[id].gc_count_base = self.pools[pool].get_free_blocks_call_count;
@@ -205,7 +205,7 @@ impl DeviceState {
 
     /// A new live block (not linked, not in any set).
     #[allow(clippy::too_many_arguments)]
-    fn new_block(
+    pub(crate) fn new_block(
         &mut self,
         addr: u64,
         size: u64,
@@ -269,7 +269,7 @@ impl DeviceState {
         }
     }
 
-    fn insert_into_unmapped(&mut self, id: BlockId) {
+    pub(crate) fn insert_into_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
         let pool = self.blocks[id].pool as usize;
         let inserted = self.pools[pool].unmapped.insert(key);

@@ -83,7 +83,7 @@ use device::{DeviceState, MallocError};
 pub use device::{FreeMemoryCallback, OomObserver};
 pub use history::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
-pub use seed::{SeedError, SeededBlock, SeededSegment};
+pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment};
 pub use snapshot::StreamSegmentSize;
 
 /// State of a block in a snapshot (spec 2.3).

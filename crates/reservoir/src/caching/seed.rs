@@ -251,3 +251,190 @@ impl<B: Backend> CachingAllocator<B> {
         Ok(ptr)
     }
 }
+
+/// An expandable segment to lay into an allocator: a reserved address range
+/// of which some pages are mapped, with allocated blocks in mapped pages.
+/// Every mapped byte not covered by a block is a free block; every unmapped
+/// page is part of an unmapped block (adjacent ones merged, as the allocator
+/// keeps them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeededExpandable {
+    /// The stream the segment serves.
+    pub stream: StreamId,
+    /// Small pool (2 MiB pages) or large pool (`large_segment_size` pages).
+    pub small: bool,
+    /// Mapped ranges as (offset from the base, bytes), page-aligned.
+    pub mapped: Vec<(u64, u64)>,
+    /// The allocated blocks, each inside one mapped range.
+    pub blocks: Vec<SeededBlock>,
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// Reserve an expandable segment (of the size the allocator would
+    /// reserve: 9/8 of the device, in whole pages), map `seg.mapped` and lay
+    /// out `seg.blocks`; returns its base. Stats move as if the pages had
+    /// been mapped by allocations (`reserved_bytes` and `num_device_alloc`
+    /// per mapped range; expandable segments count no `segment`), and the
+    /// allocated blocks as in [`seed_segment`](Self::seed_segment).
+    pub fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
+        let layout = |m: String| Err(SeedError::Layout(m));
+        let page = if seg.small {
+            super::rules::SMALL_BUFFER
+        } else {
+            self.state.lock().config.large_segment_size
+        };
+        let total = self
+            .backend
+            .mem_info()
+            .map_err(|source| SeedError::Backend { size: 0, source })?
+            .total;
+        let space = (total + total / 8).div_ceil(page) * page;
+        let mut mapped = seg.mapped.clone();
+        mapped.sort_unstable();
+        let mut end = 0;
+        for &(o, l) in &mapped {
+            if l == 0
+                || o % page != 0
+                || l % page != 0
+                || o < end
+                || o.checked_add(l).map_or(true, |e| e > space)
+            {
+                return layout(format!(
+                    "mapped range [{o:#x}, +{l:#x}) is empty, not page-aligned ({page:#x}), overlapping or past the reservation ({space:#x})"
+                ));
+            }
+            end = o + l;
+        }
+        let mut blocks = seg.blocks.clone();
+        blocks.sort_by_key(|b| b.offset);
+        let mut bend = 0u64;
+        for b in &blocks {
+            let inside = mapped
+                .iter()
+                .any(|&(o, l)| b.offset >= o && b.offset.saturating_add(b.size) <= o + l);
+            if b.size == 0
+                || b.size % 512 != 0
+                || b.offset % 512 != 0
+                || b.offset < bend
+                || b.requested_size > b.size
+                || !inside
+            {
+                return layout(format!(
+                    "block at offset {:#x} of {} bytes: unaligned, overlapping, or not inside one mapped range",
+                    b.offset, b.size
+                ));
+            }
+            bend = b.offset + b.size;
+        }
+        let vm = self.backend.as_virtual_memory().ok_or(SeedError::Backend {
+            size: space,
+            source: BackendError::Unsupported {
+                backend: self.backend.name(),
+                what: "virtual memory (needed by expandable segments)",
+            },
+        })?;
+        let reservation = vm.reserve(space).map_err(|source| SeedError::Backend {
+            size: space,
+            source,
+        })?;
+        for (k, &(o, l)) in mapped.iter().enumerate() {
+            if let Err(source) = vm.map(reservation, o, l) {
+                for &(o2, l2) in &mapped[..k] {
+                    let _ = vm.unmap(reservation, o2, l2);
+                }
+                let _ = vm.release(reservation);
+                return Err(SeedError::Backend { size: l, source });
+            }
+        }
+        let base = reservation.base.0;
+        let mut st = self.state.lock();
+        let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
+        let stat = StatType::for_pool(seg.small);
+        let max_split = st.config.max_split_size;
+        st.segment_seq += 1;
+        let seq = st.segment_rank(base);
+        let mut pages = vec![false; (end / page) as usize];
+        for &(o, l) in &mapped {
+            pages[(o / page) as usize..((o + l) / page) as usize]
+                .iter_mut()
+                .for_each(|p| *p = true);
+        }
+        let sid = st.segments.insert(Segment {
+            seq,
+            addr: base,
+            size: space,
+            expandable: Some(Box::new(super::block::Expandable {
+                reservation,
+                page_size: page,
+                pages,
+            })),
+            stream: seg.stream,
+            pool,
+            head: NIL,
+            live: true,
+        });
+        let mapped_total: u64 = mapped.iter().map(|r| r.1).sum();
+        st.total_allocated_memory += mapped_total;
+        st.stats.reserved_bytes.increase(stat, mapped_total);
+        st.stats.num_device_alloc += mapped.len() as i64;
+
+        // The tiling: (offset, size, mapped, Some(requested) if allocated).
+        let mut tiles: Vec<(u64, u64, bool, Option<u64>)> = Vec::new();
+        let mut at = 0;
+        let mut bi = blocks.iter().peekable();
+        for &(o, l) in &mapped {
+            if o > at {
+                tiles.push((at, o - at, false, None));
+            }
+            at = o;
+            while let Some(b) = bi.next_if(|b| b.offset < o + l) {
+                if b.offset > at {
+                    tiles.push((at, b.offset - at, true, None));
+                }
+                tiles.push((b.offset, b.size, true, Some(b.requested_size)));
+                at = b.offset + b.size;
+            }
+            if at < o + l {
+                tiles.push((at, o + l - at, true, None));
+            }
+            at = o + l;
+        }
+        if at < space {
+            tiles.push((at, space - at, false, None));
+        }
+        let mut prev = NIL;
+        let mut ids = Vec::with_capacity(tiles.len());
+        for &(offset, size, is_mapped, _) in &tiles {
+            let id = st.new_block(base + offset, size, seg.stream, pool, sid, is_mapped, true);
+            st.blocks[id].prev = prev;
+            if prev == NIL {
+                st.segments[sid].head = id;
+            } else {
+                st.blocks[prev].next = id;
+            }
+            prev = id;
+            ids.push(id);
+        }
+        for (&id, &(offset, size, is_mapped, requested)) in ids.iter().zip(&tiles) {
+            match requested {
+                Some(requested) => {
+                    st.blocks[id].allocated = true;
+                    st.blocks[id].requested_size = requested;
+                    st.allocated.insert(base + offset, id);
+                    let s = &mut st.stats;
+                    s.allocation.increase(stat, 1);
+                    s.allocated_bytes.increase(stat, size);
+                    s.active.increase(stat, 1);
+                    s.active_bytes.increase(stat, size);
+                    s.requested_bytes.increase(stat, requested);
+                    if size >= max_split {
+                        s.oversize_allocations.increase(1);
+                    }
+                }
+                None if is_mapped => st.insert_into_pool(id),
+                None => st.insert_into_unmapped(id),
+            }
+        }
+        Ok(DevicePtr(base))
+    }
+}

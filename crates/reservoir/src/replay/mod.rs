@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
-use crate::caching::{BlockState, CachingAllocator, SeedError, SeededSegment};
+use crate::caching::{BlockState, CachingAllocator, SeedError, SeededExpandable, SeededSegment};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
@@ -205,7 +205,8 @@ pub enum ReplayError {
     /// The start state could not be laid into the allocator.
     #[error("seeding segment {segment} of the start state: {source}")]
     Seed {
-        /// Index of the segment in [`StartState::segments`].
+        /// Index of the segment in [`StartState::segments`] (then
+        /// [`StartState::expandable`], numbered on after them).
         segment: usize,
         /// The error.
         source: SeedError,
@@ -231,6 +232,11 @@ pub struct StartState {
     /// address the device should give it and the trace id of each of its
     /// allocated blocks (parallel to `SeededSegment::blocks`).
     pub segments: Vec<(u64, SeededSegment, Vec<AllocId>)>,
+    /// Expandable segments to seed after `segments`, in increasing address
+    /// order: each with the base address its reservation should get and the
+    /// trace id of each allocated block (parallel to
+    /// `SeededExpandable::blocks`).
+    pub expandable: Vec<(u64, SeededExpandable, Vec<AllocId>)>,
     /// Addresses the device hands out for the trace's new segments, in
     /// order, after the seeded ones (see [`AddressPolicy::Scripted`]).
     pub scripted_addresses: Vec<u64>,
@@ -562,6 +568,7 @@ impl<'t> Replay<'t> {
                 st.segments
                     .iter()
                     .map(|s| s.0)
+                    .chain(st.expandable.iter().map(|s| s.0))
                     .chain(st.scripted_addresses.iter().copied())
                     .collect(),
             ),
@@ -592,6 +599,22 @@ impl<'t> Replay<'t> {
                 let base = alloc
                     .seed_segment(seg)
                     .map_err(|source| ReplayError::Seed { segment: k, source })?;
+                for (b, id) in seg.blocks.iter().zip(ids) {
+                    live.insert(*id, DevicePtr(base.0 + b.offset));
+                }
+            }
+            for (k, (_, seg, ids)) in st.expandable.iter().enumerate() {
+                let name = StreamName::new(seg.stream.0.to_string());
+                let (sid, new) = streams.resolve(&name);
+                if new {
+                    alloc.backend().register_stream(sid);
+                }
+                let base = alloc
+                    .seed_expandable(seg)
+                    .map_err(|source| ReplayError::Seed {
+                        segment: st.segments.len() + k,
+                        source,
+                    })?;
                 for (b, id) in seg.blocks.iter().zip(ids) {
                     live.insert(*id, DevicePtr(base.0 + b.offset));
                 }

@@ -17,6 +17,23 @@
 //! when the remainder is too small to have been split off (a large-pool
 //! remainder of at most 1 MiB). Segments are seeded at their recorded addresses.
 //!
+//! Expandable segments appear in a snapshot as runs of mapped pages (one
+//! dump-time segment per run) and in the trace as `segment_map` /
+//! `segment_unmap` entries. All runs and entries are sorted by address and
+//! grouped into reservations: one stream and pool (small when a size is not
+//! a whole number of large pages), cut where another stream or pool's
+//! address comes between or where addresses are more than 80 GiB apart; a
+//! reservation's base is the lowest address known to be in it (its first
+//! mapped page, when the trace saw it mapped). Walking backwards, before a
+//! `segment_map` its pages were unmapped, before a `segment_unmap` mapped
+//! and free; blocks in them are rounded without extension (expandable
+//! blocks split off any remainder). Reservations with pages mapped at the
+//! first entry are seeded with those pages and their blocks
+//! ([`crate::caching::CachingAllocator::seed_expandable`]); the others are
+//! reserved by the replay itself, their recorded base scripted at their
+//! first map (and again at a map after they were fully unmapped, which
+//! releases a reservation).
+//!
 //! # Forward conversion
 //!
 //! | recorded entry | op |
@@ -25,11 +42,10 @@
 //! | `free_completed` | `f <id>` (frees happen at completion) |
 //! | `free_requested`, `snapshot` | nothing |
 //! | `oom` | `a <id> <size>` (with `s` as for `alloc`), expected to fail (never freed) |
-//! | first `segment_free` of a run not followed by an `oom` | `e` (a user's `empty_cache()`, trap 5) |
+//! | first `segment_free` / `segment_unmap` of a run not followed by an `oom`, nor (when the capacity is known) by a `segment_alloc` / `segment_map` that would not fit on the device without the run | `e` (a user's `empty_cache()`, trap 5; the other runs are the allocator's free-and-retry) |
 //! | `segment_alloc` | its address is scripted for the device |
+//! | `segment_map` / `segment_unmap` | nothing (the allocator maps and unmaps by itself); the first map of a reservation not reserved at that time scripts its base |
 //!
-//! `segment_map` / `segment_unmap` (expandable segments) are not replayable
-//! yet and stop the conversion with [`ConvertError`] naming the entry.
 //! Every inconsistency (freeing an address that is not allocated, an
 //! allocation inside no segment, overlapping blocks...) is a
 //! [`ConvertError`] naming the entry index, never a panic.
@@ -37,7 +53,8 @@
 //! # Fidelity
 //!
 //! [`Fidelity`] compares the replay's device calls with the recorded segment
-//! events (action and size, as a longest common subsequence, so one extra
+//! events (`segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`:
+//! action and size, as a longest common subsequence, so one extra
 //! event costs one mismatch, not the rest of the trace) and each
 //! allocation's address with the recorded one. Segments are given their
 //! recorded addresses, so a replayed block in the recorded segment at the
@@ -51,7 +68,7 @@ use rustc_hash::FxHashMap;
 use super::{Replay, ReplaySetting, StartState};
 use crate::backend::StreamId;
 use crate::caching::rules;
-use crate::caching::{SeededBlock, SeededSegment};
+use crate::caching::{SeededBlock, SeededExpandable, SeededSegment};
 use crate::config::AllocatorConfig;
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use crate::sim::{CallKind, CallResult};
@@ -103,7 +120,10 @@ pub struct RecordedTrace {
     /// `oom` entries.
     pub ooms: u64,
     /// Capacity that reproduces the recorded OOMs: `device_free` plus the
-    /// reserved bytes at the first `oom` entry; `None` without OOMs.
+    /// reserved bytes at the first `oom` entry. Without OOMs, when the
+    /// recording has expandable segments whose reservations (9/8 of the
+    /// device each) would overlap on an 80 GiB device, the largest capacity
+    /// whose reservations fit between the recorded ones; else `None`.
     pub capacity: Option<u64>,
     /// Peak reserved bytes of the recording (start state included).
     pub peak_reserved: u64,
@@ -175,6 +195,160 @@ fn seg_containing(segs: &BTreeMap<u64, RSeg>, addr: u64) -> Option<u64> {
     (addr < base + s.size).then_some(base)
 }
 
+/// An expandable segment being rebuilt: its reservation (base = the
+/// lowest address known to be in it), which pages are mapped, and its
+/// allocated blocks.
+#[derive(Clone, Debug)]
+struct XSeg {
+    /// One past the highest address known to be in it.
+    end: u64,
+    stream: StreamId,
+    small: bool,
+    page: u64,
+    /// Addresses of the mapped pages.
+    mapped: std::collections::BTreeSet<u64>,
+    /// Allocated (or pending) blocks: addr -> (size, requested).
+    blocks: BTreeMap<u64, (u64, u64)>,
+}
+
+fn xseg_containing(xsegs: &BTreeMap<u64, XSeg>, addr: u64) -> Option<u64> {
+    let (&base, s) = xsegs.range(..=addr).next_back()?;
+    (addr < s.end).then_some(base)
+}
+
+/// (address, size, mapped at dump time) of an expandable range.
+type Point = (u64, u64, bool);
+
+/// The expandable segments behind the dump-time expandable segments (each
+/// a run of mapped pages) and the trace's `segment_map` / `segment_unmap`
+/// entries: per (stream, pool), addresses sorted and cut where they are
+/// more than `span` apart. The pool is small when a dump-time segment says
+/// so or a size is not a multiple of the large page (small-pool maps are
+/// one 2 MiB page). Pages are mapped as at dump time.
+fn expandable_groups(
+    dev: &DeviceEvents,
+    config: &AllocatorConfig,
+    span: u64,
+) -> Result<BTreeMap<u64, XSeg>, ConvertError> {
+    let large_page = config.large_segment_size.max(SMALL_BUFFER);
+    // Sizes and ends must stay far from overflow, and page loops short.
+    let bad = |addr: u64, size: u64| size > MAX_EXPANDABLE_RANGE || addr > u64::MAX / 2;
+    for (i, e) in dev.events.iter().enumerate() {
+        let x = matches!(
+            e.action,
+            TraceAction::SegmentMap | TraceAction::SegmentUnmap
+        );
+        if x && bad(e.addr, e.size) {
+            return err(
+                i,
+                format!(
+                    "{} of {:#x} ({} bytes): out of range",
+                    e.action, e.addr, e.size
+                ),
+            );
+        }
+    }
+    for s in dev
+        .final_segments
+        .iter()
+        .flatten()
+        .filter(|s| s.expandable())
+    {
+        if bad(s.address, s.total_size) {
+            return err(
+                dev.events.len(),
+                format!(
+                    "expandable segment {:#x} ({} bytes): out of range",
+                    s.address, s.total_size
+                ),
+            );
+        }
+    }
+    // (stream, small) -> [(addr, size, mapped at dump time)]
+    let mut points: BTreeMap<(u64, bool), Vec<Point>> = BTreeMap::new();
+    for s in dev
+        .final_segments
+        .iter()
+        .flatten()
+        .filter(|s| s.expandable())
+    {
+        let small = s.segment_type == SegmentType::Small || s.total_size % large_page != 0;
+        points
+            .entry((s.stream.0, small))
+            .or_default()
+            .push((s.address, s.total_size, true));
+    }
+    for e in &dev.events {
+        if matches!(
+            e.action,
+            TraceAction::SegmentMap | TraceAction::SegmentUnmap
+        ) {
+            let small = e.size % large_page != 0;
+            points
+                .entry((e.stream.0, small))
+                .or_default()
+                .push((e.addr, e.size, false));
+        }
+    }
+    // All points in address order: a reservation is a run of points of one
+    // (stream, pool), cut where another's point comes between (reservations
+    // do not overlap) or where they are more than `span` apart.
+    let mut all: Vec<(u64, u64, bool, (u64, bool))> = points
+        .into_iter()
+        .flat_map(|(key, pts)| pts.into_iter().map(move |(a, s, m)| (a, s, m, key)))
+        .collect();
+    all.sort_unstable();
+    let mut out = BTreeMap::new();
+    let mut cur: Option<(u64, (u64, bool), XSeg)> = None;
+    for (addr, size, mapped, key) in all {
+        if let Some((base, k, x)) = &cur {
+            if *k != key || addr.saturating_sub(x.end) > span || addr.saturating_sub(*base) > span {
+                let (b, _, x) = cur.take().expect("checked");
+                out.insert(b, x);
+            }
+        }
+        let (stream, small) = key;
+        let page = if small { SMALL_BUFFER } else { large_page };
+        let (_, _, x) = cur.get_or_insert_with(|| {
+            (
+                addr,
+                key,
+                XSeg {
+                    end: addr,
+                    stream: StreamId(stream),
+                    small,
+                    page,
+                    mapped: Default::default(),
+                    blocks: BTreeMap::new(),
+                },
+            )
+        });
+        x.end = x.end.max(addr.saturating_add(size));
+        if mapped {
+            let mut p = addr;
+            while p < addr.saturating_add(size) {
+                x.mapped.insert(p);
+                p += page;
+            }
+        }
+    }
+    if let Some((b, _, x)) = cur {
+        out.insert(b, x);
+    }
+    Ok(out)
+}
+
+/// Largest expandable range (a map, an unmap, a run of mapped pages) a
+/// trace may have: 1 TiB (half a million small pages).
+const MAX_EXPANDABLE_RANGE: u64 = 1 << 40;
+
+/// Largest device capacity (a multiple of 2 MiB) whose expandable-segment
+/// reservations (9/8 of it, in pages of at most `large_page`) fit in `gap`.
+fn capacity_for_gap(gap: u64, large_page: u64) -> u64 {
+    let c = gap.saturating_sub(large_page) / 9 * 8;
+    c / SMALL_BUFFER * SMALL_BUFFER
+}
+
 /// Large-pool blocks leave no remainder of 1 MiB or less (spec 1.7).
 const SMALL_SIZE: u64 = 1 << 20;
 /// Small-pool segment size.
@@ -220,7 +394,7 @@ pub fn convert(
     } else {
         for s in dev.final_segments.iter().flatten() {
             if s.expandable() {
-                return err(n, format!("expandable segment {:#x} at dump time: expandable segments are not replayable yet", s.address));
+                continue;
             }
             let mut blocks = BTreeMap::new();
             for (addr, b) in s.blocks_with_addresses() {
@@ -251,6 +425,33 @@ pub fn convert(
         }
     }
     let from_segments = dev.initially_allocated.is_none();
+    let mut xsegs = if from_segments {
+        expandable_groups(dev, config, crate::sim::DEFAULT_CAPACITY)?
+    } else {
+        BTreeMap::new()
+    };
+    if from_segments {
+        for s in dev
+            .final_segments
+            .iter()
+            .flatten()
+            .filter(|s| s.expandable())
+        {
+            let Some(base) = xseg_containing(&xsegs, s.address) else {
+                return err(
+                    n,
+                    format!("expandable segment {:#x}: no reservation", s.address),
+                );
+            };
+            let x = xsegs.get_mut(&base).expect("found above");
+            for (addr, b) in s.blocks_with_addresses() {
+                if b.state.is_active() {
+                    x.blocks
+                        .insert(addr, (b.size, b.requested_size.unwrap_or(b.size)));
+                }
+            }
+        }
+    }
 
     // --- walk backwards to the first entry
     if from_segments {
@@ -263,6 +464,55 @@ pub fn convert(
             starts.extend(s.blocks.keys().copied());
         }
         for (i, e) in events.iter().enumerate().rev() {
+            let in_x = matches!(e.action, TraceAction::Alloc | TraceAction::FreeCompleted)
+                && seg_containing(&segs, e.addr).is_none();
+            if let Some(xb) = in_x.then(|| xseg_containing(&xsegs, e.addr)).flatten() {
+                let x = xsegs.get_mut(&xb).expect("found above");
+                if e.action == TraceAction::Alloc {
+                    if x.blocks.remove(&e.addr).is_none() {
+                        return err(
+                            i,
+                            format!("alloc of {:#x}, which is not allocated afterwards", e.addr),
+                        );
+                    }
+                } else {
+                    // Expandable blocks split off any remainder (spec 1.7):
+                    // the block is the rounded size.
+                    let size = rules::round_size(e.size.max(1), config);
+                    if size > MAX_EXPANDABLE_RANGE || e.addr > u64::MAX / 2 {
+                        return err(
+                            i,
+                            format!("free of {:#x} ({} bytes): out of range", e.addr, e.size),
+                        );
+                    }
+                    let overlaps_prev = x
+                        .blocks
+                        .range(..e.addr)
+                        .next_back()
+                        .is_some_and(|(&pa, &(ps, _))| pa + ps > e.addr);
+                    let overlaps_next = x
+                        .blocks
+                        .range(e.addr..)
+                        .next()
+                        .is_some_and(|(&a, _)| a < e.addr + size);
+                    if overlaps_prev || overlaps_next {
+                        return err(i, format!("free of {:#x} overlaps another block", e.addr));
+                    }
+                    let first = e.addr - (e.addr - xb) % x.page;
+                    let mut p = first;
+                    while p < e.addr + size {
+                        if !x.mapped.contains(&p) {
+                            return err(
+                                i,
+                                format!("free of {:#x}: page {p:#x} is not mapped", e.addr),
+                            );
+                        }
+                        p += x.page;
+                    }
+                    x.blocks.insert(e.addr, (size, e.size));
+                }
+                continue;
+            }
             match e.action {
                 TraceAction::Alloc => {
                     let Some(base) = seg_containing(&segs, e.addr) else {
@@ -346,7 +596,32 @@ pub fn convert(
                     );
                 }
                 TraceAction::SegmentMap | TraceAction::SegmentUnmap => {
-                    return err(i, format!("{}: expandable segments are not replayable yet", e.action));
+                    let Some(xb) = xseg_containing(&xsegs, e.addr) else {
+                        return err(i, format!("{} of {:#x} in no expandable segment", e.action, e.addr));
+                    };
+                    let x = xsegs.get_mut(&xb).expect("found above");
+                    if (e.addr - xb) % x.page != 0 || e.size % x.page != 0 || e.size == 0 {
+                        return err(i, format!("{} of {:#x} ({} bytes) is not in whole pages", e.action, e.addr, e.size));
+                    }
+                    let map = e.action == TraceAction::SegmentMap;
+                    if map
+                        && x
+                            .blocks
+                            .range(..e.addr + e.size)
+                            .next_back()
+                            .is_some_and(|(&a, &(sz, _))| a + sz > e.addr)
+                    {
+                        return err(i, format!("segment_map of {:#x}: afterwards a block is allocated there", e.addr));
+                    }
+                    let mut p = e.addr;
+                    while p < e.addr + e.size {
+                        // Before a map the page was unmapped, before an unmap mapped.
+                        let changed = if map { x.mapped.remove(&p) } else { x.mapped.insert(p) };
+                        if !changed {
+                            return err(i, format!("{} of {:#x}: page {p:#x} is {} afterwards", e.action, e.addr, if map { "unmapped" } else { "mapped" }));
+                        }
+                        p += x.page;
+                    }
                 }
                 TraceAction::FreeRequested | TraceAction::Snapshot | TraceAction::Oom => {}
             }
@@ -391,6 +666,81 @@ pub fn convert(
         ));
     }
 
+    // Mapped bytes of each reservation (0: not reserved at that time; the
+    // replay reserves it at its first map, at the scripted base).
+    let mut x_mapped: BTreeMap<u64, u64> = BTreeMap::new();
+    for (&base, x) in &xsegs {
+        x_mapped.insert(base, x.mapped.len() as u64 * x.page);
+        if x.mapped.is_empty() && x.blocks.is_empty() {
+            continue;
+        }
+        let mut blocks = Vec::with_capacity(x.blocks.len());
+        let mut ids = Vec::with_capacity(x.blocks.len());
+        for (&addr, &(size, requested)) in &x.blocks {
+            next_id += 1;
+            blocks.push(SeededBlock {
+                offset: addr - base,
+                size,
+                requested_size: requested.min(size),
+            });
+            ids.push(next_id);
+            live.insert(addr, (next_id, size));
+            allocated += size;
+        }
+        let mut mapped: Vec<(u64, u64)> = Vec::new();
+        for &p in &x.mapped {
+            match mapped.last_mut() {
+                Some((o, l)) if *o + *l == p - base => *l += x.page,
+                _ => mapped.push((p - base, x.page)),
+            }
+        }
+        reserved += mapped.iter().map(|r| r.1).sum::<u64>();
+        start.expandable.push((
+            base,
+            SeededExpandable {
+                stream: x.stream,
+                small: x.small,
+                mapped,
+                blocks,
+            },
+            ids,
+        ));
+    }
+    // Reservations must not overlap: with no OOM to tell the device's
+    // capacity, take one whose reservations fit between the recorded ones.
+    let mut capacity = None;
+    let bases: Vec<u64> = xsegs.keys().copied().collect();
+    if let Some(gap) = bases.windows(2).map(|w| w[1] - w[0]).min() {
+        let c = capacity_for_gap(gap, config.large_segment_size);
+        if c < crate::sim::DEFAULT_CAPACITY {
+            capacity = Some(c);
+        }
+    }
+    // Reserved bytes before each entry, and the capacity the first `oom`
+    // entry tells (`device_free` + reserved).
+    let mut reserved_before = Vec::with_capacity(n);
+    {
+        let mut r = reserved;
+        let mut oom_capacity = None;
+        for e in events {
+            reserved_before.push(r);
+            match e.action {
+                TraceAction::SegmentAlloc | TraceAction::SegmentMap => r += e.size,
+                TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
+                    r = r.saturating_sub(e.size)
+                }
+                TraceAction::Oom if oom_capacity.is_none() => {
+                    oom_capacity = Some(e.addr.saturating_add(r));
+                }
+                _ => {}
+            }
+        }
+        if oom_capacity.is_some() {
+            capacity = oom_capacity;
+        }
+    }
+    let known_capacity = capacity;
+
     for &(handle, base) in &aliases {
         if let Some(v) = live.remove(&base) {
             if live.insert(handle, v).is_some() {
@@ -426,7 +776,6 @@ pub fn convert(
     let mut segment_events = Vec::new();
     let mut placements = Vec::new();
     let mut ooms = 0;
-    let mut capacity = None;
     let mut empty_caches = 0;
     let mut peak_reserved = reserved;
     let mut peak_allocated = allocated;
@@ -466,9 +815,6 @@ pub fn convert(
             }
             TraceAction::Oom => {
                 ooms += 1;
-                if capacity.is_none() {
-                    capacity = Some(e.addr.saturating_add(reserved));
-                }
                 next_id += 1;
                 switch(&mut ops, &mut lines, i, e.stream);
                 ops.push(Op::Alloc {
@@ -490,30 +836,59 @@ pub fn convert(
                 reserved += e.size;
                 peak_reserved = peak_reserved.max(reserved);
             }
-            TraceAction::SegmentFree => {
+            TraceAction::SegmentMap => {
                 segment_events.push(SegmentEvent {
                     action: e.action,
                     size: e.size,
                 });
+                if let Some(m) = xseg_containing(&xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b))
+                {
+                    if *m == 0 && !synthetic {
+                        // A new reservation: its first map is at its base.
+                        start.scripted_addresses.push(e.addr);
+                    }
+                    *m += e.size;
+                }
+                reserved += e.size;
+                peak_reserved = peak_reserved.max(reserved);
+            }
+            TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
+                segment_events.push(SegmentEvent {
+                    action: e.action,
+                    size: e.size,
+                });
+                if e.action == TraceAction::SegmentUnmap {
+                    // Fully unmapped, a reservation is released.
+                    if let Some(m) =
+                        xseg_containing(&xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b))
+                    {
+                        *m = m.saturating_sub(e.size);
+                    }
+                }
                 reserved = reserved.saturating_sub(e.size);
-                let run_start = i == 0 || events[i - 1].action != TraceAction::SegmentFree;
+                let release = |a: TraceAction| {
+                    matches!(a, TraceAction::SegmentFree | TraceAction::SegmentUnmap)
+                };
+                let run_start = i == 0 || !release(events[i - 1].action);
                 if run_start {
-                    let followed_by_oom = events[i..]
-                        .iter()
-                        .find(|x| x.action != TraceAction::SegmentFree)
-                        .is_some_and(|x| x.action == TraceAction::Oom);
-                    if !followed_by_oom {
+                    let after = events[i..].iter().find(|x| !release(x.action));
+                    let followed_by_oom = after.is_some_and(|x| x.action == TraceAction::Oom);
+                    // A flush followed by a new segment that would not have
+                    // fit on the device without it is the allocator's own
+                    // free-and-retry, not the user's `empty_cache()`.
+                    let retry = after.is_some_and(|x| {
+                        matches!(
+                            x.action,
+                            TraceAction::SegmentAlloc | TraceAction::SegmentMap
+                        ) && known_capacity
+                            .is_some_and(|c| reserved_before[i].saturating_add(x.size) > c)
+                    });
+                    if !followed_by_oom && !retry {
                         ops.push(Op::EmptyCache);
                         lines.push(i);
                         empty_caches += 1;
                     }
                 }
-            }
-            TraceAction::SegmentMap | TraceAction::SegmentUnmap => {
-                return err(
-                    i,
-                    format!("{}: expandable segments are not replayable yet", e.action),
-                );
             }
             TraceAction::FreeRequested | TraceAction::Snapshot => {}
         }
