@@ -30,9 +30,9 @@
 //!   in order, erase by backward shift, no shrinking (neither `erase` nor
 //!   `clear` gives slots back).
 //!
-//! [`FlatHashTable`] is that table; [`StreamTable`] keys it by [`StreamId`]
-//! with the hash from [`C10Streams::hash`]. The same table orders the private
-//! pools `release_cached_blocks` frees (`graph_pools_freeable`, [`MempoolSet`]).
+//! `FlatHashTable` is that table; `StreamTable` keys it by [`StreamId`]
+//! with the hash from `C10Streams::hash`. The same table orders the private
+//! pools `release_cached_blocks` frees (`graph_pools_freeable`, `MempoolSet`).
 
 use std::collections::BTreeMap;
 

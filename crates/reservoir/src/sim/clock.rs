@@ -301,7 +301,7 @@ impl ClockState {
     }
 }
 
-/// The asynchronous simulated device. See the [module documentation](self).
+/// The asynchronous simulated device. See the module documentation of `sim::clock`.
 pub struct AsyncSimDevice {
     memory: SimDevice,
     state: Mutex<ClockState>,
