@@ -1248,7 +1248,16 @@ impl DeviceState {
         } else {
             self.remove_from_unmapped(src);
         }
-        let s = self.blocks[src].clone();
+        let s = {
+            let b = &self.blocks[src];
+            MergedNeighbour {
+                addr: b.addr,
+                size: b.size,
+                prev: b.prev,
+                next: b.next,
+                segment: b.segment,
+            }
+        };
         if self.blocks[dst].prev == src {
             // [src dst]
             let d = &mut self.blocks[dst];
@@ -1279,7 +1288,9 @@ impl DeviceState {
         let b = &mut self.blocks[id];
         b.live = false;
         b.stream_uses = Vec::new();
-        self.capture_stream_uses.remove(&id);
+        if !self.capture_stream_uses.is_empty() {
+            self.capture_stream_uses.remove(&id);
+        }
         self.blocks.remove(id);
     }
 
@@ -1568,4 +1579,14 @@ fn apply_net(array: &mut crate::stats::StatArray, st: StatType, net: i64) {
     } else if net < 0 {
         array.decrease(st, (-net) as u64);
     }
+}
+
+/// What `try_merge_blocks` keeps of the block it absorbs (no clone of the
+/// whole block, whose `stream_uses` is a `Vec`).
+struct MergedNeighbour {
+    addr: u64,
+    size: u64,
+    prev: BlockId,
+    next: BlockId,
+    segment: SegmentId,
 }

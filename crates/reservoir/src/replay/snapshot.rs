@@ -1116,8 +1116,14 @@ pub fn replay_recorded(
     compare: bool,
     progress: &mut dyn FnMut(usize),
 ) -> Result<(super::ReplayReport, Option<Fidelity>), super::ReplayError> {
-    let mut start = rec.start.clone();
-    start.record_placements = compare;
+    // Clone the start state (all its segments) only to change the flag.
+    let start = if rec.start.record_placements == compare {
+        std::borrow::Cow::Borrowed(&rec.start)
+    } else {
+        let mut start = rec.start.clone();
+        start.record_placements = compare;
+        std::borrow::Cow::Owned(start)
+    };
     let mut r = Replay::with_start(&rec.trace, &start, setting, options)?;
     r.run_with_progress(progress)?;
     let fid = (compare && rec.segments_known).then(|| fidelity(rec, &r));
