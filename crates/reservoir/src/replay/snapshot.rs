@@ -342,6 +342,31 @@ fn expandable_groups(
 /// trace may have: 1 TiB (half a million small pages).
 const MAX_EXPANDABLE_RANGE: u64 = 1 << 40;
 
+/// The seeded blocks of one start segment (offsets from `base`), each given
+/// the next allocation id, recorded in `live` and counted in `allocated`.
+fn seed_blocks(
+    base: u64,
+    recorded: &BTreeMap<u64, (u64, u64)>,
+    next_id: &mut AllocId,
+    live: &mut FxHashMap<u64, (AllocId, u64)>,
+    allocated: &mut u64,
+) -> (Vec<SeededBlock>, Vec<AllocId>) {
+    let mut blocks = Vec::with_capacity(recorded.len());
+    let mut ids = Vec::with_capacity(recorded.len());
+    for (&addr, &(size, requested)) in recorded {
+        *next_id += 1;
+        blocks.push(SeededBlock {
+            offset: addr - base,
+            size,
+            requested_size: requested.min(size),
+        });
+        ids.push(*next_id);
+        live.insert(addr, (*next_id, size));
+        *allocated += size;
+    }
+    (blocks, ids)
+}
+
 /// Largest device capacity (a multiple of 2 MiB) whose expandable-segment
 /// reservations (9/8 of it, in pages of at most `large_page`) fit in `gap`.
 fn capacity_for_gap(gap: u64, large_page: u64) -> u64 {
@@ -640,19 +665,7 @@ pub fn convert(
     let mut reserved: u64 = 0;
     let mut allocated: u64 = 0;
     for (&base, s) in &segs {
-        let mut blocks = Vec::with_capacity(s.blocks.len());
-        let mut ids = Vec::with_capacity(s.blocks.len());
-        for (&addr, &(size, requested)) in &s.blocks {
-            next_id += 1;
-            blocks.push(SeededBlock {
-                offset: addr - base,
-                size,
-                requested_size: requested.min(size),
-            });
-            ids.push(next_id);
-            live.insert(addr, (next_id, size));
-            allocated += size;
-        }
+        let (blocks, ids) = seed_blocks(base, &s.blocks, &mut next_id, &mut live, &mut allocated);
         reserved += s.size;
         start.segments.push((
             base,
@@ -674,19 +687,7 @@ pub fn convert(
         if x.mapped.is_empty() && x.blocks.is_empty() {
             continue;
         }
-        let mut blocks = Vec::with_capacity(x.blocks.len());
-        let mut ids = Vec::with_capacity(x.blocks.len());
-        for (&addr, &(size, requested)) in &x.blocks {
-            next_id += 1;
-            blocks.push(SeededBlock {
-                offset: addr - base,
-                size,
-                requested_size: requested.min(size),
-            });
-            ids.push(next_id);
-            live.insert(addr, (next_id, size));
-            allocated += size;
-        }
+        let (blocks, ids) = seed_blocks(base, &x.blocks, &mut next_id, &mut live, &mut allocated);
         let mut mapped: Vec<(u64, u64)> = Vec::new();
         for &p in &x.mapped {
             match mapped.last_mut() {
