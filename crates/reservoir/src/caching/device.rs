@@ -996,17 +996,31 @@ impl DeviceState {
         b.requested_size = orig_size;
         let (addr, size, stream) = (b.addr, b.size, b.stream);
         self.record_trace(TraceAction::Alloc, addr, orig_size, stream, p.pool, id);
+        self.note_allocated(id, addr, size, orig_size, st);
+        id
+    }
+
+    /// Enters the allocated block `id` (`size` bytes at `addr`, `requested`
+    /// of them asked for) in the pointer map and the allocation stats
+    /// (spec 1.12), as a hand-out and a seeded allocation both do.
+    pub(crate) fn note_allocated(
+        &mut self,
+        id: BlockId,
+        addr: u64,
+        size: u64,
+        requested: u64,
+        st: StatType,
+    ) {
         self.allocated.insert(addr, id);
         let s = &mut self.stats;
         s.allocation.increase(st, 1);
         s.allocated_bytes.increase(st, size);
         s.active.increase(st, 1);
         s.active_bytes.increase(st, size);
-        s.requested_bytes.increase(st, orig_size);
+        s.requested_bytes.increase(st, requested);
         if size >= self.config.max_split_size {
             s.oversize_allocations.increase(1);
         }
-        id
     }
 
     /// spec 1.10: free a block the caller no longer uses. The block has

@@ -224,16 +224,7 @@ impl<B: Backend> CachingAllocator<B> {
         for (&id, &(offset, size, requested)) in ids.iter().zip(&tiles) {
             match requested {
                 Some(requested) => {
-                    st.allocated.insert(base + offset, id);
-                    let s = &mut st.stats;
-                    s.allocation.increase(stat, 1);
-                    s.allocated_bytes.increase(stat, size);
-                    s.active.increase(stat, 1);
-                    s.active_bytes.increase(stat, size);
-                    s.requested_bytes.increase(stat, requested);
-                    if size >= max_split {
-                        s.oversize_allocations.increase(1);
-                    }
+                    st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None => {
                     let key = FreeKey::new(seg.stream, size, seq, base + offset, id);
@@ -350,7 +341,6 @@ impl<B: Backend> CachingAllocator<B> {
         let mut st = self.state.lock();
         let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
         let stat = StatType::for_pool(seg.small);
-        let max_split = st.config.max_split_size;
         st.segment_seq += 1;
         let seq = st.segment_rank(base);
         let mut pages = vec![false; (end / page) as usize];
@@ -420,16 +410,7 @@ impl<B: Backend> CachingAllocator<B> {
                 Some(requested) => {
                     st.blocks[id].allocated = true;
                     st.blocks[id].requested_size = requested;
-                    st.allocated.insert(base + offset, id);
-                    let s = &mut st.stats;
-                    s.allocation.increase(stat, 1);
-                    s.allocated_bytes.increase(stat, size);
-                    s.active.increase(stat, 1);
-                    s.active_bytes.increase(stat, size);
-                    s.requested_bytes.increase(stat, requested);
-                    if size >= max_split {
-                        s.oversize_allocations.increase(1);
-                    }
+                    st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None if is_mapped => st.insert_into_pool(id),
                 None => st.insert_into_unmapped(id),
