@@ -13,32 +13,18 @@
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
-use std::path::Path;
-
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use reservoir::replay::snapshot::{convert, recorded_setting, replay_recorded};
+use reservoir::replay::snapshot::{convert, replay_recorded};
 use reservoir::replay::ReplayOptions;
-use reservoir::snapshot;
 
-const FILE: &str = "cs336-wedsonlin/61dcd14d_medium_512_training_memory_snapshot.pickle";
+#[path = "support/largest_trace.rs"]
+mod largest_trace;
 
 fn bench(c: &mut Criterion) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let path = [
-        root.join("../../../shared/traces").join(FILE),
-        root.join("../../../../shared/traces").join(FILE),
-    ]
-    .into_iter()
-    .find(|p| p.is_file());
-    let Some(path) = path else {
-        eprintln!("skipped: {FILE} not found beside the repository");
+    let Some(largest_trace::LargestTrace { dev, setting, rec }) = largest_trace::load() else {
         return;
     };
-    let input = snapshot::load(&path).unwrap().to_trace_input();
-    let setting = recorded_setting(input.allocator_settings.as_ref());
-    let config = setting.allocator_config().unwrap();
-    let dev = &input.devices[0];
-    let rec = convert(dev, &config, false).unwrap();
+    let (dev, config) = (&dev, setting.allocator_config().unwrap());
     let options = ReplayOptions::default();
     let mut g = c.benchmark_group("replay_trace");
     g.throughput(Throughput::Elements(dev.events.len() as u64));

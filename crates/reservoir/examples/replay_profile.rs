@@ -2,35 +2,25 @@
 //! profiling `replay_recorded` with callgrind or perf (see BENCHMARKS.md):
 //! `cargo run --release -p reservoir --example replay_profile -- 20`.
 
-use std::path::Path;
 use std::time::Instant;
 
-use reservoir::replay::snapshot::{convert, recorded_setting, replay_recorded};
+use reservoir::replay::snapshot::replay_recorded;
 use reservoir::replay::ReplayOptions;
-use reservoir::snapshot;
 
-const FILE: &str = "cs336-wedsonlin/61dcd14d_medium_512_training_memory_snapshot.pickle";
+#[path = "../benches/support/largest_trace.rs"]
+mod largest_trace;
 
 fn main() {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(20);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let Some(path) = [
-        root.join("../../../shared/traces").join(FILE),
-        root.join("../../../../shared/traces").join(FILE),
-    ]
-    .into_iter()
-    .find(|p| p.is_file()) else {
-        eprintln!("skipped: {FILE} not found beside the repository");
+    let Some(largest_trace::LargestTrace {
+        dev, setting, rec, ..
+    }) = largest_trace::load()
+    else {
         return;
     };
-    let input = snapshot::load(&path).unwrap().to_trace_input();
-    let setting = recorded_setting(input.allocator_settings.as_ref());
-    let config = setting.allocator_config().unwrap();
-    let dev = &input.devices[0];
-    let rec = convert(dev, &config, false).unwrap();
     let options = ReplayOptions::default();
     let t = Instant::now();
     let mut peak = 0;
