@@ -54,27 +54,16 @@ impl Section {
         reports: &[ReplayReport],
         fidelity: &[(String, Option<Fidelity>)],
     ) -> Result<Section> {
-        let options = ReplayOptions {
-            capacity,
-            ..ReplayOptions::default()
-        };
-        let peak_op = reports.first().and_then(|r| r.peak.as_ref()).map(|p| p.op);
-        let segments = match settings.first() {
-            Some(s) => segments_at(
-                Replay::with_start(&rec.trace, &rec.start, s, &options)?,
-                peak_op,
-            )?,
-            None => Vec::new(),
-        };
-        Ok(Section {
+        let ops = rec.trace.ops.len() as u64;
+        Self::build(
             title,
-            ops: rec.trace.ops.len() as u64,
-            reports: reports.to_vec(),
-            fidelity: fidelity.to_vec(),
-            peak_setting: settings.first().map(|s| s.name.clone()).unwrap_or_default(),
-            peak_op: peak_op.unwrap_or(0),
-            segments,
-        })
+            ops,
+            settings,
+            capacity,
+            reports,
+            fidelity.to_vec(),
+            |s, o, peak| segments_at(Replay::with_start(&rec.trace, &rec.start, s, o)?, peak),
+        )
     }
 
     /// A built-in workload's section.
@@ -85,20 +74,43 @@ impl Section {
         capacity: u64,
         reports: &[ReplayReport],
     ) -> Result<Section> {
+        let ops = trace.ops.len() as u64;
+        Self::build(
+            title,
+            ops,
+            settings,
+            capacity,
+            reports,
+            Vec::new(),
+            |s, o, peak| segments_at(Replay::new(trace, s, o)?, peak),
+        )
+    }
+
+    /// The section of `ops` operations; the segment map is that of the first
+    /// setting at its peak, which `segments` replays to.
+    fn build(
+        title: String,
+        ops: u64,
+        settings: &[ReplaySetting],
+        capacity: u64,
+        reports: &[ReplayReport],
+        fidelity: Vec<(String, Option<Fidelity>)>,
+        segments: impl FnOnce(&ReplaySetting, &ReplayOptions, Option<u64>) -> Result<Vec<SegmentInfo>>,
+    ) -> Result<Section> {
         let options = ReplayOptions {
             capacity,
             ..ReplayOptions::default()
         };
         let peak_op = reports.first().and_then(|r| r.peak.as_ref()).map(|p| p.op);
         let segments = match settings.first() {
-            Some(s) => segments_at(Replay::new(trace, s, &options)?, peak_op)?,
+            Some(s) => segments(s, &options, peak_op)?,
             None => Vec::new(),
         };
         Ok(Section {
             title,
-            ops: trace.ops.len() as u64,
+            ops,
             reports: reports.to_vec(),
-            fidelity: Vec::new(),
+            fidelity,
             peak_setting: settings.first().map(|s| s.name.clone()).unwrap_or_default(),
             peak_op: peak_op.unwrap_or(0),
             segments,
