@@ -533,6 +533,20 @@ impl std::fmt::Debug for Replay<'_> {
     }
 }
 
+/// The id of a stream name in `streams`; a new name becomes a stream of the
+/// simulated device.
+fn device_stream(
+    streams: &mut StreamTable,
+    alloc: &CachingAllocator<SimDevice>,
+    name: &StreamName,
+) -> StreamId {
+    let (id, new) = streams.resolve(name);
+    if new {
+        alloc.backend().register_stream(id);
+    }
+    id
+}
+
 impl<'t> Replay<'t> {
     /// Prepare to replay `trace` with `setting` on a fresh simulated device.
     pub fn new(
@@ -591,11 +605,11 @@ impl<'t> Replay<'t> {
         if let Some(st) = start {
             alloc.rank_segments_by_address(st.address_order);
             for (k, (_, seg, ids)) in st.segments.iter().enumerate() {
-                let name = StreamName::new(seg.stream.0.to_string());
-                let (sid, new) = streams.resolve(&name);
-                if new {
-                    alloc.backend().register_stream(sid);
-                }
+                device_stream(
+                    &mut streams,
+                    &alloc,
+                    &StreamName::new(seg.stream.0.to_string()),
+                );
                 let base = alloc
                     .seed_segment(seg)
                     .map_err(|source| ReplayError::Seed { segment: k, source })?;
@@ -604,11 +618,11 @@ impl<'t> Replay<'t> {
                 }
             }
             for (k, (_, seg, ids)) in st.expandable.iter().enumerate() {
-                let name = StreamName::new(seg.stream.0.to_string());
-                let (sid, new) = streams.resolve(&name);
-                if new {
-                    alloc.backend().register_stream(sid);
-                }
+                device_stream(
+                    &mut streams,
+                    &alloc,
+                    &StreamName::new(seg.stream.0.to_string()),
+                );
                 let base = alloc
                     .seed_expandable(seg)
                     .map_err(|source| ReplayError::Seed {
@@ -765,11 +779,7 @@ impl<'t> Replay<'t> {
 
     /// The id of a stream name; a new name becomes a stream of the device.
     fn stream(&mut self, name: &StreamName) -> StreamId {
-        let (id, new) = self.streams.resolve(name);
-        if new {
-            self.alloc.backend().register_stream(id);
-        }
-        id
+        device_stream(&mut self.streams, &self.alloc, name)
     }
 
     fn step_inner(&mut self) -> Result<(), ReplayError> {
