@@ -8,29 +8,12 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 
-use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
+use crate::backend::{Backend, MemInfo};
 use crate::caching::CachingAllocator;
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
+use crate::ids::{DeviceIndex, DevicePtr, MempoolId, StreamId};
 use crate::stats::DeviceStats;
-
-/// A device index (`c10::DeviceIndex`).
-pub type DeviceIndex = i8;
-
-/// Identifies a memory pool (`c10::MempoolId_t`): `(0, 0)` is the default
-/// pool; private pools (CUDA-graph style) have a non-zero half.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-pub struct MempoolId(pub u64, pub u64);
-
-impl MempoolId {
-    /// The default pool.
-    pub const DEFAULT: MempoolId = MempoolId(0, 0);
-
-    /// True for the default pool.
-    pub fn is_default(self) -> bool {
-        self == MempoolId::DEFAULT
-    }
-}
 
 /// Kinds of device, as `c10::DeviceType` names the ones Reservoir serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

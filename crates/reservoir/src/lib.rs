@@ -38,6 +38,7 @@ pub mod debug;
 pub mod device_allocator;
 pub mod error;
 pub mod format;
+pub mod ids;
 pub mod oracle_trace;
 pub mod pickle;
 pub mod replay;
@@ -47,8 +48,9 @@ pub mod stats;
 pub mod trace;
 pub mod workload;
 
-pub use backend::{Backend, BackendError, DevicePtr, EventId, MemInfo, StreamId};
+pub use backend::{Backend, BackendError, MemInfo};
 pub use caching::CachingAllocator;
 pub use config::AllocatorConfig;
 pub use error::AllocError;
+pub use ids::{DeviceIndex, DevicePtr, EventId, MempoolId, StreamId};
 pub use stats::{DeviceStats, Stat, StatArray, StatType};

@@ -176,13 +176,13 @@ pub(crate) struct BlockPool {
     /// Small pool (blocks of at most 1 MiB)?
     pub is_small: bool,
     /// The private pool this belongs to (None for the global pools).
-    pub owner: Option<crate::device_allocator::MempoolId>,
+    pub owner: Option<crate::ids::MempoolId>,
     /// Free-block searches so far: the garbage collector's clock.
     pub get_free_blocks_call_count: i64,
 }
 
 impl BlockPool {
-    pub fn new(is_small: bool, owner: Option<crate::device_allocator::MempoolId>) -> BlockPool {
+    pub fn new(is_small: bool, owner: Option<crate::ids::MempoolId>) -> BlockPool {
         BlockPool {
             blocks: BTreeSet::new(),
             unmapped: BTreeSet::new(),

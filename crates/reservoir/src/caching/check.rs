@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::block::{BlockId, NIL};
 use super::device::DeviceState;
 use super::{BlockInfo, BlockState, SegmentInfo};
-use crate::device_allocator::MempoolId;
+use crate::ids::MempoolId;
 use crate::stats::{DeviceStats, StatArray, StatType};
 
 /// A broken invariant, with what was expected and what was found.

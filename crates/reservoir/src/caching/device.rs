@@ -17,9 +17,9 @@ use super::rules::{self, ONE_EXABYTE};
 use super::stream_order::{stream_set_order, C10Streams, MempoolSet, StreamTable};
 use crate::backend::{Backend, BackendError, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
-use crate::device_allocator::MempoolId;
 use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
+use crate::ids::MempoolId;
 use crate::stats::{DeviceStats, StatType};
 use crate::trace::TraceAction;
 

@@ -26,8 +26,8 @@ use super::device::DeviceState;
 use crate::backend::{DevicePtr, StreamId};
 use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::debug::{DebugVerbosity, TARGET};
-use crate::device_allocator::MempoolId;
 use crate::format::format_size;
+use crate::ids::MempoolId;
 use crate::trace::{Context, Frame, RecordContext, RingBuffer, TraceAction, TraceEntry};
 
 /// Whether and how much history is kept (PyTorch's `enabled` argument).

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use super::block::{BlockId, BlockPool, PoolId, NIL};
 use super::device::{DeviceState, FilterFn, MallocError, PrivatePool};
 use crate::backend::{Backend, DevicePtr, StreamId};
-use crate::device_allocator::MempoolId;
 use crate::error::AllocError;
+use crate::ids::MempoolId;
 
 /// Which allocations go to a private pool while it is being allocated to.
 #[derive(Clone)]

@@ -9,7 +9,7 @@ use super::device::DeviceState;
 use super::history::pool_id_tuple;
 use crate::backend::StreamId;
 use crate::config::AllocatorConfig;
-use crate::device_allocator::MempoolId;
+use crate::ids::MempoolId;
 use crate::pickle::Value;
 use crate::snapshot::{
     AllocatorSettings, Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot,

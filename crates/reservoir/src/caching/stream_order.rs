@@ -37,7 +37,7 @@
 use std::collections::BTreeMap;
 
 use crate::backend::StreamId;
-use crate::device_allocator::MempoolId;
+use crate::ids::MempoolId;
 
 /// `c10::DeviceType::CUDA`.
 const DEVICE_TYPE_CUDA: u64 = 1;

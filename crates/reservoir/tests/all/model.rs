@@ -13,8 +13,8 @@
 use proptest::prelude::*;
 
 use reservoir::caching::PoolFilter;
-use reservoir::device_allocator::MempoolId;
 use reservoir::sim::{SimConfig, SimDevice};
+use reservoir::MempoolId;
 use reservoir::{AllocError, AllocatorConfig, Backend, CachingAllocator, DevicePtr, StreamId};
 
 use crate::common::*;

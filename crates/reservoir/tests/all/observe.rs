@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use reservoir::caching::{ContextRecorder, HistoryConfig, HistoryMode, PoolFilter};
 use reservoir::callbacks::{AllocatorEvent, CallbackError, EventType};
 use reservoir::debug::{DebugVerbosity, VerbosityError};
-use reservoir::device_allocator::MempoolId;
 use reservoir::pickle::Value;
 use reservoir::snapshot::{BlockState, Snapshot};
 use reservoir::trace::{Frame, RecordContext, TraceAction, TraceEntry};
+use reservoir::MempoolId;
 use reservoir::{AllocError, Backend, DevicePtr, StreamId};
 
 use crate::common::*;

@@ -1,7 +1,7 @@
 //! Private pools (spec 1.14) and checkpoints (spec 1.15).
 
 use reservoir::caching::{BlockState, PoolFilter};
-use reservoir::device_allocator::MempoolId;
+use reservoir::MempoolId;
 use reservoir::{Backend, StreamId};
 
 use crate::common::*;

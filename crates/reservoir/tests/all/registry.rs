@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use reservoir::device_allocator::{
-    DeviceAllocator, DeviceType, MempoolId, MultiDeviceAllocator, Registry, RegistryError,
+    DeviceAllocator, DeviceType, MultiDeviceAllocator, Registry, RegistryError,
 };
 use reservoir::sim::SimDevice;
-use reservoir::{AllocatorConfig, StreamId};
+use reservoir::{AllocatorConfig, MempoolId, StreamId};
 
 use crate::common::*;
 
