@@ -45,6 +45,7 @@ pub mod replay;
 pub mod sim;
 pub mod snapshot;
 pub mod stats;
+pub(crate) mod store;
 pub mod trace;
 pub mod workload;
 

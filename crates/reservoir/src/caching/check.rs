@@ -4,11 +4,11 @@
 
 use std::collections::HashMap;
 
-use super::block::{BlockId, NIL};
 use super::device::DeviceState;
 use super::{BlockInfo, BlockState, SegmentInfo};
 use crate::ids::MempoolId;
 use crate::stats::{DeviceStats, StatArray, StatType};
+use crate::store::{BlockId, NIL};
 
 /// A broken invariant, with what was expected and what was found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -25,7 +25,7 @@ macro_rules! ensure {
 
 impl DeviceState {
     pub(crate) fn block_state(&self, id: BlockId) -> BlockState {
-        let b = &self.blocks[id];
+        let b = &self.store.blocks[id];
         if b.allocated {
             BlockState::ActiveAllocated
         } else if b.event_count > 0 || !b.stream_uses.is_empty() {
@@ -41,14 +41,14 @@ impl DeviceState {
     /// for the global pools).
     pub(crate) fn segment_infos(&self, pool: Option<MempoolId>) -> Vec<SegmentInfo> {
         let mut out: Vec<SegmentInfo> = Vec::new();
-        for (i, s) in self.segments.items.iter().enumerate() {
+        for (i, s) in self.store.segments.items.iter().enumerate() {
             let owner = self.owner(s.pool).unwrap_or_default();
             if !s.live || pool.is_some_and(|p| p != owner) {
                 continue;
             }
             let mut current: Option<SegmentInfo> = None;
-            for id in self.segment_blocks(i as u32) {
-                let b = &self.blocks[id];
+            for id in self.store.segment_blocks(i as u32) {
+                let b = &self.store.blocks[id];
                 if !b.mapped {
                     out.extend(current.take());
                     continue;
@@ -89,7 +89,7 @@ impl DeviceState {
                 *pending.entry(id).or_default() += 1;
             }
         }
-        for (sid, seg) in self.segments.items.iter().enumerate() {
+        for (sid, seg) in self.store.segments.items.iter().enumerate() {
             if !seg.live {
                 continue;
             }
@@ -104,7 +104,7 @@ impl DeviceState {
             }
             ensure!(seg.head != NIL, "segment {:#x} has no head block", seg.addr);
             ensure!(
-                self.blocks[seg.head].prev == NIL,
+                self.store.blocks[seg.head].prev == NIL,
                 "head of segment {:#x} has a prev block",
                 seg.addr
             );
@@ -112,8 +112,8 @@ impl DeviceState {
             let mut prev = NIL;
             // (free, mapped) of the previous block, to find unmerged neighbours.
             let mut prev_free: Option<bool> = None;
-            for id in self.segment_blocks(sid) {
-                let b = &self.blocks[id];
+            for id in self.store.segment_blocks(sid) {
+                let b = &self.store.blocks[id];
                 seen += 1;
                 ensure!(
                     b.live,
@@ -182,7 +182,7 @@ impl DeviceState {
                     );
                 }
                 if !b.mapped {
-                    let key = super::block::UnmappedKey {
+                    let key = super::pools::UnmappedKey {
                         stream: b.stream,
                         addr: b.addr,
                         id,
@@ -211,10 +211,10 @@ impl DeviceState {
                 expect_addr += b.size;
                 prev = id;
                 let in_map = self.allocated.get(&b.addr) == Some(&id);
-                let key = super::block::FreeKey::new(
+                let key = super::pools::FreeKey::new(
                     b.stream,
                     b.size,
-                    self.segments[b.segment].seq,
+                    self.store.segments[b.segment].seq,
                     b.addr,
                     id,
                 );
@@ -284,9 +284,9 @@ impl DeviceState {
             }
         }
         ensure!(
-            seen == self.blocks.len(),
+            seen == self.store.blocks.len(),
             "{} live blocks but {} reachable from segments",
-            self.blocks.len(),
+            self.store.blocks.len(),
             seen
         );
         let in_pools: usize = self.pools.iter().map(|p| p.blocks.len()).sum();

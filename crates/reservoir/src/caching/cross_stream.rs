@@ -32,9 +32,10 @@
 //! the policy does nothing.
 #![forbid(unsafe_code)]
 
-use super::block::{BlockId, FreeKey, PoolId, NIL};
 use super::device::DeviceState;
+use super::pools::FreeKey;
 use crate::backend::{Backend, BackendError, StreamId};
+use crate::store::{BlockId, PoolId, NIL};
 
 impl DeviceState {
     /// Take the best-fitting free block of `pool` cached on a stream other
@@ -62,13 +63,13 @@ impl DeviceState {
         }
         self.pools[pool as usize].blocks.remove(&key);
         self.cross_stream_reuses += 1;
-        let b = &self.blocks[key.id];
+        let b = &self.store.blocks[key.id];
         if b.prev == NIL && b.next == NIL {
             // A whole free segment moves to the borrowing stream for good:
             // every earlier use of it is ordered before the wait above.
             let seg = b.segment;
-            self.blocks[key.id].stream = stream;
-            self.segments[seg].stream = stream;
+            self.store.blocks[key.id].stream = stream;
+            self.store.segments[seg].stream = stream;
         }
         Ok(Some(key.id))
     }
@@ -91,7 +92,7 @@ impl DeviceState {
                 let hit = blocks
                     .range(FreeKey::search(s, size)..)
                     .take_while(|k| k.stream == s)
-                    .find(|k| !self.blocks[k.id].expandable);
+                    .find(|k| !self.store.blocks[k.id].expandable);
                 if let Some(&k) = hit {
                     let oversize_misfit = (size < max_split && k.size >= max_split)
                         || (size >= max_split && k.size >= size.saturating_add(max_non_split));

@@ -9,10 +9,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::block::{
-    Block, BlockId, BlockPool, Expandable, FreeKey, PoolId, Segment, SegmentId, Slab, UnmappedKey,
-    NIL, POOL_LARGE, POOL_SMALL,
-};
+use super::pools::{BlockPool, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
 use super::rules::{self, ONE_EXABYTE};
 use super::stream_order::{stream_set_order, C10Streams, MempoolSet, StreamTable};
 use crate::backend::{Backend, BackendError, DevicePtr, EventId, StreamId};
@@ -21,6 +18,7 @@ use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
 use crate::ids::MempoolId;
 use crate::stats::{DeviceStats, StatType};
+use crate::store::{Block, BlockId, BlockStore, Expandable, PoolId, Segment, NIL};
 use crate::trace::TraceAction;
 
 use super::history::Observe;
@@ -84,8 +82,8 @@ struct AllocParams {
 pub(crate) struct DeviceState {
     pub device: i8,
     pub config: AllocatorConfig,
-    pub blocks: Slab<Block>,
-    pub segments: Slab<Segment>,
+    /// Segments and their blocks (see `store`).
+    pub store: BlockStore,
     pub pools: Vec<BlockPool>,
     /// Allocated blocks by address (PyTorch's sharded `allocated_blocks`).
     pub allocated: FxHashMap<u64, BlockId>,
@@ -144,8 +142,7 @@ impl DeviceState {
         DeviceState {
             device,
             config,
-            blocks: Slab::default(),
-            segments: Slab::default(),
+            store: BlockStore::default(),
             pools: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
             allocated: FxHashMap::default(),
             stats,
@@ -181,87 +178,37 @@ impl DeviceState {
 
     #[inline]
     fn free_key(&self, id: BlockId) -> FreeKey {
-        let b = &self.blocks[id];
-        FreeKey::new(b.stream, b.size, self.segments[b.segment].seq, b.addr, id)
+        let b = &self.store.blocks[id];
+        FreeKey::new(
+            b.stream,
+            b.size,
+            self.store.segments[b.segment].seq,
+            b.addr,
+            id,
+        )
     }
 
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.
     #[inline]
     pub(crate) fn insert_into_pool(&mut self, id: BlockId) {
-        let pool = self.blocks[id].pool as usize;
+        let pool = self.store.blocks[id].pool as usize;
         let key = self.free_key(id);
-        self.blocks[id].gc_count_base = self.pools[pool].get_free_blocks_call_count;
+        self.store.blocks[id].gc_count_base = self.pools[pool].get_free_blocks_call_count;
         let inserted = self.pools[pool].blocks.insert(key);
         debug_assert!(inserted, "block inserted twice into its pool");
     }
 
     #[inline]
     pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
-        let pool = self.blocks[id].pool as usize;
+        let pool = self.store.blocks[id].pool as usize;
         let key = self.free_key(id);
         let removed = self.pools[pool].blocks.remove(&key);
         debug_assert!(removed, "block missing from its pool");
     }
 
-    /// A new live block (not linked, not in any set).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new_block(
-        &mut self,
-        addr: u64,
-        size: u64,
-        stream: StreamId,
-        pool: PoolId,
-        segment: SegmentId,
-        mapped: bool,
-        expandable: bool,
-    ) -> BlockId {
-        self.blocks.insert(Block {
-            addr,
-            size,
-            requested_size: 0,
-            stream,
-            pool,
-            segment,
-            prev: NIL,
-            next: NIL,
-            allocated: false,
-            mapped,
-            expandable,
-            event_count: 0,
-            stream_uses: Vec::new(),
-            gc_count_base: 0,
-            live: true,
-        })
-    }
-
-    /// Link the unlinked block `new` right before `at` in `at`'s segment.
-    fn link_before(&mut self, new: BlockId, at: BlockId) {
-        let prev = self.blocks[at].prev;
-        self.blocks[new].prev = prev;
-        self.blocks[new].next = at;
-        self.blocks[at].prev = new;
-        if prev != NIL {
-            self.blocks[prev].next = new;
-        } else {
-            let seg = self.blocks[at].segment;
-            self.segments[seg].head = new;
-        }
-    }
-
-    /// Link the unlinked block `new` right after `at`.
-    fn link_after(&mut self, new: BlockId, at: BlockId) {
-        let next = self.blocks[at].next;
-        self.blocks[new].prev = at;
-        self.blocks[new].next = next;
-        self.blocks[at].next = new;
-        if next != NIL {
-            self.blocks[next].prev = new;
-        }
-    }
-
     #[inline]
     fn unmapped_key(&self, id: BlockId) -> UnmappedKey {
-        let b = &self.blocks[id];
+        let b = &self.store.blocks[id];
         UnmappedKey {
             stream: b.stream,
             addr: b.addr,
@@ -271,14 +218,14 @@ impl DeviceState {
 
     pub(crate) fn insert_into_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
-        let pool = self.blocks[id].pool as usize;
+        let pool = self.store.blocks[id].pool as usize;
         let inserted = self.pools[pool].unmapped.insert(key);
         debug_assert!(inserted, "unmapped block inserted twice");
     }
 
     fn remove_from_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
-        let pool = self.blocks[id].pool as usize;
+        let pool = self.store.blocks[id].pool as usize;
         let removed = self.pools[pool].unmapped.remove(&key);
         debug_assert!(removed, "unmapped block missing from its set");
     }
@@ -287,7 +234,7 @@ impl DeviceState {
     #[inline]
     fn allocatable(&self, id: BlockId) -> bool {
         id != NIL && {
-            let b = &self.blocks[id];
+            let b = &self.store.blocks[id];
             !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
         }
     }
@@ -312,14 +259,14 @@ impl DeviceState {
                 break;
             }
             let mut c = k.id;
-            if self.allocatable(self.blocks[c].prev) {
-                c = self.blocks[c].prev;
+            if self.allocatable(self.store.blocks[c].prev) {
+                c = self.store.blocks[c].prev;
             }
             let mut bytes = 0;
             let mut b = c;
             while bytes < size && self.allocatable(b) {
-                bytes += self.blocks[b].size;
-                b = self.blocks[b].next;
+                bytes += self.store.blocks[b].size;
+                b = self.store.blocks[b].next;
             }
             if bytes >= size {
                 return Ok(c);
@@ -342,7 +289,7 @@ impl DeviceState {
         let space = (total + total / 8).div_ceil(page_size) * page_size;
         let reservation = vm.reserve(space)?;
         self.segment_seq += 1;
-        let seg = self.segments.insert(Segment {
+        let seg = self.store.segments.insert(Segment {
             seq: self.segment_rank(reservation.base.0),
             addr: reservation.base.0,
             size: reservation.size,
@@ -356,7 +303,7 @@ impl DeviceState {
             head: NIL,
             live: true,
         });
-        let id = self.new_block(
+        let id = self.store.new_block(
             reservation.base.0,
             reservation.size,
             stream,
@@ -365,7 +312,7 @@ impl DeviceState {
             false,
             true,
         );
-        self.segments[seg].head = id;
+        self.store.segments[seg].head = id;
         self.insert_into_unmapped(id);
         Ok(id)
     }
@@ -379,12 +326,12 @@ impl DeviceState {
         size: u64,
     ) -> Result<bool, MallocError> {
         let (addr, block_size, seg, stream, pool) = {
-            let b = &self.blocks[id];
+            let b = &self.store.blocks[id];
             debug_assert!(!b.mapped && size <= b.size);
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
         let (reservation, page) = {
-            let e = self.segments[seg]
+            let e = self.store.segments[seg]
                 .expandable
                 .as_ref()
                 .expect("expandable segment");
@@ -405,7 +352,7 @@ impl DeviceState {
             Err(e) => return Err(e.into()),
         }
         {
-            let pages = &mut self.segments[seg]
+            let pages = &mut self.store.segments[seg]
                 .expandable
                 .as_mut()
                 .expect("expandable")
@@ -418,22 +365,12 @@ impl DeviceState {
                 .for_each(|p| *p = true);
         }
         self.remove_from_unmapped(id);
-        self.blocks[id].mapped = true;
+        self.store.blocks[id].mapped = true;
         if mapped < block_size {
-            let rest = self.new_block(
-                addr + mapped,
-                block_size - mapped,
-                stream,
-                pool,
-                seg,
-                false,
-                true,
-            );
-            self.link_after(rest, id);
+            let rest = self.store.split_back(id, mapped, false);
             self.insert_into_unmapped(rest);
-            self.blocks[id].size = mapped;
         }
-        let (prev, next) = (self.blocks[id].prev, self.blocks[id].next);
+        let (prev, next) = (self.store.blocks[id].prev, self.store.blocks[id].next);
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_pool(id);
@@ -457,14 +394,14 @@ impl DeviceState {
         let segments_before = self.segment_seq;
         let mut candidate = self.find_expandable_block(backend, stream, pool, size)?;
         let created = self.segment_seq != segments_before;
-        if created && self.blocks[candidate].size < size {
+        if created && self.store.blocks[candidate].size < size {
             // The request is larger than a whole segment's address space:
             // no map is tried (torch 2.15 logs reserve + addr_free only).
             self.release_expandable_segment(backend, candidate)?;
             return Ok(None);
         }
-        if !self.blocks[candidate].mapped {
-            let len = self.blocks[candidate].size.min(size);
+        if !self.store.blocks[candidate].mapped {
+            let len = self.store.blocks[candidate].size.min(size);
             if !self.map_block(backend, candidate, len)? {
                 // A segment created for this request that could not be mapped
                 // stays (fully unmapped, in `unmapped`) for later requests:
@@ -473,10 +410,10 @@ impl DeviceState {
                 return Ok(None);
             }
         }
-        while self.blocks[candidate].size < size {
-            let remaining = size - self.blocks[candidate].size;
-            let next = self.blocks[candidate].next;
-            let len = remaining.min(self.blocks[next].size);
+        while self.store.blocks[candidate].size < size {
+            let remaining = size - self.store.blocks[candidate].size;
+            let next = self.store.blocks[candidate].next;
+            let len = remaining.min(self.store.blocks[next].size);
             if !self.map_block(backend, next, len)? {
                 return Ok(None);
             }
@@ -494,11 +431,11 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<(), BackendError> {
         let (addr, size, seg, stream, pool) = {
-            let b = &self.blocks[id];
+            let b = &self.store.blocks[id];
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
         let (reservation, page) = {
-            let e = self.segments[seg]
+            let e = self.store.segments[seg]
                 .expandable
                 .as_ref()
                 .expect("expandable segment");
@@ -517,7 +454,7 @@ impl DeviceState {
             .expect("checked when the segment was created");
         vm.unmap(reservation, begin * page, (end - begin) * page)?;
         {
-            let pages = &mut self.segments[seg]
+            let pages = &mut self.store.segments[seg]
                 .expandable
                 .as_mut()
                 .expect("expandable")
@@ -534,31 +471,16 @@ impl DeviceState {
         let unmapped_size = (end - begin) * page;
         let before = unmapped_addr - addr;
         if before > 0 {
-            let b = self.new_block(addr, before, stream, pool, seg, true, true);
-            self.link_before(b, id);
+            let b = self.store.split_front(id, before, stream);
             self.insert_into_pool(b);
         }
         let after = size - before - unmapped_size;
         if after > 0 {
-            let a = self.new_block(
-                unmapped_addr + unmapped_size,
-                after,
-                stream,
-                pool,
-                seg,
-                true,
-                true,
-            );
-            self.link_after(a, id);
+            let a = self.store.split_back(id, unmapped_size, true);
             self.insert_into_pool(a);
         }
-        {
-            let b = &mut self.blocks[id];
-            b.addr = unmapped_addr;
-            b.size = unmapped_size;
-            b.mapped = false;
-        }
-        let (prev, next) = (self.blocks[id].prev, self.blocks[id].next);
+        self.store.blocks[id].mapped = false;
+        let (prev, next) = (self.store.blocks[id].prev, self.store.blocks[id].next);
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_unmapped(id);
@@ -584,22 +506,22 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), BackendError> {
-        let seg = self.blocks[id].segment;
-        let reservation = self.segments[seg]
+        let seg = self.store.blocks[id].segment;
+        let reservation = self.store.segments[seg]
             .expandable
             .as_ref()
             .expect("expandable")
             .reservation;
-        debug_assert!(!self.blocks[id].mapped && self.blocks[id].size == reservation.size);
+        debug_assert!(
+            !self.store.blocks[id].mapped && self.store.blocks[id].size == reservation.size
+        );
         let vm = backend
             .as_virtual_memory()
             .expect("checked when the segment was created");
         vm.release(reservation)?;
         self.remove_from_unmapped(id);
         self.release_block_slot(id);
-        self.segments[seg].live = false;
-        self.segments[seg].expandable = None;
-        self.segments.remove(seg);
+        self.store.remove_segment(seg);
         Ok(())
     }
 
@@ -626,7 +548,8 @@ impl DeviceState {
 
     /// Does any live segment belong to one of these pools?
     fn owns_segments(&self, small: PoolId, large: PoolId) -> bool {
-        self.segments
+        self.store
+            .segments
             .items
             .iter()
             .any(|s| s.live && (s.pool == small || s.pool == large))
@@ -681,7 +604,7 @@ impl DeviceState {
             // cached on another stream; it is handed out on its own stream.
             if let Some(id) = self.take_from_other_stream(backend, p.pool, p.size, stream)? {
                 p.block = id;
-                p.stream = self.blocks[id].stream;
+                p.stream = self.store.blocks[id].stream;
                 found = true;
             }
         }
@@ -707,7 +630,7 @@ impl DeviceState {
         }
 
         let split = rules::should_split(
-            self.blocks[p.block].size,
+            self.store.blocks[p.block].size,
             p.size,
             self.pools[p.pool as usize].is_small,
             &self.config,
@@ -716,7 +639,7 @@ impl DeviceState {
         if p.stream != stream {
             self.record_stream(id, stream);
         }
-        let b = &self.blocks[id];
+        let b = &self.store.blocks[id];
         backend.on_block_handed_out(DevicePtr(b.addr), b.size, stream);
         Ok(id)
     }
@@ -810,11 +733,11 @@ impl DeviceState {
         if hit.stream != p.stream {
             return false;
         }
-        if self.blocks[hit.id].expandable {
+        if self.store.blocks[hit.id].expandable {
             if self.config.expandable_segments {
                 // Best fit by the size a block can grow to: a block followed by
                 // unmapped space counts as that much larger (spec 1.6).
-                let blocks = &self.blocks;
+                let blocks = &self.store.blocks;
                 let expandable_size = |k: &FreeKey| {
                     let b = &blocks[k.id];
                     b.size
@@ -835,7 +758,9 @@ impl DeviceState {
                 }
             } else {
                 // Expandable segments were turned off: skip their blocks.
-                match candidates.find(|k| !self.blocks[k.id].expandable || k.stream != p.stream) {
+                match candidates
+                    .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
+                {
                     Some(k) if k.stream == p.stream => hit = *k,
                     _ => return false,
                 }
@@ -911,7 +836,7 @@ impl DeviceState {
         self.count_private_malloc(p.pool, true);
         self.total_allocated_memory += size;
         self.segment_seq += 1;
-        let seg = self.segments.insert(Segment {
+        let seg = self.store.segments.insert(Segment {
             seq: self.segment_rank(ptr.0),
             addr: ptr.0,
             size,
@@ -921,8 +846,10 @@ impl DeviceState {
             head: NIL,
             live: true,
         });
-        let id = self.new_block(ptr.0, size, p.stream, p.pool, seg, true, false);
-        self.segments[seg].head = id;
+        let id = self
+            .store
+            .new_block(ptr.0, size, p.stream, p.pool, seg, true, false);
+        self.store.segments[seg].head = id;
         p.block = id;
         self.stats.segment.increase(p.stat_type, 1);
         self.stats.reserved_bytes.increase(p.stat_type, size);
@@ -943,7 +870,7 @@ impl DeviceState {
         stream: StreamId,
         split: bool,
     ) -> BlockId {
-        let pool = self.blocks[block].pool;
+        let pool = self.store.blocks[block].pool;
         let p = AllocParams {
             size,
             stream,
@@ -959,19 +886,12 @@ impl DeviceState {
     fn alloc_found_block(&mut self, p: &AllocParams, orig_size: u64, split: bool) -> BlockId {
         let st = p.stat_type;
         let mut id = p.block;
-        let already_split = self.blocks[id].is_split();
-        let expandable = self.blocks[id].expandable;
+        let already_split = self.store.blocks[id].is_split();
+        let expandable = self.store.blocks[id].expandable;
         if split {
             let remaining = id;
-            let (addr, segment, pool) = {
-                let r = &self.blocks[remaining];
-                (r.addr, r.segment, r.pool)
-            };
-            id = self.new_block(addr, p.size, p.stream, pool, segment, true, expandable);
-            self.link_before(id, remaining);
-            let r = &mut self.blocks[remaining];
-            r.addr += p.size;
-            r.size -= p.size;
+            id = self.store.split_front(remaining, p.size, p.stream);
+            let r = &self.store.blocks[remaining];
             let remaining_size = r.size;
             self.insert_into_pool(remaining);
             if expandable {
@@ -986,12 +906,12 @@ impl DeviceState {
             }
         } else if already_split && !expandable {
             // An already-split block becomes active whole.
-            let size = self.blocks[id].size;
+            let size = self.store.blocks[id].size;
             self.stats.inactive_split_bytes.decrease(st, size);
             self.stats.inactive_split.decrease(st, 1);
         }
 
-        let b = &mut self.blocks[id];
+        let b = &mut self.store.blocks[id];
         b.allocated = true;
         b.requested_size = orig_size;
         let (addr, size, stream) = (b.addr, b.size, b.stream);
@@ -1030,9 +950,9 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), AllocError> {
-        let pool = self.blocks[id].pool;
+        let pool = self.store.blocks[id].pool;
         let st = self.stat_type(pool);
-        let b = &mut self.blocks[id];
+        let b = &mut self.store.blocks[id];
         b.allocated = false;
         let (addr, size, requested, stream) = (b.addr, b.size, b.requested_size, b.stream);
         backend.on_block_freed(DevicePtr(addr), size, stream);
@@ -1049,7 +969,7 @@ impl DeviceState {
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        if self.blocks[id].stream_uses.is_empty() {
+        if self.store.blocks[id].stream_uses.is_empty() {
             self.free_block(id);
             Ok(())
         } else if !self.captures_underway.is_empty() {
@@ -1074,8 +994,8 @@ impl DeviceState {
             // is captured, not run, so the streams recorded then are dropped
             // (the set is rebuilt by inserting the rest in its old order).
             if let Some(captured) = self.capture_stream_uses.remove(&id) {
-                let uses = std::mem::take(&mut self.blocks[id].stream_uses);
-                self.blocks[id].stream_uses = stream_set_order(&uses, &self.c10_streams)
+                let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
+                self.store.blocks[id].stream_uses = stream_set_order(&uses, &self.c10_streams)
                     .into_iter()
                     .filter(|s| !captured.contains(s))
                     .collect();
@@ -1087,7 +1007,7 @@ impl DeviceState {
                     other => BackendError::Driver(other.to_string()),
                 });
             }
-            if self.blocks[id].event_count == 0 {
+            if self.store.blocks[id].event_count == 0 {
                 self.free_block(id);
             }
         }
@@ -1100,7 +1020,7 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), AllocError> {
-        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
         // PyTorch keeps the capture-time uses of a block freed outside a
         // capture keyed by its Block* until a later deferred free of that
         // pointer; forgetting them here only differs when a block is reused.
@@ -1108,7 +1028,7 @@ impl DeviceState {
         // `stream_uses` is a ska::flat_hash_set in PyTorch: walk it in its order.
         for s in stream_set_order(&uses, &self.c10_streams) {
             let event = backend.record_event(s)?;
-            self.blocks[id].event_count += 1;
+            self.store.blocks[id].event_count += 1;
             let hash = self.c10_streams.hash(s);
             self.events
                 .get_or_insert_with(s, hash, VecDeque::new)
@@ -1147,7 +1067,7 @@ impl DeviceState {
 
     #[inline]
     fn complete_event(&mut self, id: BlockId) {
-        let b = &mut self.blocks[id];
+        let b = &mut self.store.blocks[id];
         b.event_count -= 1;
         if b.event_count == 0 {
             self.free_block(id);
@@ -1169,7 +1089,7 @@ impl DeviceState {
             let queue = std::mem::take(self.events.value_at(pos));
             let mut keep = VecDeque::new();
             for (event, id) in queue {
-                if only.is_some() && self.owner(self.blocks[id].pool) != only {
+                if only.is_some() && self.owner(self.store.blocks[id].pool) != only {
                     keep.push_back((event, id));
                     continue;
                 }
@@ -1197,7 +1117,7 @@ impl DeviceState {
     /// spec 1.10: return a block to its pool, merging free neighbours.
     fn free_block(&mut self, id: BlockId) {
         let (addr, requested, stream, original_size, prev, next, pool) = {
-            let b = &self.blocks[id];
+            let b = &self.store.blocks[id];
             debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
             (
                 b.addr,
@@ -1227,12 +1147,12 @@ impl DeviceState {
             }
         }
         self.insert_into_pool(id);
-        if self.blocks[id].is_split() {
+        if self.store.blocks[id].is_split() {
             net_blocks += 1;
-            net_bytes += self.blocks[id].size as i64;
+            net_bytes += self.store.blocks[id].size as i64;
         }
         let st = self.stat_type(pool);
-        let expandable = self.blocks[id].expandable;
+        let expandable = self.store.blocks[id].expandable;
         let s = &mut self.stats;
         if !expandable {
             apply_net(&mut s.inactive_split, st, net_blocks);
@@ -1249,63 +1169,34 @@ impl DeviceState {
             return 0;
         }
         {
-            let s = &self.blocks[src];
+            let s = &self.store.blocks[src];
             if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() {
                 return 0;
             }
-            if s.mapped != self.blocks[dst].mapped {
+            if s.mapped != self.store.blocks[dst].mapped {
                 return 0;
             }
         }
-        if self.blocks[src].mapped {
+        if self.store.blocks[src].mapped {
             self.remove_from_pool(src);
         } else {
             self.remove_from_unmapped(src);
         }
-        let s = {
-            let b = &self.blocks[src];
-            MergedNeighbour {
-                addr: b.addr,
-                size: b.size,
-                prev: b.prev,
-                next: b.next,
-                segment: b.segment,
-            }
-        };
-        if self.blocks[dst].prev == src {
-            // [src dst]
-            let d = &mut self.blocks[dst];
-            d.addr = s.addr;
-            d.prev = s.prev;
-            if s.prev != NIL {
-                self.blocks[s.prev].next = dst;
-            } else {
-                self.segments[s.segment].head = dst;
-            }
-            if self.obs.active {
-                // PyTorch moves the segment's stack to the new head.
-                self.move_segment_context(src, dst);
-            }
-        } else {
-            // [dst src]
-            self.blocks[dst].next = s.next;
-            if s.next != NIL {
-                self.blocks[s.next].prev = dst;
-            }
+        let src_before = self.store.blocks[dst].prev == src;
+        let size = self.store.merge(dst, src);
+        if src_before && self.obs.active {
+            // PyTorch moves the segment's stack to the new head.
+            self.move_segment_context(src, dst);
         }
-        self.blocks[dst].size += s.size;
         self.release_block_slot(src);
-        s.size
+        size
     }
 
     fn release_block_slot(&mut self, id: BlockId) {
-        let b = &mut self.blocks[id];
-        b.live = false;
-        b.stream_uses = Vec::new();
         if !self.capture_stream_uses.is_empty() {
             self.capture_stream_uses.remove(&id);
         }
-        self.blocks.remove(id);
+        self.store.free_block_slot(id);
     }
 
     /// spec 1.8: free old unsplit large-pool blocks until reserved memory is
@@ -1328,7 +1219,7 @@ impl DeviceState {
         let mut total_age: u64 = 0;
         let mut freeable: u64 = 0;
         for k in &self.pools[POOL_LARGE as usize].blocks {
-            let b = &self.blocks[k.id];
+            let b = &self.store.blocks[k.id];
             if !b.is_split() {
                 total_age += age(b);
                 freeable += 1;
@@ -1346,13 +1237,13 @@ impl DeviceState {
                 .iter()
                 .map(|k| k.id)
                 .filter(|&id| {
-                    let b = &self.blocks[id];
+                    let b = &self.store.blocks[id];
                     !b.is_split() && !b.expandable && age(b) as f64 >= threshold
                 })
                 .collect();
             for id in candidates {
                 block_freed = true;
-                let b = &self.blocks[id];
+                let b = &self.store.blocks[id];
                 reclaimed += b.size;
                 total_age -= age(b);
                 freeable -= 1;
@@ -1380,7 +1271,7 @@ impl DeviceState {
         // is unchanged; one split by an earlier setting stays (PyTorch would
         // hand its interior address to cudaFree).
         if let Some(&hit) = pool.blocks.range(search..).next() {
-            let b = &self.blocks[hit.id];
+            let b = &self.store.blocks[hit.id];
             if hit.stream == p.stream && !b.is_split() && !b.expandable {
                 self.release_block(backend, hit.id)?;
                 return Ok(true);
@@ -1393,7 +1284,7 @@ impl DeviceState {
             if released >= key_size || k.size < max_split || k.stream != p.stream {
                 break;
             }
-            if self.blocks[k.id].is_split() || self.blocks[k.id].expandable {
+            if self.store.blocks[k.id].is_split() || self.store.blocks[k.id].expandable {
                 continue;
             }
             victims.push(k.id);
@@ -1458,7 +1349,7 @@ impl DeviceState {
         let mut victims = Vec::new();
         let mut to_unmap = Vec::new();
         for k in &self.pools[pool as usize].blocks {
-            let b = &self.blocks[k.id];
+            let b = &self.store.blocks[k.id];
             if b.expandable {
                 to_unmap.push(k.id);
             } else if !b.is_split() {
@@ -1470,7 +1361,7 @@ impl DeviceState {
         }
         for id in to_unmap {
             self.unmap_block(backend, id)?;
-            if !self.blocks[id].is_split() {
+            if !self.store.blocks[id].is_split() {
                 self.release_expandable_segment(backend, id)?;
             }
         }
@@ -1484,7 +1375,7 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<(), BackendError> {
         let (addr, size, stream, pool, seg) = {
-            let b = &self.blocks[id];
+            let b = &self.store.blocks[id];
             debug_assert!(!b.is_split() && !b.allocated);
             (b.addr, b.size, b.stream, b.pool, b.segment)
         };
@@ -1501,14 +1392,13 @@ impl DeviceState {
         }
         self.remove_from_pool(id);
         self.release_block_slot(id);
-        self.segments[seg].live = false;
-        self.segments.remove(seg);
+        self.store.remove_segment(seg);
         Ok(())
     }
 
     /// spec 1.10: `record_stream`.
     pub fn record_stream(&mut self, id: BlockId, stream: StreamId) {
-        let b = &mut self.blocks[id];
+        let b = &mut self.store.blocks[id];
         if stream == b.stream {
             return;
         }
@@ -1536,7 +1426,7 @@ impl DeviceState {
 
     /// spec 1.13: the segment base and total size of an allocated block.
     pub fn base_allocation(&self, id: BlockId) -> Result<(u64, u64), AllocError> {
-        let seg = &self.segments[self.blocks[id].segment];
+        let seg = &self.store.segments[self.store.blocks[id].segment];
         if seg.expandable.is_some() {
             return Err(AllocError::InvalidState(
                 "Tensors allocated with expandable_segments:True cannot be shared between \
@@ -1556,32 +1446,6 @@ impl DeviceState {
             None
         };
     }
-
-    /// The id of a segment's blocks in address order.
-    pub fn segment_blocks(&self, seg: SegmentId) -> SegmentBlocks<'_> {
-        SegmentBlocks {
-            state: self,
-            next: self.segments[seg].head,
-        }
-    }
-}
-
-/// Iterator over the blocks of one segment, in address order.
-pub(crate) struct SegmentBlocks<'a> {
-    state: &'a DeviceState,
-    next: BlockId,
-}
-
-impl Iterator for SegmentBlocks<'_> {
-    type Item = BlockId;
-    fn next(&mut self) -> Option<BlockId> {
-        if self.next == NIL {
-            return None;
-        }
-        let id = self.next;
-        self.next = self.state.blocks[id].next;
-        Some(id)
-    }
 }
 
 /// Apply a net change as one increase or decrease, as PyTorch does (so the
@@ -1593,14 +1457,4 @@ fn apply_net(array: &mut crate::stats::StatArray, st: StatType, net: i64) {
     } else if net < 0 {
         array.decrease(st, (-net) as u64);
     }
-}
-
-/// What `try_merge_blocks` keeps of the block it absorbs (no clone of the
-/// whole block, whose `stream_uses` is a `Vec`).
-struct MergedNeighbour {
-    addr: u64,
-    size: u64,
-    prev: BlockId,
-    next: BlockId,
-    segment: SegmentId,
 }

@@ -21,13 +21,13 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::block::{BlockId, PoolId, NIL};
 use super::device::DeviceState;
 use crate::backend::{DevicePtr, StreamId};
 use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::debug::{DebugVerbosity, TARGET};
 use crate::format::format_size;
 use crate::ids::MempoolId;
+use crate::store::{BlockId, PoolId, NIL};
 use crate::trace::{Context, Frame, RecordContext, RingBuffer, TraceAction, TraceEntry};
 
 /// Whether and how much history is kept (PyTorch's `enabled` argument).
@@ -262,7 +262,7 @@ impl DeviceState {
     /// path is on while any exists (so freeing drops the stack).
     pub(crate) fn check_contexts(&self) -> Result<(), super::InvariantViolation> {
         for &id in self.obs.block_ctx.keys() {
-            let b = &self.blocks[id];
+            let b = &self.store.blocks[id];
             if !b.live || !(b.allocated || b.event_count > 0 || !b.stream_uses.is_empty()) {
                 return Err(super::InvariantViolation(format!(
                     "free block {id} at {:#x} still holds an allocation stack",
@@ -282,8 +282,9 @@ impl DeviceState {
     /// The segment stack recorded for `block`, if still its own.
     pub(crate) fn segment_context(&self, block: BlockId) -> Option<&Context> {
         let c = self.obs.seg_ctx.get(&block)?;
-        let b = &self.blocks[block];
-        (b.live && b.addr == c.addr && self.segments[b.segment].seq == c.seq).then_some(&c.ctx)
+        let b = &self.store.blocks[block];
+        (b.live && b.addr == c.addr && self.store.segments[b.segment].seq == c.seq)
+            .then_some(&c.ctx)
     }
 
     /// The allocation stack of `block`.
@@ -294,10 +295,10 @@ impl DeviceState {
     fn set_segment_context(&mut self, block: BlockId, ctx: Option<Context>) {
         match ctx {
             Some(ctx) => {
-                let b = &self.blocks[block];
+                let b = &self.store.blocks[block];
                 let c = SegmentContext {
                     addr: b.addr,
-                    seq: self.segments[b.segment].seq,
+                    seq: self.store.segments[b.segment].seq,
                     ctx,
                 };
                 self.obs.seg_ctx.insert(block, c);
@@ -312,8 +313,8 @@ impl DeviceState {
     /// address) takes `src`'s segment stack, or none (PyTorch's move).
     pub(crate) fn move_segment_context(&mut self, src: BlockId, dst: BlockId) {
         let ctx = self.obs.seg_ctx.remove(&src).and_then(|c| {
-            let b = &self.blocks[src];
-            (b.live && self.segments[b.segment].seq == c.seq).then_some(c.ctx)
+            let b = &self.store.blocks[src];
+            (b.live && self.store.segments[b.segment].seq == c.seq).then_some(c.ctx)
         });
         self.set_segment_context(dst, ctx);
     }
@@ -388,7 +389,7 @@ impl DeviceState {
                 cur
             }
             TraceAction::SegmentMap => {
-                if self.blocks[block].prev == NIL && self.segment_context(block).is_none() {
+                if self.store.blocks[block].prev == NIL && self.segment_context(block).is_none() {
                     self.set_segment_context(block, cur.clone());
                 }
                 cur
@@ -446,7 +447,7 @@ impl DeviceState {
         let event = match action {
             TraceAction::Alloc => {
                 let fresh = std::mem::take(&mut self.obs.fresh);
-                let block_size = self.blocks[block].size;
+                let block_size = self.store.blocks[block].size;
                 if fresh && v.logs(DebugVerbosity::ALLOCATIONS, small) {
                     tracing::info!(
                         target: TARGET,
@@ -475,7 +476,7 @@ impl DeviceState {
                 Some((kind, block_size))
             }
             TraceAction::FreeCompleted => {
-                let block_size = self.blocks[block].size;
+                let block_size = self.store.blocks[block].size;
                 if v.logs(DebugVerbosity::RELEASES, small) {
                     tracing::info!(
                         target: TARGET,

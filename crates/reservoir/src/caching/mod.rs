@@ -51,7 +51,6 @@
 //! alloc.raw_free(p).unwrap();
 //! ```
 
-mod block;
 mod check;
 mod cross_stream;
 mod device;
@@ -252,7 +251,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let mut state = self.state.lock();
         match state.malloc(&self.backend, size, stream) {
-            Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
+            Ok(id) => Ok(DevicePtr(state.store.blocks[id].addr)),
             Err(e) => {
                 drop(state);
                 self.malloc_failed(e)
@@ -294,7 +293,7 @@ impl<B: Backend> CachingAllocator<B> {
             state.obs.cur_ctx = None;
         }
         match r {
-            Ok(id) => Ok(DevicePtr(state.blocks[id].addr)),
+            Ok(id) => Ok(DevicePtr(state.store.blocks[id].addr)),
             Err(e) => {
                 drop(state);
                 self.malloc_failed(e)

@@ -1,13 +1,104 @@
-//! Private memory pools (CUDA-graph style `MempoolId`s, spec 1.14) and pool
+//! Pools: PyTorch's `BlockPool` (the free lists of one kind of block, with
+//! the caching allocator's keys), the global large and small pools, private
+//! memory pools (CUDA-graph style `MempoolId`s, spec 1.14) and pool
 //! checkpoints (spec 1.15).
 
 use std::sync::Arc;
 
-use super::block::{BlockId, BlockPool, PoolId, NIL};
 use super::device::{DeviceState, FilterFn, MallocError, PrivatePool};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
+use crate::store::{BlockId, FreeList, PoolId, NIL};
+
+/// The global large pool (free blocks above 1 MiB).
+pub(crate) const POOL_LARGE: PoolId = 0;
+/// The global small pool (free blocks of at most 1 MiB).
+pub(crate) const POOL_SMALL: PoolId = 1;
+
+/// Ordering key of free blocks: (stream, size, address), the order of
+/// PyTorch's `BlockComparatorSize`, except that among blocks of equal size
+/// the *highest* address comes first: that is what torch 2.15 does (measured
+/// on the oracle, see README "Spec errors found"), although its source
+/// compares addresses ascending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct FreeKey {
+    pub stream: StreamId,
+    pub size: u64,
+    /// `!segment_base`: segments in descending address order.
+    rank: u64,
+    /// Address within the segment order: ascending.
+    addr: u64,
+    pub id: BlockId,
+}
+
+impl FreeKey {
+    /// The key of a free block.
+    #[inline]
+    pub fn new(stream: StreamId, size: u64, segment_base: u64, addr: u64, id: BlockId) -> FreeKey {
+        FreeKey {
+            stream,
+            size,
+            rank: segment_base,
+            addr,
+            id,
+        }
+    }
+
+    /// The smallest key of `(stream, size)`: a lower bound for best fit.
+    #[inline]
+    pub fn search(stream: StreamId, size: u64) -> FreeKey {
+        FreeKey {
+            stream,
+            size,
+            rank: 0,
+            addr: 0,
+            id: 0,
+        }
+    }
+
+    /// The block's address.
+    #[allow(dead_code)]
+    #[inline]
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
+/// Ordering key of unmapped blocks: (stream, address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct UnmappedKey {
+    pub stream: StreamId,
+    pub addr: u64,
+    pub id: BlockId,
+}
+
+/// Free blocks of one kind (PyTorch's `BlockPool`).
+#[derive(Clone, Debug)]
+pub(crate) struct BlockPool {
+    /// Free, mapped blocks in (stream, size, address) order.
+    pub blocks: FreeList<FreeKey>,
+    /// Unmapped blocks of expandable segments in (stream, address) order.
+    pub unmapped: FreeList<UnmappedKey>,
+    /// Small pool (blocks of at most 1 MiB)?
+    pub is_small: bool,
+    /// The private pool this belongs to (None for the global pools).
+    pub owner: Option<crate::ids::MempoolId>,
+    /// Free-block searches so far: the garbage collector's clock.
+    pub get_free_blocks_call_count: i64,
+}
+
+impl BlockPool {
+    pub fn new(is_small: bool, owner: Option<crate::ids::MempoolId>) -> BlockPool {
+        BlockPool {
+            blocks: FreeList::default(),
+            unmapped: FreeList::default(),
+            is_small,
+            owner,
+            get_free_blocks_call_count: 0,
+        }
+    }
+}
 
 /// Which allocations go to a private pool while it is being allocated to.
 #[derive(Clone)]
@@ -218,6 +309,7 @@ impl DeviceState {
     /// The heads (first blocks) of the segments of a private pool, by address.
     fn private_pool_heads(&self, id: MempoolId) -> Vec<BlockId> {
         let mut heads: Vec<(u64, BlockId)> = self
+            .store
             .segments
             .items
             .iter()
@@ -251,8 +343,8 @@ impl DeviceState {
         let mut segments = Vec::new();
         for head in self.private_pool_heads(id) {
             let mut blocks = Vec::new();
-            for b in self.segment_blocks(self.blocks[head].segment) {
-                let blk = &self.blocks[b];
+            for b in self.store.segment_blocks(self.store.blocks[head].segment) {
+                let blk = &self.store.blocks[b];
                 if blk.event_count > 0 {
                     return Err(err(
                         "Events should have synchronized when checkpointing block",
@@ -269,7 +361,7 @@ impl DeviceState {
             }
             segments.push(SegmentCheckpoint {
                 blocks,
-                is_small: self.pools[self.blocks[head].pool as usize].is_small,
+                is_small: self.pools[self.store.blocks[head].pool as usize].is_small,
             });
         }
         Ok(PoolCheckpoint {
@@ -298,9 +390,9 @@ impl DeviceState {
             let head = heads
                 .iter()
                 .copied()
-                .find(|&h| self.segments[self.blocks[h].segment].addr == first.ptr.0)
+                .find(|&h| self.store.segments[self.store.blocks[h].segment].addr == first.ptr.0)
                 .ok_or_else(|| err(format!(" could not find {}", first.ptr)))?;
-            let s = &self.segments[self.blocks[head].segment];
+            let s = &self.store.segments[self.store.blocks[head].segment];
             let mut at = s.addr;
             for b in &seg.blocks {
                 if b.ptr.0 != at || b.size == 0 {
@@ -312,9 +404,10 @@ impl DeviceState {
                 at += b.size;
             }
             let covered = if s.expandable.is_some() {
-                self.segment_blocks(self.blocks[head].segment)
-                    .take_while(|&b| self.blocks[b].mapped)
-                    .map(|b| self.blocks[b].size)
+                self.store
+                    .segment_blocks(self.store.blocks[head].segment)
+                    .take_while(|&b| self.store.blocks[b].mapped)
+                    .map(|b| self.store.blocks[b].size)
                     .sum::<u64>()
             } else {
                 s.size
@@ -328,8 +421,8 @@ impl DeviceState {
             }
         }
         for &h in &heads {
-            for b in self.segment_blocks(self.blocks[h].segment) {
-                if self.blocks[b].event_count > 0 {
+            for b in self.store.segment_blocks(self.store.blocks[h].segment) {
+                if self.store.blocks[b].event_count > 0 {
                     return Err(err(
                         "Events should have synchronized when setting checkpointed block",
                     ));
@@ -340,42 +433,44 @@ impl DeviceState {
         let mut rr = RestoreResult::default();
         // Free everything allocated in the pool.
         for &h in &heads {
-            let seg = self.blocks[h].segment;
-            let mut cur = self.segments[seg].head;
+            let seg = self.store.blocks[h].segment;
+            let mut cur = self.store.segments[seg].head;
             while cur != NIL {
-                if self.blocks[cur].allocated {
-                    let addr = self.blocks[cur].addr;
+                if self.store.blocks[cur].allocated {
+                    let addr = self.store.blocks[cur].addr;
                     rr.allocations_freed.push(DevicePtr(addr));
                     self.allocated.remove(&addr);
                     // Freeing merges free neighbours into `cur`, which stays live.
                     self.free(backend, cur)?;
                 }
-                cur = self.blocks[cur].next;
+                cur = self.store.blocks[cur].next;
             }
         }
         // Re-create each checkpointed segment's blocks.
         for seg in &state.segments {
             let segment = self
+                .store
                 .segments
                 .items
                 .iter()
                 .position(|s| s.live && s.addr == seg.blocks[0].ptr.0)
                 .expect("validated above") as u32;
-            let mut cur = self.segments[segment].head;
+            let mut cur = self.store.segments[segment].head;
             let mut created = Vec::new();
             for b in &seg.blocks {
-                debug_assert!(self.blocks[cur].mapped && !self.blocks[cur].allocated);
+                debug_assert!(self.store.blocks[cur].mapped && !self.store.blocks[cur].allocated);
                 self.remove_from_pool(cur);
-                let split = self.blocks[cur].size > b.size;
+                let split = self.store.blocks[cur].size > b.size;
                 let id = self.alloc_found_block_for_restore(cur, b.size, b.stream, split);
                 created.push((id, b.allocated));
-                cur = self.blocks[id].next;
+                cur = self.store.blocks[id].next;
             }
             for (id, allocated) in created {
                 if allocated {
-                    rr.allocations_created.push(DevicePtr(self.blocks[id].addr));
+                    rr.allocations_created
+                        .push(DevicePtr(self.store.blocks[id].addr));
                 } else {
-                    let addr = self.blocks[id].addr;
+                    let addr = self.store.blocks[id].addr;
                     self.allocated.remove(&addr);
                     self.free(backend, id)?;
                 }

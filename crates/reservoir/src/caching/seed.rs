@@ -11,12 +11,12 @@
 //! that made the layout would have moved it, so
 //! [`check_invariants`](CachingAllocator::check_invariants) holds.
 
-use super::block::{Block, Segment, NIL, POOL_LARGE, POOL_SMALL};
 use super::device::DeviceState;
+use super::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
-use crate::caching::block::FreeKey;
 use crate::stats::StatType;
+use crate::store::{Block, Expandable, Segment, NIL};
 
 /// One allocated block of a [`SeededSegment`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +162,7 @@ impl<B: Backend> CachingAllocator<B> {
         st.total_allocated_memory += seg.size;
         st.segment_seq += 1;
         let seq = st.segment_rank(base);
-        let sid = st.segments.insert(Segment {
+        let sid = st.store.segments.insert(Segment {
             seq,
             addr: base,
             size: seg.size,
@@ -196,7 +196,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut prev = NIL;
         let mut ids = Vec::with_capacity(tiles.len());
         for &(offset, size, requested) in &tiles {
-            let id = st.blocks.insert(Block {
+            let id = st.store.blocks.insert(Block {
                 addr: base + offset,
                 size,
                 requested_size: requested.unwrap_or(0),
@@ -214,9 +214,9 @@ impl<B: Backend> CachingAllocator<B> {
                 live: true,
             });
             if prev == NIL {
-                st.segments[sid].head = id;
+                st.store.segments[sid].head = id;
             } else {
-                st.blocks[prev].next = id;
+                st.store.blocks[prev].next = id;
             }
             prev = id;
             ids.push(id);
@@ -231,7 +231,7 @@ impl<B: Backend> CachingAllocator<B> {
                     let p = &mut st.pools[pool as usize];
                     let gc_base = p.get_free_blocks_call_count;
                     p.blocks.insert(key);
-                    st.blocks[id].gc_count_base = gc_base;
+                    st.store.blocks[id].gc_count_base = gc_base;
                     if split {
                         st.stats.inactive_split.increase(stat, 1);
                         st.stats.inactive_split_bytes.increase(stat, size);
@@ -349,11 +349,11 @@ impl<B: Backend> CachingAllocator<B> {
                 .iter_mut()
                 .for_each(|p| *p = true);
         }
-        let sid = st.segments.insert(Segment {
+        let sid = st.store.segments.insert(Segment {
             seq,
             addr: base,
             size: space,
-            expandable: Some(Box::new(super::block::Expandable {
+            expandable: Some(Box::new(Expandable {
                 reservation,
                 page_size: page,
                 pages,
@@ -395,12 +395,14 @@ impl<B: Backend> CachingAllocator<B> {
         let mut prev = NIL;
         let mut ids = Vec::with_capacity(tiles.len());
         for &(offset, size, is_mapped, _) in &tiles {
-            let id = st.new_block(base + offset, size, seg.stream, pool, sid, is_mapped, true);
-            st.blocks[id].prev = prev;
+            let id =
+                st.store
+                    .new_block(base + offset, size, seg.stream, pool, sid, is_mapped, true);
+            st.store.blocks[id].prev = prev;
             if prev == NIL {
-                st.segments[sid].head = id;
+                st.store.segments[sid].head = id;
             } else {
-                st.blocks[prev].next = id;
+                st.store.blocks[prev].next = id;
             }
             prev = id;
             ids.push(id);
@@ -408,8 +410,8 @@ impl<B: Backend> CachingAllocator<B> {
         for (&id, &(offset, size, is_mapped, requested)) in ids.iter().zip(&tiles) {
             match requested {
                 Some(requested) => {
-                    st.blocks[id].allocated = true;
-                    st.blocks[id].requested_size = requested;
+                    st.store.blocks[id].allocated = true;
+                    st.store.blocks[id].requested_size = requested;
                     st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None if is_mapped => st.insert_into_pool(id),

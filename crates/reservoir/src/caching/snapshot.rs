@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use super::block::{BlockId, POOL_LARGE};
 use super::device::DeviceState;
 use super::history::pool_id_tuple;
+use super::pools::POOL_LARGE;
 use crate::backend::StreamId;
 use crate::config::AllocatorConfig;
 use crate::ids::MempoolId;
@@ -14,6 +14,7 @@ use crate::pickle::Value;
 use crate::snapshot::{
     AllocatorSettings, Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot,
 };
+use crate::store::BlockId;
 use crate::trace::{Frame, TraceAction};
 
 /// Mapped bytes of one expandable segment (PyTorch's `StreamSegmentSize`).
@@ -44,7 +45,7 @@ impl DeviceState {
         };
         let empty: Arc<[Frame]> = Arc::from([]);
         let mut segments: Vec<Segment> = Vec::new();
-        for (sid, s) in self.segments.items.iter().enumerate() {
+        for (sid, s) in self.store.segments.items.iter().enumerate() {
             let owner = self.owner(s.pool).unwrap_or_default();
             if !s.live || only.is_some_and(|p| p != owner) {
                 continue;
@@ -55,8 +56,8 @@ impl DeviceState {
                 SegmentType::Large
             };
             let mut current: Option<Segment> = None;
-            for id in self.segment_blocks(sid as u32) {
-                let b = &self.blocks[id];
+            for id in self.store.segment_blocks(sid as u32) {
+                let b = &self.store.blocks[id];
                 if !b.mapped {
                     segments.extend(current.take());
                     continue;
@@ -103,7 +104,7 @@ impl DeviceState {
             total_active,
             StreamId::DEFAULT,
             pool,
-            super::block::NIL,
+            crate::store::NIL,
         );
         Snapshot {
             segments,
@@ -118,7 +119,7 @@ impl DeviceState {
     }
 
     fn block_model(&self, id: BlockId, state: BlockState, empty: &Arc<[Frame]>) -> Block {
-        let b = &self.blocks[id];
+        let b = &self.store.blocks[id];
         let frames = match (self.block_context(id), state) {
             (Some(c), s) if s.is_active() => c.frames(),
             _ => empty.clone(),
@@ -138,6 +139,7 @@ impl DeviceState {
     /// null `cudaStream_t`).
     pub(crate) fn expandable_segment_sizes(&self) -> Vec<StreamSegmentSize> {
         let mut segs: Vec<_> = self
+            .store
             .segments
             .items
             .iter()

@@ -1,0 +1,212 @@
+//! The block store: segments tiled by blocks, and the free lists that index
+//! them. Pure mechanism, shared by allocators: no settings, no backend, no
+//! statistics; whoever owns a [`BlockStore`] decides when to split, merge,
+//! obtain or give back memory (the caching allocator in `caching/`, after
+//! PyTorch's `DeviceCachingAllocator`).
+//!
+//! * [`Slab`]: values addressed by `u32` ids; blocks and segments refer to
+//!   each other by id, so splitting and merging are index updates and no
+//!   operation allocates once the slabs are warm.
+//! * [`Block`], [`Segment`]: PyTorch's `Block` and segment; a segment's
+//!   blocks form a doubly linked list in address order from its `head`.
+//! * [`BlockStore`]: link, split and merge blocks inside a segment; walk a
+//!   segment's blocks.
+//! * [`FreeList`]: free blocks sorted by a key the owner chooses (PyTorch's
+//!   `BlockPool` sets; a heap's (size, address) order).
+
+mod block;
+mod free_list;
+mod slab;
+
+pub(crate) use block::{Block, BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
+pub(crate) use free_list::FreeList;
+pub(crate) use slab::Slab;
+
+use crate::ids::StreamId;
+
+/// Every block and segment of one device.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BlockStore {
+    /// The blocks. Invariant: the live blocks of a live segment form one
+    /// list from its `head` by `next`, `prev` mirroring `next`, tiling the
+    /// segment exactly in address order; every live block belongs to a live
+    /// segment.
+    pub blocks: Slab<Block>,
+    /// The segments. Invariant: a live segment's `head` is a live block.
+    pub segments: Slab<Segment>,
+}
+
+impl BlockStore {
+    /// A new live block (not linked, not in any free list).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn new_block(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolId,
+        segment: SegmentId,
+        mapped: bool,
+        expandable: bool,
+    ) -> BlockId {
+        self.blocks.insert(Block {
+            addr,
+            size,
+            requested_size: 0,
+            stream,
+            pool,
+            segment,
+            prev: NIL,
+            next: NIL,
+            allocated: false,
+            mapped,
+            expandable,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_count_base: 0,
+            live: true,
+        })
+    }
+
+    /// Link the unlinked block `new` right before `at` in `at`'s segment.
+    #[inline]
+    pub fn link_before(&mut self, new: BlockId, at: BlockId) {
+        let prev = self.blocks[at].prev;
+        self.blocks[new].prev = prev;
+        self.blocks[new].next = at;
+        self.blocks[at].prev = new;
+        if prev != NIL {
+            self.blocks[prev].next = new;
+        } else {
+            let seg = self.blocks[at].segment;
+            self.segments[seg].head = new;
+        }
+    }
+
+    /// Link the unlinked block `new` right after `at`.
+    #[inline]
+    pub fn link_after(&mut self, new: BlockId, at: BlockId) {
+        let next = self.blocks[at].next;
+        self.blocks[new].prev = at;
+        self.blocks[new].next = next;
+        self.blocks[at].next = new;
+        if next != NIL {
+            self.blocks[next].prev = new;
+        }
+    }
+
+    /// Split the first `size` bytes off `at` as a new mapped block of
+    /// `stream`, linked before it; `at` keeps the rest. `at` must not be in
+    /// a free list (its key changes).
+    #[inline]
+    pub fn split_front(&mut self, at: BlockId, size: u64, stream: StreamId) -> BlockId {
+        let (addr, segment, pool, expandable) = {
+            let r = &self.blocks[at];
+            (r.addr, r.segment, r.pool, r.expandable)
+        };
+        let id = self.new_block(addr, size, stream, pool, segment, true, expandable);
+        self.link_before(id, at);
+        let r = &mut self.blocks[at];
+        r.addr += size;
+        r.size -= size;
+        id
+    }
+
+    /// Split `at` after its first `keep` bytes: the rest becomes a new block
+    /// (same stream, pool and segment; `mapped` as given) linked after it.
+    /// `at` must not be in a free list.
+    pub fn split_back(&mut self, at: BlockId, keep: u64, mapped: bool) -> BlockId {
+        let (addr, size, stream, pool, segment, expandable) = {
+            let b = &self.blocks[at];
+            (b.addr, b.size, b.stream, b.pool, b.segment, b.expandable)
+        };
+        let rest = self.new_block(
+            addr + keep,
+            size - keep,
+            stream,
+            pool,
+            segment,
+            mapped,
+            expandable,
+        );
+        self.link_after(rest, at);
+        self.blocks[at].size = keep;
+        rest
+    }
+
+    /// Absorb the neighbour `src` into `dst` (PyTorch's `try_merge_blocks`
+    /// once it decided to merge): `dst` covers both and takes `src`'s place
+    /// in the list. `src` stays live, unlinked, for the caller to inspect
+    /// and then [`free_block_slot`](Self::free_block_slot). Returns the
+    /// bytes absorbed.
+    #[inline]
+    pub fn merge(&mut self, dst: BlockId, src: BlockId) -> u64 {
+        let (addr, size, prev, next, segment) = {
+            let b = &self.blocks[src];
+            (b.addr, b.size, b.prev, b.next, b.segment)
+        };
+        if self.blocks[dst].prev == src {
+            // [src dst]
+            let d = &mut self.blocks[dst];
+            d.addr = addr;
+            d.prev = prev;
+            if prev != NIL {
+                self.blocks[prev].next = dst;
+            } else {
+                self.segments[segment].head = dst;
+            }
+        } else {
+            // [dst src]
+            self.blocks[dst].next = next;
+            if next != NIL {
+                self.blocks[next].prev = dst;
+            }
+        }
+        self.blocks[dst].size += size;
+        size
+    }
+
+    /// Give a dead block's slot back (dropping its stream list).
+    #[inline]
+    pub fn free_block_slot(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        b.live = false;
+        b.stream_uses = Vec::new();
+        self.blocks.remove(id);
+    }
+
+    /// Give a segment's slot back, once its last block's slot is freed.
+    pub fn remove_segment(&mut self, seg: SegmentId) {
+        let s = &mut self.segments[seg];
+        s.live = false;
+        s.expandable = None;
+        self.segments.remove(seg);
+    }
+
+    /// The ids of a segment's blocks in address order.
+    pub fn segment_blocks(&self, seg: SegmentId) -> SegmentBlocks<'_> {
+        SegmentBlocks {
+            blocks: &self.blocks,
+            next: self.segments[seg].head,
+        }
+    }
+}
+
+/// Iterator over the blocks of one segment, in address order.
+pub(crate) struct SegmentBlocks<'a> {
+    blocks: &'a Slab<Block>,
+    next: BlockId,
+}
+
+impl Iterator for SegmentBlocks<'_> {
+    type Item = BlockId;
+    fn next(&mut self) -> Option<BlockId> {
+        if self.next == NIL {
+            return None;
+        }
+        let id = self.next;
+        self.next = self.blocks[id].next;
+        Some(id)
+    }
+}
