@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::device::DeviceState;
+use super::state::DeviceState;
 use super::{BlockInfo, BlockState, SegmentInfo};
 use crate::ids::MempoolId;
 use crate::stats::{DeviceStats, StatArray, StatType};

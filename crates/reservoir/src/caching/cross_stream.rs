@@ -32,8 +32,8 @@
 //! the policy does nothing.
 #![forbid(unsafe_code)]
 
-use super::device::DeviceState;
 use super::pools::FreeKey;
+use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::store::{BlockId, PoolId, NIL};
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::device::DeviceState;
+use super::state::DeviceState;
 use crate::backend::{DevicePtr, StreamId};
 use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::debug::{DebugVerbosity, TARGET};

@@ -51,14 +51,21 @@
 //! alloc.raw_free(p).unwrap();
 //! ```
 
+mod accounting;
 mod check;
 mod cross_stream;
-mod device;
+mod events;
+mod expandable;
+mod free;
 mod history;
+mod malloc;
+mod oom;
 mod pools;
+mod release;
 pub mod rules;
 mod seed;
 mod snapshot;
+mod state;
 pub mod stream_order;
 
 use std::collections::BTreeMap;
@@ -78,12 +85,14 @@ use crate::stats::DeviceStats;
 use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
 pub use check::InvariantViolation;
-use device::{DeviceState, MallocError};
-pub use device::{FreeMemoryCallback, OomObserver};
 pub use history::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
+pub use malloc::FreeMemoryCallback;
+use malloc::MallocError;
+pub use oom::OomObserver;
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
 pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment};
 pub use snapshot::StreamSegmentSize;
+use state::DeviceState;
 
 /// State of a block in a snapshot (spec 2.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use super::device::{DeviceState, FilterFn, MallocError, PrivatePool};
+use super::malloc::MallocError;
+use super::rules;
+use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
@@ -98,6 +100,22 @@ impl BlockPool {
             get_free_blocks_call_count: 0,
         }
     }
+}
+
+/// Decides whether an allocation on a stream goes to a private pool
+/// (PyTorch's capture filter). See [`PoolFilter`].
+pub(crate) type FilterFn = Arc<dyn Fn(StreamId) -> bool + Send + Sync>;
+
+/// A private memory pool (PyTorch's `PrivatePool`, CUDA-graph style).
+pub(crate) struct PrivatePool {
+    /// Users (captures, MemPools) still holding the pool; at 0 it is freeable.
+    pub use_count: u32,
+    /// Driver allocations (and expandable allocations) not given back yet.
+    pub cuda_malloc_count: u32,
+    /// The pool's large-block pool.
+    pub large: PoolId,
+    /// The pool's small-block pool.
+    pub small: PoolId,
 }
 
 /// Which allocations go to a private pool while it is being allocated to.
@@ -486,5 +504,97 @@ impl From<MallocError> for AllocError {
             MallocError::Other(e) => e,
             MallocError::Oom(r) => AllocError::OutOfMemory(Box::new(r.error)),
         }
+    }
+}
+
+impl DeviceState {
+    #[inline]
+    pub(super) fn free_key(&self, id: BlockId) -> FreeKey {
+        let b = &self.store.blocks[id];
+        FreeKey::new(
+            b.stream,
+            b.size,
+            self.store.segments[b.segment].seq,
+            b.addr,
+            id,
+        )
+    }
+
+    /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.
+    #[inline]
+    pub(crate) fn insert_into_pool(&mut self, id: BlockId) {
+        let pool = self.store.blocks[id].pool as usize;
+        let key = self.free_key(id);
+        self.store.blocks[id].gc_count_base = self.pools[pool].get_free_blocks_call_count;
+        let inserted = self.pools[pool].blocks.insert(key);
+        debug_assert!(inserted, "block inserted twice into its pool");
+    }
+
+    #[inline]
+    pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
+        let pool = self.store.blocks[id].pool as usize;
+        let key = self.free_key(id);
+        let removed = self.pools[pool].blocks.remove(&key);
+        debug_assert!(removed, "block missing from its pool");
+    }
+
+    #[inline]
+    pub(super) fn unmapped_key(&self, id: BlockId) -> UnmappedKey {
+        let b = &self.store.blocks[id];
+        UnmappedKey {
+            stream: b.stream,
+            addr: b.addr,
+            id,
+        }
+    }
+
+    pub(crate) fn insert_into_unmapped(&mut self, id: BlockId) {
+        let key = self.unmapped_key(id);
+        let pool = self.store.blocks[id].pool as usize;
+        let inserted = self.pools[pool].unmapped.insert(key);
+        debug_assert!(inserted, "unmapped block inserted twice");
+    }
+
+    pub(super) fn remove_from_unmapped(&mut self, id: BlockId) {
+        let key = self.unmapped_key(id);
+        let pool = self.store.blocks[id].pool as usize;
+        let removed = self.pools[pool].unmapped.remove(&key);
+        debug_assert!(removed, "unmapped block missing from its set");
+    }
+
+    /// spec 1.4: the pool serving a rounded size: a private pool whose
+    /// filter accepts the stream (newest first, as torch 2.9+ does), else
+    /// the global small or large pool.
+    #[inline]
+    pub(super) fn get_pool(&self, size: u64, stream: StreamId) -> PoolId {
+        let small = rules::is_small(size);
+        if !self.captures_underway.is_empty() {
+            for (id, filter) in self.captures_underway.iter().rev() {
+                if filter(stream) {
+                    let pool = &self.graph_pools[id];
+                    return if small { pool.small } else { pool.large };
+                }
+            }
+        }
+        if small {
+            POOL_SMALL
+        } else {
+            POOL_LARGE
+        }
+    }
+
+    /// Does any live segment belong to one of these pools?
+    pub(super) fn owns_segments(&self, small: PoolId, large: PoolId) -> bool {
+        self.store
+            .segments
+            .items
+            .iter()
+            .any(|s| s.live && (s.pool == small || s.pool == large))
+    }
+
+    /// The private pool that owns a pool slot, if any.
+    #[inline]
+    pub(crate) fn owner(&self, pool: PoolId) -> Option<MempoolId> {
+        self.pools[pool as usize].owner
     }
 }

@@ -11,8 +11,8 @@
 //! that made the layout would have moved it, so
 //! [`check_invariants`](CachingAllocator::check_invariants) holds.
 
-use super::device::DeviceState;
 use super::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
+use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::stats::StatType;

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use super::device::DeviceState;
 use super::history::pool_id_tuple;
 use super::pools::POOL_LARGE;
+use super::state::DeviceState;
 use crate::backend::StreamId;
 use crate::config::AllocatorConfig;
 use crate::ids::MempoolId;

@@ -1,0 +1,56 @@
+//! Accounting: the statistics a hand-out moves (spec 1.12), the oversize
+//! rule and the per-process memory limit (spec 1.13).
+
+use super::state::DeviceState;
+use crate::stats::StatType;
+use crate::store::{BlockId, PoolId};
+
+impl DeviceState {
+    #[inline]
+    pub(crate) fn stat_type(&self, pool: PoolId) -> StatType {
+        StatType::for_pool(self.pools[pool as usize].is_small)
+    }
+
+    /// Enters the allocated block `id` (`size` bytes at `addr`, `requested`
+    /// of them asked for) in the pointer map and the allocation stats
+    /// (spec 1.12), as a hand-out and a seeded allocation both do.
+    pub(crate) fn note_allocated(
+        &mut self,
+        id: BlockId,
+        addr: u64,
+        size: u64,
+        requested: u64,
+        st: StatType,
+    ) {
+        self.allocated.insert(addr, id);
+        let s = &mut self.stats;
+        s.allocation.increase(st, 1);
+        s.allocated_bytes.increase(st, size);
+        s.active.increase(st, 1);
+        s.active_bytes.increase(st, size);
+        s.requested_bytes.increase(st, requested);
+        if size >= self.config.max_split_size {
+            s.oversize_allocations.increase(1);
+        }
+    }
+
+    /// spec 1.13: limit reserved memory to `fraction` of the device.
+    pub fn set_memory_fraction(&mut self, fraction: f64, total: u64) {
+        self.allowed_memory_maximum = if fraction < 1.0 {
+            Some((fraction * total as f64) as u64)
+        } else {
+            None
+        };
+    }
+}
+
+/// Apply a net change as one increase or decrease, as PyTorch does (so the
+/// lifetime totals see the net, not each step).
+#[inline]
+pub(super) fn apply_net(array: &mut crate::stats::StatArray, st: StatType, net: i64) {
+    if net > 0 {
+        array.increase(st, net as u64);
+    } else if net < 0 {
+        array.decrease(st, (-net) as u64);
+    }
+}

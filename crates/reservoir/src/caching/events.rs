@@ -1,0 +1,147 @@
+//! Cross-stream events (spec 1.10): PyTorch's `insert_events`,
+//! `process_events` and `synchronize_and_free_events`, over per-stream event
+//! FIFOs kept in the order of PyTorch's `cuda_events` hash map (see
+//! `stream_order`).
+
+use std::collections::VecDeque;
+
+use super::state::DeviceState;
+use super::stream_order::stream_set_order;
+use crate::backend::{Backend, BackendError};
+use crate::error::AllocError;
+use crate::ids::MempoolId;
+use crate::store::BlockId;
+
+impl DeviceState {
+    /// spec 1.10: record the events of frees deferred during pool allocation.
+    pub(super) fn insert_events_deferred_until_no_capture<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+    ) -> Result<(), BackendError> {
+        // In the order the frees happened, as PyTorch walks its vector.
+        let mut deferred = std::mem::take(&mut self.needs_events_deferred).into_iter();
+        while let Some(id) = deferred.next() {
+            // `remove_cudagraph_stream_uses`: work recorded during a capture
+            // is captured, not run, so the streams recorded then are dropped
+            // (the set is rebuilt by inserting the rest in its old order).
+            if let Some(captured) = self.capture_stream_uses.remove(&id) {
+                let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
+                self.store.blocks[id].stream_uses = stream_set_order(&uses, &self.c10_streams)
+                    .into_iter()
+                    .filter(|s| !captured.contains(s))
+                    .collect();
+            }
+            if let Err(e) = self.insert_events(backend, id) {
+                self.needs_events_deferred = std::iter::once(id).chain(deferred).collect();
+                return Err(match e {
+                    AllocError::Backend(b) => b,
+                    other => BackendError::Driver(other.to_string()),
+                });
+            }
+            if self.store.blocks[id].event_count == 0 {
+                self.free_block(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// spec 1.10: record an event on every stream that used the block.
+    pub(super) fn insert_events<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<(), AllocError> {
+        let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
+        // PyTorch keeps the capture-time uses of a block freed outside a
+        // capture keyed by its Block* until a later deferred free of that
+        // pointer; forgetting them here only differs when a block is reused.
+        self.capture_stream_uses.remove(&id);
+        // `stream_uses` is a ska::flat_hash_set in PyTorch: walk it in its order.
+        for s in stream_set_order(&uses, &self.c10_streams) {
+            let event = backend.record_event(s)?;
+            self.store.blocks[id].event_count += 1;
+            let hash = self.c10_streams.hash(s);
+            self.events
+                .get_or_insert_with(s, hash, VecDeque::new)
+                .push_back((event, id));
+        }
+        Ok(())
+    }
+
+    /// spec 1.10: reap completed cross-stream events, per stream, stopping at
+    /// the first pending event of each stream. Streams are walked in the slot
+    /// order of PyTorch's `cuda_events` hash map, and a stream's entry is
+    /// erased once its queue is empty (`it = cuda_events.erase(it)`).
+    pub fn process_events<B: Backend + ?Sized>(&mut self, backend: &B) -> Result<(), BackendError> {
+        if !self.needs_events_deferred.is_empty() {
+            self.insert_events_deferred_until_no_capture(backend)?;
+        }
+        let mut cur = self.events.first();
+        while let Some(pos) = cur {
+            while let Some(&(event, id)) = self.events.value_at(pos).front() {
+                if !backend.query_event(event)? {
+                    break;
+                }
+                self.events.value_at(pos).pop_front();
+                // The event has completed; giving it back cannot change the outcome.
+                let _ = backend.destroy_event(event);
+                self.complete_event(id);
+            }
+            cur = if self.events.value_at(pos).is_empty() {
+                self.events.erase_at(pos)
+            } else {
+                self.events.next(pos)
+            };
+        }
+        Ok(())
+    }
+
+    #[inline]
+    pub(super) fn complete_event(&mut self, id: BlockId) {
+        let b = &mut self.store.blocks[id];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// spec 1.9: wait for every outstanding event and free their blocks.
+    /// With `only`, just the events of that private pool's blocks.
+    pub(super) fn synchronize_and_free_events<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        only: Option<MempoolId>,
+    ) -> Result<(), BackendError> {
+        self.stats.num_sync_all_streams += 1;
+        self.insert_events_deferred_until_no_capture(backend)?;
+        let mut result = Ok(());
+        let mut cur = self.events.first();
+        while let Some(pos) = cur {
+            let queue = std::mem::take(self.events.value_at(pos));
+            let mut keep = VecDeque::new();
+            for (event, id) in queue {
+                if only.is_some() && self.owner(self.store.blocks[id].pool) != only {
+                    keep.push_back((event, id));
+                    continue;
+                }
+                if let Err(e) = backend.synchronize_event(event) {
+                    // A device that cannot synchronise is lost; keep going so
+                    // the bookkeeping stays whole, and report the first error.
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+                let _ = backend.destroy_event(event);
+                self.complete_event(id);
+            }
+            let empty = keep.is_empty();
+            *self.events.value_at(pos) = keep;
+            cur = if empty {
+                self.events.erase_at(pos)
+            } else {
+                self.events.next(pos)
+            };
+        }
+        result
+    }
+}

@@ -1,0 +1,308 @@
+//! Expandable segments (spec 1.11): PyTorch's `ExpandableSegment` and
+//! `find_expandable_block`, `map_block`, `try_allocate_expandable_block`,
+//! `unmap_block` and releasing a fully unmapped segment.
+
+use super::malloc::MallocError;
+use super::pools::UnmappedKey;
+use super::rules::{self};
+use super::state::DeviceState;
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::store::{BlockId, Expandable, PoolId, Segment, NIL};
+use crate::trace::TraceAction;
+
+impl DeviceState {
+    /// Free for reuse: not allocated and not waiting for other streams.
+    #[inline]
+    pub(super) fn allocatable(&self, id: BlockId) -> bool {
+        id != NIL && {
+            let b = &self.store.blocks[id];
+            !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+        }
+    }
+
+    /// spec 1.11 `find_expandable_block`: the lowest address of an expandable
+    /// segment of this stream where free and unmapped blocks add up to
+    /// `size`, or a new expandable segment.
+    pub(super) fn find_expandable_block<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        stream: StreamId,
+        pool: PoolId,
+        size: u64,
+    ) -> Result<BlockId, MallocError> {
+        let start = UnmappedKey {
+            stream,
+            addr: 0,
+            id: 0,
+        };
+        for k in self.pools[pool as usize].unmapped.range(start..) {
+            if k.stream != stream {
+                break;
+            }
+            let mut c = k.id;
+            if self.allocatable(self.store.blocks[c].prev) {
+                c = self.store.blocks[c].prev;
+            }
+            let mut bytes = 0;
+            let mut b = c;
+            while bytes < size && self.allocatable(b) {
+                bytes += self.store.blocks[b].size;
+                b = self.store.blocks[b].next;
+            }
+            if bytes >= size {
+                return Ok(c);
+            }
+        }
+        let vm = backend
+            .as_virtual_memory()
+            .ok_or(BackendError::Unsupported {
+                backend: backend.name(),
+                what: "virtual memory (needed by expandable segments)",
+            })?;
+        let page_size = if self.pools[pool as usize].is_small {
+            rules::SMALL_BUFFER
+        } else {
+            self.config.large_segment_size
+        };
+        // Address space for 1 1/8 of the device, so unmapped holes early in
+        // the segment can be refilled at its end.
+        let total = backend.mem_info()?.total;
+        let space = (total + total / 8).div_ceil(page_size) * page_size;
+        let reservation = vm.reserve(space)?;
+        self.segment_seq += 1;
+        let seg = self.store.segments.insert(Segment {
+            seq: self.segment_rank(reservation.base.0),
+            addr: reservation.base.0,
+            size: reservation.size,
+            expandable: Some(Box::new(Expandable {
+                reservation,
+                page_size,
+                pages: Vec::new(),
+            })),
+            stream,
+            pool,
+            head: NIL,
+            live: true,
+        });
+        let id = self.store.new_block(
+            reservation.base.0,
+            reservation.size,
+            stream,
+            pool,
+            seg,
+            false,
+            true,
+        );
+        self.store.segments[seg].head = id;
+        self.insert_into_unmapped(id);
+        Ok(id)
+    }
+
+    /// spec 1.11 `map_block`: map the pages under the first `size` bytes of
+    /// an unmapped block; the rest stays unmapped. False if the device is full.
+    pub(super) fn map_block<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+        size: u64,
+    ) -> Result<bool, MallocError> {
+        let (addr, block_size, seg, stream, pool) = {
+            let b = &self.store.blocks[id];
+            debug_assert!(!b.mapped && size <= b.size);
+            (b.addr, b.size, b.segment, b.stream, b.pool)
+        };
+        let (reservation, page) = {
+            let e = self.store.segments[seg]
+                .expandable
+                .as_ref()
+                .expect("expandable segment");
+            (e.reservation, e.page_size)
+        };
+        let begin = (addr - reservation.base.0) / page;
+        let end = (addr + size - reservation.base.0).div_ceil(page);
+        if begin == end {
+            return Ok(false);
+        }
+        let vm = backend
+            .as_virtual_memory()
+            .expect("checked when the segment was created");
+        let mapped = (end - begin) * page;
+        match vm.map(reservation, begin * page, mapped) {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        {
+            let pages = &mut self.store.segments[seg]
+                .expandable
+                .as_mut()
+                .expect("expandable")
+                .pages;
+            if pages.len() < end as usize {
+                pages.resize(end as usize, false);
+            }
+            pages[begin as usize..end as usize]
+                .iter_mut()
+                .for_each(|p| *p = true);
+        }
+        self.remove_from_unmapped(id);
+        self.store.blocks[id].mapped = true;
+        if mapped < block_size {
+            let rest = self.store.split_back(id, mapped, false);
+            self.insert_into_unmapped(rest);
+        }
+        let (prev, next) = (self.store.blocks[id].prev, self.store.blocks[id].next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.insert_into_pool(id);
+        self.total_allocated_memory += mapped;
+        let st = self.stat_type(pool);
+        self.stats.reserved_bytes.increase(st, mapped);
+        self.stats.num_device_alloc += 1;
+        self.record_trace(TraceAction::SegmentMap, addr, mapped, stream, pool, id);
+        Ok(true)
+    }
+
+    /// spec 1.11 `try_allocate_expandable_block`: grow (or refill) an
+    /// expandable segment until one free block holds `size` bytes.
+    pub(super) fn try_allocate_expandable_block<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        stream: StreamId,
+        pool: PoolId,
+        size: u64,
+    ) -> Result<Option<BlockId>, MallocError> {
+        let segments_before = self.segment_seq;
+        let mut candidate = self.find_expandable_block(backend, stream, pool, size)?;
+        let created = self.segment_seq != segments_before;
+        if created && self.store.blocks[candidate].size < size {
+            // The request is larger than a whole segment's address space:
+            // no map is tried (torch 2.15 logs reserve + addr_free only).
+            self.release_expandable_segment(backend, candidate)?;
+            return Ok(None);
+        }
+        if !self.store.blocks[candidate].mapped {
+            let len = self.store.blocks[candidate].size.min(size);
+            if !self.map_block(backend, candidate, len)? {
+                // A segment created for this request that could not be mapped
+                // stays (fully unmapped, in `unmapped`) for later requests:
+                // torch 2.15 keeps it through the OOM flush, which only
+                // releases segments it unmaps (FINDINGS.md 11).
+                return Ok(None);
+            }
+        }
+        while self.store.blocks[candidate].size < size {
+            let remaining = size - self.store.blocks[candidate].size;
+            let next = self.store.blocks[candidate].next;
+            let len = remaining.min(self.store.blocks[next].size);
+            if !self.map_block(backend, next, len)? {
+                return Ok(None);
+            }
+            candidate = next;
+        }
+        self.remove_from_pool(candidate);
+        Ok(Some(candidate))
+    }
+
+    /// spec 1.11 `unmap_block`: give back the pages entirely inside a free
+    /// expandable block, splitting off the free bytes before and after.
+    pub(super) fn unmap_block<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<(), BackendError> {
+        let (addr, size, seg, stream, pool) = {
+            let b = &self.store.blocks[id];
+            (b.addr, b.size, b.segment, b.stream, b.pool)
+        };
+        let (reservation, page) = {
+            let e = self.store.segments[seg]
+                .expandable
+                .as_ref()
+                .expect("expandable segment");
+            (e.reservation, e.page_size)
+        };
+        let base = reservation.base.0;
+        let begin = (addr - base).div_ceil(page);
+        let end = (addr + size - base) / page;
+        if begin >= end {
+            return Ok(());
+        }
+        // Unmapping is not ordered with the stream's work: wait for it first.
+        backend.synchronize_stream(stream)?;
+        let vm = backend
+            .as_virtual_memory()
+            .expect("checked when the segment was created");
+        vm.unmap(reservation, begin * page, (end - begin) * page)?;
+        {
+            let pages = &mut self.store.segments[seg]
+                .expandable
+                .as_mut()
+                .expect("expandable")
+                .pages;
+            pages[begin as usize..end as usize]
+                .iter_mut()
+                .for_each(|p| *p = false);
+            while pages.last() == Some(&false) {
+                pages.pop();
+            }
+        }
+        self.remove_from_pool(id);
+        let unmapped_addr = base + begin * page;
+        let unmapped_size = (end - begin) * page;
+        let before = unmapped_addr - addr;
+        if before > 0 {
+            let b = self.store.split_front(id, before, stream);
+            self.insert_into_pool(b);
+        }
+        let after = size - before - unmapped_size;
+        if after > 0 {
+            let a = self.store.split_back(id, unmapped_size, true);
+            self.insert_into_pool(a);
+        }
+        self.store.blocks[id].mapped = false;
+        let (prev, next) = (self.store.blocks[id].prev, self.store.blocks[id].next);
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.insert_into_unmapped(id);
+        self.total_allocated_memory -= unmapped_size;
+        self.count_private_malloc(pool, false);
+        let st = self.stat_type(pool);
+        self.stats.reserved_bytes.decrease(st, unmapped_size);
+        self.stats.num_device_free += 1;
+        self.record_trace(
+            TraceAction::SegmentUnmap,
+            unmapped_addr,
+            unmapped_size,
+            stream,
+            pool,
+            id,
+        );
+        Ok(())
+    }
+
+    /// spec 1.11: a fully unmapped expandable segment gives its address range back.
+    pub(super) fn release_expandable_segment<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<(), BackendError> {
+        let seg = self.store.blocks[id].segment;
+        let reservation = self.store.segments[seg]
+            .expandable
+            .as_ref()
+            .expect("expandable")
+            .reservation;
+        debug_assert!(
+            !self.store.blocks[id].mapped && self.store.blocks[id].size == reservation.size
+        );
+        let vm = backend
+            .as_virtual_memory()
+            .expect("checked when the segment was created");
+        vm.release(reservation)?;
+        self.remove_from_unmapped(id);
+        self.release_block_slot(id);
+        self.store.remove_segment(seg);
+        Ok(())
+    }
+}

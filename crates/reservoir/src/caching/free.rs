@@ -1,0 +1,152 @@
+//! Freeing: PyTorch's `free`, `free_block` and `try_merge_blocks`
+//! (spec 1.10), and `recordStream`.
+
+use super::accounting::apply_net;
+use super::state::DeviceState;
+use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::error::AllocError;
+use crate::store::{BlockId, NIL};
+use crate::trace::TraceAction;
+
+impl DeviceState {
+    /// spec 1.10: free a block the caller no longer uses. The block has
+    /// already been removed from the pointer map.
+    pub fn free<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<(), AllocError> {
+        let pool = self.store.blocks[id].pool;
+        let st = self.stat_type(pool);
+        let b = &mut self.store.blocks[id];
+        b.allocated = false;
+        let (addr, size, requested, stream) = (b.addr, b.size, b.requested_size, b.stream);
+        backend.on_block_freed(DevicePtr(addr), size, stream);
+        self.stats.allocation.decrease(st, 1);
+        self.stats.allocated_bytes.decrease(st, size);
+        self.record_trace(
+            TraceAction::FreeRequested,
+            addr,
+            requested,
+            stream,
+            pool,
+            id,
+        );
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if self.store.blocks[id].stream_uses.is_empty() {
+            self.free_block(id);
+            Ok(())
+        } else if !self.captures_underway.is_empty() {
+            // No events while allocating to a pool: record them once every
+            // pool allocation has ended (spec 1.10).
+            self.needs_events_deferred.push(id);
+            Ok(())
+        } else {
+            self.insert_events(backend, id)
+        }
+    }
+
+    /// spec 1.10: return a block to its pool, merging free neighbours.
+    pub(super) fn free_block(&mut self, id: BlockId) {
+        let (addr, requested, stream, original_size, prev, next, pool) = {
+            let b = &self.store.blocks[id];
+            debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
+            (
+                b.addr,
+                b.requested_size,
+                b.stream,
+                b.size,
+                b.prev,
+                b.next,
+                b.pool,
+            )
+        };
+        self.record_trace(
+            TraceAction::FreeCompleted,
+            addr,
+            requested,
+            stream,
+            pool,
+            id,
+        );
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for candidate in [prev, next] {
+            let subsumed = self.try_merge_blocks(id, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_into_pool(id);
+        if self.store.blocks[id].is_split() {
+            net_blocks += 1;
+            net_bytes += self.store.blocks[id].size as i64;
+        }
+        let st = self.stat_type(pool);
+        let expandable = self.store.blocks[id].expandable;
+        let s = &mut self.stats;
+        if !expandable {
+            apply_net(&mut s.inactive_split, st, net_blocks);
+            apply_net(&mut s.inactive_split_bytes, st, net_bytes);
+        }
+        s.active.decrease(st, 1);
+        s.active_bytes.decrease(st, original_size);
+        s.requested_bytes.decrease(st, requested);
+    }
+
+    /// PyTorch's `try_merge_blocks`: absorb `src` into `dst` if it is free.
+    pub(super) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        {
+            let s = &self.store.blocks[src];
+            if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() {
+                return 0;
+            }
+            if s.mapped != self.store.blocks[dst].mapped {
+                return 0;
+            }
+        }
+        if self.store.blocks[src].mapped {
+            self.remove_from_pool(src);
+        } else {
+            self.remove_from_unmapped(src);
+        }
+        let src_before = self.store.blocks[dst].prev == src;
+        let size = self.store.merge(dst, src);
+        if src_before && self.obs.active {
+            // PyTorch moves the segment's stack to the new head.
+            self.move_segment_context(src, dst);
+        }
+        self.release_block_slot(src);
+        size
+    }
+
+    pub(super) fn release_block_slot(&mut self, id: BlockId) {
+        if !self.capture_stream_uses.is_empty() {
+            self.capture_stream_uses.remove(&id);
+        }
+        self.store.free_block_slot(id);
+    }
+
+    /// spec 1.10: `record_stream`.
+    pub fn record_stream(&mut self, id: BlockId, stream: StreamId) {
+        let b = &mut self.store.blocks[id];
+        if stream == b.stream {
+            return;
+        }
+        if !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        if !self.captures_underway.is_empty() {
+            let captured = self.capture_stream_uses.entry(id).or_default();
+            if !captured.contains(&stream) {
+                captured.push(stream);
+            }
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Allocation: PyTorch's `malloc` with its retry chain (spec 1.5),
+//! `get_free_block` (spec 1.6), `alloc_block` (spec 1.9) and
+//! `alloc_found_block` (spec 1.7).
+
+use super::oom::OomReport;
+use super::pools::FreeKey;
+use super::rules::{self, ONE_EXABYTE};
+use super::state::DeviceState;
+use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::error::{AllocError, OutOfMemoryError};
+use crate::ids::MempoolId;
+use crate::stats::StatType;
+use crate::store::{BlockId, PoolId, Segment, NIL};
+use crate::trace::TraceAction;
+
+/// A callback run when the cache has no fitting block, before the driver is
+/// asked (PyTorch's `FreeCudaMemoryCallbacksRegistry`). It returns the
+/// pointers it wants freed (for example allocations whose last outside
+/// reference just went away); returning any counts as "freed something" and
+/// the cache is searched again.
+pub type FreeMemoryCallback = Box<dyn FnMut() -> Vec<DevicePtr> + Send>;
+
+pub(crate) enum MallocError {
+    Oom(Box<OomReport>),
+    Other(AllocError),
+}
+
+impl From<BackendError> for MallocError {
+    fn from(e: BackendError) -> Self {
+        MallocError::Other(AllocError::Backend(e))
+    }
+}
+
+/// One allocation request on its way through malloc (PyTorch's `AllocParams`).
+pub(super) struct AllocParams {
+    pub size: u64,
+    pub stream: StreamId,
+    pub pool: PoolId,
+    pub alloc_size: u64,
+    pub stat_type: StatType,
+    pub block: BlockId,
+}
+
+impl DeviceState {
+    /// spec 1.5: malloc. Returns the allocated block.
+    pub fn malloc<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        orig_size: u64,
+        stream: StreamId,
+    ) -> Result<BlockId, MallocError> {
+        if orig_size >= ONE_EXABYTE {
+            return Err(MallocError::Other(AllocError::OutOfMemory(Box::new(
+                OutOfMemoryError {
+                    message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
+                    device: self.device,
+                    requested: orig_size,
+                    alloc_size: orig_size,
+                    stream,
+                    device_free: 0,
+                    device_total: 0,
+                    allowed: self.allowed_memory_maximum,
+                },
+            ))));
+        }
+        if self.captures_underway.is_empty() {
+            self.process_events(backend)?;
+        }
+
+        let size = rules::round_size(orig_size, &self.config);
+        let pool = self.get_pool(size, stream);
+        let mut p = AllocParams {
+            size,
+            stream,
+            pool,
+            alloc_size: rules::allocation_size(size, &self.config),
+            stat_type: self.stat_type(pool),
+            block: NIL,
+        };
+
+        let mut found = self.get_free_block(&mut p)
+            || (self.trigger_free_memory_callbacks(backend)? && self.get_free_block(&mut p));
+        if !found && self.config.cross_stream_reuse && self.captures_underway.is_empty() {
+            // Reservoir-only policy (caching/cross_stream.rs): borrow a block
+            // cached on another stream; it is handed out on its own stream.
+            if let Some(id) = self.take_from_other_stream(backend, p.pool, p.size, stream)? {
+                p.block = id;
+                p.stream = self.store.blocks[id].stream;
+                found = true;
+            }
+        }
+
+        if !found {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks(backend)?;
+            }
+            found = self.alloc_block(backend, &mut p, false)?
+                || (self.release_available_cached_blocks(backend, &p)?
+                    && self.alloc_block(backend, &mut p, false)?)
+                || (self.captures_underway.is_empty()
+                    && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
+                    && self.alloc_block(backend, &mut p, true)?);
+            // The block comes from the device (for callbacks and debug output).
+            self.obs.fresh = found;
+        }
+
+        if !found {
+            return Err(MallocError::Oom(Box::new(
+                self.out_of_memory(backend, &p, orig_size)?,
+            )));
+        }
+
+        let split = rules::should_split(
+            self.store.blocks[p.block].size,
+            p.size,
+            self.pools[p.pool as usize].is_small,
+            &self.config,
+        );
+        let id = self.alloc_found_block(&p, orig_size, split);
+        if p.stream != stream {
+            self.record_stream(id, stream);
+        }
+        let b = &self.store.blocks[id];
+        backend.on_block_handed_out(DevicePtr(b.addr), b.size, stream);
+        Ok(id)
+    }
+
+    /// spec 1.6: best fit keyed by (stream, size, address) with the oversize rules.
+    pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
+        let gc = self.gc_enabled();
+        let max_split = self.config.max_split_size;
+        let max_non_split = self.config.max_non_split_rounding_size;
+        let pool = &mut self.pools[p.pool as usize];
+        if gc {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let mut candidates = pool.blocks.range(FreeKey::search(p.stream, p.size)..);
+        let Some(&first) = candidates.next() else {
+            return false;
+        };
+        let mut hit = first;
+        if hit.stream != p.stream {
+            return false;
+        }
+        if self.store.blocks[hit.id].expandable {
+            if self.config.expandable_segments {
+                // Best fit by the size a block can grow to: a block followed by
+                // unmapped space counts as that much larger (spec 1.6).
+                let blocks = &self.store.blocks;
+                let expandable_size = |k: &FreeKey| {
+                    let b = &blocks[k.id];
+                    b.size
+                        + if b.next != NIL && !blocks[b.next].mapped {
+                            blocks[b.next].size
+                        } else {
+                            0
+                        }
+                };
+                for next in candidates {
+                    if !blocks[hit.id].expandable
+                        || next.stream != p.stream
+                        || expandable_size(next) >= expandable_size(&hit)
+                    {
+                        break;
+                    }
+                    hit = *next;
+                }
+            } else {
+                // Expandable segments were turned off: skip their blocks.
+                match candidates
+                    .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
+                {
+                    Some(k) if k.stream == p.stream => hit = *k,
+                    _ => return false,
+                }
+            }
+        }
+        let pool = &mut self.pools[p.pool as usize];
+        if p.size < max_split && hit.size >= max_split {
+            return false;
+        }
+        if p.size >= max_split && hit.size >= p.size.saturating_add(max_non_split) {
+            return false;
+        }
+        pool.blocks.remove(&hit);
+        p.block = hit.id;
+        true
+    }
+
+    /// spec 1.5 step 4: run the free-memory callbacks; true if any freed memory.
+    pub(super) fn trigger_free_memory_callbacks<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+    ) -> Result<bool, MallocError> {
+        if self.free_memory_callbacks.is_empty() {
+            return Ok(false);
+        }
+        let mut callbacks = std::mem::take(&mut self.free_memory_callbacks);
+        let mut to_free = Vec::new();
+        for cb in callbacks.iter_mut() {
+            to_free.extend(cb());
+        }
+        self.free_memory_callbacks = callbacks;
+        let mut freed = false;
+        for ptr in to_free {
+            if let Some(id) = self.allocated.remove(&ptr.0) {
+                self.free(backend, id).map_err(MallocError::Other)?;
+                freed = true;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// spec 1.9: ask the driver for a new segment of `p.alloc_size` bytes.
+    pub(super) fn alloc_block<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        p: &mut AllocParams,
+        is_retry: bool,
+    ) -> Result<bool, MallocError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        let size = p.alloc_size;
+        if let Some(allowed) = self.allowed_memory_maximum {
+            if self.total_allocated_memory + size > allowed {
+                return Ok(false);
+            }
+        }
+        if self.config.expandable_segments {
+            return match self.try_allocate_expandable_block(backend, p.stream, p.pool, p.size)? {
+                Some(id) => {
+                    p.block = id;
+                    self.count_private_malloc(p.pool, true);
+                    Ok(true)
+                }
+                None => Ok(false),
+            };
+        }
+        let ptr = match backend.allocate(size, p.stream) {
+            Ok(ptr) => ptr,
+            Err(e) if e.is_retryable() => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        self.count_private_malloc(p.pool, true);
+        self.total_allocated_memory += size;
+        self.segment_seq += 1;
+        let seg = self.store.segments.insert(Segment {
+            seq: self.segment_rank(ptr.0),
+            addr: ptr.0,
+            size,
+            expandable: None,
+            stream: p.stream,
+            pool: p.pool,
+            head: NIL,
+            live: true,
+        });
+        let id = self
+            .store
+            .new_block(ptr.0, size, p.stream, p.pool, seg, true, false);
+        self.store.segments[seg].head = id;
+        p.block = id;
+        self.stats.segment.increase(p.stat_type, 1);
+        self.stats.reserved_bytes.increase(p.stat_type, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
+        Ok(true)
+    }
+
+    /// spec 1.15: hand out a free block (already out of its pool) as
+    /// `setSegmentStateToCheckpoint` does: requested size = block size.
+    pub(crate) fn alloc_found_block_for_restore(
+        &mut self,
+        block: BlockId,
+        size: u64,
+        stream: StreamId,
+        split: bool,
+    ) -> BlockId {
+        let pool = self.store.blocks[block].pool;
+        let p = AllocParams {
+            size,
+            stream,
+            pool,
+            alloc_size: size,
+            stat_type: self.stat_type(pool),
+            block,
+        };
+        self.alloc_found_block(&p, size, split)
+    }
+
+    /// spec 1.7: hand out the found block, splitting off the remainder.
+    pub(super) fn alloc_found_block(
+        &mut self,
+        p: &AllocParams,
+        orig_size: u64,
+        split: bool,
+    ) -> BlockId {
+        let st = p.stat_type;
+        let mut id = p.block;
+        let already_split = self.store.blocks[id].is_split();
+        let expandable = self.store.blocks[id].expandable;
+        if split {
+            let remaining = id;
+            id = self.store.split_front(remaining, p.size, p.stream);
+            let r = &self.store.blocks[remaining];
+            let remaining_size = r.size;
+            self.insert_into_pool(remaining);
+            if expandable {
+                // Expandable blocks are not counted in inactive_split (spec 1.11).
+            } else if already_split {
+                // An already-split inactive block shrinks by `size` bytes.
+                self.stats.inactive_split_bytes.decrease(st, p.size);
+            } else {
+                // A previously unsplit block leaves a new inactive split remainder.
+                self.stats.inactive_split_bytes.increase(st, remaining_size);
+                self.stats.inactive_split.increase(st, 1);
+            }
+        } else if already_split && !expandable {
+            // An already-split block becomes active whole.
+            let size = self.store.blocks[id].size;
+            self.stats.inactive_split_bytes.decrease(st, size);
+            self.stats.inactive_split.decrease(st, 1);
+        }
+
+        let b = &mut self.store.blocks[id];
+        b.allocated = true;
+        b.requested_size = orig_size;
+        let (addr, size, stream) = (b.addr, b.size, b.stream);
+        self.record_trace(TraceAction::Alloc, addr, orig_size, stream, p.pool, id);
+        self.note_allocated(id, addr, size, orig_size, st);
+        id
+    }
+}

@@ -1,0 +1,215 @@
+//! Giving memory back: PyTorch's `garbage_collect_cached_blocks` (spec 1.8),
+//! `release_available_cached_blocks`, `release_cached_blocks`,
+//! `release_blocks` and `release_block` (spec 1.9).
+
+use super::malloc::{AllocParams, MallocError};
+use super::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
+use super::state::DeviceState;
+use crate::backend::{Backend, BackendError, DevicePtr};
+use crate::ids::MempoolId;
+use crate::store::{Block, BlockId, PoolId};
+use crate::trace::TraceAction;
+
+impl DeviceState {
+    #[inline]
+    pub(super) fn gc_enabled(&self) -> bool {
+        self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+
+    /// spec 1.8: free old unsplit large-pool blocks until reserved memory is
+    /// back under the threshold.
+    pub(super) fn garbage_collect_cached_blocks<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+    ) -> Result<(), MallocError> {
+        let Some(allowed) = self.allowed_memory_maximum else {
+            return Ok(());
+        };
+        let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_allocated_memory <= gc_threshold {
+            return Ok(());
+        }
+        let target = self.total_allocated_memory - gc_threshold;
+        let mut reclaimed = 0u64;
+        let clock = self.pools[POOL_LARGE as usize].get_free_blocks_call_count;
+        let age = |b: &Block| (clock - b.gc_count_base) as i32 as i64 as u64;
+        let mut total_age: u64 = 0;
+        let mut freeable: u64 = 0;
+        for k in &self.pools[POOL_LARGE as usize].blocks {
+            let b = &self.store.blocks[k.id];
+            if !b.is_split() {
+                total_age += age(b);
+                freeable += 1;
+            }
+        }
+        if freeable == 0 {
+            return Ok(());
+        }
+        let mut block_freed = true;
+        while reclaimed < target && block_freed && freeable > 0 {
+            let threshold = total_age as f64 / freeable as f64;
+            block_freed = false;
+            let candidates: Vec<BlockId> = self.pools[POOL_LARGE as usize]
+                .blocks
+                .iter()
+                .map(|k| k.id)
+                .filter(|&id| {
+                    let b = &self.store.blocks[id];
+                    !b.is_split() && !b.expandable && age(b) as f64 >= threshold
+                })
+                .collect();
+            for id in candidates {
+                block_freed = true;
+                let b = &self.store.blocks[id];
+                reclaimed += b.size;
+                total_age -= age(b);
+                freeable -= 1;
+                self.release_block(backend, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// spec 1.9: with max_split_size set, free one cached oversize block big
+    /// enough for the request, or several starting from the largest.
+    pub(super) fn release_available_cached_blocks<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        p: &AllocParams,
+    ) -> Result<bool, MallocError> {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return Ok(false);
+        }
+        let key_size = p.size.max(max_split);
+        let pool = &self.pools[p.pool as usize];
+        let search = FreeKey::search(p.stream, key_size);
+        // Blocks at or above max_split_size are never split while the setting
+        // is unchanged; one split by an earlier setting stays (PyTorch would
+        // hand its interior address to cudaFree).
+        if let Some(&hit) = pool.blocks.range(search..).next() {
+            let b = &self.store.blocks[hit.id];
+            if hit.stream == p.stream && !b.is_split() && !b.expandable {
+                self.release_block(backend, hit.id)?;
+                return Ok(true);
+            }
+        }
+        // No single block is large enough: free oversize blocks from the largest down.
+        let mut released = 0u64;
+        let mut victims = Vec::new();
+        for k in pool.blocks.range(..search).rev() {
+            if released >= key_size || k.size < max_split || k.stream != p.stream {
+                break;
+            }
+            if self.store.blocks[k.id].is_split() || self.store.blocks[k.id].expandable {
+                continue;
+            }
+            victims.push(k.id);
+            released += k.size;
+        }
+        for id in victims {
+            self.release_block(backend, id)?;
+        }
+        Ok(released >= key_size)
+    }
+
+    /// spec 1.9: `release_cached_blocks` (empty_cache and the last-resort
+    /// flush). The default pool id releases the global pools and every
+    /// freeable private pool; a private pool's id releases only that pool
+    /// once it is freeable (torch 2.9+).
+    pub fn release_cached_blocks<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        pool: MempoolId,
+    ) -> Result<bool, MallocError> {
+        if pool.is_default() && self.captures_underway.is_empty() {
+            self.synchronize_and_free_events(backend, None)?;
+            self.release_blocks(backend, POOL_LARGE)?;
+            self.release_blocks(backend, POOL_SMALL)?;
+        }
+        // In `graph_pools_freeable`'s hash-map order; erasing the visited entry
+        // (below) does not change the order of the rest.
+        let freeable: Vec<MempoolId> = self.graph_pools_freeable.iter().collect();
+        for id in freeable {
+            if !pool.is_default() {
+                if id != pool {
+                    continue;
+                }
+                self.synchronize_and_free_events(backend, Some(id))?;
+            }
+            let (small, large) = {
+                let p = &self.graph_pools[&id];
+                (p.small, p.large)
+            };
+            self.release_blocks(backend, small)?;
+            self.release_blocks(backend, large)?;
+            // PyTorch erases the pool when its driver allocation count is 0.
+            // With expandable segments that count (one up per allocation that
+            // mapped pages, one down per unmap) can reach 0 while segments
+            // remain, and PyTorch would leave blocks pointing at a deleted
+            // pool: keep the pool until it owns nothing.
+            if self.graph_pools[&id].cuda_malloc_count == 0 && !self.owns_segments(small, large) {
+                self.erase_private_pool(id);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Free every whole (unsplit) free segment of a pool, in pool order.
+    /// Expandable blocks give back their fully free pages instead, after the
+    /// whole segments (spec 1.11).
+    pub(super) fn release_blocks<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        pool: PoolId,
+    ) -> Result<(), BackendError> {
+        let mut victims = Vec::new();
+        let mut to_unmap = Vec::new();
+        for k in &self.pools[pool as usize].blocks {
+            let b = &self.store.blocks[k.id];
+            if b.expandable {
+                to_unmap.push(k.id);
+            } else if !b.is_split() {
+                victims.push(k.id);
+            }
+        }
+        for id in victims {
+            self.release_block(backend, id)?;
+        }
+        for id in to_unmap {
+            self.unmap_block(backend, id)?;
+            if !self.store.blocks[id].is_split() {
+                self.release_expandable_segment(backend, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// spec 1.9: give a whole free segment back to the driver.
+    pub(super) fn release_block<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<(), BackendError> {
+        let (addr, size, stream, pool, seg) = {
+            let b = &self.store.blocks[id];
+            debug_assert!(!b.is_split() && !b.allocated);
+            (b.addr, b.size, b.stream, b.pool, b.segment)
+        };
+        backend.free(DevicePtr(addr), size)?;
+        self.stats.num_device_free += 1;
+        self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
+        self.total_allocated_memory -= size;
+        self.count_private_malloc(pool, false);
+        let st = self.stat_type(pool);
+        self.stats.segment.decrease(st, 1);
+        self.stats.reserved_bytes.decrease(st, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.remove_from_pool(id);
+        self.release_block_slot(id);
+        self.store.remove_segment(seg);
+        Ok(())
+    }
+}
