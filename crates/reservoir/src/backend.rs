@@ -93,6 +93,13 @@ pub trait Backend: Send + Sync {
     /// A short name for messages ("sim", "host", "opencl", "cuda").
     fn name(&self) -> &'static str;
 
+    /// The kind of device, for the words of the allocator's messages (see
+    /// [`DeviceKind`](crate::ids::DeviceKind)). The default, CUDA, gives
+    /// PyTorch's messages word for word.
+    fn device_kind(&self) -> crate::ids::DeviceKind {
+        crate::ids::DeviceKind::Cuda
+    }
+
     /// Allocate one segment of exactly `size` bytes (the `cudaMalloc` of
     /// PyTorch). `stream` is the stream the segment will serve; most drivers
     /// ignore it. On failure nothing is allocated.

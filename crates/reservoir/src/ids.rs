@@ -10,6 +10,43 @@ use std::fmt;
 /// A device index (`c10::DeviceIndex`).
 pub type DeviceIndex = i8;
 
+/// The kind of device an allocator serves: it decides the words of the
+/// allocator's messages (PyTorch's out-of-memory message names CUDA and
+/// "GPU n"; an MPS, OpenCL or host device says its own name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceKind {
+    /// A CUDA GPU, or a device standing in for one (PyTorch's words).
+    #[default]
+    Cuda,
+    /// An Apple GPU through Metal (PyTorch's MPS backend).
+    Mps,
+    /// An OpenCL device.
+    OpenCl,
+    /// Host memory.
+    Host,
+}
+
+impl DeviceKind {
+    /// The name messages give the backend ("CUDA", "MPS", "OpenCL", "Host").
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cuda => "CUDA",
+            DeviceKind::Mps => "MPS",
+            DeviceKind::OpenCl => "OpenCL",
+            DeviceKind::Host => "Host",
+        }
+    }
+
+    /// The word messages put before a device index ("GPU 0", "Device 0").
+    pub fn device_noun(self) -> &'static str {
+        match self {
+            DeviceKind::Cuda | DeviceKind::Mps => "GPU",
+            DeviceKind::OpenCl | DeviceKind::Host => "Device",
+        }
+    }
+}
+
 /// A device address. Addresses are plain integers to the allocator: policy
 /// code never dereferences device memory.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]

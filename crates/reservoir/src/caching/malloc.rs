@@ -7,7 +7,7 @@ use super::pools::FreeKey;
 use super::rules::{self, ONE_EXABYTE};
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
-use crate::error::{AllocError, OutOfMemoryError};
+use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::stats::StatType;
 use crate::store::{BlockId, PoolId, Segment, NIL};
@@ -50,18 +50,7 @@ impl DeviceState {
         stream: StreamId,
     ) -> Result<BlockId, MallocError> {
         if orig_size >= ONE_EXABYTE {
-            return Err(MallocError::Other(AllocError::OutOfMemory(Box::new(
-                OutOfMemoryError {
-                    message: "CUDA out of memory. Tried to allocate more than 1EB memory.".into(),
-                    device: self.device,
-                    requested: orig_size,
-                    alloc_size: orig_size,
-                    stream,
-                    device_free: 0,
-                    device_total: 0,
-                    allowed: self.allowed_memory_maximum,
-                },
-            ))));
+            return Err(self.too_large(backend.device_kind(), orig_size, stream));
         }
         if self.captures_underway.is_empty() {
             self.process_events(backend)?;

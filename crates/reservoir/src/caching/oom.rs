@@ -6,8 +6,9 @@ use std::sync::Arc;
 use super::malloc::{AllocParams, MallocError};
 use super::state::DeviceState;
 use crate::backend::Backend;
-use crate::error::OutOfMemoryError;
+use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
+use crate::ids::{DeviceKind, StreamId};
 use crate::store::NIL;
 use crate::trace::TraceAction;
 
@@ -23,6 +24,29 @@ pub(crate) struct OomReport {
 }
 
 impl DeviceState {
+    /// spec 1.5: a request of 1 EB or more fails before anything is tried.
+    #[cold]
+    pub(super) fn too_large(
+        &self,
+        kind: DeviceKind,
+        orig_size: u64,
+        stream: StreamId,
+    ) -> MallocError {
+        MallocError::Other(AllocError::OutOfMemory(Box::new(OutOfMemoryError {
+            message: format!(
+                "{} out of memory. Tried to allocate more than 1EB memory.",
+                kind.name()
+            ),
+            device: self.device,
+            requested: orig_size,
+            alloc_size: orig_size,
+            stream,
+            device_free: 0,
+            device_total: 0,
+            allowed: self.allowed_memory_maximum,
+        })))
+    }
+
     /// spec 1.9: build the out-of-memory error after every attempt failed.
     pub(super) fn out_of_memory<B: Backend + ?Sized>(
         &mut self,
@@ -42,43 +66,19 @@ impl DeviceState {
             .flat_map(|pool| pool.blocks.iter())
             .map(|k| k.size)
             .sum();
-        let allowed_info = match self.allowed_memory_maximum {
-            Some(a) => format!("{} allowed; ", format_size(a)),
-            None => String::new(),
-        };
-        let private_msg = if in_private_pools > 0 {
-            format!(
-                "with {} allocated in private pools (e.g., CUDA Graphs), ",
-                format_size(in_private_pools)
-            )
-        } else {
-            String::new()
-        };
-        // torch 2.15: the advice depends on whether expandable segments are on.
-        let advice = if self.config.expandable_segments {
-            " expandable_segments is enabled. If instead the process is running out of virtual \
-             address space (VSZ), expandable segments may be over-reserving VA (each segment \
-             reserves ~9/8 of device memory, times the number of streams); reduce it via \
-             PYTORCH_CUDA_ALLOC_CONF expandable_segments_reserve / \
-             expandable_segments_reserve_by_class."
-        } else {
-            " If reserved but unallocated memory is large try setting \
-             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See \
-             documentation for Memory Management  \
-             (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
-        };
-        let message = format!(
-            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} \
-             is free. {}Of the allocated memory {} is allocated by PyTorch, {}and {} is reserved by \
-             PyTorch but unallocated.{advice}",
-            format_size(p.alloc_size),
-            self.device,
-            format_size(info.total),
-            format_size(info.free),
-            allowed_info,
-            format_size(allocated + in_private_pools),
-            private_msg,
-            format_size(reserved.saturating_sub(allocated + in_private_pools)),
+        let message = render_message(
+            backend.device_kind(),
+            &OomFacts {
+                alloc_size: p.alloc_size,
+                device: self.device,
+                total: info.total,
+                free: info.free,
+                allowed: self.allowed_memory_maximum,
+                allocated,
+                reserved,
+                in_private_pools,
+                expandable_segments: self.config.expandable_segments,
+            },
         );
         Ok(OomReport {
             error: OutOfMemoryError {
@@ -93,5 +93,101 @@ impl DeviceState {
             },
             observers: self.oom_observers.clone(),
         })
+    }
+}
+
+/// What the out-of-memory message reports.
+struct OomFacts {
+    /// Bytes the failed driver allocation asked for.
+    alloc_size: u64,
+    device: i8,
+    /// Device memory, total and free.
+    total: u64,
+    free: u64,
+    /// The per-process limit, if any.
+    allowed: Option<u64>,
+    /// `allocated_bytes` and `reserved_bytes`, all pools, now.
+    allocated: u64,
+    reserved: u64,
+    /// Free cached bytes of private pools.
+    in_private_pools: u64,
+    expandable_segments: bool,
+}
+
+/// PyTorch's out-of-memory message (torch 2.15), in the words of the
+/// device kind: for [`DeviceKind::Cuda`] it is PyTorch's text byte for byte.
+fn render_message(kind: DeviceKind, f: &OomFacts) -> String {
+    let allowed_info = match f.allowed {
+        Some(a) => format!("{} allowed; ", format_size(a)),
+        None => String::new(),
+    };
+    let private_msg = if f.in_private_pools > 0 {
+        format!(
+            "with {} allocated in private pools (e.g., CUDA Graphs), ",
+            format_size(f.in_private_pools)
+        )
+    } else {
+        String::new()
+    };
+    // torch 2.15: the advice depends on whether expandable segments are on.
+    let advice = if f.expandable_segments {
+        " expandable_segments is enabled. If instead the process is running out of virtual \
+         address space (VSZ), expandable segments may be over-reserving VA (each segment \
+         reserves ~9/8 of device memory, times the number of streams); reduce it via \
+         PYTORCH_CUDA_ALLOC_CONF expandable_segments_reserve / \
+         expandable_segments_reserve_by_class."
+    } else {
+        " If reserved but unallocated memory is large try setting \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See \
+         documentation for Memory Management  \
+         (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+    };
+    format!(
+        "{} out of memory. Tried to allocate {}. {} {} has a total capacity of {} of which {} \
+         is free. {}Of the allocated memory {} is allocated by PyTorch, {}and {} is reserved by \
+         PyTorch but unallocated.{advice}",
+        kind.name(),
+        format_size(f.alloc_size),
+        kind.device_noun(),
+        f.device,
+        format_size(f.total),
+        format_size(f.free),
+        allowed_info,
+        format_size(f.allocated + f.in_private_pools),
+        private_msg,
+        format_size(f.reserved.saturating_sub(f.allocated + f.in_private_pools)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> OomFacts {
+        OomFacts {
+            alloc_size: 2 << 20,
+            device: 1,
+            total: 8 << 30,
+            free: 1 << 20,
+            allowed: None,
+            allocated: 6 << 30,
+            reserved: 7 << 30,
+            in_private_pools: 0,
+            expandable_segments: false,
+        }
+    }
+
+    #[test]
+    fn the_message_names_the_device_kind() {
+        let cuda = render_message(DeviceKind::Cuda, &facts());
+        assert!(cuda.starts_with("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 1 has"));
+        let opencl = render_message(DeviceKind::OpenCl, &facts());
+        assert!(
+            opencl.starts_with("OpenCL out of memory. Tried to allocate 2.00 MiB. Device 1 has")
+        );
+        assert_eq!(
+            cuda.split_once(" has ").unwrap().1,
+            opencl.split_once(" has ").unwrap().1
+        );
     }
 }
