@@ -4,13 +4,37 @@
 
 use super::malloc::MallocError;
 use super::pools::UnmappedKey;
-use super::rules::{self};
+use super::rules;
 use super::state::DeviceState;
-use crate::backend::{Backend, BackendError, StreamId};
-use crate::store::{BlockId, Expandable, PoolId, Segment, NIL};
+use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
+use crate::store::{BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
 use crate::trace::TraceAction;
 
+/// The virtual-memory capability of a backend that holds an expandable
+/// segment (`find_expandable_block` checked it when creating the segment).
+fn vm_of<B: Backend + ?Sized>(backend: &B) -> &dyn VirtualMemory {
+    backend
+        .as_virtual_memory()
+        .expect("checked when the segment was created")
+}
+
 impl DeviceState {
+    /// The mapping state of the expandable segment `seg`.
+    fn mapping(&self, seg: SegmentId) -> &Expandable {
+        self.store.segments[seg]
+            .expandable
+            .as_deref()
+            .expect("an expandable segment")
+    }
+
+    /// The mapping state of the expandable segment `seg`, to update.
+    fn mapping_mut(&mut self, seg: SegmentId) -> &mut Expandable {
+        self.store.segments[seg]
+            .expandable
+            .as_deref_mut()
+            .expect("an expandable segment")
+    }
+
     /// Free for reuse: not allocated and not waiting for other streams.
     #[inline]
     pub(super) fn allocatable(&self, id: BlockId) -> bool {
@@ -112,10 +136,7 @@ impl DeviceState {
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
         let (reservation, page) = {
-            let e = self.store.segments[seg]
-                .expandable
-                .as_ref()
-                .expect("expandable segment");
+            let e = self.mapping(seg);
             (e.reservation, e.page_size)
         };
         let begin = (addr - reservation.base.0) / page;
@@ -123,9 +144,7 @@ impl DeviceState {
         if begin == end {
             return Ok(false);
         }
-        let vm = backend
-            .as_virtual_memory()
-            .expect("checked when the segment was created");
+        let vm = vm_of(backend);
         let mapped = (end - begin) * page;
         match vm.map(reservation, begin * page, mapped) {
             Ok(()) => {}
@@ -133,11 +152,7 @@ impl DeviceState {
             Err(e) => return Err(e.into()),
         }
         {
-            let pages = &mut self.store.segments[seg]
-                .expandable
-                .as_mut()
-                .expect("expandable")
-                .pages;
+            let pages = &mut self.mapping_mut(seg).pages;
             if pages.len() < end as usize {
                 pages.resize(end as usize, false);
             }
@@ -216,10 +231,7 @@ impl DeviceState {
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
         let (reservation, page) = {
-            let e = self.store.segments[seg]
-                .expandable
-                .as_ref()
-                .expect("expandable segment");
+            let e = self.mapping(seg);
             (e.reservation, e.page_size)
         };
         let base = reservation.base.0;
@@ -230,16 +242,10 @@ impl DeviceState {
         }
         // Unmapping is not ordered with the stream's work: wait for it first.
         backend.synchronize_stream(stream)?;
-        let vm = backend
-            .as_virtual_memory()
-            .expect("checked when the segment was created");
+        let vm = vm_of(backend);
         vm.unmap(reservation, begin * page, (end - begin) * page)?;
         {
-            let pages = &mut self.store.segments[seg]
-                .expandable
-                .as_mut()
-                .expect("expandable")
-                .pages;
+            let pages = &mut self.mapping_mut(seg).pages;
             pages[begin as usize..end as usize]
                 .iter_mut()
                 .for_each(|p| *p = false);
@@ -288,17 +294,11 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<(), BackendError> {
         let seg = self.store.blocks[id].segment;
-        let reservation = self.store.segments[seg]
-            .expandable
-            .as_ref()
-            .expect("expandable")
-            .reservation;
+        let reservation = self.mapping(seg).reservation;
         debug_assert!(
             !self.store.blocks[id].mapped && self.store.blocks[id].size == reservation.size
         );
-        let vm = backend
-            .as_virtual_memory()
-            .expect("checked when the segment was created");
+        let vm = vm_of(backend);
         vm.release(reservation)?;
         self.remove_from_unmapped(id);
         self.release_block_slot(id);
