@@ -69,14 +69,9 @@ impl DeviceState {
 
         let mut found = self.get_free_block(&mut p)
             || (self.trigger_free_memory_callbacks(backend)? && self.get_free_block(&mut p));
-        if !found && self.config.cross_stream_reuse && self.captures_underway.is_empty() {
-            // Reservoir-only policy (caching/cross_stream.rs): borrow a block
-            // cached on another stream; it is handed out on its own stream.
-            if let Some(id) = self.take_from_other_stream(backend, p.pool, p.size, stream)? {
-                p.block = id;
-                p.stream = self.store.blocks[id].stream;
-                found = true;
-            }
+        if !found {
+            // The seam of Reservoir-only policies (policy.rs); none in PyTorch mode.
+            found = self.policy_on_cache_miss(backend, &mut p)?;
         }
 
         if !found {
@@ -117,8 +112,6 @@ impl DeviceState {
     /// spec 1.6: best fit keyed by (stream, size, address) with the oversize rules.
     pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
-        let max_split = self.config.max_split_size;
-        let max_non_split = self.config.max_non_split_rounding_size;
         let pool = &mut self.pools[p.pool as usize];
         if gc {
             pool.get_free_blocks_call_count += 1;
@@ -165,10 +158,7 @@ impl DeviceState {
             }
         }
         let pool = &mut self.pools[p.pool as usize];
-        if p.size < max_split && hit.size >= max_split {
-            return false;
-        }
-        if p.size >= max_split && hit.size >= p.size.saturating_add(max_non_split) {
+        if rules::oversize_misfit(p.size, hit.size, &self.config) {
             return false;
         }
         pool.blocks.remove(&hit);

@@ -53,13 +53,13 @@
 
 mod accounting;
 mod check;
-mod cross_stream;
 mod events;
 mod expandable;
 mod free;
 mod history;
 mod malloc;
 mod oom;
+mod policy;
 mod pools;
 mod release;
 pub mod rules;

@@ -68,6 +68,19 @@ pub fn allocation_size(size: u64, config: &AllocatorConfig) -> u64 {
     }
 }
 
+/// The oversize rules of PyTorch's `get_free_block` (spec 1.6): a free
+/// block of `block_size` bytes may not serve a rounded request of `size`
+/// bytes when the request is below `max_split_size` and the block is not
+/// (oversize blocks serve only oversize requests), or when an oversize
+/// request would leave `max_non_split_rounding_size` bytes or more unused.
+#[inline]
+pub fn oversize_misfit(size: u64, block_size: u64, config: &AllocatorConfig) -> bool {
+    let max_split = config.max_split_size;
+    (size < max_split && block_size >= max_split)
+        || (size >= max_split
+            && block_size >= size.saturating_add(config.max_non_split_rounding_size))
+}
+
 /// PyTorch's `should_split` (spec 1.7): is the remainder of a `block_size`
 /// block serving `size` bytes worth keeping as a free block?
 #[inline]

@@ -1,4 +1,4 @@
-//! Cross-stream reuse: a Reservoir-only policy, off in PyTorch mode
+//! Cross-stream reuse: a Reservoir-only policy ([`Policy::CrossStreamReuse`](super::Policy)), off in PyTorch mode
 //! ([`AllocatorConfig::cross_stream_reuse`](crate::config::AllocatorConfig::cross_stream_reuse)).
 //!
 //! PyTorch keys free blocks by stream: a block freed on stream A serves only
@@ -32,9 +32,10 @@
 //! the policy does nothing.
 #![forbid(unsafe_code)]
 
-use super::pools::FreeKey;
-use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId};
+use crate::caching::pools::FreeKey;
+use crate::caching::rules;
+use crate::caching::state::DeviceState;
 use crate::store::{BlockId, PoolId, NIL};
 
 impl DeviceState {
@@ -82,8 +83,6 @@ impl DeviceState {
         size: u64,
         stream: StreamId,
     ) -> Option<FreeKey> {
-        let max_split = self.config.max_split_size;
-        let max_non_split = self.config.max_non_split_rounding_size;
         let blocks = &self.pools[pool as usize].blocks;
         let mut best: Option<FreeKey> = None;
         let mut next = blocks.iter().next().map(|k| k.stream);
@@ -94,9 +93,9 @@ impl DeviceState {
                     .take_while(|k| k.stream == s)
                     .find(|k| !self.store.blocks[k.id].expandable);
                 if let Some(&k) = hit {
-                    let oversize_misfit = (size < max_split && k.size >= max_split)
-                        || (size >= max_split && k.size >= size.saturating_add(max_non_split));
-                    if !oversize_misfit && best.map_or(true, |b| k.size < b.size) {
+                    if !rules::oversize_misfit(size, k.size, &self.config)
+                        && best.map_or(true, |b| k.size < b.size)
+                    {
                         best = Some(k);
                     }
                 }

@@ -1,0 +1,75 @@
+//! The one seam where Reservoir-only policies hook into PyTorch's algorithm.
+//!
+//! Everything else in `caching/` is PyTorch's `DeviceCachingAllocator`, exact.
+//! A Reservoir policy changes what happens at a named point of that
+//! algorithm, through a hook here; [`Policy::PyTorch`] makes every hook a
+//! no-op, so PyTorch mode runs PyTorch's algorithm unchanged. The policy is
+//! an enum matched in the hook (static dispatch, no trait object): on the
+//! hot path (a request the cache serves) no hook runs at all.
+//!
+//! Hooks:
+//! * [`DeviceState::policy_on_cache_miss`]: the request's own pool has no
+//!   fitting block, even after the free-memory callbacks (spec 1.5 step 4);
+//!   it runs before garbage collection and the driver.
+//!
+//! To add a policy: a variant of [`Policy`], chosen in [`Policy::of`], an
+//! arm in the hooks it needs, and its code in a file under `policy/`.
+
+mod cross_stream;
+
+use super::malloc::{AllocParams, MallocError};
+use super::state::DeviceState;
+use crate::backend::Backend;
+use crate::config::AllocatorConfig;
+
+/// The Reservoir-only policy in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Policy {
+    /// PyTorch's behaviour: every hook is a no-op.
+    PyTorch,
+    /// Borrow a block cached on another stream when the request's stream
+    /// has none (`policy/cross_stream.rs`).
+    CrossStreamReuse,
+}
+
+impl Policy {
+    /// The policy the settings ask for.
+    #[inline]
+    pub fn of(config: &AllocatorConfig) -> Policy {
+        if config.cross_stream_reuse {
+            Policy::CrossStreamReuse
+        } else {
+            Policy::PyTorch
+        }
+    }
+}
+
+impl DeviceState {
+    /// Hook: the cache has no block for `p` on its stream. True if the
+    /// policy found one: `p.block` is set, out of its pool, and `p.stream`
+    /// is the stream it is handed out on.
+    #[inline]
+    pub(super) fn policy_on_cache_miss<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        p: &mut AllocParams,
+    ) -> Result<bool, MallocError> {
+        match Policy::of(&self.config) {
+            Policy::PyTorch => Ok(false),
+            // Off while allocations go to a private pool.
+            Policy::CrossStreamReuse if !self.captures_underway.is_empty() => Ok(false),
+            Policy::CrossStreamReuse => {
+                // Borrow a block cached on another stream; it is handed out
+                // on its own stream (see `policy/cross_stream.rs`).
+                match self.take_from_other_stream(backend, p.pool, p.size, p.stream)? {
+                    Some(id) => {
+                        p.block = id;
+                        p.stream = self.store.blocks[id].stream;
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                }
+            }
+        }
+    }
+}
