@@ -42,7 +42,7 @@ fn seeded_segment_has_the_layout_stats_and_invariants() {
             },
         ],
     };
-    let base = a.seed_segment(&seg).unwrap();
+    let base = a.seeder().seed_segment(&seg).unwrap();
     assert_eq!(base.0, 0x7f00_0000_0000);
     a.check_invariants().unwrap();
     let segs = a.segments();
@@ -100,7 +100,10 @@ fn bad_layouts_are_refused_without_change() {
                 })
                 .collect(),
         };
-        assert!(matches!(a.seed_segment(&seg), Err(SeedError::Layout(_))));
+        assert!(matches!(
+            a.seeder().seed_segment(&seg),
+            Err(SeedError::Layout(_))
+        ));
     }
     assert!(a.segments().is_empty());
     a.check_invariants().unwrap();
@@ -248,7 +251,7 @@ fn seeded_expandable_segment_has_its_pages_blocks_and_invariants() {
             },
         ],
     };
-    let base = a.seed_expandable(&seg).unwrap();
+    let base = a.seeder().seed_expandable(&seg).unwrap();
     assert_eq!(base.0, 0x7f00_0000_0000);
     a.check_invariants().unwrap();
     // Two runs of mapped pages: two segments in a snapshot.

@@ -90,7 +90,7 @@ pub use malloc::FreeMemoryCallback;
 use malloc::MallocError;
 pub use oom::OomObserver;
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
-pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment};
+pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment, Seeder};
 pub use snapshot::StreamSegmentSize;
 use state::DeviceState;
 

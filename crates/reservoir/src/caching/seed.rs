@@ -4,7 +4,7 @@
 //! A recorded trace usually starts mid-run: at its first entry the allocator
 //! already held segments, some of their blocks allocated. To replay it, the
 //! state at the first entry is rebuilt (see [`crate::replay::snapshot`]) and
-//! laid into a fresh allocator with [`CachingAllocator::seed_segment`]: the
+//! laid into a fresh allocator with [`Seeder::seed_segment`]: the
 //! segment is obtained from the backend (a simulated device scripted with the
 //! recorded address returns that address), its blocks are linked, free ones
 //! go into their pool, and every counter moves exactly as the allocations
@@ -63,7 +63,7 @@ pub enum SeedError {
 
 impl DeviceState {
     /// The rank (`Segment::seq`) of a new segment at `addr`: its creation
-    /// number, or its address under [`CachingAllocator::rank_segments_by_address`].
+    /// number, or its address under [`Seeder::rank_segments_by_address`].
     /// Call after incrementing `segment_seq`.
     pub(crate) fn segment_rank(&self, addr: u64) -> u64 {
         if self.rank_by_address {
@@ -74,21 +74,36 @@ impl DeviceState {
     }
 }
 
+/// Replay-only operations on a [`CachingAllocator`], kept off its own
+/// (PyTorch's) surface: laying a recorded start state into a fresh
+/// allocator and reading what a replay compares after each step. Get one
+/// with [`CachingAllocator::seeder`].
+pub struct Seeder<'a, B: Backend> {
+    alloc: &'a CachingAllocator<B>,
+}
+
 impl<B: Backend> CachingAllocator<B> {
+    /// The replay-only operations on this allocator (see [`Seeder`]).
+    pub fn seeder(&self) -> Seeder<'_, B> {
+        Seeder { alloc: self }
+    }
+}
+
+impl<B: Backend> Seeder<'_, B> {
     /// Among free blocks of equal size, prefer the lowest address (PyTorch's
     /// `BlockComparatorSize`, and what recorded traces from real GPUs show)
     /// instead of the oldest segment (what the oracle's fake driver shows,
     /// the default). Applies to segments created from now on: set it before
     /// the first allocation. Replays of recorded traces turn it on.
     pub fn rank_segments_by_address(&self, on: bool) {
-        self.state.lock().rank_by_address = on;
+        self.alloc.state.lock().rank_by_address = on;
     }
 
     /// Allocated and reserved bytes now (`allocated_bytes.all.current`,
     /// `reserved_bytes.all.current`), without copying every statistic as
-    /// [`stats`](Self::stats) does: what a replay reads after each op.
+    /// [`stats`](CachingAllocator::stats) does: what a replay reads after each op.
     pub fn allocated_and_reserved(&self) -> (u64, u64) {
-        let st = self.state.lock();
+        let st = self.alloc.state.lock();
         (
             st.stats.allocated_bytes.all().current.max(0) as u64,
             st.stats.reserved_bytes.all().current.max(0) as u64,
@@ -102,8 +117,8 @@ impl<B: Backend> CachingAllocator<B> {
     ///
     /// Stats move as if the segment had been allocated from the driver and
     /// each block allocated in it (`num_device_alloc` included; call
-    /// [`reset_accumulated_stats`](Self::reset_accumulated_stats) and
-    /// [`reset_peak_stats`](Self::reset_peak_stats) after seeding to count
+    /// [`reset_accumulated_stats`](CachingAllocator::reset_accumulated_stats) and
+    /// [`reset_peak_stats`](CachingAllocator::reset_peak_stats) after seeding to count
     /// from the seeded state on). Segments seeded in increasing address
     /// order keep PyTorch's tie-break among equal free blocks (lowest
     /// address first). Nothing changes when an error is returned.
@@ -148,6 +163,7 @@ impl<B: Backend> CachingAllocator<B> {
             };
         }
         let ptr = self
+            .alloc
             .backend
             .allocate(seg.size, seg.stream)
             .map_err(|source| SeedError::Backend {
@@ -155,7 +171,7 @@ impl<B: Backend> CachingAllocator<B> {
                 source,
             })?;
         let base = ptr.0;
-        let mut st = self.state.lock();
+        let mut st = self.alloc.state.lock();
         let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
         let stat = StatType::for_pool(seg.small);
         let max_split = st.config.max_split_size;
@@ -260,7 +276,7 @@ pub struct SeededExpandable {
     pub blocks: Vec<SeededBlock>,
 }
 
-impl<B: Backend> CachingAllocator<B> {
+impl<B: Backend> Seeder<'_, B> {
     /// Reserve an expandable segment (of the size the allocator would
     /// reserve: 9/8 of the device, in whole pages), map `seg.mapped` and lay
     /// out `seg.blocks`; returns its base. Stats move as if the pages had
@@ -272,9 +288,10 @@ impl<B: Backend> CachingAllocator<B> {
         let page = if seg.small {
             super::rules::SMALL_BUFFER
         } else {
-            self.state.lock().config.large_segment_size
+            self.alloc.state.lock().config.large_segment_size
         };
         let total = self
+            .alloc
             .backend
             .mem_info()
             .map_err(|source| SeedError::Backend { size: 0, source })?
@@ -317,13 +334,17 @@ impl<B: Backend> CachingAllocator<B> {
             }
             bend = b.offset + b.size;
         }
-        let vm = self.backend.as_virtual_memory().ok_or(SeedError::Backend {
-            size: space,
-            source: BackendError::Unsupported {
-                backend: self.backend.name(),
-                what: "virtual memory (needed by expandable segments)",
-            },
-        })?;
+        let vm = self
+            .alloc
+            .backend
+            .as_virtual_memory()
+            .ok_or(SeedError::Backend {
+                size: space,
+                source: BackendError::Unsupported {
+                    backend: self.alloc.backend.name(),
+                    what: "virtual memory (needed by expandable segments)",
+                },
+            })?;
         let reservation = vm.reserve(space).map_err(|source| SeedError::Backend {
             size: space,
             source,
@@ -338,7 +359,7 @@ impl<B: Backend> CachingAllocator<B> {
             }
         }
         let base = reservation.base.0;
-        let mut st = self.state.lock();
+        let mut st = self.alloc.state.lock();
         let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
         let stat = StatType::for_pool(seg.small);
         st.segment_seq += 1;

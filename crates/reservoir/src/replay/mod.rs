@@ -250,7 +250,7 @@ pub struct StartState {
     pub record_placements: bool,
     /// Break best-fit ties by address, as PyTorch's source does and
     /// recorded traces show (see
-    /// [`CachingAllocator::rank_segments_by_address`]).
+    /// [`Seeder::rank_segments_by_address`](crate::caching::Seeder::rank_segments_by_address)).
     pub address_order: bool,
 }
 
@@ -603,7 +603,7 @@ impl<'t> Replay<'t> {
         };
         let mut seed_driver_time_ns = 0;
         if let Some(st) = start {
-            alloc.rank_segments_by_address(st.address_order);
+            alloc.seeder().rank_segments_by_address(st.address_order);
             for (k, (_, seg, ids)) in st.segments.iter().enumerate() {
                 device_stream(
                     &mut streams,
@@ -611,6 +611,7 @@ impl<'t> Replay<'t> {
                     &StreamName::new(seg.stream.0.to_string()),
                 );
                 let base = alloc
+                    .seeder()
                     .seed_segment(seg)
                     .map_err(|source| ReplayError::Seed { segment: k, source })?;
                 for (b, id) in seg.blocks.iter().zip(ids) {
@@ -623,12 +624,14 @@ impl<'t> Replay<'t> {
                     &alloc,
                     &StreamName::new(seg.stream.0.to_string()),
                 );
-                let base = alloc
-                    .seed_expandable(seg)
-                    .map_err(|source| ReplayError::Seed {
-                        segment: st.segments.len() + k,
-                        source,
-                    })?;
+                let base =
+                    alloc
+                        .seeder()
+                        .seed_expandable(seg)
+                        .map_err(|source| ReplayError::Seed {
+                            segment: st.segments.len() + k,
+                            source,
+                        })?;
                 for (b, id) in seg.blocks.iter().zip(ids) {
                     live.insert(*id, DevicePtr(base.0 + b.offset));
                 }
@@ -934,7 +937,7 @@ impl<'t> Replay<'t> {
     /// stays linear in the trace.
     #[inline]
     fn observe(&mut self, i: usize) {
-        let (allocated, reserved) = self.alloc.allocated_and_reserved();
+        let (allocated, reserved) = self.alloc.seeder().allocated_and_reserved();
         self.scan_budget = self.scan_budget.saturating_add(self.scan_credit_per_op);
         if reserved > self.peak_reserved_seen && self.track_peak {
             self.peak_reserved_seen = reserved;

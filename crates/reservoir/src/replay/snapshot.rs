@@ -29,7 +29,7 @@
 //! and free; blocks in them are rounded without extension (expandable
 //! blocks split off any remainder). Reservations with pages mapped at the
 //! first entry are seeded with those pages and their blocks
-//! ([`crate::caching::CachingAllocator::seed_expandable`]); the others are
+//! ([`crate::caching::Seeder::seed_expandable`]); the others are
 //! reserved by the replay itself, their recorded base scripted at their
 //! first map (and again at a map after they were fully unmapped, which
 //! releases a reservation).
