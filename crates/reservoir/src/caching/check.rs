@@ -84,7 +84,7 @@ impl DeviceState {
         let mut pool_members = 0usize;
         let mut unmapped_members = 0usize;
         let mut pending: HashMap<BlockId, u32> = HashMap::new();
-        for queue in self.events.values() {
+        for queue in self.events.queues.values() {
             for &(_, id) in queue {
                 *pending.entry(id).or_default() += 1;
             }

@@ -5,12 +5,46 @@
 
 use std::collections::VecDeque;
 
+use rustc_hash::FxHashMap;
+
 use super::state::DeviceState;
-use super::stream_order::stream_set_order;
-use crate::backend::{Backend, BackendError};
+use super::stream_order::{stream_set_order, C10Streams, StreamTable};
+use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::store::BlockId;
+
+/// The cross-stream events of one device and the frees waiting for them.
+pub(crate) struct Events {
+    /// Per-stream FIFOs of (event, block) recorded at cross-stream frees,
+    /// in PyTorch's `cuda_events` hash-map layout (see `stream_order`).
+    /// Invariant: a block's `event_count` is the number of its entries; a
+    /// block with entries is neither allocated nor in a pool; no queue is
+    /// empty.
+    pub queues: StreamTable<VecDeque<(EventId, BlockId)>>,
+    /// c10 stream ids, which order `queues` as PyTorch's hash map does.
+    pub c10_streams: C10Streams,
+    /// Cross-stream frees made while allocating to a pool, waiting for the
+    /// end of all captures before their events are recorded. Invariant:
+    /// their blocks are free, not in a pool, with no events yet.
+    pub needs_events_deferred: Vec<BlockId>,
+    /// Streams recorded on a block while a pool allocation was underway
+    /// (PyTorch's `block_to_cudagraph_stream_uses`): a free deferred until the
+    /// end of all captures does not wait for them. Keys are live blocks.
+    pub capture_stream_uses: FxHashMap<BlockId, Vec<StreamId>>,
+}
+
+impl Events {
+    /// No events, on device `device` (whose index seeds the c10 stream ids).
+    pub fn new(device: i8) -> Events {
+        Events {
+            queues: StreamTable::new(),
+            c10_streams: C10Streams::new(device),
+            needs_events_deferred: Vec::new(),
+            capture_stream_uses: FxHashMap::default(),
+        }
+    }
+}
 
 impl DeviceState {
     /// spec 1.10: record the events of frees deferred during pool allocation.
@@ -19,20 +53,21 @@ impl DeviceState {
         backend: &B,
     ) -> Result<(), BackendError> {
         // In the order the frees happened, as PyTorch walks its vector.
-        let mut deferred = std::mem::take(&mut self.needs_events_deferred).into_iter();
+        let mut deferred = std::mem::take(&mut self.events.needs_events_deferred).into_iter();
         while let Some(id) = deferred.next() {
             // `remove_cudagraph_stream_uses`: work recorded during a capture
             // is captured, not run, so the streams recorded then are dropped
             // (the set is rebuilt by inserting the rest in its old order).
-            if let Some(captured) = self.capture_stream_uses.remove(&id) {
+            if let Some(captured) = self.events.capture_stream_uses.remove(&id) {
                 let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
-                self.store.blocks[id].stream_uses = stream_set_order(&uses, &self.c10_streams)
-                    .into_iter()
-                    .filter(|s| !captured.contains(s))
-                    .collect();
+                self.store.blocks[id].stream_uses =
+                    stream_set_order(&uses, &self.events.c10_streams)
+                        .into_iter()
+                        .filter(|s| !captured.contains(s))
+                        .collect();
             }
             if let Err(e) = self.insert_events(backend, id) {
-                self.needs_events_deferred = std::iter::once(id).chain(deferred).collect();
+                self.events.needs_events_deferred = std::iter::once(id).chain(deferred).collect();
                 return Err(match e {
                     AllocError::Backend(b) => b,
                     other => BackendError::Driver(other.to_string()),
@@ -55,13 +90,14 @@ impl DeviceState {
         // PyTorch keeps the capture-time uses of a block freed outside a
         // capture keyed by its Block* until a later deferred free of that
         // pointer; forgetting them here only differs when a block is reused.
-        self.capture_stream_uses.remove(&id);
+        self.events.capture_stream_uses.remove(&id);
         // `stream_uses` is a ska::flat_hash_set in PyTorch: walk it in its order.
-        for s in stream_set_order(&uses, &self.c10_streams) {
+        for s in stream_set_order(&uses, &self.events.c10_streams) {
             let event = backend.record_event(s)?;
             self.store.blocks[id].event_count += 1;
-            let hash = self.c10_streams.hash(s);
+            let hash = self.events.c10_streams.hash(s);
             self.events
+                .queues
                 .get_or_insert_with(s, hash, VecDeque::new)
                 .push_back((event, id));
         }
@@ -73,24 +109,24 @@ impl DeviceState {
     /// order of PyTorch's `cuda_events` hash map, and a stream's entry is
     /// erased once its queue is empty (`it = cuda_events.erase(it)`).
     pub fn process_events<B: Backend + ?Sized>(&mut self, backend: &B) -> Result<(), BackendError> {
-        if !self.needs_events_deferred.is_empty() {
+        if !self.events.needs_events_deferred.is_empty() {
             self.insert_events_deferred_until_no_capture(backend)?;
         }
-        let mut cur = self.events.first();
+        let mut cur = self.events.queues.first();
         while let Some(pos) = cur {
-            while let Some(&(event, id)) = self.events.value_at(pos).front() {
+            while let Some(&(event, id)) = self.events.queues.value_at(pos).front() {
                 if !backend.query_event(event)? {
                     break;
                 }
-                self.events.value_at(pos).pop_front();
+                self.events.queues.value_at(pos).pop_front();
                 // The event has completed; giving it back cannot change the outcome.
                 let _ = backend.destroy_event(event);
                 self.complete_event(id);
             }
-            cur = if self.events.value_at(pos).is_empty() {
-                self.events.erase_at(pos)
+            cur = if self.events.queues.value_at(pos).is_empty() {
+                self.events.queues.erase_at(pos)
             } else {
-                self.events.next(pos)
+                self.events.queues.next(pos)
             };
         }
         Ok(())
@@ -115,9 +151,9 @@ impl DeviceState {
         self.stats.num_sync_all_streams += 1;
         self.insert_events_deferred_until_no_capture(backend)?;
         let mut result = Ok(());
-        let mut cur = self.events.first();
+        let mut cur = self.events.queues.first();
         while let Some(pos) = cur {
-            let queue = std::mem::take(self.events.value_at(pos));
+            let queue = std::mem::take(self.events.queues.value_at(pos));
             let mut keep = VecDeque::new();
             for (event, id) in queue {
                 if only.is_some() && self.owner(self.store.blocks[id].pool) != only {
@@ -135,11 +171,11 @@ impl DeviceState {
                 self.complete_event(id);
             }
             let empty = keep.is_empty();
-            *self.events.value_at(pos) = keep;
+            *self.events.queues.value_at(pos) = keep;
             cur = if empty {
-                self.events.erase_at(pos)
+                self.events.queues.erase_at(pos)
             } else {
-                self.events.next(pos)
+                self.events.queues.next(pos)
             };
         }
         result

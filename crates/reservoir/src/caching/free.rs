@@ -38,10 +38,10 @@ impl DeviceState {
         if self.store.blocks[id].stream_uses.is_empty() {
             self.free_block(id);
             Ok(())
-        } else if !self.captures_underway.is_empty() {
+        } else if !self.private.captures_underway.is_empty() {
             // No events while allocating to a pool: record them once every
             // pool allocation has ended (spec 1.10).
-            self.needs_events_deferred.push(id);
+            self.events.needs_events_deferred.push(id);
             Ok(())
         } else {
             self.insert_events(backend, id)
@@ -127,8 +127,8 @@ impl DeviceState {
     }
 
     pub(super) fn release_block_slot(&mut self, id: BlockId) {
-        if !self.capture_stream_uses.is_empty() {
-            self.capture_stream_uses.remove(&id);
+        if !self.events.capture_stream_uses.is_empty() {
+            self.events.capture_stream_uses.remove(&id);
         }
         self.store.free_block_slot(id);
     }
@@ -142,8 +142,8 @@ impl DeviceState {
         if !b.stream_uses.contains(&stream) {
             b.stream_uses.push(stream);
         }
-        if !self.captures_underway.is_empty() {
-            let captured = self.capture_stream_uses.entry(id).or_default();
+        if !self.private.captures_underway.is_empty() {
+            let captured = self.events.capture_stream_uses.entry(id).or_default();
             if !captured.contains(&stream) {
                 captured.push(stream);
             }

@@ -52,7 +52,7 @@ impl DeviceState {
         if orig_size >= ONE_EXABYTE {
             return Err(self.too_large(backend.device_kind(), orig_size, stream));
         }
-        if self.captures_underway.is_empty() {
+        if self.private.captures_underway.is_empty() {
             self.process_events(backend)?;
         }
 
@@ -81,7 +81,7 @@ impl DeviceState {
             found = self.alloc_block(backend, &mut p, false)?
                 || (self.release_available_cached_blocks(backend, &p)?
                     && self.alloc_block(backend, &mut p, false)?)
-                || (self.captures_underway.is_empty()
+                || (self.private.captures_underway.is_empty()
                     && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
                     && self.alloc_block(backend, &mut p, true)?);
             // The block comes from the device (for callbacks and debug output).

@@ -408,7 +408,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// so they decide which stream's cross-stream frees complete first. By
     /// default `StreamId(n)` is the n-th pool stream, the default stream 0.
     pub fn set_c10_stream_id(&self, stream: StreamId, id: i64) {
-        self.state.lock().c10_streams.set_id(stream, id);
+        self.state.lock().events.c10_streams.set_id(stream, id);
     }
 
     /// Release every cached segment that is entirely free, after waiting for

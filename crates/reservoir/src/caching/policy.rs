@@ -57,7 +57,7 @@ impl DeviceState {
         match Policy::of(&self.config) {
             Policy::PyTorch => Ok(false),
             // Off while allocations go to a private pool.
-            Policy::CrossStreamReuse if !self.captures_underway.is_empty() => Ok(false),
+            Policy::CrossStreamReuse if !self.private.captures_underway.is_empty() => Ok(false),
             Policy::CrossStreamReuse => {
                 // Borrow a block cached on another stream; it is handed out
                 // on its own stream (see `policy/cross_stream.rs`).

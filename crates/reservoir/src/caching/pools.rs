@@ -3,11 +3,13 @@
 //! memory pools (CUDA-graph style `MempoolId`s, spec 1.14) and pool
 //! checkpoints (spec 1.15).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::malloc::MallocError;
 use super::rules;
 use super::state::DeviceState;
+use super::stream_order::MempoolSet;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
@@ -118,6 +120,23 @@ pub(crate) struct PrivatePool {
     pub small: PoolId,
 }
 
+/// The private pools of one device (PyTorch's `graph_pools` and friends).
+#[derive(Default)]
+pub(crate) struct PrivatePools {
+    /// Private pools by id (PyTorch's `graph_pools`). Invariant: each owns
+    /// two slots of `DeviceState::pools` (small and large) whose `owner` is
+    /// its id; a pool stays while it owns a segment.
+    pub graph_pools: BTreeMap<MempoolId, PrivatePool>,
+    /// Private pools whose use count reached 0 (`graph_pools_freeable`).
+    /// Invariant: a subset of `graph_pools`' keys.
+    pub graph_pools_freeable: MempoolSet,
+    /// Pools being allocated to, with their filters (`captures_underway`),
+    /// oldest first. Invariant: ids are distinct keys of `graph_pools`.
+    pub captures_underway: Vec<(MempoolId, FilterFn)>,
+    /// Pool slots of erased private pools, for reuse (their `owner` is None).
+    pub free_pool_slots: Vec<PoolId>,
+}
+
 /// Which allocations go to a private pool while it is being allocated to.
 #[derive(Clone)]
 pub enum PoolFilter {
@@ -208,7 +227,11 @@ impl DeviceState {
     /// Count a driver allocation (`up`) or free of a private pool.
     pub(crate) fn count_private_malloc(&mut self, pool: PoolId, up: bool) {
         if let Some(id) = self.owner(pool) {
-            let p = self.graph_pools.get_mut(&id).expect("owner pool exists");
+            let p = self
+                .private
+                .graph_pools
+                .get_mut(&id)
+                .expect("owner pool exists");
             if up {
                 p.cuda_malloc_count += 1;
             } else {
@@ -219,7 +242,7 @@ impl DeviceState {
 
     fn new_pool_slot(&mut self, is_small: bool, owner: MempoolId) -> PoolId {
         let pool = BlockPool::new(is_small, Some(owner));
-        match self.free_pool_slots.pop() {
+        match self.private.free_pool_slots.pop() {
             Some(slot) => {
                 self.pools[slot as usize] = pool;
                 slot
@@ -232,13 +255,13 @@ impl DeviceState {
     }
 
     pub(crate) fn erase_private_pool(&mut self, id: MempoolId) {
-        if let Some(p) = self.graph_pools.remove(&id) {
+        if let Some(p) = self.private.graph_pools.remove(&id) {
             for slot in [p.small, p.large] {
                 self.pools[slot as usize].owner = None;
-                self.free_pool_slots.push(slot);
+                self.private.free_pool_slots.push(slot);
             }
         }
-        self.graph_pools_freeable.remove(&id);
+        self.private.graph_pools_freeable.remove(&id);
     }
 
     /// spec 1.14 `beginAllocateToPool`.
@@ -252,21 +275,21 @@ impl DeviceState {
                 "the default pool (0, 0) cannot be a private pool".into(),
             ));
         }
-        if self.captures_underway.iter().any(|(c, _)| *c == id) {
+        if self.private.captures_underway.iter().any(|(c, _)| *c == id) {
             return Err(err("beginAllocateToPool: already recording to mempool_id"));
         }
-        if self.graph_pools_freeable.contains(&id) {
+        if self.private.graph_pools_freeable.contains(&id) {
             return Err(err(format!(
                 "private pool {id:?} was released and waits for empty_cache to free it; \
                  it cannot be allocated to again"
             )));
         }
-        if let Some(p) = self.graph_pools.get_mut(&id) {
+        if let Some(p) = self.private.graph_pools.get_mut(&id) {
             p.use_count += 1;
         } else {
             let small = self.new_pool_slot(true, id);
             let large = self.new_pool_slot(false, id);
-            self.graph_pools.insert(
+            self.private.graph_pools.insert(
                 id,
                 PrivatePool {
                     use_count: 1,
@@ -276,15 +299,20 @@ impl DeviceState {
                 },
             );
         }
-        self.captures_underway.push((id, filter));
+        self.private.captures_underway.push((id, filter));
         Ok(())
     }
 
     /// spec 1.14 `endAllocateToPool`.
     pub(crate) fn end_allocate_to_pool(&mut self, id: MempoolId) -> Result<(), AllocError> {
-        match self.captures_underway.iter().position(|(c, _)| *c == id) {
+        match self
+            .private
+            .captures_underway
+            .iter()
+            .position(|(c, _)| *c == id)
+        {
             Some(i) => {
-                self.captures_underway.remove(i);
+                self.private.captures_underway.remove(i);
                 Ok(())
             }
             None => Err(err(
@@ -296,7 +324,7 @@ impl DeviceState {
     /// spec 1.14 `releasePool`: drop one use; at zero the pool becomes
     /// freeable and a later empty_cache or flush returns its memory.
     pub(crate) fn release_pool(&mut self, id: MempoolId) -> Result<(), AllocError> {
-        let Some(p) = self.graph_pools.get_mut(&id) else {
+        let Some(p) = self.private.graph_pools.get_mut(&id) else {
             return Err(err(format!("releasePool: unknown private pool {id:?}")));
         };
         if p.use_count == 0 {
@@ -304,7 +332,7 @@ impl DeviceState {
                 "releasePool: private pool {id:?} was already released"
             )));
         }
-        if p.use_count == 1 && self.captures_underway.iter().any(|(c, _)| *c == id) {
+        if p.use_count == 1 && self.private.captures_underway.iter().any(|(c, _)| *c == id) {
             // PyTorch would free the pool under a running capture and then
             // fail an internal assert on the next allocation routed to it.
             return Err(err(format!(
@@ -314,14 +342,14 @@ impl DeviceState {
         }
         p.use_count -= 1;
         if p.use_count == 0 {
-            self.graph_pools_freeable.insert(id);
+            self.private.graph_pools_freeable.insert(id);
         }
         Ok(())
     }
 
     /// Use count of a private pool (0 for unknown pools).
     pub(crate) fn pool_use_count(&self, id: MempoolId) -> u32 {
-        self.graph_pools.get(&id).map_or(0, |p| p.use_count)
+        self.private.graph_pools.get(&id).map_or(0, |p| p.use_count)
     }
 
     /// The heads (first blocks) of the segments of a private pool, by address.
@@ -339,10 +367,10 @@ impl DeviceState {
     }
 
     fn checkpointable(&self, id: MempoolId) -> Result<(), AllocError> {
-        if self.graph_pools_freeable.contains(&id) {
+        if self.private.graph_pools_freeable.contains(&id) {
             return Err(err("Not expected to checkpoint freeable graph"));
         }
-        if !self.graph_pools.contains_key(&id) {
+        if !self.private.graph_pools.contains_key(&id) {
             return Err(err("Could not find pool of id"));
         }
         Ok(())
@@ -355,7 +383,7 @@ impl DeviceState {
         id: MempoolId,
     ) -> Result<PoolCheckpoint, AllocError> {
         self.checkpointable(id)?;
-        if !self.needs_events_deferred.is_empty() {
+        if !self.events.needs_events_deferred.is_empty() {
             self.process_events(backend)?;
         }
         let mut segments = Vec::new();
@@ -568,10 +596,10 @@ impl DeviceState {
     #[inline]
     pub(super) fn get_pool(&self, size: u64, stream: StreamId) -> PoolId {
         let small = rules::is_small(size);
-        if !self.captures_underway.is_empty() {
-            for (id, filter) in self.captures_underway.iter().rev() {
+        if !self.private.captures_underway.is_empty() {
+            for (id, filter) in self.private.captures_underway.iter().rev() {
                 if filter(stream) {
-                    let pool = &self.graph_pools[id];
+                    let pool = &self.private.graph_pools[id];
                     return if small { pool.small } else { pool.large };
                 }
             }

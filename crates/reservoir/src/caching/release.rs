@@ -122,14 +122,14 @@ impl DeviceState {
         backend: &B,
         pool: MempoolId,
     ) -> Result<bool, MallocError> {
-        if pool.is_default() && self.captures_underway.is_empty() {
+        if pool.is_default() && self.private.captures_underway.is_empty() {
             self.synchronize_and_free_events(backend, None)?;
             self.release_blocks(backend, POOL_LARGE)?;
             self.release_blocks(backend, POOL_SMALL)?;
         }
         // In `graph_pools_freeable`'s hash-map order; erasing the visited entry
         // (below) does not change the order of the rest.
-        let freeable: Vec<MempoolId> = self.graph_pools_freeable.iter().collect();
+        let freeable: Vec<MempoolId> = self.private.graph_pools_freeable.iter().collect();
         for id in freeable {
             if !pool.is_default() {
                 if id != pool {
@@ -138,7 +138,7 @@ impl DeviceState {
                 self.synchronize_and_free_events(backend, Some(id))?;
             }
             let (small, large) = {
-                let p = &self.graph_pools[&id];
+                let p = &self.private.graph_pools[&id];
                 (p.small, p.large)
             };
             self.release_blocks(backend, small)?;
@@ -148,7 +148,9 @@ impl DeviceState {
             // mapped pages, one down per unmap) can reach 0 while segments
             // remain, and PyTorch would leave blocks pointing at a deleted
             // pool: keep the pool until it owns nothing.
-            if self.graph_pools[&id].cuda_malloc_count == 0 && !self.owns_segments(small, large) {
+            if self.private.graph_pools[&id].cuda_malloc_count == 0
+                && !self.owns_segments(small, large)
+            {
                 self.erase_private_pool(id);
             }
         }

@@ -96,7 +96,7 @@ impl DeviceState {
         segments.sort_by_key(|s| s.address);
         let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
         let pool = only
-            .and_then(|p| self.graph_pools.get(&p))
+            .and_then(|p| self.private.graph_pools.get(&p))
             .map_or(POOL_LARGE, |p| p.large);
         self.record_trace(
             TraceAction::Snapshot,

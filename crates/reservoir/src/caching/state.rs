@@ -9,59 +9,53 @@
 //! mirrors the PyTorch function of the same name; the spec section is named
 //! on each.
 
-use std::collections::{BTreeMap, VecDeque};
-
 use rustc_hash::FxHashMap;
 
+use super::events::Events;
 use super::history::Observe;
 use super::malloc::FreeMemoryCallback;
 use super::oom::OomObserver;
 use super::pools::BlockPool;
-use super::pools::{FilterFn, PrivatePool};
-use super::stream_order::{C10Streams, MempoolSet, StreamTable};
-use crate::backend::{Backend, BackendError, EventId, StreamId};
+use super::pools::PrivatePools;
+use crate::backend::{Backend, BackendError};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
-use crate::ids::MempoolId;
 use crate::stats::DeviceStats;
-use crate::store::{BlockId, BlockStore, PoolId};
+use crate::store::{BlockId, BlockStore};
 
-/// The state of one device's caching allocator.
+/// The state of one device's caching allocator: the aggregate of its
+/// owners. Each field's invariants are written on it (or on the owner's
+/// type); `check.rs` recounts them after every operation in tests.
 pub(crate) struct DeviceState {
+    /// The device index, for messages and trace entries.
     pub device: i8,
+    /// The settings in force (replaced at run time by `set_config`).
     pub config: AllocatorConfig,
     /// Segments and their blocks (see `store`).
     pub store: BlockStore,
+    /// Free lists: [`POOL_LARGE`](super::pools::POOL_LARGE),
+    /// [`POOL_SMALL`](super::pools::POOL_SMALL), then the slots of private
+    /// pools (see `pools.rs`). Invariant: a mapped block is in its pool's
+    /// `blocks` exactly when it is live, not allocated and has no pending
+    /// events or stream uses; an unmapped block is always in `unmapped`.
     pub pools: Vec<BlockPool>,
     /// Allocated blocks by address (PyTorch's sharded `allocated_blocks`).
+    /// Invariant: holds exactly the allocated blocks.
     pub allocated: FxHashMap<u64, BlockId>,
+    /// PyTorch's statistics. Invariant: every gauge equals a recount of the
+    /// blocks and segments (see `accounting.rs`).
     pub stats: DeviceStats,
     /// Bytes obtained from the driver (PyTorch's `total_allocated_memory`).
+    /// Invariant: the sum of segment sizes (mapped pages for expandable ones).
     pub total_allocated_memory: u64,
     /// The per-process limit (`set_per_process_memory_fraction` below 1.0).
     pub allowed_memory_maximum: Option<u64>,
-    /// Per-stream FIFOs of (event, block) recorded at cross-stream frees,
-    /// in PyTorch's `cuda_events` hash-map layout (see `stream_order`).
-    pub events: StreamTable<VecDeque<(EventId, BlockId)>>,
-    /// c10 stream ids, which order `events` as PyTorch's hash map does.
-    pub c10_streams: C10Streams,
+    /// Cross-stream events and deferred frees (see `events.rs`).
+    pub events: Events,
     /// History, trace trackers, callbacks and debug output (see `history.rs`).
     pub obs: Observe,
-    /// Private pools by id (PyTorch's `graph_pools`).
-    pub graph_pools: BTreeMap<MempoolId, PrivatePool>,
-    /// Private pools whose use count reached 0 (`graph_pools_freeable`).
-    pub graph_pools_freeable: MempoolSet,
-    /// Pools being allocated to, with their filters (`captures_underway`).
-    pub captures_underway: Vec<(MempoolId, FilterFn)>,
-    /// Cross-stream frees made while allocating to a pool, waiting for the
-    /// end of all captures before their events are recorded.
-    pub needs_events_deferred: Vec<BlockId>,
-    /// Streams recorded on a block while a pool allocation was underway
-    /// (PyTorch's `block_to_cudagraph_stream_uses`): a free deferred until the
-    /// end of all captures does not wait for them.
-    pub capture_stream_uses: FxHashMap<BlockId, Vec<StreamId>>,
-    /// Pool slots of erased private pools, for reuse.
-    pub free_pool_slots: Vec<PoolId>,
+    /// Private pools and the allocations routed to them (see `pools.rs`).
+    pub private: PrivatePools,
     /// Segments created so far (the next segment's `seq`).
     pub segment_seq: u64,
     /// Rank segments among equal free blocks by address (PyTorch's source
@@ -71,9 +65,12 @@ pub(crate) struct DeviceState {
     /// `max_split_size` changed at run time: the oversize counters then mix
     /// two thresholds (as in PyTorch) and cannot be recounted.
     pub max_split_changed: bool,
+    /// Run when the cache has no fitting block (see `malloc.rs`).
     pub free_memory_callbacks: Vec<FreeMemoryCallback>,
+    /// Told of every out-of-memory error, outside the lock (see `oom.rs`).
     pub oom_observers: Vec<OomObserver>,
-    /// Blocks borrowed from another stream's pool (cross-stream reuse).
+    /// Blocks borrowed from another stream's pool (see `policy.rs`); 0 in
+    /// PyTorch mode.
     pub cross_stream_reuses: u64,
 }
 
@@ -96,15 +93,9 @@ impl DeviceState {
             stats,
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
-            events: StreamTable::new(),
-            c10_streams: C10Streams::new(device),
+            events: Events::new(device),
             obs: Observe::new(Default::default()),
-            graph_pools: BTreeMap::new(),
-            graph_pools_freeable: MempoolSet::default(),
-            captures_underway: Vec::new(),
-            needs_events_deferred: Vec::new(),
-            capture_stream_uses: FxHashMap::default(),
-            free_pool_slots: Vec::new(),
+            private: PrivatePools::default(),
             segment_seq: 0,
             rank_by_address: false,
             max_split_changed: false,
