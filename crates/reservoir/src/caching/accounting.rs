@@ -1,5 +1,6 @@
-//! Accounting: the statistics a hand-out moves (spec 1.12), the oversize
-//! rule and the per-process memory limit (spec 1.13).
+//! Accounting: the statistics hand-outs, frees and segments move (spec
+//! 1.12; `oversize_*` count sizes at or above `max_split_size`), and the
+//! per-process memory limit (spec 1.13).
 
 use super::state::DeviceState;
 use crate::stats::StatType;
@@ -31,6 +32,43 @@ impl DeviceState {
         s.requested_bytes.increase(st, requested);
         if size >= self.config.max_split_size {
             s.oversize_allocations.increase(1);
+        }
+    }
+
+    /// The allocation stats of a block the caller freed (spec 1.12); its
+    /// active bytes stay until the block is back in its pool (`free_block`).
+    #[inline]
+    pub(super) fn note_freed(&mut self, size: u64, st: StatType) {
+        let s = &mut self.stats;
+        s.allocation.decrease(st, 1);
+        s.allocated_bytes.decrease(st, size);
+        if size >= self.config.max_split_size {
+            s.oversize_allocations.decrease(1);
+        }
+    }
+
+    /// A new segment of `size` bytes from the driver (or seeded): reserved
+    /// memory and the segment counts (spec 1.12).
+    pub(crate) fn note_segment_allocated(&mut self, size: u64, st: StatType) {
+        self.total_allocated_memory += size;
+        let s = &mut self.stats;
+        s.segment.increase(st, 1);
+        s.reserved_bytes.increase(st, size);
+        if size >= self.config.max_split_size {
+            s.oversize_segments.increase(1);
+        }
+        s.num_device_alloc += 1;
+    }
+
+    /// A segment of `size` bytes given back to the driver (the caller counts
+    /// `num_device_free` before tracing it).
+    pub(super) fn note_segment_released(&mut self, size: u64, st: StatType) {
+        self.total_allocated_memory -= size;
+        let s = &mut self.stats;
+        s.segment.decrease(st, 1);
+        s.reserved_bytes.decrease(st, size);
+        if size >= self.config.max_split_size {
+            s.oversize_segments.decrease(1);
         }
     }
 

@@ -22,8 +22,7 @@ impl DeviceState {
         b.allocated = false;
         let (addr, size, requested, stream) = (b.addr, b.size, b.requested_size, b.stream);
         backend.on_block_freed(DevicePtr(addr), size, stream);
-        self.stats.allocation.decrease(st, 1);
-        self.stats.allocated_bytes.decrease(st, size);
+        self.note_freed(size, st);
         self.record_trace(
             TraceAction::FreeRequested,
             addr,
@@ -32,9 +31,6 @@ impl DeviceState {
             pool,
             id,
         );
-        if size >= self.config.max_split_size {
-            self.stats.oversize_allocations.decrease(1);
-        }
         if self.store.blocks[id].stream_uses.is_empty() {
             self.free_block(id);
             Ok(())

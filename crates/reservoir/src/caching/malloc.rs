@@ -222,7 +222,6 @@ impl DeviceState {
             Err(e) => return Err(e.into()),
         };
         self.count_private_malloc(p.pool, true);
-        self.total_allocated_memory += size;
         self.segment_seq += 1;
         let seg = self.store.segments.insert(Segment {
             seq: self.segment_rank(ptr.0),
@@ -239,12 +238,7 @@ impl DeviceState {
             .new_block(ptr.0, size, p.stream, p.pool, seg, true, false);
         self.store.segments[seg].head = id;
         p.block = id;
-        self.stats.segment.increase(p.stat_type, 1);
-        self.stats.reserved_bytes.increase(p.stat_type, size);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_segments.increase(1);
-        }
-        self.stats.num_device_alloc += 1;
+        self.note_segment_allocated(size, p.stat_type);
         self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
         Ok(true)
     }

@@ -201,14 +201,8 @@ impl DeviceState {
         backend.free(DevicePtr(addr), size)?;
         self.stats.num_device_free += 1;
         self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
-        self.total_allocated_memory -= size;
         self.count_private_malloc(pool, false);
-        let st = self.stat_type(pool);
-        self.stats.segment.decrease(st, 1);
-        self.stats.reserved_bytes.decrease(st, size);
-        if size >= self.config.max_split_size {
-            self.stats.oversize_segments.decrease(1);
-        }
+        self.note_segment_released(size, self.stat_type(pool));
         self.remove_from_pool(id);
         self.release_block_slot(id);
         self.store.remove_segment(seg);

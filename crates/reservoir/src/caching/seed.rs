@@ -174,8 +174,6 @@ impl<B: Backend> Seeder<'_, B> {
         let mut st = self.alloc.state.lock();
         let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
         let stat = StatType::for_pool(seg.small);
-        let max_split = st.config.max_split_size;
-        st.total_allocated_memory += seg.size;
         st.segment_seq += 1;
         let seq = st.segment_rank(base);
         let sid = st.store.segments.insert(Segment {
@@ -188,12 +186,7 @@ impl<B: Backend> Seeder<'_, B> {
             head: NIL,
             live: true,
         });
-        st.stats.segment.increase(stat, 1);
-        st.stats.reserved_bytes.increase(stat, seg.size);
-        if seg.size >= max_split {
-            st.stats.oversize_segments.increase(1);
-        }
-        st.stats.num_device_alloc += 1;
+        st.note_segment_allocated(seg.size, stat);
 
         // The tiling: (offset, size, Some(requested) if allocated).
         let mut tiles: Vec<(u64, u64, Option<u64>)> = Vec::with_capacity(2 * blocks.len() + 1);
