@@ -15,6 +15,7 @@
 //!   `BlockPool` sets; a heap's (size, address) order).
 
 mod block;
+mod check;
 mod free_list;
 mod slab;
 
@@ -208,5 +209,67 @@ impl Iterator for SegmentBlocks<'_> {
         let id = self.next;
         self.next = self.blocks[id].next;
         Some(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store with one 4 KiB segment at 0x1000, one block covering it.
+    fn one_segment() -> (BlockStore, BlockId) {
+        let mut s = BlockStore::default();
+        let seg = s.segments.insert(Segment {
+            addr: 0x1000,
+            seq: 1,
+            size: 4096,
+            expandable: None,
+            stream: StreamId::DEFAULT,
+            pool: 0,
+            head: NIL,
+            live: true,
+        });
+        let id = s.new_block(0x1000, 4096, StreamId::DEFAULT, 0, seg, true, false);
+        s.segments[seg].head = id;
+        (s, id)
+    }
+
+    fn layout(s: &BlockStore) -> Vec<(u64, u64)> {
+        s.segment_blocks(0)
+            .map(|b| (s.blocks[b].addr, s.blocks[b].size))
+            .collect()
+    }
+
+    #[test]
+    fn split_and_merge_keep_the_segment_tiled() {
+        let (mut s, whole) = one_segment();
+        let front = s.split_front(whole, 1024, StreamId::DEFAULT);
+        let back = s.split_back(whole, 1024, true);
+        assert_eq!(layout(&s), [(0x1000, 1024), (0x1400, 1024), (0x1800, 2048)]);
+        assert!(s.blocks[whole].is_split());
+        s.check_tiling().unwrap();
+
+        assert_eq!(s.merge(whole, front), 1024);
+        s.free_block_slot(front);
+        assert_eq!(s.segments[0].head, whole);
+        assert_eq!(s.merge(whole, back), 2048);
+        s.free_block_slot(back);
+        assert_eq!(layout(&s), [(0x1000, 4096)]);
+        assert!(!s.blocks[whole].is_split());
+        s.check_tiling().unwrap();
+
+        // Freed slots are reused.
+        let again = s.split_front(whole, 512, StreamId::DEFAULT);
+        assert!(again == front || again == back);
+        s.check_tiling().unwrap();
+    }
+
+    #[test]
+    fn the_checker_finds_a_gap() {
+        let (mut s, whole) = one_segment();
+        s.split_back(whole, 1024, true);
+        s.blocks[whole].size = 512;
+        let e = s.check_tiling().unwrap_err();
+        assert!(e.contains("gap or overlap"), "{e}");
     }
 }
