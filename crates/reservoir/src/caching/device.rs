@@ -676,7 +676,7 @@ impl DeviceState {
 
         let mut found = self.get_free_block(&mut p)
             || (self.trigger_free_memory_callbacks(backend)? && self.get_free_block(&mut p));
-        if !found && self.config.cross_stream_reuse && self.captures_underway.is_empty() {
+        if !found && self.config.policy.cross_stream_reuse && self.captures_underway.is_empty() {
             // Reservoir-only policy (caching/cross_stream.rs): borrow a block
             // cached on another stream; it is handed out on its own stream.
             if let Some(id) = self.take_from_other_stream(backend, p.pool, p.size, stream)? {

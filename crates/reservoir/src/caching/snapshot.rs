@@ -8,12 +8,9 @@ use super::block::{BlockId, POOL_LARGE};
 use super::device::DeviceState;
 use super::history::pool_id_tuple;
 use crate::backend::StreamId;
-use crate::config::AllocatorConfig;
 use crate::ids::MempoolId;
 use crate::pickle::Value;
-use crate::snapshot::{
-    AllocatorSettings, Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot,
-};
+use crate::snapshot::{Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot};
 use crate::trace::{Frame, TraceAction};
 
 /// Mapped bytes of one expandable segment (PyTorch's `StreamSegmentSize`).
@@ -108,7 +105,7 @@ impl DeviceState {
         Snapshot {
             segments,
             device_traces,
-            allocator_settings: Some(settings(&self.config)),
+            allocator_settings: Some(self.config.allocator_settings()),
             external_annotations: Some(Vec::new()),
             extra: ExtraKeys(vec![
                 ("host_segments".into(), Value::list(Vec::new())),
@@ -152,31 +149,5 @@ impl DeviceState {
                 total_size: e.pages.iter().filter(|&&m| m).count() as u64 * e.page_size,
             })
             .collect()
-    }
-}
-
-/// The `allocator_settings` dict torch 2.15 writes (spec 2.5, with its
-/// `max_round_threshold` and `max_cached_size`).
-pub(crate) fn settings(c: &AllocatorConfig) -> AllocatorSettings {
-    let bytes_or_unset = |v: u64| if v == u64::MAX { -1 } else { v as i64 };
-    AllocatorSettings {
-        pytorch_cuda_alloc_conf: Some(c.last_settings.clone()),
-        max_split_size: Some(bytes_or_unset(c.max_split_size)),
-        garbage_collection_threshold: Some(c.garbage_collection_threshold),
-        expandable_segments: Some(c.expandable_segments),
-        pinned_num_register_threads: Some(c.pinned_num_register_threads as i64),
-        release_lock_on_cudamalloc: Some(c.release_lock_on_cudamalloc),
-        pinned_use_cuda_host_register: Some(c.pinned_use_cuda_host_register),
-        graph_capture_record_stream_reuse: Some(c.graph_capture_record_stream_reuse),
-        max_round_threshold: Some(bytes_or_unset(c.pinned_max_round_threshold)),
-        max_cached_size: Some(bytes_or_unset(c.pinned_max_cached_size)),
-        roundup_power2_divisions: Some(
-            c.roundup_power2_divisions
-                .iter()
-                .enumerate()
-                .map(|(i, &d)| (1u64 << i, d))
-                .collect(),
-        ),
-        extra: ExtraKeys::default(),
     }
 }
