@@ -74,7 +74,7 @@ use crate::config::AllocatorConfig;
 use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Segment, Snapshot};
 use crate::stats::DeviceStats;
 use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
@@ -85,61 +85,6 @@ pub use history::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
 pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment};
 pub use snapshot::StreamSegmentSize;
-
-/// State of a block in a snapshot (spec 2.3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BlockState {
-    /// Handed out to a caller.
-    ActiveAllocated,
-    /// Freed by the caller, waiting for other streams' work.
-    ActivePendingFree,
-    /// Free and cached.
-    Inactive,
-}
-
-impl BlockState {
-    /// PyTorch's string for the state.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BlockState::ActiveAllocated => "active_allocated",
-            BlockState::ActivePendingFree => "active_pending_free",
-            BlockState::Inactive => "inactive",
-        }
-    }
-}
-
-/// One block of a [`SegmentInfo`].
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct BlockInfo {
-    /// First address.
-    pub address: u64,
-    /// Bytes.
-    pub size: u64,
-    /// Bytes last requested for it (stale on free blocks, as in PyTorch).
-    pub requested_size: u64,
-    /// Allocated, pending or free.
-    pub state: BlockState,
-}
-
-/// One segment of the allocator's state, blocks in address order.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct SegmentInfo {
-    /// First address.
-    pub address: u64,
-    /// Bytes reserved from the device.
-    pub total_size: u64,
-    /// Stream the segment serves.
-    pub stream: StreamId,
-    /// Small pool (2 MiB segments of blocks up to 1 MiB)?
-    pub is_small: bool,
-    /// One mapped run of an expandable segment?
-    pub is_expandable: bool,
-    /// The pool that owns it ([`MempoolId::DEFAULT`] for the global pools).
-    pub pool_id: MempoolId,
-    /// The blocks, tiling the segment.
-    pub blocks: Vec<BlockInfo>,
-}
 
 /// PyTorch's CUDA caching allocator over any [`Backend`], for one device.
 ///
@@ -460,9 +405,10 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().pool_use_count(pool)
     }
 
-    /// The segments of one pool, in address order.
-    pub fn pool_segments(&self, pool: MempoolId) -> Vec<SegmentInfo> {
-        self.state.lock().segment_infos(Some(pool))
+    /// The segments of one pool, in address order, as a snapshot reports
+    /// them (without recording a snapshot in the history).
+    pub fn pool_segments(&self, pool: MempoolId) -> Vec<Segment> {
+        self.state.lock().segment_models(Some(pool))
     }
 
     /// The state of a private pool, to restore later (`getCheckpointState`).
@@ -681,9 +627,10 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().oom_observers.push(observer);
     }
 
-    /// The segments and their blocks, in address order.
-    pub fn segments(&self) -> Vec<SegmentInfo> {
-        self.state.lock().segment_infos(None)
+    /// The segments and their blocks, in address order, as a snapshot
+    /// reports them (without recording a snapshot in the history).
+    pub fn segments(&self) -> Vec<Segment> {
+        self.state.lock().segment_models(None)
     }
 
     /// Check every internal invariant: blocks tile their segments, free lists

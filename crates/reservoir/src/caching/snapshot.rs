@@ -39,11 +39,41 @@ impl DeviceState {
         } else {
             Vec::new()
         };
+        let segments = self.segment_models(only);
+        let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
+        let pool = only
+            .and_then(|p| self.graph_pools.get(&p))
+            .map_or(POOL_LARGE, |p| p.large);
+        self.record_trace(
+            TraceAction::Snapshot,
+            0,
+            total_active,
+            StreamId::DEFAULT,
+            pool,
+            super::block::NIL,
+        );
+        Snapshot {
+            segments,
+            device_traces,
+            allocator_settings: Some(self.config.allocator_settings()),
+            external_annotations: Some(Vec::new()),
+            extra: ExtraKeys(vec![
+                ("host_segments".into(), Value::list(Vec::new())),
+                ("host_traces".into(), Value::list(Vec::new())),
+            ]),
+        }
+    }
+
+    /// The segments as PyTorch's snapshot reports them (spec 2.3), in address
+    /// order: each contiguous mapped run of an expandable segment is a
+    /// segment of its own (spec 1.11). With `pool`, only the segments of that
+    /// pool ([`MempoolId::DEFAULT`] for the global pools).
+    pub(crate) fn segment_models(&self, pool: Option<MempoolId>) -> Vec<Segment> {
         let empty: Arc<[Frame]> = Arc::from([]);
         let mut segments: Vec<Segment> = Vec::new();
         for (sid, s) in self.segments.items.iter().enumerate() {
             let owner = self.owner(s.pool).unwrap_or_default();
-            if !s.live || only.is_some_and(|p| p != owner) {
+            if !s.live || pool.is_some_and(|p| p != owner) {
                 continue;
             }
             let segment_type = if self.pools[s.pool as usize].is_small {
@@ -72,11 +102,7 @@ impl DeviceState {
                     ),
                     ..Segment::default()
                 });
-                let state = match self.block_state(id) {
-                    super::BlockState::ActiveAllocated => BlockState::ActiveAllocated,
-                    super::BlockState::ActivePendingFree => BlockState::ActivePendingFree,
-                    super::BlockState::Inactive => BlockState::Inactive,
-                };
+                let state = self.block_state(id);
                 seg.total_size += b.size;
                 if state == BlockState::ActiveAllocated {
                     seg.allocated_size += b.size;
@@ -90,28 +116,7 @@ impl DeviceState {
             segments.extend(current);
         }
         segments.sort_by_key(|s| s.address);
-        let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
-        let pool = only
-            .and_then(|p| self.graph_pools.get(&p))
-            .map_or(POOL_LARGE, |p| p.large);
-        self.record_trace(
-            TraceAction::Snapshot,
-            0,
-            total_active,
-            StreamId::DEFAULT,
-            pool,
-            super::block::NIL,
-        );
-        Snapshot {
-            segments,
-            device_traces,
-            allocator_settings: Some(self.config.allocator_settings()),
-            external_annotations: Some(Vec::new()),
-            extra: ExtraKeys(vec![
-                ("host_segments".into(), Value::list(Vec::new())),
-                ("host_traces".into(), Value::list(Vec::new())),
-            ]),
-        }
+        segments
     }
 
     fn block_model(&self, id: BlockId, state: BlockState, empty: &Arc<[Frame]>) -> Block {
