@@ -7,6 +7,7 @@
 use super::error::{AssertSite, ConfigError, ConfigWarning, KeyParser, SyntaxProblem, ValueRule};
 use super::keys::{self, Pass};
 use super::settings::{AllocatorConfig, MIB, ROUNDUP_POWER2_INTERVALS};
+use super::tokenizer::Tokens;
 
 /// `large_segment_size_mb` must be greater than this (kMinLargeAlloc in MiB).
 const MIN_LARGE_SEGMENT_MB: u64 = 10;
@@ -15,7 +16,12 @@ pub(super) const MAX_MB: u64 = u64::MAX / MIB;
 
 /// `AcceleratorAllocatorConfig::parseArgs`: `large_segment_size_mb` first
 /// (spec error 5), the resets (spec errors 3 and 4), then every common key.
-pub(super) fn parse_args(p: &mut Pass<'_>) -> Result<(), ConfigError> {
+pub(super) fn parse_args(
+    cfg: &mut AllocatorConfig,
+    t: &Tokens,
+    warnings: &mut Vec<ConfigWarning>,
+) -> Result<(), ConfigError> {
+    let p = &mut Pass { cfg, t, warnings };
     large_segment_size(p)?;
     keys::reset(p.cfg);
     let read = keys::read_keys(p, KeyParser::Accelerator)?;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::cnum::istream_double;
 use super::error::{AssertSite, ConfigError, ConfigWarning, KeyParser, ValueRule};
 use super::keys::{self, Pass};
-use super::settings::{AllocatorBackend, ReserveSpec};
+use super::settings::{AllocatorBackend, AllocatorConfig, ReserveSpec};
 use super::tokenizer::Tokens;
 
 /// Upper bound of `pinned_num_register_threads`.
@@ -44,7 +44,12 @@ pub(super) fn backend_scan(t: &Tokens) -> Result<AllocatorBackend, ConfigError> 
 /// `CUDAAllocatorConfig::parseArgs`. `backend` may only repeat the backend
 /// chosen at load time (`cfg.backend`, spec error 10). PyTorch warns when the
 /// async backend meets any other CUDA key (spec error 11).
-pub(super) fn parse_args(p: &mut Pass<'_>) -> Result<(), ConfigError> {
+pub(super) fn parse_args(
+    cfg: &mut AllocatorConfig,
+    t: &Tokens,
+    warnings: &mut Vec<ConfigWarning>,
+) -> Result<(), ConfigError> {
+    let p = &mut Pass { cfg, t, warnings };
     let read = keys::read_keys(p, KeyParser::Cuda)?;
     let used_async =
         read.contains(&"backend") && p.cfg.backend == AllocatorBackend::CudaMallocAsync;

@@ -8,7 +8,6 @@
 use super::accelerator;
 use super::cuda;
 use super::error::{ConfigError, ConfigWarning};
-use super::keys::Pass;
 use super::settings::AllocatorConfig;
 use super::tokenizer::Tokens;
 
@@ -111,14 +110,9 @@ impl AllocatorConfig {
         let mut warnings = Vec::new();
         let mut next = self.clone();
         let tokens = Tokens::new(s);
-        let mut pass = Pass {
-            cfg: &mut next,
-            t: &tokens,
-            warnings: &mut warnings,
-        };
-        accelerator::parse_args(&mut pass)?;
-        pass.cfg.last_settings = s.to_owned();
-        cuda::parse_args(&mut pass)?;
+        accelerator::parse_args(&mut next, &tokens, &mut warnings)?;
+        next.last_settings = s.to_owned();
+        cuda::parse_args(&mut next, &tokens, &mut warnings)?;
         *self = next;
         Ok(warnings)
     }
@@ -147,21 +141,10 @@ fn startup_parse(
     if let Some((src, var)) = cuda_src {
         let tokens = Tokens::new(src);
         cfg.backend = cuda::backend_scan(&tokens).map_err(wrap(var))?;
-        let mut pass = Pass {
-            cfg: &mut cfg,
-            t: &tokens,
-            warnings,
-        };
-        cuda::parse_args(&mut pass).map_err(wrap(var))?;
+        cuda::parse_args(&mut cfg, &tokens, warnings).map_err(wrap(var))?;
     }
     if let Some((src, var)) = common_src {
-        let tokens = Tokens::new(src);
-        let mut pass = Pass {
-            cfg: &mut cfg,
-            t: &tokens,
-            warnings,
-        };
-        accelerator::parse_args(&mut pass).map_err(wrap(var))?;
+        accelerator::parse_args(&mut cfg, &Tokens::new(src), warnings).map_err(wrap(var))?;
         cfg.last_settings = src.to_owned();
     }
     Ok(cfg)

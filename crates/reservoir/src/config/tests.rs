@@ -595,6 +595,45 @@ fn reserve_resolution_saturates() {
     assert_eq!(ReserveSpec::Fraction(1e-310).resolve_bytes(1 << 36), 0);
 }
 
+// spec 1.17 (spec error 8): the key table holds PyTorch 2.15's keys, each
+// once, in the order the unknown-key advice lists them.
+#[test]
+fn key_table() {
+    assert_eq!(
+        KNOWN_KEYS,
+        [
+            "backend",
+            "large_segment_size_mb",
+            "max_split_size_mb",
+            "max_non_split_rounding_mb",
+            "garbage_collection_threshold",
+            "roundup_power2_divisions",
+            "expandable_segments",
+            "release_lock_on_cudamalloc",
+            "release_lock_on_hipmalloc",
+            "per_process_memory_fraction",
+            "graph_capture_record_stream_reuse",
+            "throw_on_cudamalloc_oom",
+            "expandable_segments_reserve",
+            "expandable_segments_reserve_by_class",
+            "pinned_use_cuda_host_register",
+            "pinned_use_hip_host_register",
+            "pinned_num_register_threads",
+            "pinned_use_background_threads",
+            "pinned_reserve_segment_size_mb",
+            "pinned_max_round_threshold_mb",
+            "pinned_max_cached_size_mb",
+            "pinned_free_catch_all",
+        ]
+    );
+    let mut names = KNOWN_KEYS.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), KNOWN_KEYS.len());
+    let advice = parse_err("bogus_key_name_that_is_far_from_all:1").to_string();
+    assert!(advice.ends_with(&format!("(accepted keys: {})", KNOWN_KEYS.join(", "))));
+}
+
 // spec 1.17: unknown keys name the key and the position.
 #[test]
 fn unknown_key() {
