@@ -12,11 +12,11 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
-use reservoir::caching::{BlockState, SegmentInfo};
 use reservoir::format::format_size;
 use reservoir::oracle_trace::Trace;
 use reservoir::replay::snapshot::{Fidelity, RecordedTrace};
 use reservoir::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
+use reservoir::snapshot::{BlockState, Segment};
 
 use crate::table::format_ns;
 
@@ -29,11 +29,11 @@ pub struct Section {
     /// The setting whose segment map is shown, and the map.
     peak_setting: String,
     peak_op: u64,
-    segments: Vec<SegmentInfo>,
+    segments: Vec<Segment>,
 }
 
 /// Replay again up to `op` (included) and return the segments then.
-fn segments_at(mut r: Replay<'_>, op: Option<u64>) -> Result<Vec<SegmentInfo>> {
+fn segments_at(mut r: Replay<'_>, op: Option<u64>) -> Result<Vec<Segment>> {
     if let Some(op) = op {
         while (r.position() as u64) <= op {
             if !r.step().context("replaying to the peak")? {
@@ -95,7 +95,7 @@ impl Section {
         capacity: u64,
         reports: &[ReplayReport],
         fidelity: Vec<(String, Option<Fidelity>)>,
-        segments: impl FnOnce(&ReplaySetting, &ReplayOptions, Option<u64>) -> Result<Vec<SegmentInfo>>,
+        segments: impl FnOnce(&ReplaySetting, &ReplayOptions, Option<u64>) -> Result<Vec<Segment>>,
     ) -> Result<Section> {
         let options = ReplayOptions {
             capacity,
@@ -253,15 +253,15 @@ fn segment_map(out: &mut String, k: usize, s: &Section) {
         }
     };
     for seg in &s.segments {
-        for b in &seg.blocks {
-            let start = pos + (b.address - seg.address) as f64;
+        for (address, b) in seg.blocks_with_addresses() {
+            let start = pos + (address - seg.address) as f64;
             match b.state {
                 BlockState::Inactive => {
                     free += b.size;
                     rect(out, start, b.size as f64, "block free", "#d9d9d9");
                 }
                 _ => {
-                    let used = b.requested_size.min(b.size);
+                    let used = b.requested_or_size().min(b.size);
                     live += used;
                     wasted += b.size - used;
                     rect(out, start, used as f64, "block live", "#3a78c2");

@@ -14,7 +14,7 @@ const MIB: u64 = 1 << 20;
 
 fn allocator(cross_stream: bool) -> CachingAllocator<AsyncSimDevice> {
     let mut config = AllocatorConfig::default();
-    config.cross_stream_reuse = cross_stream;
+    config.policy.cross_stream_reuse = cross_stream;
     let dev = AsyncSimDevice::new(SimConfig {
         capacity: 64 << 30,
         ..SimConfig::default()

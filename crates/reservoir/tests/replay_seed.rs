@@ -1,11 +1,11 @@
 //! Seeding an allocator, and converting recorded traces: layouts, stats,
 //! invariants, and typed errors naming the entry for inconsistent input.
 
-use reservoir::caching::{BlockState, SeedError, SeededBlock, SeededSegment};
+use reservoir::caching::{SeedError, SeededBlock, SeededSegment};
 use reservoir::replay::snapshot::{convert, fidelity};
 use reservoir::replay::{Replay, ReplayOptions, ReplaySetting};
 use reservoir::sim::{SimConfig, SimDevice};
-use reservoir::snapshot::{self, DeviceEvents, Segment, SegmentType};
+use reservoir::snapshot::{self, BlockState, DeviceEvents, Segment, SegmentType};
 use reservoir::trace::{TraceAction, TraceEntry};
 use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
 
@@ -50,7 +50,7 @@ fn seeded_segment_has_the_layout_stats_and_invariants() {
     let layout: Vec<(u64, u64, BlockState)> = segs[0]
         .blocks
         .iter()
-        .map(|b| (b.address - base.0, b.size, b.state))
+        .map(|b| (b.address.unwrap() - base.0, b.size, b.state))
         .collect();
     assert_eq!(
         layout,

@@ -161,7 +161,7 @@ fn randomized_multi_stream_integrity() {
 fn randomized_multi_stream_integrity_with_cross_stream_reuse() {
     let _serial = serial();
     let mut c = AllocatorConfig::default();
-    c.cross_stream_reuse = true;
+    c.policy.cross_stream_reuse = true;
     integrity(c, " (cross-stream reuse)");
 }
 

@@ -5,8 +5,7 @@
 use std::collections::HashMap;
 
 use super::state::DeviceState;
-use super::{BlockInfo, BlockState, SegmentInfo};
-use crate::ids::MempoolId;
+use crate::snapshot::BlockState;
 use crate::stats::{DeviceStats, StatArray, StatType};
 use crate::store::BlockId;
 
@@ -33,47 +32,6 @@ impl DeviceState {
         } else {
             BlockState::Inactive
         }
-    }
-
-    /// Segments as PyTorch's snapshot reports them: each contiguous mapped
-    /// run of an expandable segment is a segment of its own (spec 1.11).
-    /// With `pool`, only the segments of that pool ([`MempoolId::DEFAULT`]
-    /// for the global pools).
-    pub(crate) fn segment_infos(&self, pool: Option<MempoolId>) -> Vec<SegmentInfo> {
-        let mut out: Vec<SegmentInfo> = Vec::new();
-        for (i, s) in self.store.segments.items.iter().enumerate() {
-            let owner = self.owner(s.pool).unwrap_or_default();
-            if !s.live || pool.is_some_and(|p| p != owner) {
-                continue;
-            }
-            let mut current: Option<SegmentInfo> = None;
-            for id in self.store.segment_blocks(i as u32) {
-                let b = &self.store.blocks[id];
-                if !b.mapped {
-                    out.extend(current.take());
-                    continue;
-                }
-                let seg = current.get_or_insert_with(|| SegmentInfo {
-                    address: b.addr,
-                    total_size: 0,
-                    stream: s.stream,
-                    is_small: self.pools[s.pool as usize].is_small,
-                    is_expandable: s.expandable.is_some(),
-                    pool_id: owner,
-                    blocks: Vec::new(),
-                });
-                seg.total_size += b.size;
-                seg.blocks.push(BlockInfo {
-                    address: b.addr,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    state: self.block_state(id),
-                });
-            }
-            out.extend(current);
-        }
-        out.sort_by_key(|s| s.address);
-        out
     }
 
     pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {

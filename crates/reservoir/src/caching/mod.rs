@@ -80,7 +80,7 @@ use crate::config::AllocatorConfig;
 use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Segment, Snapshot};
 use crate::stats::DeviceStats;
 use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
@@ -93,61 +93,6 @@ pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, Segm
 pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment, Seeder};
 pub use snapshot::StreamSegmentSize;
 use state::DeviceState;
-
-/// State of a block in a snapshot (spec 2.3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BlockState {
-    /// Handed out to a caller.
-    ActiveAllocated,
-    /// Freed by the caller, waiting for other streams' work.
-    ActivePendingFree,
-    /// Free and cached.
-    Inactive,
-}
-
-impl BlockState {
-    /// PyTorch's string for the state.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BlockState::ActiveAllocated => "active_allocated",
-            BlockState::ActivePendingFree => "active_pending_free",
-            BlockState::Inactive => "inactive",
-        }
-    }
-}
-
-/// One block of a [`SegmentInfo`].
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct BlockInfo {
-    /// First address.
-    pub address: u64,
-    /// Bytes.
-    pub size: u64,
-    /// Bytes last requested for it (stale on free blocks, as in PyTorch).
-    pub requested_size: u64,
-    /// Allocated, pending or free.
-    pub state: BlockState,
-}
-
-/// One segment of the allocator's state, blocks in address order.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct SegmentInfo {
-    /// First address.
-    pub address: u64,
-    /// Bytes reserved from the device.
-    pub total_size: u64,
-    /// Stream the segment serves.
-    pub stream: StreamId,
-    /// Small pool (2 MiB segments of blocks up to 1 MiB)?
-    pub is_small: bool,
-    /// One mapped run of an expandable segment?
-    pub is_expandable: bool,
-    /// The pool that owns it ([`MempoolId::DEFAULT`] for the global pools).
-    pub pool_id: MempoolId,
-    /// The blocks, tiling the segment.
-    pub blocks: Vec<BlockInfo>,
-}
 
 /// PyTorch's CUDA caching allocator over any [`Backend`], for one device.
 ///
@@ -468,9 +413,10 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().pool_use_count(pool)
     }
 
-    /// The segments of one pool, in address order.
-    pub fn pool_segments(&self, pool: MempoolId) -> Vec<SegmentInfo> {
-        self.state.lock().segment_infos(Some(pool))
+    /// The segments of one pool, in address order, as a snapshot reports
+    /// them (without recording a snapshot in the history).
+    pub fn pool_segments(&self, pool: MempoolId) -> Vec<Segment> {
+        self.state.lock().segment_models(Some(pool))
     }
 
     /// The state of a private pool, to restore later (`getCheckpointState`).
@@ -503,7 +449,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Blocks handed out to a stream from another stream's cache by the
     /// Reservoir-only cross-stream reuse policy
-    /// ([`AllocatorConfig::cross_stream_reuse`]); always 0 in PyTorch mode.
+    /// ([`ReservoirPolicy::cross_stream_reuse`](crate::config::ReservoirPolicy::cross_stream_reuse)); always 0 in PyTorch mode.
     pub fn cross_stream_reuses(&self) -> u64 {
         self.state.lock().cross_stream_reuses
     }
@@ -689,9 +635,10 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().oom_observers.push(observer);
     }
 
-    /// The segments and their blocks, in address order.
-    pub fn segments(&self) -> Vec<SegmentInfo> {
-        self.state.lock().segment_infos(None)
+    /// The segments and their blocks, in address order, as a snapshot
+    /// reports them (without recording a snapshot in the history).
+    pub fn segments(&self) -> Vec<Segment> {
+        self.state.lock().segment_models(None)
     }
 
     /// Check every internal invariant: blocks tile their segments, free lists

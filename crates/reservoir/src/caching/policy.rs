@@ -36,7 +36,7 @@ impl Policy {
     /// The policy the settings ask for.
     #[inline]
     pub fn of(config: &AllocatorConfig) -> Policy {
-        if config.cross_stream_reuse {
+        if config.policy.cross_stream_reuse {
             Policy::CrossStreamReuse
         } else {
             Policy::PyTorch

@@ -8,12 +8,9 @@ use super::history::pool_id_tuple;
 use super::pools::POOL_LARGE;
 use super::state::DeviceState;
 use crate::backend::StreamId;
-use crate::config::AllocatorConfig;
 use crate::ids::MempoolId;
 use crate::pickle::Value;
-use crate::snapshot::{
-    AllocatorSettings, Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot,
-};
+use crate::snapshot::{Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot};
 use crate::store::BlockId;
 use crate::trace::{Frame, TraceAction};
 
@@ -43,11 +40,41 @@ impl DeviceState {
         } else {
             Vec::new()
         };
+        let segments = self.segment_models(only);
+        let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
+        let pool = only
+            .and_then(|p| self.private.graph_pools.get(&p))
+            .map_or(POOL_LARGE, |p| p.large);
+        self.record_trace(
+            TraceAction::Snapshot,
+            0,
+            total_active,
+            StreamId::DEFAULT,
+            pool,
+            crate::store::NIL,
+        );
+        Snapshot {
+            segments,
+            device_traces,
+            allocator_settings: Some(self.config.allocator_settings()),
+            external_annotations: Some(Vec::new()),
+            extra: ExtraKeys(vec![
+                ("host_segments".into(), Value::list(Vec::new())),
+                ("host_traces".into(), Value::list(Vec::new())),
+            ]),
+        }
+    }
+
+    /// The segments as PyTorch's snapshot reports them (spec 2.3), in address
+    /// order: each contiguous mapped run of an expandable segment is a
+    /// segment of its own (spec 1.11). With `pool`, only the segments of that
+    /// pool ([`MempoolId::DEFAULT`] for the global pools).
+    pub(crate) fn segment_models(&self, pool: Option<MempoolId>) -> Vec<Segment> {
         let empty: Arc<[Frame]> = Arc::from([]);
         let mut segments: Vec<Segment> = Vec::new();
         for (sid, s) in self.store.segments.items.iter().enumerate() {
             let owner = self.owner(s.pool).unwrap_or_default();
-            if !s.live || only.is_some_and(|p| p != owner) {
+            if !s.live || pool.is_some_and(|p| p != owner) {
                 continue;
             }
             let segment_type = if self.pools[s.pool as usize].is_small {
@@ -76,11 +103,7 @@ impl DeviceState {
                     ),
                     ..Segment::default()
                 });
-                let state = match self.block_state(id) {
-                    super::BlockState::ActiveAllocated => BlockState::ActiveAllocated,
-                    super::BlockState::ActivePendingFree => BlockState::ActivePendingFree,
-                    super::BlockState::Inactive => BlockState::Inactive,
-                };
+                let state = self.block_state(id);
                 seg.total_size += b.size;
                 if state == BlockState::ActiveAllocated {
                     seg.allocated_size += b.size;
@@ -94,28 +117,7 @@ impl DeviceState {
             segments.extend(current);
         }
         segments.sort_by_key(|s| s.address);
-        let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
-        let pool = only
-            .and_then(|p| self.private.graph_pools.get(&p))
-            .map_or(POOL_LARGE, |p| p.large);
-        self.record_trace(
-            TraceAction::Snapshot,
-            0,
-            total_active,
-            StreamId::DEFAULT,
-            pool,
-            crate::store::NIL,
-        );
-        Snapshot {
-            segments,
-            device_traces,
-            allocator_settings: Some(settings(&self.config)),
-            external_annotations: Some(Vec::new()),
-            extra: ExtraKeys(vec![
-                ("host_segments".into(), Value::list(Vec::new())),
-                ("host_traces".into(), Value::list(Vec::new())),
-            ]),
-        }
+        segments
     }
 
     fn block_model(&self, id: BlockId, state: BlockState, empty: &Arc<[Frame]>) -> Block {
@@ -154,31 +156,5 @@ impl DeviceState {
                 total_size: e.pages.iter().filter(|&&m| m).count() as u64 * e.page_size,
             })
             .collect()
-    }
-}
-
-/// The `allocator_settings` dict torch 2.15 writes (spec 2.5, with its
-/// `max_round_threshold` and `max_cached_size`).
-pub(crate) fn settings(c: &AllocatorConfig) -> AllocatorSettings {
-    let bytes_or_unset = |v: u64| if v == u64::MAX { -1 } else { v as i64 };
-    AllocatorSettings {
-        pytorch_cuda_alloc_conf: Some(c.last_settings.clone()),
-        max_split_size: Some(bytes_or_unset(c.max_split_size)),
-        garbage_collection_threshold: Some(c.garbage_collection_threshold),
-        expandable_segments: Some(c.expandable_segments),
-        pinned_num_register_threads: Some(c.pinned_num_register_threads as i64),
-        release_lock_on_cudamalloc: Some(c.release_lock_on_cudamalloc),
-        pinned_use_cuda_host_register: Some(c.pinned_use_cuda_host_register),
-        graph_capture_record_stream_reuse: Some(c.graph_capture_record_stream_reuse),
-        max_round_threshold: Some(bytes_or_unset(c.pinned_max_round_threshold)),
-        max_cached_size: Some(bytes_or_unset(c.pinned_max_cached_size)),
-        roundup_power2_divisions: Some(
-            c.roundup_power2_divisions
-                .iter()
-                .enumerate()
-                .map(|(i, &d)| (1u64 << i, d))
-                .collect(),
-        ),
-        extra: ExtraKeys::default(),
     }
 }

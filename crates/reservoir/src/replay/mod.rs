@@ -60,11 +60,12 @@ use std::time::{Duration, Instant};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
-use crate::caching::{BlockState, CachingAllocator, SeedError, SeededExpandable, SeededSegment};
+use crate::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSegment};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use crate::sim::{AddressPolicy, HoldSemantics, SimConfig, SimDevice, DEFAULT_CAPACITY};
+use crate::snapshot::BlockState;
 
 /// A named allocator setting: a `PYTORCH_CUDA_ALLOC_CONF`-style string.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@ fn allocator(config: AllocatorConfig) -> CachingAllocator<AsyncSimDevice> {
 
 fn cross_stream() -> AllocatorConfig {
     let mut c = AllocatorConfig::default();
-    c.cross_stream_reuse = true;
+    c.policy.cross_stream_reuse = true;
     c
 }
 
@@ -146,7 +146,7 @@ fn cross_stream_reuse_is_off_and_invisible_in_pytorch_mode() {
         on.to_settings_string(),
         AllocatorConfig::default().to_settings_string()
     );
-    assert!(!AllocatorConfig::default().cross_stream_reuse);
+    assert!(!AllocatorConfig::default().policy.cross_stream_reuse);
     // PyTorch mode: a block cached on s1 never serves s2.
     let a = allocator(AllocatorConfig::default());
     let dev = a.backend();

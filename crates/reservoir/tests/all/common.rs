@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use reservoir::caching::SegmentInfo;
 use reservoir::sim::{SimConfig, SimDevice};
+use reservoir::snapshot::Segment;
 use reservoir::{AllocError, AllocatorConfig, CachingAllocator, DevicePtr, DeviceStats, StreamId};
 
 pub const MIB: u64 = 1 << 20;
@@ -81,7 +81,7 @@ impl Checked {
         self.a.memory_stats()
     }
 
-    pub fn segments(&self) -> Vec<SegmentInfo> {
+    pub fn segments(&self) -> Vec<Segment> {
         self.a.segments()
     }
 

@@ -8,7 +8,7 @@ fn state(
     c: &Checked,
 ) -> (
     std::collections::BTreeMap<String, i64>,
-    Vec<reservoir::caching::SegmentInfo>,
+    Vec<reservoir::snapshot::Segment>,
 ) {
     (c.flat(), c.segments())
 }

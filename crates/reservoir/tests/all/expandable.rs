@@ -1,6 +1,6 @@
 //! Expandable segments (spec 1.11 and checklist 6.8).
 
-use reservoir::caching::BlockState;
+use reservoir::snapshot::BlockState;
 use reservoir::{AllocatorConfig, DevicePtr, StatType};
 
 use crate::common::*;
@@ -51,7 +51,7 @@ fn one_segment_grows_and_packs_blocks() {
     assert_eq!(c.reserved(), 60 * MIB as i64);
     let segs = c.segments();
     assert_eq!(segs.len(), 1, "one mapped run");
-    assert!(segs[0].is_expandable);
+    assert!(segs[0].expandable());
     assert_eq!(segs[0].total_size, 60 * MIB);
     // inactive_split excludes expandable blocks
     assert_eq!(c.stats().inactive_split.all().current, 0);

@@ -1,6 +1,7 @@
 //! Private pools (spec 1.14) and checkpoints (spec 1.15).
 
-use reservoir::caching::{BlockState, PoolFilter};
+use reservoir::caching::PoolFilter;
+use reservoir::snapshot::{BlockState, Segment};
 use reservoir::MempoolId;
 use reservoir::{Backend, StreamId};
 
@@ -19,10 +20,10 @@ fn pool_blocks_serve_only_the_pool() {
     let outside = c.alloc_on(30 * MIB, S0);
     c.check();
     assert_eq!(c.a.pool_segments(P).len(), 1);
-    assert_eq!(c.a.pool_segments(P)[0].blocks[0].address, in_pool.0);
+    assert_eq!(c.a.pool_segments(P)[0].blocks[0].address, Some(in_pool.0));
     assert_eq!(
         c.a.pool_segments(MempoolId::DEFAULT)[0].blocks[0].address,
-        outside.0
+        Some(outside.0)
     );
     c.free(in_pool);
     c.a.end_allocate_to_pool(P).unwrap();
@@ -145,12 +146,12 @@ fn thread_filter_routes_only_the_calling_thread() {
         std::thread::scope(|s| s.spawn(|| c.a.raw_alloc(MIB, S0).unwrap()).join().unwrap());
     c.a.end_allocate_to_pool(P).unwrap();
     c.check();
-    assert_eq!(c.a.pool_segments(P)[0].blocks[0].address, mine.0);
+    assert_eq!(c.a.pool_segments(P)[0].blocks[0].address, Some(mine.0));
     assert!(c
         .a
         .pool_segments(MempoolId::DEFAULT)
         .iter()
-        .any(|s| s.blocks[0].address == theirs.0));
+        .any(|s| s.blocks[0].address == Some(theirs.0)));
 }
 
 #[test]
@@ -209,7 +210,7 @@ fn checkpoint_diverge_restore() {
     let mut want = vec![a, d, small];
     want.sort();
     assert_eq!(created, want);
-    let shape = |segs: &[reservoir::caching::SegmentInfo]| -> Vec<Vec<(u64, u64, BlockState)>> {
+    let shape = |segs: &[Segment]| -> Vec<Vec<(Option<u64>, u64, BlockState)>> {
         segs.iter()
             .map(|s| {
                 s.blocks
@@ -356,7 +357,7 @@ fn streams_recorded_during_a_capture_are_not_waited_for() {
     let blocks: Vec<_> = c.segments()[0]
         .blocks
         .iter()
-        .map(|b| (b.address, b.state))
+        .map(|b| (b.address.unwrap(), b.state))
         .collect();
     assert_eq!(
         blocks[..2],

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use reservoir::caching::BlockState;
+use reservoir::snapshot::BlockState;
 use reservoir::trace::TraceAction;
 use reservoir::{DevicePtr, StreamId};
 
@@ -204,7 +204,7 @@ fn freed_neighbours_merge() {
     assert_eq!(segs[0].blocks.len(), 1);
     assert_eq!(segs[0].blocks[0].state, BlockState::Inactive);
     // The merged free block keeps a stale requested_size (spec 1.7 note).
-    assert_eq!(segs[0].blocks[0].requested_size, 512);
+    assert_eq!(segs[0].blocks[0].requested_size, Some(512));
 }
 
 #[test]
@@ -555,7 +555,7 @@ fn segments_report_consistent_tilings() {
         assert_eq!(s.total_size, s.blocks.iter().map(|b| b.size).sum::<u64>());
         let mut at = s.address;
         for b in &s.blocks {
-            assert_eq!(b.address, at);
+            assert_eq!(b.address, Some(at));
             at += b.size;
         }
     }

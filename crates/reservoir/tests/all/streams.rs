@@ -1,6 +1,6 @@
 //! record_stream and cross-stream frees on the simulated device (spec 1.10).
 
-use reservoir::caching::BlockState;
+use reservoir::snapshot::{BlockState, SegmentType};
 use reservoir::trace::TraceAction;
 use reservoir::Backend;
 
@@ -83,7 +83,7 @@ fn each_stream_is_reaped_independently() {
     let states: Vec<BlockState> = c
         .segments()
         .iter()
-        .filter(|s| !s.is_small)
+        .filter(|s| s.segment_type == SegmentType::Large)
         .map(|s| s.blocks[0].state)
         .collect();
     assert!(states.contains(&BlockState::ActivePendingFree));
@@ -132,7 +132,7 @@ fn a_pending_block_stays_active_until_a_malloc_after_its_events() {
         c.segments()
             .iter()
             .flat_map(|s| s.blocks.iter())
-            .find(|b| b.address == p.0)
+            .find(|b| b.address == Some(p.0))
             .map(|b| b.state)
             .unwrap()
     };

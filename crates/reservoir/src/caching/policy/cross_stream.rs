@@ -1,5 +1,5 @@
 //! Cross-stream reuse: a Reservoir-only policy ([`Policy::CrossStreamReuse`](super::Policy)), off in PyTorch mode
-//! ([`AllocatorConfig::cross_stream_reuse`](crate::config::AllocatorConfig::cross_stream_reuse)).
+//! ([`ReservoirPolicy::cross_stream_reuse`](crate::config::ReservoirPolicy::cross_stream_reuse)).
 //!
 //! PyTorch keys free blocks by stream: a block freed on stream A serves only
 //! stream A, so a program that frees on one stream and allocates on another

@@ -1,0 +1,229 @@
+//! `c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig` (CUDAAllocatorConfig.cpp):
+//! the backend scan at load time and the CUDA keys, read at start-up before
+//! the common keys and at run time after them. The keys themselves are rows
+//! of the table in `keys.rs`; this file holds the pass and the parsers of its
+//! keys that are more than a `True`/`False`.
+
+use std::collections::BTreeMap;
+
+use super::cnum::istream_double;
+use super::error::{AssertSite, ConfigError, ConfigWarning, KeyParser, ValueRule};
+use super::keys::{self, Pass};
+use super::settings::{AllocatorBackend, AllocatorConfig, ReserveSpec};
+use super::tokenizer::Tokens;
+
+/// Upper bound of `pinned_num_register_threads`.
+pub const MAX_REGISTER_THREADS: u64 = 128;
+
+/// `BackendStaticInitializer::parseEnvForBackend`: the first `backend` key
+/// decides; other keys are skipped with `skipKey`.
+pub(super) fn backend_scan(t: &Tokens) -> Result<AllocatorBackend, ConfigError> {
+    let n = t.len();
+    let mut i = 0;
+    while i < n {
+        if t.text(i) == "backend" {
+            t.colon(i + 1, "backend")?;
+            let v = t.get(i + 2, AssertSite::TokenizerIndex, || {
+                "a value for `backend`".to_owned()
+            })?;
+            return Ok(if v == "cudaMallocAsync" {
+                AllocatorBackend::CudaMallocAsync
+            } else {
+                AllocatorBackend::Native
+            });
+        }
+        i = t.skip_key(i)?;
+        if i + 1 < n {
+            i += 1;
+        }
+        i += 1;
+    }
+    Ok(AllocatorBackend::Native)
+}
+
+/// `CUDAAllocatorConfig::parseArgs`. `backend` may only repeat the backend
+/// chosen at load time (`cfg.backend`, spec error 10). PyTorch warns when the
+/// async backend meets any other CUDA key (spec error 11).
+pub(super) fn parse_args(
+    cfg: &mut AllocatorConfig,
+    t: &Tokens,
+    warnings: &mut Vec<ConfigWarning>,
+) -> Result<(), ConfigError> {
+    let p = &mut Pass { cfg, t, warnings };
+    let read = keys::read_keys(p, KeyParser::Cuda)?;
+    let used_async =
+        read.contains(&"backend") && p.cfg.backend == AllocatorBackend::CudaMallocAsync;
+    let used_native_option = read.iter().any(|&key| key != "backend");
+    if used_async && used_native_option {
+        p.warnings
+            .push(ConfigWarning::AsyncBackendIgnoresNativeOptions);
+    }
+    Ok(())
+}
+
+/// `backend`: `native` or `cudaMallocAsync`, equal to the loaded one.
+pub(super) fn backend(p: &mut Pass<'_>, i: usize) -> Result<usize, ConfigError> {
+    let t = p.t;
+    let key = t.text(i);
+    let i = t.value_of(i)?;
+    let v = t.get(i, AssertSite::TokenizerIndex, || {
+        "a value for `backend`".to_owned()
+    })?;
+    let requested = match v {
+        "native" => AllocatorBackend::Native,
+        "cudaMallocAsync" => AllocatorBackend::CudaMallocAsync,
+        _ => return Err(t.invalid(key, i, ValueRule::Backend)),
+    };
+    let loaded = p.cfg.backend;
+    if requested != loaded {
+        return Err(ConfigError::BackendMismatch {
+            requested,
+            loaded,
+            index: i,
+            offset: t.offset(i),
+        });
+    }
+    Ok(i)
+}
+
+/// `pinned_num_register_threads`: a power of two up to [`MAX_REGISTER_THREADS`].
+pub(super) fn pinned_num_register_threads(
+    p: &mut Pass<'_>,
+    i: usize,
+) -> Result<usize, ConfigError> {
+    let t = p.t;
+    let key = t.text(i);
+    let i = t.value_of(i)?;
+    let v = t.size_t(i, key)?;
+    if !v.is_power_of_two() {
+        return Err(t.invalid(key, i, ValueRule::ThreadsPowerOfTwo { got: v }));
+    }
+    if v > MAX_REGISTER_THREADS {
+        return Err(t.invalid(
+            key,
+            i,
+            ValueRule::ThreadsAtMost {
+                max: MAX_REGISTER_THREADS,
+                got: v,
+            },
+        ));
+    }
+    p.cfg.pinned_num_register_threads = v;
+    Ok(i)
+}
+
+/// `pinned_reserve_segment_size_mb`: greater than 0 (spec error 12).
+pub(super) fn pinned_reserve_segment_size_mb(
+    p: &mut Pass<'_>,
+    i: usize,
+) -> Result<usize, ConfigError> {
+    let t = p.t;
+    let key = t.text(i);
+    let i = t.value_of(i)?;
+    let v = t.size_t(i, key)?;
+    if v == 0 {
+        return Err(t.invalid(key, i, ValueRule::Positive));
+    }
+    p.cfg.pinned_reserve_segment_size_mb = v;
+    Ok(i)
+}
+
+/// `per_process_memory_fraction`: a number from 0 to 1 inclusive.
+pub(super) fn per_process_memory_fraction(
+    p: &mut Pass<'_>,
+    i: usize,
+) -> Result<usize, ConfigError> {
+    let t = p.t;
+    let key = t.text(i);
+    let i = t.value_of(i)?;
+    let v = t.double(i, key)?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(t.invalid(key, i, ValueRule::UnitInterval));
+    }
+    p.cfg.per_process_memory_fraction = v;
+    Ok(i)
+}
+
+/// `expandable_segments_reserve`: one reserve; a bad one is a warning and
+/// keeps the previous setting.
+pub(super) fn expandable_segments_reserve(
+    p: &mut Pass<'_>,
+    i: usize,
+) -> Result<usize, ConfigError> {
+    let t = p.t;
+    let key = t.text(i);
+    let i = t.value_of(i)?;
+    let v = t.get(i, AssertSite::TokenizerIndex, || {
+        format!("a value for `{key}`")
+    })?;
+    match parse_reserve_spec(v) {
+        Some(spec) => p.cfg.expandable_segments_reserve = Some(spec),
+        None => p.warnings.push(ConfigWarning::InvalidReserveValue {
+            value: v.to_owned(),
+        }),
+    }
+    Ok(i)
+}
+
+/// `expandable_segments_reserve_by_class`: `[class:reserve,...]`, replacing
+/// the previous list; a bad reserve is a warning and skips its class.
+pub(super) fn expandable_segments_reserve_by_class(
+    p: &mut Pass<'_>,
+    mut i: usize,
+) -> Result<usize, ConfigError> {
+    let t = p.t;
+    let key = t.text(i);
+    t.colon(i + 1, key)?;
+    i += 1;
+    // checkToken(++i, "[") is not enforced either.
+    t.check(i + 1, "[", || format!("`[` starting the `{key}` list"))?;
+    i += 1;
+    let mut parsed = BTreeMap::new();
+    while !t.check(i + 1, "]", || format!("`]` closing the `{key}` list"))? {
+        i += 1;
+        let class = t
+            .get(i, AssertSite::TokenizerIndex, || {
+                format!("a class name in the `{key}` list")
+            })?
+            .to_owned();
+        t.check(i + 1, ":", || format!("`:` after class `{class}`"))?;
+        i += 2;
+        let v = t.get(i, AssertSite::TokenizerIndex, || {
+            format!("a reserve for class `{class}`")
+        })?;
+        match parse_reserve_spec(v) {
+            Some(spec) => {
+                parsed.insert(class, spec);
+            }
+            None => p.warnings.push(ConfigWarning::InvalidReserveValue {
+                value: v.to_owned(),
+            }),
+        }
+        if t.check(i + 1, ",", || format!("`,` or `]` in the `{key}` list"))? {
+            i += 1;
+        }
+    }
+    i += 1;
+    p.cfg.expandable_segments_reserve_by_class = parsed;
+    Ok(i)
+}
+
+/// `parseReserveSpec`: `<fraction>` or `<GiB>G`, read with
+/// `std::istringstream >> double`; `None` when PyTorch would ignore it.
+pub(super) fn parse_reserve_spec(token: &str) -> Option<ReserveSpec> {
+    let gib = token.ends_with('G') || token.ends_with('g');
+    let num = if gib {
+        &token[..token.len() - 1]
+    } else {
+        token
+    };
+    let value = istream_double(num)?;
+    if !(value.is_finite() && value > 0.0) {
+        return None;
+    }
+    Some(if gib {
+        ReserveSpec::GiB(value)
+    } else {
+        ReserveSpec::Fraction(value)
+    })
+}
