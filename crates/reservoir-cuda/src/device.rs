@@ -41,8 +41,8 @@ pub(crate) struct State {
     pub(crate) allocs: BTreeMap<u64, u64>,
     /// Live reservations by base address.
     pub(crate) resv: BTreeMap<u64, Resv>,
-    /// IPC mappings opened here.
-    pub(crate) ipc_opened: BTreeSet<u64>,
+    /// IPC mappings opened here: address -> size.
+    pub(crate) ipc_opened: BTreeMap<u64, u64>,
 }
 
 impl State {
@@ -157,7 +157,7 @@ impl CudaDevice {
                 event_pool: Vec::new(),
                 allocs: BTreeMap::new(),
                 resv: BTreeMap::new(),
-                ipc_opened: BTreeSet::new(),
+                ipc_opened: BTreeMap::new(),
             }),
             _driver: drv,
         };
@@ -353,7 +353,16 @@ impl CudaDevice {
                 sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
             )
         })?;
-        st.ipc_opened.insert(ptr);
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: checked entry point; `ptr` was just mapped; out-pointers
+        // are live locals.
+        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+        if let Err(e) = check("cuMemGetAddressRange_v2", r) {
+            // SAFETY: `ptr` was opened above and is closed once.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+            return Err(e);
+        }
+        st.ipc_opened.insert(ptr, size as u64);
         Ok(DevicePtr(ptr))
     }
 
@@ -361,7 +370,7 @@ impl CudaDevice {
     pub fn ipc_close(&self, ptr: DevicePtr) -> Result<(), BackendError> {
         self.need_ipc("cuIpcCloseMemHandle")?;
         let mut st = self.state.lock();
-        if !st.ipc_opened.contains(&ptr.0) {
+        if !st.ipc_opened.contains_key(&ptr.0) {
             return Err(BackendError::InvalidValue(format!(
                 "IPC close of {ptr}, which was not opened here"
             )));
@@ -503,7 +512,7 @@ impl Drop for CudaDevice {
             // SAFETY: a live reservation, now unmapped (see above).
             let _ = unsafe { sys::cuMemAddressFree(base, r.size as usize) };
         }
-        for p in std::mem::take(&mut st.ipc_opened) {
+        for (p, _) in std::mem::take(&mut st.ipc_opened) {
             // SAFETY: an IPC mapping opened here (see above).
             let _ = unsafe { sys::cuIpcCloseMemHandle(p) };
         }

@@ -62,6 +62,7 @@ pub(crate) const IPC: &[&str] = &[
     "cuIpcGetMemHandle",
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",
+    "cuMemGetAddressRange_v2",
 ];
 
 /// Entry points of the peer-access capability.

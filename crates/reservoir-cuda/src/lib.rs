@@ -46,7 +46,8 @@
 //! * **IPC and peers** (inherent methods): [`CudaDevice::ipc_get_handle`],
 //!   [`CudaDevice::ipc_open`], [`CudaDevice::ipc_close`]
 //!   (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle_v2` /
-//!   `cuIpcCloseMemHandle`); [`CudaDevice::can_access_peer`] and
+//!   `cuIpcCloseMemHandle`; an opened mapping's size comes from
+//!   `cuMemGetAddressRange_v2`); [`CudaDevice::can_access_peer`] and
 //!   [`CudaDevice::enable_peer_access`], which answer
 //!   [`BackendError::Unsupported`] where the driver says peer access is
 //!   impossible.
@@ -55,8 +56,8 @@
 //!   stream-safety scenarios of `reservoir::conformance` drive):
 //!   `cuMemsetD8Async`, `cuMemcpyDtoDAsync_v2`, `cuMemcpyDtoHAsync_v2` +
 //!   `cuStreamSynchronize`. Every range is checked to lie in one live
-//!   segment or in mapped pages of one reservation before the driver sees
-//!   it. [`CudaDevice::hold`] and [`CudaDevice::release`] keep a stream
+//!   segment, one IPC mapping or mapped pages of one reservation before the
+//!   driver sees it. [`CudaDevice::hold`] and [`CudaDevice::release`] keep a stream
 //!   busy; they need the fake driver's hooks ([`CudaDevice::fake`]).
 //!
 //! ## Testing without a GPU
@@ -75,6 +76,24 @@
 //! `$HOME/.cache/pytorch-oracle/lib`, and `with-fake-driver` puts that on
 //! `LD_LIBRARY_PATH`. Without a driver on the library path the tests print
 //! a line starting with `SKIPPED-BACKEND` and pass (CI fails on that line).
+//!
+//! What the tests check (`tests/cuda/`): the backend contract directly
+//! (segments and out-of-memory at a capacity set with the fake's
+//! [`FakeDriver::set_total_mem`], events pending on a held stream, the
+//! event pool, adopted streams, page-by-page mapping, copies, IPC export
+//! and a second process importing it, peer access refused, a typed error
+//! in a child process without a driver); the caching allocator in PyTorch
+//! mode (caching, free-and-retry after out of memory, `empty_cache`,
+//! expandable segments, `record_stream` across streams); and the
+//! stream-safety scenarios of `reservoir::conformance` (a held stream's
+//! block is not reused until the stream completes, a randomized
+//! 10,000-operation multi-stream integrity run, and a negative control
+//! without `record_stream`), in the default mode and with the fake's
+//! asynchronous streams and sanitizer on ([`FakeDriver::set_async`],
+//! [`FakeDriver::set_sanitize`]), where the integrity runs must produce no
+//! sanitizer report and the negative control must produce one. The
+//! integrity runs print `cuda integrity...` lines to stderr, which CI
+//! requires.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]

@@ -2,7 +2,8 @@
 //! fills (`cuMemsetD8Async`), device-to-device copies
 //! (`cuMemcpyDtoDAsync_v2`, also the [`Memcpy`] capability) and read-backs
 //! (`cuMemcpyDtoHAsync_v2` + `cuStreamSynchronize`). Every range is checked
-//! to lie in one live segment, or in mapped pages of one reservation,
+//! to lie in one live segment (or IPC mapping), or in mapped pages of one
+//! reservation,
 //! before the driver sees it: with the fake driver device memory is memory
 //! of this process, so an unchecked address would be a wild write.
 
@@ -17,11 +18,12 @@ impl State {
     /// Check that `[ptr, ptr + len)` is live device memory of this device.
     fn check_range(&self, ptr: DevicePtr, len: u64, granularity: u64) -> Result<(), BackendError> {
         let end = ptr.0.checked_add(len);
-        let in_segment = self
-            .allocs
-            .range(..=ptr.0)
-            .next_back()
-            .is_some_and(|(&a, &size)| end.is_some_and(|e| e <= a + size));
+        let inside = |map: &std::collections::BTreeMap<u64, u64>| {
+            map.range(..=ptr.0)
+                .next_back()
+                .is_some_and(|(&a, &size)| end.is_some_and(|e| e <= a + size))
+        };
+        let in_segment = inside(&self.allocs) || inside(&self.ipc_opened);
         let in_mapping = || {
             let Some((&base, r)) = self.resv.range(..=ptr.0).next_back() else {
                 return false;

@@ -79,3 +79,71 @@ fn device(capacity: u64, mode: Mode) -> Option<(Turn, CudaDevice)> {
 fn hooks(dev: &CudaDevice) -> &FakeDriver {
     dev.fake().expect("checked by device()")
 }
+
+/// The variable that makes [`child_process_entry`] do something: the job of
+/// a child process started by [`run_child`].
+const CHILD_ENV: &str = "RESERVOIR_CUDA_TEST_CHILD";
+
+/// Run this test binary again as a child process running only
+/// [`child_process_entry`] with `job`, with `env` changes; returns its
+/// output, after asserting that it succeeded.
+fn run_child(job: &str, configure: impl FnOnce(&mut std::process::Command)) -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "--exact",
+        "child_process_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, job);
+    configure(&mut cmd);
+    let out = cmd.output().expect("the child process starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child {job:?} failed:\n{text}");
+    text
+}
+
+/// Does nothing in a normal run. In a child process started by
+/// [`run_child`] it runs the job named by [`CHILD_ENV`]:
+/// * `no-driver`: the library path has no driver; `CudaDevice::new` must
+///   answer `CudaError::NoDriver` (not panic);
+/// * `ipc <hex handle> <len> <checksum>`: open an allocation exported by
+///   the parent process and check its contents.
+#[test]
+fn child_process_entry() {
+    let Ok(job) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let mut words = job.split_whitespace();
+    match words.next() {
+        Some("no-driver") => match CudaDevice::new(0) {
+            Err(reservoir_cuda::CudaError::NoDriver(e)) => println!("child: no driver: {e}"),
+            Ok(d) => println!(
+                "child: a driver installed on the system loaded: {}",
+                d.name()
+            ),
+            Err(e) => println!("child: a driver installed on the system failed: {e}"),
+        },
+        Some("ipc") => {
+            let hex = words.next().expect("handle");
+            let len: u64 = words.next().expect("len").parse().unwrap();
+            let sum: u64 = words.next().expect("checksum").parse().unwrap();
+            let mut bytes = [0u8; 64];
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+            }
+            let dev = CudaDevice::new(0).expect("the fake driver in the child");
+            let p = dev.ipc_open(&reservoir_cuda::IpcMemHandle(bytes)).unwrap();
+            let got = dev.read(p, len, reservoir::StreamId::DEFAULT).unwrap();
+            assert_eq!(reservoir_cuda::checksum(&got), sum, "imported contents");
+            dev.ipc_close(p).unwrap();
+            println!("child: imported {len} bytes at {p}, contents match");
+        }
+        other => panic!("unknown child job {other:?}"),
+    }
+}

@@ -376,3 +376,27 @@ fn in_async_mode_work_stays_pending_until_synchronized() {
     dev.free(a, MIB).unwrap();
     assert_eq!(hooks(&dev).sanitizer_violations(), 0);
 }
+
+#[test]
+fn without_a_driver_the_constructor_is_a_typed_error() {
+    let out = super::run_child("no-driver", |cmd| {
+        cmd.env_remove("LD_LIBRARY_PATH");
+    });
+    assert!(out.contains("child: "), "{out}");
+}
+
+#[test]
+fn another_process_opens_an_exported_segment() {
+    let Some((_turn, dev)) = device(GIB, Mode::Default) else {
+        return;
+    };
+    let a = dev.allocate(4 * MIB, S0).unwrap();
+    dev.fill(a, 4 * MIB, 0x3d, S0).unwrap();
+    dev.fill(a.offset(MIB), 1000, 0x11, S0).unwrap();
+    let expected = dev.checksum(a, 4 * MIB, S0).unwrap();
+    let h = dev.ipc_get_handle(a).unwrap();
+    let hex: String = h.0.iter().map(|b| format!("{b:02x}")).collect();
+    let out = super::run_child(&format!("ipc {hex} {} {expected}", 4 * MIB), |_| {});
+    assert!(out.contains("contents match"), "{out}");
+    dev.free(a, 4 * MIB).unwrap();
+}
