@@ -105,7 +105,8 @@ impl CudaDevice {
     ///
     /// Fails with [`CudaError::NoDriver`] when no driver library loads,
     /// [`CudaError::MissingSymbol`] when it lacks an entry point this crate
-    /// calls, [`CudaError::NoDevice`] for a bad ordinal, never panics.
+    /// calls, [`CudaError::NoDevice`] for a bad ordinal or a driver without
+    /// a GPU; never panics.
     pub fn new(ordinal: i32) -> Result<CudaDevice, CudaError> {
         let drv = Driver::open()?;
         // Every entry point was checked to exist by `Driver::open` (so
@@ -113,6 +114,10 @@ impl CudaDevice {
         // live local of the right type.
         // SAFETY: see above.
         let r = unsafe { sys::cuInit(0) };
+        if r == CUresult::CUDA_ERROR_NO_DEVICE {
+            // A driver without a GPU (a container with the driver mounted).
+            return Err(CudaError::NoDevice { ordinal, count: 0 });
+        }
         setup("cuInit", r)?;
         let mut count: c_int = 0;
         // SAFETY: see above.
