@@ -109,6 +109,19 @@ fn randomized_multi_stream_integrity_expandable_async_sanitized() {
     );
 }
 
+#[test]
+fn randomized_multi_stream_integrity_cross_stream_reuse_async_sanitized() {
+    // The Reservoir-only policy: blocks are reused across streams at once,
+    // ordered with cuStreamWaitEvent instead of waiting on the host.
+    let mut c = AllocatorConfig::default();
+    c.cross_stream_reuse = true;
+    integrity(
+        Mode::AsyncSanitized,
+        c,
+        " (cross-stream reuse, async, sanitizer)",
+    );
+}
+
 /// The negative control: the proof scenario without `record_stream`. The
 /// block is handed out again while the held stream's write to it is still
 /// pending, and the new owner's write is a cross-stream hazard.
