@@ -41,6 +41,8 @@ pub(crate) struct State {
     pub(crate) allocs: BTreeMap<u64, u64>,
     /// Live reservations by base address.
     pub(crate) resv: BTreeMap<u64, Resv>,
+    /// Peer devices whose primary context is retained (peer access).
+    pub(crate) peers: BTreeSet<sys::CUdevice>,
     /// IPC mappings opened here: address -> size.
     pub(crate) ipc_opened: BTreeMap<u64, u64>,
 }
@@ -163,6 +165,7 @@ impl CudaDevice {
                 allocs: BTreeMap::new(),
                 resv: BTreeMap::new(),
                 ipc_opened: BTreeMap::new(),
+                peers: BTreeSet::new(),
             }),
             _driver: drv,
         };
@@ -297,21 +300,23 @@ impl CudaDevice {
                 what: "peer access (cuDeviceCanAccessPeer says no)",
             });
         }
+        let mut st = self.state.lock();
         self.bind()?;
         let mut dev: sys::CUdevice = 0;
         let mut peer_ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: checked entry points; out-pointers are live locals.
         check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, peer) })?;
-        // SAFETY: as above; the retained context is released below.
+        // SAFETY: as above. The peer's primary context stays retained until
+        // the device is dropped (once per peer), so it outlives the access.
         check("cuDevicePrimaryCtxRetain", unsafe {
             sys::cuDevicePrimaryCtxRetain(&mut peer_ctx, dev)
         })?;
-        // SAFETY: `peer_ctx` was just retained; checked entry point.
-        let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
-        // SAFETY: releases the reference taken above (the peer context
-        // stays alive while peer access is enabled: the driver holds it).
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) };
-        match r {
+        if !st.peers.insert(dev) {
+            // SAFETY: drops the extra reference just taken: one is kept.
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) };
+        }
+        // SAFETY: `peer_ctx` is retained; checked entry point.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) } {
             CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
             r => check("cuCtxEnablePeerAccess", r),
         }
@@ -530,6 +535,10 @@ impl Drop for CudaDevice {
                 // SAFETY: a stream created here (see above).
                 let _ = unsafe { sys::cuStreamDestroy_v2(s as sys::CUstream) };
             }
+        }
+        for &peer in &st.peers {
+            // SAFETY: releases the reference `enable_peer_access` kept.
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(peer) };
         }
         let mut dev: sys::CUdevice = 0;
         // SAFETY: checked entry point; `dev` is a live local.
