@@ -179,8 +179,8 @@ fn workload_writes_an_oracle_trace() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
-    let trace = reservoir::oracle_trace::Trace::parse(&text).unwrap();
-    let again = reservoir::workload::generate("llm-infer:requests=3").unwrap();
+    let trace = reservoir_replay::oracle_trace::Trace::parse(&text).unwrap();
+    let again = reservoir_replay::workload::generate("llm-infer:requests=3").unwrap();
     assert_eq!(trace.ops, again.ops);
     assert!(stderr(&o).contains(&format!("wrote {} ops", trace.ops.len())));
     // to standard output
@@ -194,7 +194,7 @@ fn workloads_lists_every_preset() {
     let o = reservoir(&["workloads"]);
     assert!(o.status.success());
     let out = stdout(&o);
-    for p in reservoir::workload::presets() {
+    for p in reservoir_replay::workload::presets() {
         assert!(out.contains(p.name), "{} missing", p.name);
         assert!(
             out.contains(p.description),
@@ -348,7 +348,7 @@ fn state_only_snapshots_and_conversion() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&out).unwrap();
     std::fs::remove_file(&out).ok();
-    let trace = reservoir::oracle_trace::Trace::parse(&text).unwrap();
+    let trace = reservoir_replay::oracle_trace::Trace::parse(&text).unwrap();
     // 1301 allocs + 657 frees + empty_cache calls, after the prelude
     assert!(trace.ops.len() > 1301 + 657, "{}", trace.ops.len());
     assert!(text.contains("# prelude: the first "));

@@ -39,14 +39,11 @@ pub mod device_allocator;
 pub mod error;
 pub mod format;
 pub mod ids;
-pub mod oracle_trace;
 pub mod pickle;
-pub mod replay;
 pub mod sim;
 pub mod snapshot;
 pub mod stats;
 pub mod trace;
-pub mod workload;
 
 pub use backend::{Backend, BackendError, MemInfo};
 pub use caching::CachingAllocator;
