@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use reservoir_testkit::traces::shared_trace;
+
 fn reservoir(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_reservoir"))
         .args(args)
@@ -205,17 +207,6 @@ fn workloads_lists_every_preset() {
     assert!(out.contains("kv_heads") && out.contains("layers"), "{out}");
 }
 
-/// A real trace beside the repository (`../shared/traces`), if present.
-fn real_trace(rel: &str) -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    [
-        root.join("../../../shared/traces").join(rel),
-        root.join("../../../../shared/traces").join(rel),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-}
-
 #[test]
 fn html_report_has_one_series_per_setting_per_timeline() {
     let out = std::env::temp_dir().join(format!("reservoir-cli-test-{}.html", std::process::id()));
@@ -279,7 +270,7 @@ fn unknown_policy_lists_the_known_ones() {
 
 #[test]
 fn replaying_a_recorded_snapshot_is_exact() {
-    let Some(file) = real_trace("select_n-bert-llama/ec5be110_snapshot.pickle") else {
+    let Some(file) = shared_trace("select_n-bert-llama/ec5be110_snapshot.pickle") else {
         eprintln!("skipped: ../shared/traces not found");
         return;
     };
@@ -329,7 +320,7 @@ fn replaying_a_recorded_snapshot_is_exact() {
 
 #[test]
 fn state_only_snapshots_and_conversion() {
-    let Some(file) = real_trace("stateonly-attention/9e5bfb67_memory.pickle") else {
+    let Some(file) = shared_trace("stateonly-attention/9e5bfb67_memory.pickle") else {
         eprintln!("skipped: ../shared/traces not found");
         return;
     };
@@ -337,7 +328,7 @@ fn state_only_snapshots_and_conversion() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("no trace entries"), "{}", stderr(&o));
 
-    let file = real_trace("cs336-kkaitlyn111/1fcf79fe_memory_ctx512_forward.pickle").unwrap();
+    let file = shared_trace("cs336-kkaitlyn111/1fcf79fe_memory_ctx512_forward.pickle").unwrap();
     let out = std::env::temp_dir().join(format!("reservoir-cli-conv-{}.txt", std::process::id()));
     let o = reservoir(&[
         "convert",

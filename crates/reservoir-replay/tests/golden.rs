@@ -36,10 +36,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use reservoir::caching::stream_order;
+use reservoir::checksum::Fnv1a;
 use reservoir::sim::{CallKind, CallResult, DeviceCall, SimConfig, SimDevice};
 use reservoir::trace::TraceAction;
 use reservoir::{AllocError, AllocatorConfig, Backend, CachingAllocator, DevicePtr, StreamId};
-use reservoir_replay::oracle_trace::{golden_specs, Fnv1a, GenKind, GenSpec, Op, Trace};
+use reservoir_replay::oracle_trace::{golden_specs, GenKind, GenSpec, Op, Trace};
 use serde_json::Value;
 
 const GOLDEN_FORMAT: &str = "reservoir-golden/1";

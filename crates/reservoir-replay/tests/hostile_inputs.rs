@@ -16,41 +16,10 @@ use reservoir::snapshot::Snapshot;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::pickle::{self, Limits, PickleErrorKind};
 use reservoir_replay::snapshot::{self, ReadSnapshot};
+use reservoir_testkit::traces::{shared_traces, trace_files};
 
 // ---------------------------------------------------------------------------
 // Helpers
-
-fn traces_dir() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RESERVOIR_TRACES") {
-        let p = PathBuf::from(p);
-        return p.is_dir().then_some(p);
-    }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .ancestors()
-        .map(|a| a.join("../shared/traces"))
-        .find(|p| p.is_dir())
-}
-
-fn trace_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if !matches!(p.extension(), Some(x) if x == "md") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 fn is_pickle(p: &Path) -> bool {
     matches!(p.extension(), Some(x) if x == "pickle" || x == "pkl")
@@ -163,7 +132,7 @@ fn fuzz_regressions() {
 
 #[test]
 fn every_prefix_of_small_real_files_is_an_error() {
-    let Some(dir) = traces_dir() else {
+    let Some(dir) = shared_traces() else {
         println!("skipping: ../shared/traces not found (set RESERVOIR_TRACES)");
         return;
     };
@@ -606,7 +575,7 @@ fn replace(v: &Value, path: &[PathStep], new: &Value) -> Value {
 
 #[test]
 fn wrong_type_for_every_key() {
-    let Some(dir) = traces_dir() else {
+    let Some(dir) = shared_traces() else {
         println!("skipping: ../shared/traces not found (set RESERVOIR_TRACES)");
         return;
     };

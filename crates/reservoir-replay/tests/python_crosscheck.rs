@@ -20,42 +20,12 @@
 //! `cargo test -p reservoir-replay --test python_crosscheck -- --nocapture` to see
 //! the per-file table.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use reservoir::snapshot::Snapshot;
 use reservoir_replay::snapshot::{self, InputFormat, LoadedContent, ReadSnapshot};
-
-fn traces_dir() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RESERVOIR_TRACES") {
-        let p = PathBuf::from(p);
-        return p.is_dir().then_some(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("../shared/traces"))
-        .find(|p| p.is_dir())
-}
-
-fn trace_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if !matches!(p.extension(), Some(x) if x == "md") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use reservoir_testkit::traces::{shared_traces, trace_files};
 
 const PY: &str = r#"
 import pickle, sys
@@ -157,7 +127,7 @@ struct Row {
 
 #[test]
 fn real_traces_round_trip_and_load_in_python() {
-    let Some(dir) = traces_dir() else {
+    let Some(dir) = shared_traces() else {
         println!("skipping: ../shared/traces not found (set RESERVOIR_TRACES to its path)");
         return;
     };

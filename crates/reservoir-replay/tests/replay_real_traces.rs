@@ -6,43 +6,12 @@
 //! Skipped (with a message) when `../shared/traces` is absent.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::replay::snapshot::{convert, recorded_setting, replay_recorded};
 use reservoir_replay::replay::ReplayOptions;
 use reservoir_replay::snapshot::{self, AddressKind};
-
-/// `$RESERVOIR_TRACES`, else `../shared/traces` beside the repository (a
-/// git worktree one level deeper is also looked at).
-fn traces_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("RESERVOIR_TRACES") {
-        return PathBuf::from(d);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let beside = root.join("../../../shared/traces");
-    if beside.is_dir() {
-        return beside;
-    }
-    root.join("../../../../shared/traces")
-}
-
-fn files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.file_name().is_some_and(|n| n != "SOURCES.md") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use reservoir_testkit::traces::{shared_traces, trace_files};
 
 /// `file#device` -> the line listing it in KNOWN_MISMATCHES.md.
 fn known() -> BTreeMap<String, String> {
@@ -56,16 +25,15 @@ fn known() -> BTreeMap<String, String> {
 
 #[test]
 fn every_real_trace_replays_exactly_or_is_explained() {
-    let dir = traces_dir();
-    if !dir.is_dir() {
-        eprintln!("skipped: {} not found", dir.display());
+    let Some(dir) = shared_traces() else {
+        eprintln!("skipped: ../shared/traces not found (set RESERVOIR_TRACES)");
         return;
-    }
+    };
     let known = known();
     let mut failures = Vec::new();
     let mut replayed = 0;
     let (mut seg_m, mut seg_t, mut pl_m, mut pl_t) = (0, 0, 0, 0);
-    for path in files(&dir) {
+    for path in trace_files(&dir) {
         let rel = path.strip_prefix(&dir).unwrap().display().to_string();
         let loaded = match snapshot::load(&path) {
             Ok(l) => l,

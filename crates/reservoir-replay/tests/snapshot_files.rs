@@ -8,8 +8,8 @@
 //! file, finds only opcodes `MemoryViz.js` reads, finds the same data as in
 //! the original, and passes `_memory_viz.py`'s per-segment checks.
 //!
-//! The traces folder is `../shared/traces` from the workspace root (found
-//! from `CARGO_MANIFEST_DIR` and its ancestors, or set `RESERVOIR_TRACES`).
+//! The traces folder is `../shared/traces` beside the workspace, or
+//! `RESERVOIR_TRACES` (`reservoir_testkit::traces::shared_traces`).
 //! Without it the real-file test prints why and passes. Run with
 //! `--nocapture` to see the table of files.
 
@@ -30,47 +30,10 @@ use reservoir_replay::pickle::{self, Limits, PickleErrorKind};
 use reservoir_replay::snapshot::{
     self, AddressKind, InputFormat, LoadedContent, ReadSnapshot, SnapshotFormat,
 };
+use reservoir_testkit::traces::{shared_traces, trace_files};
 
 // ---------------------------------------------------------------------------
 // Locating the traces
-
-fn traces_dir() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RESERVOIR_TRACES") {
-        let p = PathBuf::from(p);
-        return p.is_dir().then_some(p);
-    }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let direct = manifest.join("../../../shared/traces");
-    if direct.is_dir() {
-        return Some(direct);
-    }
-    let cwd = std::env::current_dir().ok()?;
-    manifest
-        .ancestors()
-        .chain(cwd.ancestors())
-        .flat_map(|a| [a.join("shared/traces"), a.join("../shared/traces")])
-        .find(|p| p.join("SOURCES.md").is_file() || p.is_dir() && p.ends_with("shared/traces"))
-}
-
-fn trace_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if !matches!(p.extension(), Some(x) if x == "md") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 fn rel(dir: &Path, f: &Path) -> String {
     f.strip_prefix(dir)
@@ -607,7 +570,7 @@ impl Drop for TempDir {
 
 #[test]
 fn real_trace_files() {
-    let Some(dir) = traces_dir() else {
+    let Some(dir) = shared_traces() else {
         println!("skipping real_trace_files: ../shared/traces not found (set RESERVOIR_TRACES to its path)");
         return;
     };
@@ -998,7 +961,7 @@ fn small_valid_pickles() -> Vec<Vec<u8>> {
         b"(dp0\nVa\np1\n(lp2\nI1\naF2.5\naVx\np3\naNaI01\naL1000000000000000000000000000000L\nas."
             .to_vec(),
     ];
-    if let Some(dir) = traces_dir() {
+    if let Some(dir) = shared_traces() {
         if let Some(f) = trace_files(&dir)
             .into_iter()
             .filter(|f| f.extension().is_some_and(|e| e == "pickle" || e == "pkl"))

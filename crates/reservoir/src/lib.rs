@@ -32,8 +32,8 @@
 pub mod backend;
 pub mod caching;
 pub mod callbacks;
+pub mod checksum;
 pub mod config;
-pub mod conformance;
 pub mod debug;
 pub mod device_allocator;
 pub mod error;

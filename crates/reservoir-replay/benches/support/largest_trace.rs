@@ -2,8 +2,6 @@
 //! PyTorch-mode replay: shared by the `replay_trace` benchmark and the
 //! `replay_profile` example (included with `#[path]`).
 
-use std::path::Path;
-
 use reservoir_replay::replay::snapshot::{convert, recorded_setting, RecordedTrace};
 use reservoir_replay::replay::ReplaySetting;
 use reservoir_replay::snapshot::{self, DeviceEvents};
@@ -24,13 +22,7 @@ pub struct LargestTrace {
 /// Loads and converts the trace; `None` (with a printed reason) when
 /// `../shared/traces` is not beside the repository.
 pub fn load() -> Option<LargestTrace> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let Some(path) = [
-        root.join("../../../shared/traces").join(FILE),
-        root.join("../../../../shared/traces").join(FILE),
-    ]
-    .into_iter()
-    .find(|p| p.is_file()) else {
+    let Some(path) = reservoir_testkit::traces::shared_trace(FILE) else {
         eprintln!("skipped: {FILE} not found beside the repository");
         return None;
     };

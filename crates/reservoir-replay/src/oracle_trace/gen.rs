@@ -48,6 +48,14 @@ impl SplitMix64 {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
 
+    /// `next_u64() % n` (`n > 0`): the remainder draw, slightly biased
+    /// towards small values when `n` is not a power of two. The conformance
+    /// scenarios of `reservoir-testkit` define their operation mix with it;
+    /// the golden traces use [`below`](SplitMix64::below).
+    pub fn below_modulo(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
     /// Uniform in `lo..=hi` (`lo <= hi`).
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
         if hi == u64::MAX && lo == 0 {

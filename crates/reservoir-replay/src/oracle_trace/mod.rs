@@ -28,11 +28,11 @@
 //!   [`GenSpec`] and never on crate or platform versions.
 //! * [`spec`]: [`GenSpec`], the list of golden traces ([`golden_specs`]) and a
 //!   small command-line front end ([`spec::cli`]) used by `tools/regen-goldens.sh`.
-//!
-//! This module uses only `std`.
 
 use std::fmt;
 use std::io;
+
+use reservoir::checksum::Fnv1a;
 
 pub mod gen;
 pub mod spec;
@@ -514,36 +514,6 @@ pub fn format_size_suffix(bytes: u64) -> String {
         }
     }
     bytes.to_string()
-}
-
-/// 64-bit FNV-1a, used for trace fingerprints.
-#[derive(Clone, Copy, Debug)]
-pub struct Fnv1a(u64);
-
-impl Fnv1a {
-    /// The FNV offset basis.
-    pub fn new() -> Fnv1a {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
-    }
-
-    /// Hash more bytes.
-    pub fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= b as u64;
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    /// The hash so far.
-    pub fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Fnv1a::new()
-    }
 }
 
 #[cfg(test)]

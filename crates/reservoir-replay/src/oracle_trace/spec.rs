@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 
 use super::gen::{generate, GenKind, SplitMix64};
-use super::{Fnv1a, Trace};
+use super::Trace;
+use reservoir::checksum::Fnv1a;
 
 /// The fake device's default capacity (`FAKECUDA_TOTAL_MEM` default, an
 /// H100 80 GB): 85,045,870,592 bytes.

@@ -3,12 +3,12 @@
 //! with the race sanitizer on.
 //!
 //! ```text
-//! cargo run --release -p reservoir --example cross_stream
+//! cargo run --release -p reservoir-testkit --example cross_stream
 //! ```
 
-use reservoir::conformance::{integrity_run, IntegrityConfig};
 use reservoir::sim::{AsyncSimDevice, SimConfig};
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
+use reservoir_testkit::conformance::{integrity_run, IntegrityConfig};
 
 const MIB: u64 = 1 << 20;
 
@@ -34,7 +34,7 @@ fn phases(a: &CachingAllocator<AsyncSimDevice>, streams: usize, rounds: usize) -
                 .map(|i| {
                     let size = sizes[(i + k + r) % sizes.len()];
                     let p = a.raw_alloc(size, s).unwrap();
-                    reservoir::conformance::WorkDevice::fill(dev, p, size, 1, s).unwrap();
+                    reservoir::backend::DeviceWork::fill(dev, p, size, 1, s).unwrap();
                     p
                 })
                 .collect();

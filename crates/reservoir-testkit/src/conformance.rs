@@ -1,8 +1,8 @@
 //! Stream-safety scenarios any asynchronous backend can run.
 //!
-//! A backend that can fill, copy and read back memory on its streams
-//! implements [`WorkDevice`]; the scenarios then drive a
-//! [`CachingAllocator`] over it and report what they saw:
+//! A backend that can fill and read back memory on its streams (the
+//! [`DeviceWork`] capability) and copy it ([`Memcpy`]) can run them: the
+//! scenarios drive a [`CachingAllocator`] over it and report what they saw:
 //!
 //! * [`held_stream_reuse`]: a block used by a held (busy) stream and freed
 //!   after `record_stream` is not handed out again until that stream has
@@ -13,79 +13,15 @@
 //!   with what the program wrote.
 //!
 //! The OpenCL backend runs them on a real device API (PoCL), the
-//! [`AsyncSimDevice`](crate::sim::AsyncSimDevice) with its race sanitizer.
-#![forbid(unsafe_code)]
+//! [`AsyncSimDevice`](reservoir::sim::AsyncSimDevice) with its race sanitizer.
 
 use std::collections::BTreeSet;
 
-use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
-use crate::caching::CachingAllocator;
-use crate::error::AllocError;
-
-/// What a backend needs to run the scenarios: device work on streams.
-pub trait WorkDevice: Backend {
-    /// Set `len` bytes at `ptr` to `byte`, ordered after prior work on `stream`.
-    fn fill(
-        &self,
-        ptr: DevicePtr,
-        len: u64,
-        byte: u8,
-        stream: StreamId,
-    ) -> Result<(), BackendError>;
-
-    /// Copy `len` bytes from `src` to `dst`, ordered after prior work on `stream`.
-    fn copy(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: u64,
-        stream: StreamId,
-    ) -> Result<(), BackendError>;
-
-    /// Read `len` bytes at `ptr` after the work enqueued on `stream` so far,
-    /// and return their [`checksum`]. `None` when the device holds no data
-    /// (a simulated device); the read still counts as work on `stream`.
-    fn read_checksum(
-        &self,
-        ptr: DevicePtr,
-        len: u64,
-        stream: StreamId,
-    ) -> Result<Option<u64>, BackendError>;
-
-    /// Keep `stream` busy: work enqueued on it from now on does not start
-    /// before [`release`](WorkDevice::release).
-    fn hold(&self, stream: StreamId) -> Result<(), BackendError>;
-
-    /// End a [`hold`](WorkDevice::hold) and wait until the stream's work has
-    /// finished.
-    fn release(&self, stream: StreamId) -> Result<(), BackendError>;
-
-    /// Let `ns` nanoseconds of device time pass (a simulated clock moves; a
-    /// real device does nothing).
-    fn let_time_pass(&self, ns: u64) {
-        let _ = ns;
-    }
-}
-
-/// FNV-1a (64-bit) of `bytes`: the checksum [`WorkDevice::read_checksum`] returns.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// The [`checksum`] of `len` copies of `byte`.
-pub fn checksum_of_fill(byte: u8, len: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for _ in 0..len {
-        h ^= u64::from(byte);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
+use reservoir::backend::{Backend, BackendError, DevicePtr, DeviceWork, Memcpy, StreamId};
+use reservoir::caching::CachingAllocator;
+use reservoir::checksum::checksum_of_fill;
+use reservoir::error::AllocError;
+use reservoir_replay::oracle_trace::SplitMix64;
 
 /// A scenario failed to run (not a finding: the device or allocator erred).
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +52,28 @@ fn dev_err(during: &'static str) -> impl FnOnce(BackendError) -> ScenarioError {
     move |source| ScenarioError::Backend { during, source }
 }
 
+/// The backend's [`DeviceWork`] capability, or the error that it lacks it.
+fn device_work<B: Backend>(dev: &B) -> Result<&dyn DeviceWork, ScenarioError> {
+    dev.as_device_work().ok_or(ScenarioError::Backend {
+        during: "starting the scenario",
+        source: BackendError::Unsupported {
+            backend: dev.name(),
+            what: "device work (fill, read back, hold)",
+        },
+    })
+}
+
+/// The backend's [`Memcpy`] capability, or the error that it lacks it.
+fn memcpy<B: Backend>(dev: &B) -> Result<&dyn Memcpy, ScenarioError> {
+    dev.as_memcpy().ok_or(ScenarioError::Backend {
+        during: "starting the scenario",
+        source: BackendError::Unsupported {
+            backend: dev.name(),
+            what: "memcpy",
+        },
+    })
+}
+
 /// What [`held_stream_reuse`] observed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldReuseOutcome {
@@ -134,22 +92,23 @@ pub struct HeldReuseOutcome {
 /// fill the block on `busy`, `record_stream(busy)`, free it, allocate the
 /// same size on `home` (must be another block), release `busy`, allocate
 /// again on `home` (must be the freed block).
-pub fn held_stream_reuse<D: WorkDevice>(
-    a: &CachingAllocator<D>,
+pub fn held_stream_reuse<B: Backend>(
+    a: &CachingAllocator<B>,
     home: StreamId,
     busy: StreamId,
     size: u64,
 ) -> Result<HeldReuseOutcome, ScenarioError> {
     let dev = a.backend();
+    let work = device_work(dev)?;
     let p = a.raw_alloc(size, home).map_err(alloc_err("first alloc"))?;
-    dev.fill(p, size, 0x11, home)
+    work.fill(p, size, 0x11, home)
         .map_err(dev_err("fill on home"))?;
     let ready = dev.record_event(home).map_err(dev_err("record"))?;
-    dev.hold(busy).map_err(dev_err("hold"))?;
+    work.hold(busy).map_err(dev_err("hold"))?;
     dev.stream_wait_event(busy, ready)
         .map_err(dev_err("wait on home"))?;
     dev.destroy_event(ready).map_err(dev_err("destroy event"))?;
-    dev.fill(p, size, 0x5a, busy)
+    work.fill(p, size, 0x5a, busy)
         .map_err(dev_err("fill on held stream"))?;
     a.record_stream(p, busy)
         .map_err(alloc_err("record_stream"))?;
@@ -157,12 +116,12 @@ pub fn held_stream_reuse<D: WorkDevice>(
     let q = a
         .raw_alloc(size, home)
         .map_err(alloc_err("alloc while busy"))?;
-    dev.fill(q, size, 0x22, home)
+    work.fill(q, size, 0x22, home)
         .map_err(dev_err("fill other block"))?;
-    dev.release(busy).map_err(dev_err("release"))?;
+    work.release(busy).map_err(dev_err("release"))?;
     let r = a.raw_alloc(size, home).map_err(alloc_err("alloc after"))?;
     let data_intact = if r == p {
-        dev.read_checksum(r, size, home)
+        work.read_checksum(r, size, home)
             .map_err(dev_err("read back"))?
             .map(|c| c == checksum_of_fill(0x5a, size))
     } else {
@@ -230,27 +189,6 @@ pub struct IntegrityReport {
     pub peak_reserved: i64,
 }
 
-/// A small deterministic generator (SplitMix64): no dependency, stable
-/// across platforms.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    /// The next value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
 struct Live {
     ptr: DevicePtr,
     size: u64,
@@ -262,8 +200,8 @@ struct Live {
 
 /// Order stream `s` after all work of the block's users, then note `s` as
 /// a user (and tell the allocator, so a free waits for `s`).
-fn use_on<D: WorkDevice>(
-    a: &CachingAllocator<D>,
+fn use_on<B: Backend>(
+    a: &CachingAllocator<B>,
     b: &mut Live,
     s: StreamId,
 ) -> Result<(), ScenarioError> {
@@ -283,32 +221,34 @@ fn use_on<D: WorkDevice>(
 
 /// Run the random multi-stream workload described in the
 /// [module documentation](self) and report every corrupted read-back.
-pub fn integrity_run<D: WorkDevice>(
-    a: &CachingAllocator<D>,
+pub fn integrity_run<B: Backend>(
+    a: &CachingAllocator<B>,
     cfg: &IntegrityConfig,
 ) -> Result<IntegrityReport, ScenarioError> {
     let dev = a.backend();
+    let work = device_work(dev)?;
+    let copier = memcpy(dev)?;
     let mut streams = vec![StreamId::DEFAULT];
     for _ in 0..cfg.streams {
         streams.push(dev.create_stream().map_err(dev_err("create stream"))?);
     }
-    let mut rng = SplitMix64(cfg.seed);
+    let mut rng = SplitMix64::new(cfg.seed);
     let mut live: Vec<Live> = Vec::new();
     let mut rep = IntegrityReport {
         ops: cfg.ops,
         streams: streams.len(),
         ..IntegrityReport::default()
     };
-    let pick = |rng: &mut SplitMix64, v: &[StreamId]| v[rng.below(v.len() as u64) as usize];
+    let pick = |rng: &mut SplitMix64, v: &[StreamId]| v[rng.below_modulo(v.len() as u64) as usize];
     for _ in 0..cfg.ops {
-        dev.let_time_pass(rng.below(2_000));
-        let roll = rng.below(100);
+        work.let_time_pass(rng.below_modulo(2_000));
+        let roll = rng.below_modulo(100);
         if (roll < 30 && live.len() < cfg.max_live) || live.is_empty() {
-            let size = cfg.sizes[rng.below(cfg.sizes.len() as u64) as usize];
+            let size = cfg.sizes[rng.below_modulo(cfg.sizes.len() as u64) as usize];
             let home = pick(&mut rng, &streams);
             let ptr = a.raw_alloc(size, home).map_err(alloc_err("alloc"))?;
             let byte = (rng.next_u64() as u8) | 1;
-            dev.fill(ptr, size, byte, home).map_err(dev_err("fill"))?;
+            work.fill(ptr, size, byte, home).map_err(dev_err("fill"))?;
             live.push(Live {
                 ptr,
                 size,
@@ -319,17 +259,17 @@ pub fn integrity_run<D: WorkDevice>(
             rep.allocs += 1;
             rep.fills += 1;
         } else if roll < 45 {
-            let i = rng.below(live.len() as u64) as usize;
+            let i = rng.below_modulo(live.len() as u64) as usize;
             let s = pick(&mut rng, &streams);
             let byte = (rng.next_u64() as u8) | 1;
             use_on(a, &mut live[i], s)?;
             let b = &mut live[i];
-            dev.fill(b.ptr, b.size, byte, s)
+            work.fill(b.ptr, b.size, byte, s)
                 .map_err(dev_err("refill"))?;
             b.byte = byte;
             rep.fills += 1;
         } else if roll < 65 {
-            let i = rng.below(live.len() as u64) as usize;
+            let i = rng.below_modulo(live.len() as u64) as usize;
             let size = live[i].size;
             let Some(j) = (0..live.len()).find(|&j| j != i && live[j].size == size) else {
                 continue;
@@ -337,22 +277,23 @@ pub fn integrity_run<D: WorkDevice>(
             let s = pick(&mut rng, &streams);
             use_on(a, &mut live[i], s)?;
             use_on(a, &mut live[j], s)?;
-            dev.copy(live[j].ptr, live[i].ptr, size, s)
+            copier
+                .copy(live[j].ptr, live[i].ptr, size, s)
                 .map_err(dev_err("copy"))?;
             live[j].byte = live[i].byte;
             rep.copies += 1;
         } else if roll < 85 {
-            let i = rng.below(live.len() as u64) as usize;
+            let i = rng.below_modulo(live.len() as u64) as usize;
             let b = live.swap_remove(i);
             a.raw_free(b.ptr).map_err(alloc_err("free"))?;
             rep.frees += 1;
         } else if roll < 99 {
-            let i = rng.below(live.len() as u64) as usize;
+            let i = rng.below_modulo(live.len() as u64) as usize;
             let s = live[i].home;
             use_on(a, &mut live[i], s)?;
             let b = &live[i];
             rep.verified += 1;
-            let got = dev
+            let got = work
                 .read_checksum(b.ptr, b.size, s)
                 .map_err(dev_err("read back"))?;
             if got.is_some_and(|c| c != checksum_of_fill(b.byte, b.size)) {
@@ -367,7 +308,7 @@ pub fn integrity_run<D: WorkDevice>(
         let s = b.home;
         use_on(a, &mut b, s)?;
         rep.verified += 1;
-        let got = dev
+        let got = work
             .read_checksum(b.ptr, b.size, s)
             .map_err(dev_err("read back"))?;
         if got.is_some_and(|c| c != checksum_of_fill(b.byte, b.size)) {
