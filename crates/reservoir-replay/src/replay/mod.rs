@@ -1,6 +1,12 @@
 //! The replay engine: run an oracle trace through a [`CachingAllocator`] on
 //! a [`SimDevice`] and measure what the allocator did.
 //!
+//! The engine drives its allocator through [`ReplayTarget`] (the caching
+//! allocator is the default target, [`Replay::new`]; any other allocator
+//! implementing the trait runs through [`Replay::build`]), so everything
+//! built on it, the recorded-snapshot replay, the fidelity report and the
+//! reports of `reservoir replay`, works for every target.
+//!
 //! A [`Trace`] (from a file, or from a built-in [workload](crate::workload))
 //! is replayed once per [`ReplaySetting`], a named
 //! `PYTORCH_CUDA_ALLOC_CONF`-style string, on a simulated device of a given
@@ -52,8 +58,10 @@
 
 mod report;
 pub mod snapshot;
+mod target;
 
 pub use report::{OomRecord, PeakState, ReplayReport, Sample};
+pub use target::ReplayTarget;
 
 use std::time::{Duration, Instant};
 
@@ -488,7 +496,7 @@ impl CallTimer {
 ///
 /// [`replay`] runs one to the end; use this type to step through a trace or
 /// to inspect the allocator afterwards.
-pub struct Replay<'t> {
+pub struct Replay<'t, T: ReplayTarget = CachingAllocator<SimDevice>> {
     trace: &'t Trace,
     start: Option<&'t StartState>,
     /// Driver time spent seeding, not reported.
@@ -498,7 +506,7 @@ pub struct Replay<'t> {
     placements: Option<Vec<u64>>,
     setting: ReplaySetting,
     capacity: u64,
-    alloc: CachingAllocator<SimDevice>,
+    alloc: T,
     streams: StreamTable,
     current: StreamId,
     live: FxHashMap<AllocId, DevicePtr>,
@@ -524,7 +532,7 @@ pub struct Replay<'t> {
     sampler: Sampler,
 }
 
-impl std::fmt::Debug for Replay<'_> {
+impl<T: ReplayTarget> std::fmt::Debug for Replay<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replay")
             .field("setting", &self.setting)
@@ -539,12 +547,12 @@ impl std::fmt::Debug for Replay<'_> {
 /// simulated device.
 fn device_stream(
     streams: &mut StreamTable,
-    alloc: &CachingAllocator<SimDevice>,
+    alloc: &impl ReplayTarget,
     name: &StreamName,
 ) -> StreamId {
     let (id, new) = streams.resolve(name);
     if new {
-        alloc.backend().register_stream(id);
+        alloc.device().register_stream(id);
     }
     id
 }
@@ -571,8 +579,13 @@ impl<'t> Replay<'t> {
     ) -> Result<Self, ReplayError> {
         Self::build(trace, Some(start), setting, options)
     }
+}
 
-    fn build(
+impl<'t, T: ReplayTarget> Replay<'t, T> {
+    /// Prepare to replay `trace` through the target `T` (a fresh one on a
+    /// fresh simulated device), from `start` when given (see
+    /// [`Replay::with_start`]).
+    pub fn build(
         trace: &'t Trace,
         start: Option<&'t StartState>,
         setting: &ReplaySetting,
@@ -596,7 +609,7 @@ impl<'t> Replay<'t> {
             address_policy,
             ..SimConfig::default()
         });
-        let alloc = CachingAllocator::new(device, config);
+        let alloc = T::on_device(device, config);
         let mut live = FxHashMap::default();
         let mut streams = if start.is_some_and(|s| s.literal_streams) {
             StreamTable::literal()
@@ -637,9 +650,9 @@ impl<'t> Replay<'t> {
             }
             alloc.reset_accumulated_stats();
             alloc.reset_peak_stats();
-            seed_driver_time_ns = alloc.backend().counters().driver_time_ns;
+            seed_driver_time_ns = alloc.device().counters().driver_time_ns;
             if st.record_placements {
-                alloc.backend().set_call_log(true);
+                alloc.device().set_call_log(true);
             }
         }
         Ok(Replay {
@@ -679,13 +692,13 @@ impl<'t> Replay<'t> {
     }
 
     /// The allocator being driven.
-    pub fn allocator(&self) -> &CachingAllocator<SimDevice> {
+    pub fn allocator(&self) -> &T {
         &self.alloc
     }
 
     /// The simulated device.
     pub fn device(&self) -> &SimDevice {
-        self.alloc.backend()
+        self.alloc.device()
     }
 
     /// The address each allocation op returned so far (0 for a failed one),
@@ -697,7 +710,7 @@ impl<'t> Replay<'t> {
     /// The device calls made since seeding (allocations, frees, maps and
     /// unmaps), when the start state asked for them.
     pub fn segment_calls(&self) -> Vec<reservoir::sim::DeviceCall> {
-        self.alloc.backend().call_log()
+        self.alloc.device().call_log()
     }
 
     /// The stream names seen so far and their ids.
@@ -800,7 +813,7 @@ impl<'t> Replay<'t> {
                 };
                 self.alloc_ops += 1;
                 let t0 = self.timer.start();
-                let r = self.alloc.raw_alloc(*bytes, s);
+                let r = self.alloc.alloc(*bytes, s);
                 self.timer.stop(t0);
                 if let Some(p) = self.placements.as_mut() {
                     p.push(r.as_ref().map_or(0, |ptr| ptr.0));
@@ -834,7 +847,7 @@ impl<'t> Replay<'t> {
                 Some(ptr) => {
                     self.free_ops += 1;
                     let t0 = self.timer.start();
-                    let r = self.alloc.raw_free(ptr);
+                    let r = self.alloc.free(ptr);
                     self.timer.stop(t0);
                     r.map_err(|e| self.alloc_error(i, e))?;
                     self.observe(i);
@@ -911,7 +924,7 @@ impl<'t> Replay<'t> {
             Op::Wait { waiter, waited } => {
                 let a = self.stream(waiter);
                 let b = self.stream(waited);
-                let dev = self.alloc.backend();
+                let dev = self.alloc.device();
                 let r = dev.record_event(b).and_then(|ev| {
                     let w = dev.wait_event(a, ev);
                     let d = dev.destroy_event(ev);
@@ -991,10 +1004,10 @@ impl<'t> Replay<'t> {
             return self.peak.clone();
         };
         let rerun = || -> Result<PeakState, ReplayError> {
-            let mut r = Replay::build(self.trace, self.start, &self.setting, &self.options)?;
+            let mut r = Self::build(self.trace, self.start, &self.setting, &self.options)?;
             r.track_peak = false;
             r.placements = None;
-            r.alloc.backend().set_call_log(false);
+            r.alloc.device().set_call_log(false);
             while r.next <= op {
                 r.step_inner()?;
             }
@@ -1025,7 +1038,7 @@ impl<'t> Replay<'t> {
         let fragmentation =
             (peak_allocated > 0).then(|| peak_reserved as f64 / peak_allocated as f64);
         let peak = self.peak_report();
-        let counters = self.alloc.backend().counters();
+        let counters = self.alloc.device().counters();
         let mean = self.timer.mean_ns();
         ReplayReport {
             setting: self.setting.name.clone(),
