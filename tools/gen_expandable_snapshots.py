@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the traces behind crates/reservoir/tests/replay_fidelity/expandable/ (deterministic).
+"""Write the traces behind crates/reservoir-replay/tests/replay_fidelity/expandable/ (deterministic).
 
 usage: gen_expandable_snapshots.py DIR
 

@@ -6,7 +6,7 @@ usage: make_extra_golden.py TRACE.txt OUT_DIR [--conf C] [--capacity BYTES] [--f
 Runs TRACE through the oracle (tools/oracle_replay_ext.py --all-events) and writes
 OUT_DIR/<name>.txt (a copy of the trace) and OUT_DIR/<name>.json (a golden in the format of
 tools/make_goldens.py; spec kind "streams", seed 0, the fingerprint is not checked). Compare with
-  RESERVOIR_GOLDEN_EXTRA=OUT_DIR cargo test -p reservoir --test golden extra
+  RESERVOIR_GOLDEN_EXTRA=OUT_DIR cargo test -p reservoir-replay --test golden extra
 Needs the oracle (RESERVOIR_ORACLE_DIR, default ../shared/oracle next to the project).
 """
 import argparse

@@ -3,7 +3,7 @@
 
 usage: make_goldens.py --work DIR --out DIR [--jobs N] [--only SUBSTR[,SUBSTR...]] [--keep-full]
 
-Reads DIR/traces/args.tsv and DIR/traces/manifest.json (written by `gen_traces write`), runs
+Reads DIR/traces/args.tsv and DIR/traces/manifest.json (written by `gen_trace write`), runs
 tools/oracle_replay_ext.py on every trace (N at a time), and writes to the output folder:
 
   manifest.json          the specs (copied), one per line
@@ -223,7 +223,7 @@ def main():
         with open(keys_path, "w") as f:
             f.write('{"keys": [\n' + ",\n".join("  " + json.dumps(k) for k in keys) + "\n]}\n")
 
-    # the manifest, as written by gen_traces (one spec per line)
+    # the manifest, as written by gen_trace (one spec per line)
     with open(os.path.join(a.work, "traces", "manifest.json")) as src, \
             open(os.path.join(a.out, "manifest.json"), "w") as dst:
         dst.write(src.read())

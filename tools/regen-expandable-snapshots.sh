@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerate the expandable-segment snapshots of
-# crates/reservoir/tests/replay_fidelity/expandable/ with PyTorch 2.15's real allocator on the
+# crates/reservoir-replay/tests/replay_fidelity/expandable/ with PyTorch 2.15's real allocator on the
 # oracle's fake device (expandable_segments:True, history recorded).
 #
 # usage: tools/regen-expandable-snapshots.sh
@@ -9,7 +9,7 @@
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$ROOT/target/regen-expandable}
-OUT=$ROOT/crates/reservoir/tests/replay_fidelity/expandable
+OUT=$ROOT/crates/reservoir-replay/tests/replay_fidelity/expandable
 ORACLE=${RESERVOIR_ORACLE_DIR:-$(cd "$ROOT/.." && pwd)/shared/oracle}
 # a git worktree one level deeper
 [ -d "$ORACLE" ] || ORACLE=$(cd "$ROOT/../.." && pwd)/shared/oracle

@@ -3,8 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use reservoir::pickle::{self, Limits};
-use reservoir::snapshot::{self, Snapshot};
+use reservoir::snapshot::Snapshot;
+use reservoir_replay::pickle::{self, Limits};
+use reservoir_replay::snapshot::{self, ReadSnapshot};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(loaded) = snapshot::load_bytes(data) else {

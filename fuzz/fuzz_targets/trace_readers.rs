@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use reservoir::oracle_trace::Trace;
-use reservoir::snapshot;
+use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::snapshot;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(l) = snapshot::load_alloc_data(data) {

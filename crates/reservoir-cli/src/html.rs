@@ -13,10 +13,10 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
 use reservoir::format::format_size;
-use reservoir::oracle_trace::Trace;
-use reservoir::replay::snapshot::{Fidelity, RecordedTrace};
-use reservoir::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
 use reservoir::snapshot::{BlockState, Segment};
+use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::replay::snapshot::{Fidelity, RecordedTrace};
+use reservoir_replay::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
 
 use crate::table::format_ns;
 
@@ -137,7 +137,7 @@ const BOTTOM: f64 = 30.0;
 
 /// One timeline: `which` is "allocated" or "reserved".
 fn timeline(out: &mut String, k: usize, s: &Section, which: &str, label: &str) {
-    let pick = |p: &reservoir::replay::Sample| {
+    let pick = |p: &reservoir_replay::replay::Sample| {
         if which == "allocated" {
             p.allocated
         } else {

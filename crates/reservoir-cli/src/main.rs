@@ -25,13 +25,13 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use reservoir::format::format_size;
-use reservoir::replay::snapshot::{
+use reservoir::sim::DEFAULT_CAPACITY;
+use reservoir_replay::replay::snapshot::{
     convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
 };
-use reservoir::replay::{replay_all, ReplayOptions, ReplayReport, ReplaySetting};
-use reservoir::sim::DEFAULT_CAPACITY;
-use reservoir::snapshot::{self, AddressKind};
-use reservoir::workload::{self, Workload, WorkloadKind};
+use reservoir_replay::replay::{replay_all, ReplayOptions, ReplayReport, ReplaySetting};
+use reservoir_replay::snapshot::{self, AddressKind};
+use reservoir_replay::workload::{self, Workload, WorkloadKind};
 
 /// Reservoir: PyTorch's CUDA caching allocator in Rust, and tools to study it
 /// without a GPU.
@@ -525,7 +525,7 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
             dev.device
         );
     }
-    let (trace, prelude) = reservoir::replay::snapshot::oracle_trace(&rec);
+    let (trace, prelude) = reservoir_replay::replay::snapshot::oracle_trace(&rec);
     let mut header = vec![
         format!(
             "converted from {} device {}",
@@ -542,7 +542,7 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
          compare segment events after them",
         prelude.ops, prelude.segments
     ));
-    let trace = reservoir::oracle_trace::Trace::from_ops(trace.ops, header);
+    let trace = reservoir_replay::oracle_trace::Trace::from_ops(trace.ops, header);
     let f = File::create(&args.oracle_trace)
         .with_context(|| format!("cannot create {}", args.oracle_trace.display()))?;
     let mut f = BufWriter::new(f);

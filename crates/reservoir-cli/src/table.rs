@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use reservoir::format::format_size;
-use reservoir::replay::ReplayReport;
+use reservoir_replay::replay::ReplayReport;
 
 /// A duration in nanoseconds, with a unit that keeps 3-4 significant digits.
 pub fn format_ns(ns: f64) -> String {

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use reservoir_testkit::traces::shared_trace;
+
 fn reservoir(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_reservoir"))
         .args(args)
@@ -179,8 +181,8 @@ fn workload_writes_an_oracle_trace() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
-    let trace = reservoir::oracle_trace::Trace::parse(&text).unwrap();
-    let again = reservoir::workload::generate("llm-infer:requests=3").unwrap();
+    let trace = reservoir_replay::oracle_trace::Trace::parse(&text).unwrap();
+    let again = reservoir_replay::workload::generate("llm-infer:requests=3").unwrap();
     assert_eq!(trace.ops, again.ops);
     assert!(stderr(&o).contains(&format!("wrote {} ops", trace.ops.len())));
     // to standard output
@@ -194,7 +196,7 @@ fn workloads_lists_every_preset() {
     let o = reservoir(&["workloads"]);
     assert!(o.status.success());
     let out = stdout(&o);
-    for p in reservoir::workload::presets() {
+    for p in reservoir_replay::workload::presets() {
         assert!(out.contains(p.name), "{} missing", p.name);
         assert!(
             out.contains(p.description),
@@ -203,17 +205,6 @@ fn workloads_lists_every_preset() {
         );
     }
     assert!(out.contains("kv_heads") && out.contains("layers"), "{out}");
-}
-
-/// A real trace beside the repository (`../shared/traces`), if present.
-fn real_trace(rel: &str) -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    [
-        root.join("../../../shared/traces").join(rel),
-        root.join("../../../../shared/traces").join(rel),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
 }
 
 #[test]
@@ -279,7 +270,7 @@ fn unknown_policy_lists_the_known_ones() {
 
 #[test]
 fn replaying_a_recorded_snapshot_is_exact() {
-    let Some(file) = real_trace("select_n-bert-llama/ec5be110_snapshot.pickle") else {
+    let Some(file) = shared_trace("select_n-bert-llama/ec5be110_snapshot.pickle") else {
         eprintln!("skipped: ../shared/traces not found");
         return;
     };
@@ -329,7 +320,7 @@ fn replaying_a_recorded_snapshot_is_exact() {
 
 #[test]
 fn state_only_snapshots_and_conversion() {
-    let Some(file) = real_trace("stateonly-attention/9e5bfb67_memory.pickle") else {
+    let Some(file) = shared_trace("stateonly-attention/9e5bfb67_memory.pickle") else {
         eprintln!("skipped: ../shared/traces not found");
         return;
     };
@@ -337,7 +328,7 @@ fn state_only_snapshots_and_conversion() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("no trace entries"), "{}", stderr(&o));
 
-    let file = real_trace("cs336-kkaitlyn111/1fcf79fe_memory_ctx512_forward.pickle").unwrap();
+    let file = shared_trace("cs336-kkaitlyn111/1fcf79fe_memory_ctx512_forward.pickle").unwrap();
     let out = std::env::temp_dir().join(format!("reservoir-cli-conv-{}.txt", std::process::id()));
     let o = reservoir(&[
         "convert",
@@ -348,7 +339,7 @@ fn state_only_snapshots_and_conversion() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&out).unwrap();
     std::fs::remove_file(&out).ok();
-    let trace = reservoir::oracle_trace::Trace::parse(&text).unwrap();
+    let trace = reservoir_replay::oracle_trace::Trace::parse(&text).unwrap();
     // 1301 allocs + 657 frees + empty_cache calls, after the prelude
     assert!(trace.ops.len() > 1301 + 657, "{}", trace.ops.len());
     assert!(text.contains("# prelude: the first "));

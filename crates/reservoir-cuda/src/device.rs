@@ -8,8 +8,7 @@ use std::ffi::{c_char, c_int};
 use cudarc::driver::sys::{self, CUresult};
 use parking_lot::Mutex;
 use reservoir::backend::{
-    Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, Memcpy, StreamId,
-    VirtualMemory,
+    Backend, BackendError, DevicePtr, DeviceWork, EventId, MemInfo, Memcpy, StreamId, VirtualMemory,
 };
 
 use crate::driver::{self, check, Driver};
@@ -194,6 +193,17 @@ impl CudaDevice {
     /// The device's name as the driver reports it.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// True when the driver exports the IPC entry points
+    /// ([`ipc_get_handle`](Self::ipc_get_handle) and the rest).
+    pub fn supports_ipc(&self) -> bool {
+        self.ipc
+    }
+
+    /// True when another device reported peer access to this one at start-up.
+    pub fn has_peers(&self) -> bool {
+        self.peer
     }
 
     /// The device ordinal.
@@ -718,21 +728,15 @@ impl Backend for CudaDevice {
         })
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let mut c = Capabilities::default();
-        c.virtual_memory = self.granularity > 0;
-        c.ipc = self.ipc;
-        c.peer_access = self.peer;
-        c.memcpy = true;
-        c.async_streams = true;
-        c
-    }
-
     fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
         (self.granularity > 0).then_some(self as &dyn VirtualMemory)
     }
 
     fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+        Some(self)
+    }
+
+    fn as_device_work(&self) -> Option<&dyn DeviceWork> {
         Some(self)
     }
 }

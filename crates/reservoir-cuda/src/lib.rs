@@ -52,8 +52,8 @@
 //!   [`BackendError::Unsupported`] where the driver says peer access is
 //!   impossible.
 //! * **Work for tests** ([`CudaDevice::fill`], [`CudaDevice::copy`],
-//!   [`CudaDevice::read`], and the [`WorkDevice`] implementation that the
-//!   stream-safety scenarios of `reservoir::conformance` drive):
+//!   [`CudaDevice::read`], and the [`DeviceWork`] capability that the
+//!   stream-safety scenarios of `reservoir_testkit::conformance` drive):
 //!   `cuMemsetD8Async`, `cuMemcpyDtoDAsync_v2`, `cuMemcpyDtoHAsync_v2` +
 //!   `cuStreamSynchronize`. Every range is checked to lie in one live
 //!   segment, one IPC mapping or mapped pages of one reservation before the
@@ -85,7 +85,7 @@
 //! in a child process without a driver); the caching allocator in PyTorch
 //! mode (caching, free-and-retry after out of memory, `empty_cache`,
 //! expandable segments, `record_stream` across streams); and the
-//! stream-safety scenarios of `reservoir::conformance` (a held stream's
+//! stream-safety scenarios of `reservoir_testkit::conformance` (a held stream's
 //! block is not reused until the stream completes, a randomized
 //! 10,000-operation multi-stream integrity run, and a negative control
 //! without `record_stream`), in the default mode and with the fake's
@@ -107,10 +107,10 @@ mod work;
 pub use device::{CudaDevice, IpcMemHandle};
 pub use fake::FakeDriver;
 pub use reservoir::backend::{
-    Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, Memcpy, Reservation,
-    StreamId, VirtualMemory,
+    Backend, BackendError, DevicePtr, DeviceWork, EventId, MemInfo, Memcpy, Reservation, StreamId,
+    VirtualMemory,
 };
-pub use reservoir::conformance::{checksum, checksum_of_fill, WorkDevice};
+pub use reservoir::checksum::{checksum, checksum_of_fill};
 
 /// The raw stream handle type [`CudaDevice::adopt_stream`] takes.
 pub use cudarc::driver::sys::CUstream;

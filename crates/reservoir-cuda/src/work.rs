@@ -8,8 +8,8 @@
 //! of this process, so an unchecked address would be a wild write.
 
 use cudarc::driver::sys;
-use reservoir::backend::{BackendError, DevicePtr, Memcpy, StreamId};
-use reservoir::conformance::{checksum, WorkDevice};
+use reservoir::backend::{BackendError, DevicePtr, DeviceWork, Memcpy, StreamId};
+use reservoir::checksum::checksum;
 
 use crate::device::{CudaDevice, State};
 use crate::driver::check;
@@ -147,7 +147,7 @@ impl Memcpy for CudaDevice {
     }
 }
 
-impl WorkDevice for CudaDevice {
+impl DeviceWork for CudaDevice {
     fn fill(
         &self,
         ptr: DevicePtr,
@@ -156,16 +156,6 @@ impl WorkDevice for CudaDevice {
         stream: StreamId,
     ) -> Result<(), BackendError> {
         CudaDevice::fill(self, ptr, len, byte, stream)
-    }
-
-    fn copy(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: u64,
-        stream: StreamId,
-    ) -> Result<(), BackendError> {
-        CudaDevice::copy(self, dst, src, len, stream)
     }
 
     fn read_checksum(

@@ -7,8 +7,8 @@ use std::ptr;
 
 use parking_lot::Mutex;
 use reservoir::backend::{
-    Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, Memcpy, Reservation,
-    StreamId, VirtualMemory,
+    Backend, BackendError, DevicePtr, EventId, MemInfo, Memcpy, Reservation, StreamId,
+    VirtualMemory,
 };
 
 use crate::config::{HostConfig, HostConfigError};
@@ -827,14 +827,6 @@ impl Backend for HostDevice {
     /// Returns at once.
     fn synchronize_device(&self) -> Result<(), BackendError> {
         Ok(())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        let mut c = Capabilities::default();
-        c.virtual_memory = true;
-        c.memcpy = true;
-        c.async_streams = false;
-        c
     }
 
     fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {

@@ -42,11 +42,9 @@
 //!   hands out fresh ids (the default stream, 0, always exists;
 //!   [`HostDevice::register_stream`] adds recorded ids), an event is complete
 //!   as soon as it is recorded, and every synchronisation returns at once.
-//!   Unknown streams and events are still errors.
-//!   [`Capabilities::async_streams`](reservoir::backend::Capabilities::async_streams)
-//!   is false. So this device cannot reveal stream-ordering bugs (a block
-//!   reused before another stream finished with it): use the simulated
-//!   device's held streams for those.
+//!   Unknown streams and events are still errors. So this device cannot
+//!   reveal stream-ordering bugs (a block reused before another stream
+//!   finished with it): use the simulated device's held streams for those.
 //! * **Virtual memory** ([`VirtualMemory`], what expandable segments need),
 //!   with real page tables: `reserve` maps `PROT_NONE` + `MAP_NORESERVE`
 //!   address space (over-reserved and trimmed so the base is a multiple of

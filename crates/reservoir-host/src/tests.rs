@@ -339,8 +339,8 @@ fn memcpy_between_allocations_and_mapped_ranges() {
 #[test]
 fn streams_and_events_are_synchronous() {
     let dev = device(MIB);
-    assert!(!dev.capabilities().async_streams);
-    assert!(dev.capabilities().virtual_memory && dev.capabilities().memcpy);
+    assert!(dev.as_virtual_memory().is_some() && dev.as_memcpy().is_some());
+    assert!(dev.as_device_work().is_none());
     assert_eq!(dev.name(), "host");
     let s1 = dev.create_stream().unwrap();
     let s2 = dev.create_stream().unwrap();

@@ -31,7 +31,8 @@
 //!   device synchronisation) is refused with [`BackendError::InvalidValue`]
 //!   instead of waiting forever.
 //! * **Work for tests** ([`OpenClDevice::fill`], [`OpenClDevice::copy`],
-//!   [`OpenClDevice::checksum`] and the [`WorkDevice`] implementation):
+//!   [`OpenClDevice::checksum`], and the [`DeviceWork`] and [`Memcpy`]
+//!   capabilities):
 //!   `clEnqueueSVMMemFill`, `clEnqueueSVMMemcpy` (device to device, or a
 //!   blocking copy to host memory for checksums). Every range is checked to
 //!   lie inside one live allocation before anything is enqueued.
@@ -60,9 +61,9 @@ use opencl3::types::{cl_event, CL_BLOCKING, CL_NON_BLOCKING};
 use parking_lot::Mutex;
 
 pub use reservoir::backend::{
-    Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, Memcpy, StreamId,
+    Backend, BackendError, DevicePtr, DeviceWork, EventId, MemInfo, Memcpy, StreamId,
 };
-pub use reservoir::conformance::{checksum, checksum_of_fill, WorkDevice};
+use reservoir::checksum::checksum;
 
 /// The backend's name in messages.
 pub const NAME: &str = "opencl";
@@ -642,14 +643,11 @@ impl Backend for OpenClDevice {
         q.flush().map_err(cl_err("clFlush"))
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let mut c = Capabilities::default();
-        c.memcpy = true;
-        c.async_streams = true;
-        c
+    fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+        Some(self)
     }
 
-    fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+    fn as_device_work(&self) -> Option<&dyn DeviceWork> {
         Some(self)
     }
 }
@@ -670,7 +668,7 @@ impl Memcpy for OpenClDevice {
     }
 }
 
-impl WorkDevice for OpenClDevice {
+impl DeviceWork for OpenClDevice {
     fn fill(
         &self,
         ptr: DevicePtr,
@@ -679,16 +677,6 @@ impl WorkDevice for OpenClDevice {
         stream: StreamId,
     ) -> Result<(), BackendError> {
         OpenClDevice::fill(self, ptr, len, byte, stream)
-    }
-
-    fn copy(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: u64,
-        stream: StreamId,
-    ) -> Result<(), BackendError> {
-        OpenClDevice::copy(self, dst, src, len, stream)
     }
 
     fn read_checksum(

@@ -6,9 +6,11 @@
 //!
 //! The contract is deliberately small: allocate and free whole segments, report
 //! free and total memory, create streams, record, query and synchronise events.
-//! Everything else (virtual-memory mapping, IPC, peer access, copies) is an
-//! optional capability, queried at run time through [`Backend::capabilities`]
-//! and the `as_*` accessors.
+//! Everything else is an optional capability, a trait of its own that a
+//! backend offers through an `as_*` accessor returning `None` by default:
+//! virtual-memory mapping ([`VirtualMemory`], [`Backend::as_virtual_memory`]),
+//! copies ([`Memcpy`], [`Backend::as_memcpy`]) and the work a program does
+//! between allocator calls ([`DeviceWork`], [`Backend::as_device_work`]).
 //!
 //! Backends report only what the caller cannot anticipate. Their errors say
 //! whether releasing cached memory and retrying can help
@@ -64,24 +66,6 @@ impl BackendError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, BackendError::OutOfMemory { .. })
     }
-}
-
-/// Optional capabilities of a backend, queried at run time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Capabilities {
-    /// Reserve address ranges and map pages into them
-    /// ([`Backend::as_virtual_memory`]); needed by expandable segments.
-    pub virtual_memory: bool,
-    /// Share allocations with other processes.
-    pub ipc: bool,
-    /// Access the memory of peer devices.
-    pub peer_access: bool,
-    /// Copy between device allocations ([`Backend::as_memcpy`]).
-    pub memcpy: bool,
-    /// Work runs asynchronously: events may be pending when recorded and
-    /// must be queried. Informational; the allocator always queries events.
-    pub async_streams: bool,
 }
 
 /// A device memory source: the whole contract a device must fulfil.
@@ -168,11 +152,6 @@ pub trait Backend: Send + Sync {
         let _ = (ptr, size, stream);
     }
 
-    /// The optional capabilities this backend has.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-    }
-
     /// The virtual-memory capability, if the backend has it.
     fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
         None
@@ -180,6 +159,11 @@ pub trait Backend: Send + Sync {
 
     /// The copy capability, if the backend has it.
     fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+        None
+    }
+
+    /// The device-work capability, if the backend has it.
+    fn as_device_work(&self) -> Option<&dyn DeviceWork> {
         None
     }
 }
@@ -225,4 +209,45 @@ pub trait Memcpy: Send + Sync {
         len: u64,
         stream: StreamId,
     ) -> Result<(), BackendError>;
+}
+
+/// Device-work capability: the work a program enqueues on its streams
+/// between allocator calls (writing, reading back, keeping a stream busy).
+/// The allocator never calls it; the conformance scenarios of
+/// `reservoir-testkit` drive an allocator over any backend that has it (with
+/// [`Memcpy`] for their cross-stream copies).
+pub trait DeviceWork: Send + Sync {
+    /// Set `len` bytes at `ptr` to `byte`, ordered after prior work on `stream`.
+    fn fill(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        byte: u8,
+        stream: StreamId,
+    ) -> Result<(), BackendError>;
+
+    /// Read `len` bytes at `ptr` after the work enqueued on `stream` so far,
+    /// and return their [`checksum`](crate::checksum::checksum). `None` when
+    /// the device holds no data (a simulated device); the read still counts
+    /// as work on `stream`.
+    fn read_checksum(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<Option<u64>, BackendError>;
+
+    /// Keep `stream` busy: work enqueued on it from now on does not start
+    /// before [`release`](DeviceWork::release).
+    fn hold(&self, stream: StreamId) -> Result<(), BackendError>;
+
+    /// End a [`hold`](DeviceWork::hold) and wait until the stream's work has
+    /// finished.
+    fn release(&self, stream: StreamId) -> Result<(), BackendError>;
+
+    /// Let `ns` nanoseconds of device time pass (a simulated clock moves; a
+    /// real device does nothing).
+    fn let_time_pass(&self, ns: u64) {
+        let _ = ns;
+    }
 }

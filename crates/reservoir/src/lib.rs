@@ -32,22 +32,20 @@
 pub mod backend;
 pub mod caching;
 pub mod callbacks;
+pub mod checksum;
 pub mod config;
-pub mod conformance;
 pub mod debug;
 pub mod device_allocator;
 pub mod error;
 pub mod format;
 pub mod ids;
-pub mod oracle_trace;
 pub mod pickle;
-pub mod replay;
+pub mod rng;
 pub mod sim;
 pub mod snapshot;
 pub mod stats;
 pub(crate) mod store;
 pub mod trace;
-pub mod workload;
 
 pub use backend::{Backend, BackendError, MemInfo};
 pub use caching::CachingAllocator;

@@ -1,29 +1,22 @@
-//! Python pickle, read safely and written in the subset PyTorch's viewers read.
+//! Python pickle values, written in the subset PyTorch's viewers read.
 //!
-//! PyTorch memory snapshots are pickles (spec section 2.6). This module reads
-//! them without executing anything and writes them back.
+//! PyTorch memory snapshots are pickles (spec section 2.6). This module holds
+//! the value model and the writer the allocator needs to dump a snapshot;
+//! the reader (a pickle VM hardened against hostile input) belongs to the
+//! player, `reservoir_replay::pickle`.
 //!
-//! * [`from_slice`] reads any pickle of protocol 0 to 5 made of plain data
-//!   (None, bools, ints of any size, floats, str, bytes, lists, tuples, dicts,
-//!   sets) into a [`Value`]. Memo references (`PUT`/`GET`/`MEMOIZE`) keep
-//!   their sharing: an object referenced many times is stored once, behind an
-//!   [`Arc`](std::sync::Arc). `GLOBAL`/`STACK_GLOBAL` yield a
-//!   [`Value::Global`] name and never import anything; `REDUCE` is accepted
-//!   only for a fixed allow-list of plain-data constructors
-//!   (`collections.OrderedDict`, `set`, `frozenset`, `bytearray`,
-//!   `_codecs.encode`). Object-building opcodes (`BUILD`, `NEWOBJ`, `INST`,
-//!   `OBJ`, persistent ids, extension codes, out-of-band buffers) are errors.
-//! * Hostile input cannot make the reader panic, recurse without bound or
-//!   allocate more than a constant factor of the input: every declared length
-//!   is checked against the bytes left, and [`Limits`] bounds container
-//!   nesting, the value stack, the memo and the size of the value tree. Errors
-//!   ([`PickleError`]) name the byte offset and the opcode.
+//! * [`Value`] models plain pickle data: None, bools, ints of any size
+//!   ([`BigInt`]), floats, str, bytes, lists, tuples, dicts, sets, and
+//!   [`GlobalName`]s. Containers sit behind an [`Arc`](std::sync::Arc), so an
+//!   object referenced many times is stored once.
 //! * [`to_vec`] writes a [`Value`] with only the opcodes `MemoryViz.js`
 //!   (pytorch.org/memory_viz) understands: `PROTO` 2 to 4, `FRAME`,
 //!   `EMPTY_DICT`+`MARK`+`SETITEMS`, `EMPTY_LIST`+`MARK`+`APPENDS`,
 //!   `TUPLE1/2/3`, `BININT1/BININT2/BININT/LONG1`, `SHORT_BINUNICODE` /
 //!   `BINUNICODE`, `BINFLOAT`, `NEWTRUE`/`NEWFALSE`, `NONE`, and memo opcodes
 //!   for repeated strings and shared containers.
+//! * [`op`] names every opcode and [`opcode_name`] gives `pickletools`' name
+//!   of one, for the writer and the reader alike.
 //!
 //! ```
 //! use reservoir::pickle::{self, Value};
@@ -33,14 +26,12 @@
 //!     (Value::from("frames"), Value::list(vec![])),
 //! ]);
 //! let bytes = pickle::to_vec(&v).unwrap();
-//! assert_eq!(pickle::from_slice(&bytes).unwrap(), v);
+//! assert_eq!(bytes[0], pickle::op::PROTO);
 //! ```
 
-mod read;
 mod value;
 mod write;
 
-pub use read::{from_slice, from_slice_with, Limits, PickleError, PickleErrorKind};
 pub use value::{BigInt, GlobalName, Value};
 pub use write::{to_vec, to_vec_with, WriteError, WriteOptions};
 

@@ -1,4 +1,4 @@
-//! The stream-safety scenarios of `reservoir::conformance` on the CUDA
+//! The stream-safety scenarios of `reservoir_testkit::conformance` on the CUDA
 //! backend (every use of that module by these tests is in this file), in
 //! the fake's default mode and with `FAKECUDA_ASYNC=1 FAKECUDA_SANITIZE=1`,
 //! where nothing completes by itself and the fake reports every access to
@@ -9,9 +9,9 @@
 //! as a block handed out while the held stream's work on it is pending,
 //! and as sanitizer reports.
 
-use reservoir::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
 use reservoir_cuda::CudaDevice;
+use reservoir_testkit::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
 
 use super::{device, hooks, report, Mode, Turn, MIB};
 

@@ -39,9 +39,9 @@ fn segments_are_cu_mem_alloc_with_typed_errors_and_retryable_oom() {
     assert!(e.to_string().contains("not a live segment"), "{e}");
     assert_eq!(dev.live(), (0, 0));
     assert_eq!(hooks(&dev).stat("used").unwrap(), used0);
-    let caps = dev.capabilities();
-    assert!(caps.virtual_memory && caps.memcpy && caps.async_streams && caps.ipc);
-    assert!(!caps.peer_access, "the fake has one device");
+    assert!(dev.as_virtual_memory().is_some() && dev.as_memcpy().is_some());
+    assert!(dev.as_device_work().is_some() && dev.supports_ipc());
+    assert!(!dev.has_peers(), "the fake has one device");
 }
 
 #[test]

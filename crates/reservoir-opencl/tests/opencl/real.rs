@@ -1,8 +1,9 @@
 //! The tests proper, built when `libOpenCL.so` is there (see `../opencl.rs`).
 
-use reservoir::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
+use reservoir::checksum::checksum_of_fill;
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
-use reservoir_opencl::{checksum_of_fill, BackendError, OpenClConfig, OpenClDevice};
+use reservoir_opencl::{BackendError, OpenClConfig, OpenClDevice};
+use reservoir_testkit::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;

@@ -16,6 +16,10 @@
 //! * **Cross-stream waits.** [`Backend::stream_wait_event`] (and the
 //!   inherent [`wait_event`](AsyncSimDevice::wait_event)) make later work
 //!   on a stream start no earlier than the event completes.
+//! * **Program work.** The [`DeviceWork`] and [`Memcpy`] capabilities
+//!   enqueue fills, read-backs, holds and copies as work items with their
+//!   byte ranges (no data is kept), so the conformance scenarios of
+//!   `reservoir-testkit` run on this device.
 //! * **The clock** moves only when told: [`advance`](AsyncSimDevice::advance),
 //!   [`run_until`](AsyncSimDevice::run_until),
 //!   [`run_until_idle`](AsyncSimDevice::run_until_idle), or a host-side
@@ -77,8 +81,9 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::{SimConfig, SimDevice};
-use crate::backend::{Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, StreamId};
-use crate::conformance::WorkDevice;
+use crate::backend::{
+    Backend, BackendError, DevicePtr, DeviceWork, EventId, MemInfo, Memcpy, StreamId,
+};
 
 /// How a work item uses a byte range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -565,36 +570,25 @@ impl Backend for AsyncSimDevice {
         }
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            async_streams: true,
-            ..Capabilities::default()
-        }
+    fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+        Some(self)
+    }
+
+    fn as_device_work(&self) -> Option<&dyn DeviceWork> {
+        Some(self)
     }
 }
 
-/// Simulated durations of [`WorkDevice`] operations: 1 us plus 1 ns per
+/// Simulated durations of [`DeviceWork`] and [`Memcpy`] operations: 1 us plus 1 ns per
 /// 16 bytes (about 16 GB/s).
 fn work_ns(len: u64) -> u64 {
     1_000 + len / 16
 }
 
-/// How long a [`WorkDevice::hold`] keeps a stream busy: one simulated second.
+/// How long a [`DeviceWork::hold`] keeps a stream busy: one simulated second.
 pub const HOLD_NS: u64 = 1_000_000_000;
 
-impl WorkDevice for AsyncSimDevice {
-    /// A work item writing the range (no data is kept).
-    fn fill(
-        &self,
-        ptr: DevicePtr,
-        len: u64,
-        _byte: u8,
-        stream: StreamId,
-    ) -> Result<(), BackendError> {
-        self.enqueue(stream, work_ns(len), &[Access::write(ptr, len)])
-            .map(drop)
-    }
-
+impl Memcpy for AsyncSimDevice {
     /// A work item reading `src` and writing `dst`.
     fn copy(
         &self,
@@ -609,6 +603,20 @@ impl WorkDevice for AsyncSimDevice {
             &[Access::read(src, len), Access::write(dst, len)],
         )
         .map(drop)
+    }
+}
+
+impl DeviceWork for AsyncSimDevice {
+    /// A work item writing the range (no data is kept).
+    fn fill(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        _byte: u8,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.enqueue(stream, work_ns(len), &[Access::write(ptr, len)])
+            .map(drop)
     }
 
     /// A work item reading the range, then a host wait for the stream; `None`.

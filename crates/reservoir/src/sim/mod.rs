@@ -57,8 +57,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::backend::{
-    Backend, BackendError, Capabilities, DevicePtr, EventId, MemInfo, Reservation, StreamId,
-    VirtualMemory,
+    Backend, BackendError, DevicePtr, EventId, MemInfo, Reservation, StreamId, VirtualMemory,
 };
 use addr::{round_up, AddressSpace};
 
@@ -1139,14 +1138,6 @@ impl Backend for SimDevice {
 
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
         self.wait_event(stream, event)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            virtual_memory: true,
-            async_streams: true,
-            ..Capabilities::default()
-        }
     }
 
     fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {

@@ -369,11 +369,13 @@ impl Snapshot {
     }
 
     /// JSON export of the whole model (serde); keys mirror PyTorch's dict.
+    #[cfg(feature = "json")]
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
         serde_json::to_string(self)
     }
 
     /// Indented JSON export.
+    #[cfg(feature = "json")]
     pub fn to_json_pretty(&self) -> Result<String, serde_json::Error> {
         serde_json::to_string_pretty(self)
     }

@@ -1,7 +1,7 @@
 //! Stream safety on the asynchronous simulated device, with the race
 //! sanitizer on (spec 1.10), and the Reservoir-only cross-stream reuse policy.
 
-use reservoir::conformance::{held_stream_reuse, integrity_run, IntegrityConfig, WorkDevice};
+use reservoir::backend::DeviceWork;
 use reservoir::sim::{Access, AsyncSimDevice, RaceKind, SimConfig};
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
 
@@ -19,21 +19,6 @@ fn cross_stream() -> AllocatorConfig {
     let mut c = AllocatorConfig::default();
     c.policy.cross_stream_reuse = true;
     c
-}
-
-#[test]
-fn held_stream_block_is_reused_only_after_the_stream_finishes() {
-    let a = allocator(AllocatorConfig::default());
-    let busy = a.backend().create_stream().unwrap();
-    let out = held_stream_reuse(&a, S0, busy, 3 * MIB).unwrap();
-    assert_ne!(
-        out.while_busy, out.freed,
-        "not handed out while the stream is busy"
-    );
-    assert_eq!(out.after, out.freed, "handed out again once it finished");
-    assert_eq!(out.data_intact, None, "the simulated device holds no data");
-    a.backend().assert_no_races();
-    a.check_invariants().unwrap();
 }
 
 #[test]
@@ -122,24 +107,6 @@ fn events_are_reaped_per_stream_as_the_clock_passes_them() {
 }
 
 #[test]
-fn integrity_run_has_no_races() {
-    let a = allocator(AllocatorConfig::default());
-    let cfg = IntegrityConfig::default();
-    let rep = integrity_run(&a, &cfg).unwrap();
-    a.backend().assert_no_races();
-    a.check_invariants().unwrap();
-    assert_eq!(rep.ops, 10_000);
-    assert!(rep.copies > 500 && rep.frees > 1000, "{rep:?}");
-    eprintln!(
-        "sim integrity: {} ops, {} streams, {} races, {} read-backs",
-        rep.ops,
-        rep.streams,
-        a.backend().races().len(),
-        rep.verified
-    );
-}
-
-#[test]
 fn cross_stream_reuse_is_off_and_invisible_in_pytorch_mode() {
     let on = cross_stream();
     assert_eq!(
@@ -202,27 +169,6 @@ fn cross_stream_reuse_lends_a_piece_of_a_split_segment() {
     a.raw_free(keep).unwrap();
     dev.assert_no_races();
     a.check_invariants().unwrap();
-}
-
-#[test]
-fn cross_stream_reuse_integrity_run_has_no_races_and_reserves_less() {
-    let cfg = IntegrityConfig {
-        seed: 7,
-        ..IntegrityConfig::default()
-    };
-    let pytorch = allocator(AllocatorConfig::default());
-    let base = integrity_run(&pytorch, &cfg).unwrap();
-    let reservoir = allocator(cross_stream());
-    let rep = integrity_run(&reservoir, &cfg).unwrap();
-    reservoir.backend().assert_no_races();
-    reservoir.check_invariants().unwrap();
-    assert!(reservoir.cross_stream_reuses() > 0);
-    assert!(
-        rep.peak_reserved < base.peak_reserved,
-        "cross-stream {} vs pytorch {}",
-        rep.peak_reserved,
-        base.peak_reserved
-    );
 }
 
 #[test]

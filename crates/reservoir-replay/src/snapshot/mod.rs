@@ -1,0 +1,311 @@
+//! Reading memory snapshots and other allocation logs, as replay input
+//! (spec section 2).
+//!
+//! The snapshot model itself ([`Snapshot`], its segments and blocks), its
+//! pickle encoder and its consistency check are the allocator's
+//! ([`reservoir::snapshot`]); this module is the player's reading side:
+//!
+//! * [`ReadSnapshot`] decodes a pickle [`Value`], pickle bytes or a pickle
+//!   file into a [`Snapshot`] (every layout PyTorch has written: see
+//!   [`SnapshotFormat`]; keys a layout lacks are `None`, unknown keys are
+//!   kept, so writing a snapshot back reproduces what was read), and views
+//!   a snapshot as replayable events ([`ReadSnapshot::to_trace_input`]).
+//! * [`load`] reads a file of any supported kind, sniffing the format: a
+//!   snapshot pickle, the `alloc_data` JSON of an old `_memory_viz` page, or
+//!   the `alloc free size` log of the allocatorSim simulator.
+//!   [`LoadedInput::to_trace_input`] turns any of them into a [`TraceInput`]:
+//!   per-device events in order, with what is known of the allocator state.
+//!
+//! ```
+//! use reservoir::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
+//! use reservoir::StreamId;
+//! use reservoir_replay::snapshot::ReadSnapshot;
+//!
+//! let seg = Segment {
+//!     address: 0x7f00_0000_0000,
+//!     total_size: 2 << 20,
+//!     allocated_size: 512,
+//!     active_size: 512,
+//!     stream: StreamId::DEFAULT,
+//!     segment_type: SegmentType::Small,
+//!     blocks: vec![
+//!         Block { size: 512, requested_size: Some(500), state: BlockState::ActiveAllocated, ..Block::default() },
+//!         Block { size: (2 << 20) - 512, state: BlockState::Inactive, ..Block::default() },
+//!     ],
+//!     ..Segment::default()
+//! };
+//! let snap = Snapshot { segments: vec![seg], ..Snapshot::default() };
+//! let bytes = snap.to_pickle().unwrap();
+//! let back = Snapshot::from_pickle(&bytes).unwrap();
+//! assert_eq!(back, snap);
+//! assert_eq!(back.to_trace_input().devices.len(), 1);
+//! ```
+
+mod decode;
+mod events;
+
+use std::fmt;
+use std::path::Path;
+use std::path::PathBuf;
+
+pub use decode::{Decoded, SchemaError, SnapshotFormat};
+pub use events::{AddressKind, DeviceEvents, LiveBlock, TraceInput};
+
+use reservoir::pickle::{self, Value};
+use reservoir::snapshot::Snapshot;
+
+use crate::pickle::PickleError;
+
+/// The player's reading side of the allocator's [`Snapshot`] model: decoding
+/// it from a pickle, and viewing it as replay input.
+pub trait ReadSnapshot: Sized {
+    /// Convert a decoded pickle into the model (any layout PyTorch wrote:
+    /// see [`SnapshotFormat`]). Warnings are dropped; use
+    /// [`ReadSnapshot::decode`] to see them.
+    fn from_value(value: &Value) -> Result<Self, SchemaError>;
+
+    /// Convert a decoded pickle into the model, reporting the layout and
+    /// what was skipped. Trace entries with an action this model does not
+    /// know (e.g. a newer PyTorch's `annotate`) are skipped with a warning;
+    /// so are unknown keys of trace entries and frames. Unknown keys
+    /// elsewhere are kept in `extra`.
+    fn decode(value: &Value) -> Result<Decoded, SchemaError>;
+
+    /// Read a snapshot pickle (any layout; warnings dropped).
+    fn from_pickle(bytes: &[u8]) -> Result<Self, Error>;
+
+    /// Read a snapshot pickle file.
+    fn read(path: impl AsRef<Path>) -> Result<Self, Error>;
+
+    /// The snapshot's traces as replay input: each device's
+    /// `device_traces` entries with its final segments. Devices are those of
+    /// [`Snapshot::devices`].
+    fn to_trace_input(&self) -> TraceInput;
+}
+
+impl ReadSnapshot for Snapshot {
+    fn from_value(value: &Value) -> Result<Snapshot, SchemaError> {
+        decode::decode(value).map(|d| d.snapshot)
+    }
+
+    fn decode(value: &Value) -> Result<Decoded, SchemaError> {
+        decode::decode(value)
+    }
+
+    fn from_pickle(bytes: &[u8]) -> Result<Snapshot, Error> {
+        let v = crate::pickle::from_slice(bytes)?;
+        Ok(Snapshot::from_value(&v)?)
+    }
+
+    fn read(path: impl AsRef<Path>) -> Result<Snapshot, Error> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Snapshot::from_pickle(&bytes)
+    }
+
+    fn to_trace_input(&self) -> TraceInput {
+        events::trace_input(self)
+    }
+}
+
+/// Why an input could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The file could not be read or written.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pickle itself is malformed or hostile.
+    #[error("pickle {0}")]
+    Pickle(#[from] PickleError),
+    /// The data has the wrong shape (names the key or index).
+    #[error("{0}")]
+    Schema(#[from] SchemaError),
+    /// A JSON input is not valid JSON.
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The input is none of the supported formats.
+    #[error("unrecognized input: {0}")]
+    UnknownFormat(String),
+}
+
+/// The kind of file [`load`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputFormat {
+    /// A PyTorch memory snapshot pickle, in the given layout.
+    Snapshot(SnapshotFormat),
+    /// The `alloc_data` JSON object of an old `_memory_viz.trace_plot` page.
+    AllocData,
+    /// The `alloc_event free_event size` log of the allocatorSim simulator.
+    AllocatorSimLog,
+}
+
+impl fmt::Display for InputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InputFormat::Snapshot(s) => write!(f, "snapshot: {s}"),
+            InputFormat::AllocData => f.write_str("alloc_data JSON (old _memory_viz page)"),
+            InputFormat::AllocatorSimLog => f.write_str("allocatorSim log (alloc free size)"),
+        }
+    }
+}
+
+/// What a loaded file holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoadedContent {
+    /// A snapshot (from a pickle).
+    Snapshot(Snapshot),
+    /// An event sequence without allocator state (the non-pickle formats).
+    Events(TraceInput),
+}
+
+/// A loaded input: its format, its content, and what the reader skipped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadedInput {
+    /// The format detected.
+    pub format: InputFormat,
+    /// The content.
+    pub content: LoadedContent,
+    /// Things skipped or guessed while reading, with counts.
+    pub warnings: Vec<String>,
+}
+
+impl LoadedInput {
+    /// The snapshot, for snapshot inputs.
+    pub fn snapshot(&self) -> Option<&Snapshot> {
+        match &self.content {
+            LoadedContent::Snapshot(s) => Some(s),
+            LoadedContent::Events(_) => None,
+        }
+    }
+
+    /// The input as replayable events (snapshots: see
+    /// [`ReadSnapshot::to_trace_input`]).
+    pub fn to_trace_input(&self) -> TraceInput {
+        match &self.content {
+            LoadedContent::Snapshot(s) => s.to_trace_input(),
+            LoadedContent::Events(t) => t.clone(),
+        }
+    }
+}
+
+/// Load a trace file of any supported kind (see [`load_bytes`]).
+pub fn load(path: impl AsRef<Path>) -> Result<LoadedInput, Error> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    load_bytes(&bytes)
+}
+
+/// Load trace data, sniffing the format: a pickle (first byte `PROTO`, or a
+/// protocol 0/1 pickle ending in `STOP`) is a snapshot; a JSON object is
+/// `alloc_data`; lines of three unsigned ints are an allocatorSim log.
+pub fn load_bytes(bytes: &[u8]) -> Result<LoadedInput, Error> {
+    let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
+    match first {
+        Some(pickle::op::PROTO) => load_pickle(bytes),
+        Some(b'{') => load_alloc_data(bytes),
+        Some(b) if b.is_ascii_digit() => load_allocator_sim_log(bytes),
+        Some(b) if pickle::opcode_name(b).is_some() && bytes.last() == Some(&pickle::op::STOP) => {
+            load_pickle(bytes)
+        }
+        Some(b) => Err(Error::UnknownFormat(format!("starts with byte {b:#04x}"))),
+        None => Err(Error::UnknownFormat("empty input".into())),
+    }
+}
+
+/// Load a snapshot pickle.
+pub fn load_pickle(bytes: &[u8]) -> Result<LoadedInput, Error> {
+    let v = crate::pickle::from_slice(bytes)?;
+    let d = decode::decode(&v)?;
+    Ok(LoadedInput {
+        format: InputFormat::Snapshot(d.format),
+        content: LoadedContent::Snapshot(d.snapshot),
+        warnings: d.warnings,
+    })
+}
+
+/// Load the `alloc_data` JSON object of an old `_memory_viz.trace_plot`
+/// page. Element `i` allocates `elements_size[i]` bytes; `actions` lists
+/// elements in time order, first occurrence = alloc, second = free
+/// (elements in `initially_allocated` are live at the start). When every
+/// element's interned stack starts with a `b<hex address>_<version> …`
+/// description (pages from PyTorch ≈2.1), the recorded addresses are used;
+/// otherwise element `i` gets the synthetic handle `i + 1`.
+pub fn load_alloc_data(bytes: &[u8]) -> Result<LoadedInput, Error> {
+    let json: serde_json::Value = serde_json::from_slice(bytes)?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| Error::UnknownFormat("JSON that is not an object".into()))?;
+    if !obj.contains_key("actions") || !obj.contains_key("elements_size") {
+        return Err(Error::UnknownFormat(
+            "JSON without alloc_data keys (actions, elements_size)".into(),
+        ));
+    }
+    let v = json_to_value(&json, 0).map_err(Error::UnknownFormat)?;
+    let (trace, warnings) = events::alloc_data(&v).map_err(decode::Fail::into_schema_error)?;
+    Ok(LoadedInput {
+        format: InputFormat::AllocData,
+        content: LoadedContent::Events(trace),
+        warnings,
+    })
+}
+
+/// Load an allocatorSim log: one line per block, `alloc_event free_event
+/// size`, both events indexing one shared counter. Block `k` (line order)
+/// gets the synthetic handle `k + 1`; the trace starts from an empty
+/// allocator.
+pub fn load_allocator_sim_log(bytes: &[u8]) -> Result<LoadedInput, Error> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| Error::UnknownFormat("log that is not UTF-8".into()))?;
+    let trace = events::allocator_sim_log(text).map_err(decode::Fail::into_schema_error)?;
+    Ok(LoadedInput {
+        format: InputFormat::AllocatorSimLog,
+        content: LoadedContent::Events(trace),
+        warnings: Vec::new(),
+    })
+}
+
+/// JSON → pickle value model, so one set of typed accessors serves both.
+/// serde_json bounds nesting at 128 while parsing; this stays within it.
+fn json_to_value(j: &serde_json::Value, depth: usize) -> Result<Value, String> {
+    if depth > 256 {
+        return Err("JSON nested too deeply".into());
+    }
+    Ok(match j {
+        serde_json::Value::Null => Value::None,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::Int(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                Value::Float(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(a) => Value::list(
+            a.iter()
+                .map(|x| json_to_value(x, depth + 1))
+                .collect::<Result<_, _>>()?,
+        ),
+        serde_json::Value::Object(o) => Value::dict(
+            o.iter()
+                .map(|(k, v)| Ok((Value::from(k.as_str()), json_to_value(v, depth + 1)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+    })
+}

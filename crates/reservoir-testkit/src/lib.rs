@@ -1,0 +1,17 @@
+//! # Reservoir testkit
+//!
+//! Test support shared by the crates of the workspace (not published):
+//!
+//! * [`conformance`]: stream-safety scenarios that drive a
+//!   [`CachingAllocator`](reservoir::CachingAllocator) over any backend with
+//!   the [`DeviceWork`](reservoir::backend::DeviceWork) and
+//!   [`Memcpy`](reservoir::backend::Memcpy) capabilities;
+//! * [`traces`]: the one locator of the real traces in `../shared/traces`;
+//! * the workspace's one seeded generator and one checksum live in the
+//!   allocator library ([`reservoir::rng::SplitMix64`],
+//!   [`reservoir::checksum`]), below every crate that uses them.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod conformance;
+pub mod traces;

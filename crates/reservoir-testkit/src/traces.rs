@@ -1,0 +1,50 @@
+//! The one locator of the real traces in `../shared/traces`, for every test,
+//! benchmark and example of the workspace.
+
+use std::path::{Path, PathBuf};
+
+/// The real-traces folder: `$RESERVOIR_TRACES` when set (`None` if it is not
+/// a folder), else `../shared/traces` beside the repository, or beside the
+/// folder holding it (a git worktree one level deeper). `None` when absent:
+/// callers skip with a message.
+pub fn shared_traces() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("RESERVOIR_TRACES") {
+        let p = PathBuf::from(p);
+        return p.is_dir().then_some(p);
+    }
+    // This crate sits at `<repository>/crates/reservoir-testkit`.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [
+        repo.join("../shared/traces"),
+        repo.join("../../shared/traces"),
+    ]
+    .into_iter()
+    .find(|p| p.is_dir())
+}
+
+/// The file `rel` of the real-traces folder ([`shared_traces`]), if present.
+pub fn shared_trace(rel: &str) -> Option<PathBuf> {
+    shared_traces().map(|d| d.join(rel)).filter(|p| p.is_file())
+}
+
+/// Every trace file under `dir`, recursively, in path order (the `.md`
+/// notes, such as `SOURCES.md`, are not traces).
+pub fn trace_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if !matches!(p.extension(), Some(x) if x == "md") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
