@@ -259,7 +259,7 @@ pub struct StartState {
     pub record_placements: bool,
     /// Break best-fit ties by address, as PyTorch's source does and
     /// recorded traces show (see
-    /// [`Seeder::rank_segments_by_address`](crate::caching::Seeder::rank_segments_by_address)).
+    /// [`Seeder::rank_segments_by_address`](reservoir::caching::Seeder::rank_segments_by_address)).
     pub address_order: bool,
 }
 
