@@ -44,6 +44,6 @@ mod model;
 
 pub use check::{ConsistencyError, Inconsistency};
 pub use model::{
-    AllocatorSettings, Block, BlockHistory, BlockState, ExternalAnnotation, ExtraKeys, Segment,
-    SegmentType, Snapshot,
+    AllocatorSettings, Block, BlockHistory, BlockState, ExternalAnnotation, ExtraKeys,
+    LayoutSummary, Segment, SegmentType, Snapshot,
 };

@@ -73,7 +73,6 @@ use reservoir::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSe
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
 use reservoir::sim::{AddressPolicy, HoldSemantics, SimConfig, SimDevice, DEFAULT_CAPACITY};
-use reservoir::snapshot::BlockState;
 
 /// A named allocator setting: a `PYTORCH_CUDA_ALLOC_CONF`-style string.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -972,28 +971,16 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
     /// The state now (after op `op`), and what the scan cost (segments plus
     /// blocks visited).
     fn peak_state(&self, op: usize, allocated: u64, reserved: u64) -> (PeakState, u64) {
-        let mut largest = 0;
-        let mut free_blocks = 0;
-        let mut blocks = 0;
-        let segments = self.alloc.segments();
-        for seg in &segments {
-            blocks += seg.blocks.len() as u64;
-            for b in &seg.blocks {
-                if b.state == BlockState::Inactive {
-                    free_blocks += 1;
-                    largest = largest.max(b.size);
-                }
-            }
-        }
+        let sum = self.alloc.layout_summary();
         let state = PeakState {
             op: op as u64,
             allocated,
             reserved,
-            segments: segments.len() as u64,
-            free_blocks,
-            largest_free_block: largest,
+            segments: sum.segments,
+            free_blocks: sum.free_blocks,
+            largest_free_block: sum.largest_free_block,
         };
-        (state, segments.len() as u64 + blocks)
+        (state, sum.segments + sum.blocks)
     }
 
     /// The state at the last peak, replaying again up to it if it was not

@@ -13,7 +13,7 @@ use reservoir::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSe
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
 use reservoir::sim::SimDevice;
-use reservoir::snapshot::Segment;
+use reservoir::snapshot::{LayoutSummary, Segment};
 use reservoir::stats::DeviceStats;
 
 /// An allocator the replay engine can drive on a [`SimDevice`]: PyTorch's
@@ -49,6 +49,13 @@ pub trait ReplayTarget {
 
     /// Every segment with its blocks, in address order.
     fn segments(&self) -> Vec<Segment>;
+
+    /// The counts of [`segments`](Self::segments), scanned at every new
+    /// peak of reserved memory; a target can answer without building the
+    /// list.
+    fn layout_summary(&self) -> LayoutSummary {
+        LayoutSummary::of(&self.segments())
+    }
 
     /// Reset the accumulated statistics (after seeding).
     fn reset_accumulated_stats(&self);
@@ -106,6 +113,10 @@ impl ReplayTarget for CachingAllocator<SimDevice> {
 
     fn segments(&self) -> Vec<Segment> {
         CachingAllocator::segments(self)
+    }
+
+    fn layout_summary(&self) -> LayoutSummary {
+        CachingAllocator::layout_summary(self)
     }
 
     fn reset_accumulated_stats(&self) {

@@ -37,6 +37,12 @@ impl DeviceState {
     pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.check_contexts()?;
         self.store.check_tiling().map_err(InvariantViolation)?;
+        let summary = self.layout_summary();
+        let counted = crate::snapshot::LayoutSummary::of(&self.segment_models(None));
+        ensure!(
+            summary == counted,
+            "layout summary {summary:?} differs from a count of the segments {counted:?}"
+        );
         let mut recount = DeviceStats::default();
         let mut reserved = 0u64;
         let mut pool_members = 0usize;

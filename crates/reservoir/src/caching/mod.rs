@@ -80,7 +80,7 @@ use crate::config::AllocatorConfig;
 use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
-use crate::snapshot::{Segment, Snapshot};
+use crate::snapshot::{LayoutSummary, Segment, Snapshot};
 use crate::stats::DeviceStats;
 use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
@@ -639,6 +639,12 @@ impl<B: Backend> CachingAllocator<B> {
     /// reports them (without recording a snapshot in the history).
     pub fn segments(&self) -> Vec<Segment> {
         self.state.lock().segment_models(None)
+    }
+
+    /// The counts of [`segments`](Self::segments) (segments, blocks, free
+    /// blocks, largest free block) without building the segment list.
+    pub fn layout_summary(&self) -> LayoutSummary {
+        self.state.lock().layout_summary()
     }
 
     /// Check every internal invariant: blocks tile their segments, free lists

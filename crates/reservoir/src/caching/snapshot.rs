@@ -10,7 +10,9 @@ use super::state::DeviceState;
 use crate::backend::StreamId;
 use crate::ids::MempoolId;
 use crate::pickle::Value;
-use crate::snapshot::{Block, BlockState, ExtraKeys, Segment, SegmentType, Snapshot};
+use crate::snapshot::{
+    Block, BlockState, ExtraKeys, LayoutSummary, Segment, SegmentType, Snapshot,
+};
 use crate::store::BlockId;
 use crate::trace::{Frame, TraceAction};
 
@@ -118,6 +120,31 @@ impl DeviceState {
         }
         segments.sort_by_key(|s| s.address);
         segments
+    }
+
+    /// What [`segment_models`](Self::segment_models)`(None)` would count,
+    /// without building the models: the replay scans it at every new peak.
+    pub(crate) fn layout_summary(&self) -> LayoutSummary {
+        let mut sum = LayoutSummary::default();
+        for (sid, s) in self.store.segments.items.iter().enumerate() {
+            if !s.live {
+                continue;
+            }
+            let mut in_run = false;
+            for id in self.store.segment_blocks(sid as u32) {
+                let b = &self.store.blocks[id];
+                if !b.mapped {
+                    in_run = false;
+                    continue;
+                }
+                if !in_run {
+                    sum.segments += 1;
+                    in_run = true;
+                }
+                sum.add_block(self.block_state(id), b.size);
+            }
+        }
+        sum
     }
 
     fn block_model(&self, id: BlockId, state: BlockState, empty: &Arc<[Frame]>) -> Block {

@@ -31,6 +31,44 @@ pub struct Snapshot {
     pub extra: ExtraKeys,
 }
 
+/// The shape of a segment list in four numbers: what a fragmentation scan
+/// reads, without building the [`Segment`]s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayoutSummary {
+    /// Segments, counting each mapped run of an expandable segment as one.
+    pub segments: u64,
+    /// Blocks in them.
+    pub blocks: u64,
+    /// Blocks in the [`BlockState::Inactive`] state.
+    pub free_blocks: u64,
+    /// The size of the largest of those (0 without any).
+    pub largest_free_block: u64,
+}
+
+impl LayoutSummary {
+    /// Count a segment list.
+    pub fn of(segments: &[Segment]) -> LayoutSummary {
+        let mut sum = LayoutSummary {
+            segments: segments.len() as u64,
+            ..LayoutSummary::default()
+        };
+        for b in segments.iter().flat_map(|s| &s.blocks) {
+            sum.add_block(b.state, b.size);
+        }
+        sum
+    }
+
+    /// Count one block.
+    #[inline]
+    pub fn add_block(&mut self, state: BlockState, size: u64) {
+        self.blocks += 1;
+        if state == BlockState::Inactive {
+            self.free_blocks += 1;
+            self.largest_free_block = self.largest_free_block.max(size);
+        }
+    }
+}
+
 /// One segment: a driver allocation, or one mapped run of an expandable
 /// segment (spec 2.3).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
