@@ -82,6 +82,9 @@ pub struct Capabilities {
     /// Work runs asynchronously: events may be pending when recorded and
     /// must be queried. Informational; the allocator always queries events.
     pub async_streams: bool,
+    /// The host can write device memory directly ([`Backend::write_host`]);
+    /// the heap allocator's scalar buffers need it.
+    pub host_visible: bool,
 }
 
 /// A device memory source: the whole contract a device must fulfil.
@@ -166,6 +169,26 @@ pub trait Backend: Send + Sync {
     /// does nothing.
     fn on_block_freed(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
         let _ = (ptr, size, stream);
+    }
+
+    /// The alignment of buffers placed inside one allocation by the heap
+    /// allocator (Metal's `heapBufferSizeAndAlignWithLength`): sizes are
+    /// rounded up to it and buffers start at multiples of it from the heap's
+    /// base. A power of two, at most 2 MiB. The default, 16 KiB, is the page
+    /// size of Apple silicon (`vm_page_size`).
+    fn heap_buffer_alignment(&self) -> u64 {
+        16 << 10
+    }
+
+    /// Write `data` at `ptr` from the host (needs
+    /// [`Capabilities::host_visible`]). The default answers
+    /// [`BackendError::Unsupported`].
+    fn write_host(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), BackendError> {
+        let _ = (ptr, data);
+        Err(BackendError::Unsupported {
+            backend: self.name(),
+            what: "write_host",
+        })
     }
 
     /// The optional capabilities this backend has.
