@@ -529,7 +529,17 @@ fn garbage_collection_stops_at_its_target_spec_4_3() {
     // 576 MiB allocated: 64 MiB above the low limit.
     assert_eq!(h.a.driver_allocated_memory(), 576 * MIB);
     let log = h.log();
-    h.malloc(200 * MIB);
+    let out: Arc<Mutex<Vec<String>>> = Arc::default();
+    h.a.set_debug_verbosity(DebugVerbosity::RELEASES);
+    tracing::subscriber::with_default(Collect(out.clone()), || h.malloc(200 * MIB));
+    let msgs = out.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 3, "{msgs:#?}");
+    assert!(msgs[0].starts_with("Released buffer #"));
+    assert!(msgs[1].starts_with("Released heap #"));
+    assert_eq!(
+        msgs[2],
+        "Garbage collected 1 buffers from large private pool (total reclaimed: 64.00 MB, #buffers: 8)"
+    );
     // One idle buffer (and its unsplit heap) released: the target reached,
     // GC stops although eight more are as old.
     assert_eq!(
@@ -895,6 +905,22 @@ fn debug_output_speaks_pytorchs_words_spec_4_5() {
     let msgs = out.lock().unwrap().clone();
     assert_eq!(msgs.len(), 1, "{msgs:?}");
     assert!(msgs[0].starts_with("Allocated private heap #2 of size 8.00 MB"));
+    // PROFILING: the watermark limits when they are set.
+    out.lock().unwrap().clear();
+    tracing::subscriber::with_default(Collect(out.clone()), || {
+        let mut s = HeapSettings::new(true);
+        s.debug = DebugVerbosity::PROFILING;
+        let a = HeapAllocator::new(sim(GIB), s).unwrap();
+        a.set_high_watermark_ratio(0.0).unwrap();
+    });
+    assert_eq!(
+        *out.lock().unwrap(),
+        [
+            "High watermark memory allocation limit: 1.70 GB",
+            "Low watermark memory allocation limit: 1.40 GB",
+            "High watermark memory allocation limit: unlimited"
+        ]
+    );
 }
 
 #[test]
