@@ -152,6 +152,15 @@ pub trait Backend: Send + Sync {
         let _ = (ptr, size, stream);
     }
 
+    /// The alignment of buffers placed inside one allocation by the heap
+    /// allocator (Metal's `heapBufferSizeAndAlignWithLength`): sizes are
+    /// rounded up to it and buffers start at multiples of it from the heap's
+    /// base. A power of two, at most 2 MiB. The default, 16 KiB, is the page
+    /// size of Apple silicon (`vm_page_size`).
+    fn heap_buffer_alignment(&self) -> u64 {
+        16 << 10
+    }
+
     /// The virtual-memory capability, if the backend has it.
     fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
         None
@@ -166,6 +175,20 @@ pub trait Backend: Send + Sync {
     fn as_device_work(&self) -> Option<&dyn DeviceWork> {
         None
     }
+
+    /// The host-write capability, if the host can write device memory
+    /// directly.
+    fn as_host_write(&self) -> Option<&dyn HostWrite> {
+        None
+    }
+}
+
+/// Host-write capability: the host writes device memory directly (unified
+/// or host-visible memory). The heap allocator's scalar buffers with a value
+/// need it (`allocScalarBufferWithValue`).
+pub trait HostWrite: Send + Sync {
+    /// Write `data` at `ptr` from the host.
+    fn write_host(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), BackendError>;
 }
 
 /// A reserved virtual address range.

@@ -6,6 +6,8 @@
 //! * [`caching::CachingAllocator`] is PyTorch's CUDA caching allocator, exact:
 //!   same rounding, pools, splitting, merging, retry chain, statistics and
 //!   out-of-memory text (see `../shared/spec/pytorch-allocator.md`).
+//! * [`heap::HeapAllocator`] is PyTorch's MPS heap allocator (heaps of
+//!   whole, never split buffers; watermarks; spec section 4).
 //! * [`backend::Backend`] is the small contract a device fulfils; the
 //!   [`sim`] module is a simulated device, the embedded default.
 //! * [`stats`], [`trace`], [`config`] mirror PyTorch's statistics, history and
@@ -38,6 +40,7 @@ pub mod debug;
 pub mod device_allocator;
 pub mod error;
 pub mod format;
+pub mod heap;
 pub mod ids;
 pub mod pickle;
 pub mod rng;

@@ -134,6 +134,7 @@ mod cnum;
 mod cuda;
 mod env;
 mod error;
+pub mod heap;
 mod keys;
 mod policy;
 mod settings;

@@ -4,6 +4,7 @@ mod async_sim;
 mod common;
 mod errors;
 mod expandable;
+mod heap;
 mod model;
 mod observe;
 mod pools;

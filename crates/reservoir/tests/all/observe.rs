@@ -874,7 +874,7 @@ fn verbosity_parsing() {
 }
 
 /// A subscriber keeping the messages of `reservoir::debug` events.
-struct Collect(Arc<Mutex<Vec<String>>>);
+pub(crate) struct Collect(pub(crate) Arc<Mutex<Vec<String>>>);
 
 impl tracing::Subscriber for Collect {
     fn register_callsite(

@@ -1,0 +1,226 @@
+//! Settings of the MPS-style heap allocator ([`HeapAllocator`](crate::heap::HeapAllocator)):
+//! the watermark ratios (spec 4.4) and the debug bitmask (spec 4.5), read
+//! from PyTorch's environment variables by `MPSHeapAllocatorImpl::init_allocator`.
+//!
+//! | variable | default | valid | meaning |
+//! |---|---|---|---|
+//! | [`ENV_HIGH_WATERMARK_RATIO`] | 1.7 | `[0, 2.0]` | hard limit = ratio × recommended max memory; 0 = unlimited |
+//! | [`ENV_LOW_WATERMARK_RATIO`] | 1.4 unified, 1.0 discrete | `[0, high]` (`[0, 2.0]` if high is 0) | soft limit (memory pressure, GC); 0 = GC off |
+//! | [`ENV_DEBUG`] | 0 | any `strtol(s, NULL, 0)` value | the [`DebugVerbosity`] bitmask |
+//!
+//! PyTorch reads the ratios with `strtod(s, nullptr)`, which turns text that
+//! is not a number into 0.0 (silently disabling the limit); Reservoir
+//! refuses such text with [`HeapSettingsError::NotANumber`] instead. A
+//! ratio outside its range is PyTorch's `TORCH_CHECK` failure "invalid high
+//! watermark ratio {r}" / "invalid low watermark ratio {r}", here
+//! [`HeapSettingsError::InvalidHighWatermark`] / [`HeapSettingsError::InvalidLowWatermark`].
+//! The debug value follows C's `strtol` with base 0 exactly (see [`strtol_base0`]):
+//! leading blanks, an optional sign, `0x` hexadecimal, a leading `0` for
+//! octal, trailing text ignored, no digits = 0; the bits above 16 are dropped.
+
+use crate::debug::DebugVerbosity;
+
+/// `PYTORCH_MPS_HIGH_WATERMARK_RATIO`.
+pub const ENV_HIGH_WATERMARK_RATIO: &str = "PYTORCH_MPS_HIGH_WATERMARK_RATIO";
+/// `PYTORCH_MPS_LOW_WATERMARK_RATIO`.
+pub const ENV_LOW_WATERMARK_RATIO: &str = "PYTORCH_MPS_LOW_WATERMARK_RATIO";
+/// `PYTORCH_DEBUG_MPS_ALLOCATOR`.
+pub const ENV_DEBUG: &str = "PYTORCH_DEBUG_MPS_ALLOCATOR";
+
+/// Default high watermark ratio (`default_high_watermark_ratio`).
+pub const DEFAULT_HIGH_WATERMARK_RATIO: f64 = 1.7;
+/// Largest valid high watermark ratio (`default_high_watermark_upper_bound`).
+pub const HIGH_WATERMARK_UPPER_BOUND: f64 = 2.0;
+/// Default low watermark ratio on unified memory.
+pub const DEFAULT_LOW_WATERMARK_RATIO_UNIFIED: f64 = 1.4;
+/// Default low watermark ratio on a discrete GPU.
+pub const DEFAULT_LOW_WATERMARK_RATIO_DISCRETE: f64 = 1.0;
+
+/// Settings of one heap allocator. Plain data; [`HeapSettings::new`] gives
+/// PyTorch's defaults, [`HeapSettings::from_env`] reads the environment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeapSettings {
+    /// The device has unified memory (Apple silicon): decides the low
+    /// watermark default, the extra-large heap size (spec 4.2 step 7), the
+    /// shared pool for ≤ 8-byte requests and whether the shared allocator
+    /// exists.
+    pub unified_memory: bool,
+    /// High watermark ratio (spec 4.4).
+    pub high_watermark_ratio: f64,
+    /// Low watermark ratio (spec 4.4).
+    pub low_watermark_ratio: f64,
+    /// Debug output (spec 4.5).
+    pub debug: DebugVerbosity,
+    /// `device.recommendedMaxWorkingSetSize`; `None` = the backend's
+    /// `mem_info().total`.
+    pub recommended_max_memory: Option<u64>,
+    /// `device.maxBufferLength`: requests must be smaller ("Invalid buffer
+    /// size"); `None` = the backend's `mem_info().total`.
+    pub max_buffer_length: Option<u64>,
+    /// Reservoir's choice between the two free paths of spec 4.3: true (the
+    /// default, MPS-N) parks a freed buffer whose recorded events are still
+    /// pending in the pending-free set until they complete; false (PyTorch
+    /// 2.x) makes it available at once, still busy (its retain count > 1),
+    /// which is what the retain-count branches of 4.2 step 5 and of garbage
+    /// collection look at.
+    pub free_waits_for_events: bool,
+}
+
+impl HeapSettings {
+    /// PyTorch's defaults for a unified or discrete device.
+    pub fn new(unified_memory: bool) -> HeapSettings {
+        HeapSettings {
+            unified_memory,
+            high_watermark_ratio: DEFAULT_HIGH_WATERMARK_RATIO,
+            low_watermark_ratio: default_low_watermark_ratio(unified_memory),
+            debug: DebugVerbosity::OFF,
+            recommended_max_memory: None,
+            max_buffer_length: None,
+            free_waits_for_events: true,
+        }
+    }
+
+    /// The defaults, overridden by [`ENV_HIGH_WATERMARK_RATIO`],
+    /// [`ENV_LOW_WATERMARK_RATIO`] and [`ENV_DEBUG`] where set.
+    pub fn from_env(unified_memory: bool) -> Result<HeapSettings, HeapSettingsError> {
+        HeapSettings::from_lookup(unified_memory, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`from_env`](Self::from_env), with the variables looked up by `get`.
+    pub fn from_lookup(
+        unified_memory: bool,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<HeapSettings, HeapSettingsError> {
+        let mut s = HeapSettings::new(unified_memory);
+        if let Some(v) = get(ENV_DEBUG) {
+            s.debug = debug_from_strtol(strtol_base0(&v));
+        }
+        if let Some(v) = get(ENV_HIGH_WATERMARK_RATIO) {
+            s.high_watermark_ratio = parse_ratio(ENV_HIGH_WATERMARK_RATIO, &v)?;
+        }
+        if let Some(v) = get(ENV_LOW_WATERMARK_RATIO) {
+            s.low_watermark_ratio = parse_ratio(ENV_LOW_WATERMARK_RATIO, &v)?;
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Check both ratios against their ranges, high first (as PyTorch sets
+    /// them).
+    pub fn validate(&self) -> Result<(), HeapSettingsError> {
+        check_high_watermark(self.high_watermark_ratio)?;
+        check_low_watermark(self.low_watermark_ratio, self.high_watermark_ratio)
+    }
+}
+
+/// The low watermark default: 1.4 on unified memory, 1.0 on a discrete GPU.
+pub fn default_low_watermark_ratio(unified_memory: bool) -> f64 {
+    if unified_memory {
+        DEFAULT_LOW_WATERMARK_RATIO_UNIFIED
+    } else {
+        DEFAULT_LOW_WATERMARK_RATIO_DISCRETE
+    }
+}
+
+/// `setHighWatermarkRatio`'s check: `0 <= ratio <= 2.0`.
+pub fn check_high_watermark(ratio: f64) -> Result<(), HeapSettingsError> {
+    if (0.0..=HIGH_WATERMARK_UPPER_BOUND).contains(&ratio) {
+        Ok(())
+    } else {
+        Err(HeapSettingsError::InvalidHighWatermark(ratio))
+    }
+}
+
+/// `setLowWatermarkRatio`'s check: `0 <= ratio <= high` (`<= 2.0` when the
+/// high watermark is disabled).
+pub fn check_low_watermark(ratio: f64, high: f64) -> Result<(), HeapSettingsError> {
+    let limit = if high == 0.0 {
+        HIGH_WATERMARK_UPPER_BOUND
+    } else {
+        high
+    };
+    if (0.0..=limit).contains(&ratio) {
+        Ok(())
+    } else {
+        Err(HeapSettingsError::InvalidLowWatermark(ratio))
+    }
+}
+
+fn parse_ratio(var: &'static str, value: &str) -> Result<f64, HeapSettingsError> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|r| !r.is_nan())
+        .ok_or_else(|| HeapSettingsError::NotANumber {
+            var,
+            value: value.to_string(),
+        })
+}
+
+/// The verbosity of a `strtol` value: its low five bits (PyTorch tests the
+/// bits one by one, so higher bits have no effect).
+pub fn debug_from_strtol(value: i64) -> DebugVerbosity {
+    DebugVerbosity::from_bits((value as u32) & 31).unwrap_or_default()
+}
+
+/// C's `strtol(s, NULL, 0)`: leading white space, an optional sign, then
+/// `0x`/`0X` + hexadecimal digits, `0` + octal digits, or decimal digits;
+/// parsing stops at the first character that is not a digit of the base;
+/// no digits gives 0; overflow saturates at `i64::MIN`/`i64::MAX` (`LONG_MIN`/`LONG_MAX`).
+pub fn strtol_base0(s: &str) -> i64 {
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c) {
+        i += 1;
+    }
+    let negative = match b.get(i) {
+        Some(b'-') => {
+            i += 1;
+            true
+        }
+        Some(b'+') => {
+            i += 1;
+            false
+        }
+        _ => false,
+    };
+    let mut radix = 10;
+    if b.get(i) == Some(&b'0') {
+        if matches!(b.get(i + 1), Some(b'x' | b'X'))
+            && b.get(i + 2).is_some_and(|c| c.is_ascii_hexdigit())
+        {
+            radix = 16;
+            i += 2;
+        } else {
+            radix = 8;
+        }
+    }
+    let mut value: i128 = 0;
+    while let Some(d) = b.get(i).and_then(|&c| (c as char).to_digit(radix)) {
+        value = (value * radix as i128 + d as i128).min(i64::MAX as i128 + 1);
+        i += 1;
+    }
+    let value = if negative { -value } else { value };
+    value.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+}
+
+/// A heap allocator setting that is refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeapSettingsError {
+    /// PyTorch's "invalid high watermark ratio {r}" (valid: `[0, 2.0]`).
+    #[error("invalid high watermark ratio {0}")]
+    InvalidHighWatermark(f64),
+    /// PyTorch's "invalid low watermark ratio {r}" (valid: `[0, high]`).
+    #[error("invalid low watermark ratio {0}")]
+    InvalidLowWatermark(f64),
+    /// An environment variable that is not a number.
+    #[error("{var}={value:?} is not a number")]
+    NotANumber {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+}

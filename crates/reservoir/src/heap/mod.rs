@@ -1,0 +1,575 @@
+//! The MPS heap allocator: PyTorch's `MPSHeapAllocatorImpl` and its
+//! `IMPSAllocator` surface (`aten/src/ATen/mps/MPSAllocator.{h,mm}`,
+//! `MPSAllocatorInterface.h`; spec section 4), over any [`Backend`].
+//!
+//! A *heap* is one [`Backend::allocate`] (Metal's `MTLHeap`); a *buffer* is
+//! a sub-range placed inside a heap (`newBufferWithLength`). Buffers are
+//! never split or merged: a cached buffer is reused whole.
+//!
+//! * Spec 4.1 (`types.rs`): the size constants
+//!   ([`MAX_SMALL_ALLOC`] ... [`MAX_SCALAR_ALLOC`]), [`UsageFlags`] with
+//!   their [`ResourceOptions`], the five [`PoolKind`]s.
+//! * Spec 4.2 (`state.rs`): [`HeapAllocator::malloc`] runs
+//!   `alloc_buffer_block` step by step: "Invalid buffer size" unless
+//!   `size < max_buffer_length`; the size rounded up to the backend's
+//!   [`heap_buffer_alignment`](Backend::heap_buffer_alignment); the pool;
+//!   memory pressure; `get_free_buffer` (high watermark, gc aging, best fit
+//!   by (size, address), whole reuse up to 32 MiB larger, the four
+//!   oversize branches); on a miss garbage collection under pressure, then
+//!   `alloc_buffer` → `ALLOCATION_FAILED` callbacks + `get_free_buffer` →
+//!   `release_available_cached_buffers` + `alloc_buffer` →
+//!   `release_cached_buffers` + `alloc_buffer`, in that order; heaps of
+//!   8 MiB / 32 MiB / extra-large (1 GiB unified, 128 MiB discrete) or a
+//!   single-buffer heap rounded to 2 MiB; the out-of-memory text word for
+//!   word (with PyTorch's own `format_size`, "KB"/"MB"/"GB": [`format_size`]).
+//! * Spec 4.3 (`release.rs`): free, `release_buffer` (heaps released when
+//!   empty), `release_available_cached_buffers`, `release_cached_buffers`
+//!   ([`HeapAllocator::empty_cache`], which synchronises the default stream
+//!   with the lock released), garbage collection that stops at its target.
+//! * Spec 4.4: watermarks and limits ([`crate::config::heap`]).
+//! * Spec 4.5: [`CallbackRegistry`] events and [`DebugVerbosity`] messages
+//!   through `tracing` (target [`crate::debug::TARGET`]).
+//!
+//! **Retain counts and pending work.** Metal's `retainCount > 1` means a
+//! command buffer still holds the buffer. Here it is work recorded for the
+//! buffer with [`HeapAllocator::record_events`]: the retain count is one
+//! plus the buffer's recorded events not yet complete. A buffer freed while
+//! busy goes to the pending set (`buffers_pending_free`, MPS-N behaviour;
+//! [`HeapSettings::free_waits_for_events`] = false gives 2.x's immediate
+//! return) and comes back when its work completes. Completion handlers are
+//! polled from the backend's events at the start of every operation and by
+//! [`HeapAllocator::free_inactive_buffers`]. A freed scalar buffer waits
+//! for the work already enqueued on the default stream (PyTorch's
+//! completion handler). A buffer released while busy keeps its range
+//! occupied until its work completes (the heap is then in
+//! `heaps_pending_update`); a heap released while such a range remains
+//! leaves the pool and the totals at once and goes back to the device when
+//! the work completes (ARC's deferred free).
+//!
+//! **Callbacks.** PyTorch 2.x fires only `ALLOCATION_FAILED`; Reservoir
+//! fires all five [`EventType`]s:
+//!
+//! | event | moment | `ptr` / `size` |
+//! |---|---|---|
+//! | `Allocated` | a new buffer was placed in a heap (`alloc_buffer`) | buffer / its size |
+//! | `Recycled` | an available buffer was reused (`get_free_buffer`) | buffer / its size |
+//! | `Freed` | a buffer went back to its pool's available buffers | buffer / its size |
+//! | `Released` | a buffer was released from its heap (`release_buffer`, as MPS 1.13 did) | buffer / its size |
+//! | `AllocationFailed` | the first `alloc_buffer` of the failure chain failed; fired with the lock released, so a callback may free memory before the next search (2.x's place) | null / the aligned size |
+//!
+//! All but `AllocationFailed` fire under the allocator's lock: those
+//! callbacks must not call the allocator.
+//!
+//! **Observability.** [`HeapAllocator::stats`] counts heaps as segments
+//! (`segment`, `reserved_bytes`), buffers in use as allocations, in-use and
+//! pending buffers as active; cached buffers appear in no counter but
+//! `reserved_bytes` (there is no splitting, so `inactive_split` stays 0).
+//! [`HeapAllocator::snapshot`] builds the caching allocator's
+//! [`Snapshot`] model: heaps as segments, buffers
+//! and free space as blocks. [`HeapAllocator::check_invariants`] checks
+//! every heap's tiling, every free list and every counter.
+//!
+//! ```
+//! use reservoir::config::heap::HeapSettings;
+//! use reservoir::heap::{HeapAllocator, UsageFlags};
+//! use reservoir::sim::SimDevice;
+//!
+//! let a = HeapAllocator::new(SimDevice::default(), HeapSettings::new(true)).unwrap();
+//! let p = a.malloc(3 << 20, UsageFlags::PRIVATE).unwrap();
+//! // A 3 MiB buffer lives in a new 32 MiB heap.
+//! assert_eq!(a.total_allocated_memory(), 32 << 20);
+//! a.free(p).unwrap();
+//! a.empty_cache().unwrap();
+//! assert_eq!(a.total_allocated_memory(), 0);
+//! ```
+
+mod check;
+mod release;
+mod state;
+mod types;
+
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+
+pub use types::{
+    format_size, PoolKind, ResourceOptions, StorageMode, UsageFlags, LARGE_HEAP, MAX_SCALAR_ALLOC,
+    MAX_SMALL_ALLOC, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_HEAP, XLARGE_HEAP_DISCRETE,
+    XLARGE_HEAP_UNIFIED,
+};
+
+use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
+use crate::config::heap::{check_high_watermark, check_low_watermark, HeapSettings};
+use crate::debug::{DebugVerbosity, TARGET};
+use crate::error::{AllocError, OutOfMemoryError};
+use crate::snapshot::Snapshot;
+use crate::stats::DeviceStats;
+use crate::store::BlockId;
+use state::{BufState, Params, State};
+
+/// PyTorch's MPS heap allocator over a [`Backend`]. See the
+/// [module documentation](self).
+pub struct HeapAllocator<B: Backend> {
+    backend: B,
+    state: Mutex<State>,
+    callbacks: Arc<CallbackRegistry>,
+}
+
+impl<B: Backend> HeapAllocator<B> {
+    /// An allocator on `backend`. The recommended max memory and the max
+    /// buffer length default to the backend's `mem_info().total`. Fails when
+    /// a watermark ratio is out of range or the backend cannot say its
+    /// memory size.
+    pub fn new(backend: B, settings: HeapSettings) -> Result<HeapAllocator<B>, AllocError> {
+        settings
+            .validate()
+            .map_err(|e| AllocError::InvalidArgument(e.to_string()))?;
+        let alignment = backend.heap_buffer_alignment();
+        if !alignment.is_power_of_two() || alignment > ROUND_LARGE {
+            return Err(AllocError::InvalidArgument(format!(
+                "heap buffer alignment {alignment} is not a power of two of at most 2 MiB"
+            )));
+        }
+        let total = backend.mem_info()?.total;
+        let callbacks = Arc::new(CallbackRegistry::new());
+        let state = State::new(&settings, total, alignment, callbacks.clone());
+        Ok(HeapAllocator {
+            backend,
+            state: Mutex::new(state),
+            callbacks,
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The callback registry (spec 4.5; see the [module documentation](self)).
+    pub fn callbacks(&self) -> &Arc<CallbackRegistry> {
+        &self.callbacks
+    }
+
+    /// The private front-end allocator (`getIMPSAllocator(false)`).
+    pub fn private_allocator(&self) -> MpsAllocator<'_, B> {
+        self.front_end(UsageFlags::PRIVATE)
+    }
+
+    /// The shared front-end allocator (`getIMPSAllocator(true)`): `None` on
+    /// a discrete device, where shared storage is not supported.
+    pub fn shared_allocator(&self) -> Option<MpsAllocator<'_, B>> {
+        self.is_shared_storage_supported()
+            .then(|| self.front_end(UsageFlags::SHARED))
+    }
+
+    fn front_end(&self, usage: UsageFlags) -> MpsAllocator<'_, B> {
+        let g = self.state.lock();
+        if !g.debug.is_off() {
+            let shared = usage.contains(UsageFlags::SHARED);
+            tracing::info!(
+                target: TARGET,
+                "Initializing {} heap allocator on {} device memory of size {}",
+                if shared { "shared" } else { "private" },
+                if g.unified { "unified" } else { "discrete" },
+                format_size(g.max_device_size)
+            );
+        }
+        MpsAllocator { heap: self, usage }
+    }
+
+    /// `isSharedStorageSupported`: true on unified memory.
+    pub fn is_shared_storage_supported(&self) -> bool {
+        self.state.lock().unified
+    }
+
+    /// `malloc(size, usage)`: a buffer of at least `size` bytes (spec 4.2).
+    /// Size 0 and sizes of at least the max buffer length ("Invalid buffer
+    /// size") are [`AllocError::InvalidArgument`] and change nothing; a
+    /// request the device cannot hold is [`AllocError::OutOfMemory`] with
+    /// PyTorch's text.
+    pub fn malloc(&self, size: u64, usage: UsageFlags) -> Result<DevicePtr, AllocError> {
+        let mut g = self.state.lock();
+        let b = self.alloc_buffer_block(&mut g, size, usage)?;
+        Ok(DevicePtr(g.addr(b)))
+    }
+
+    /// `alloc_buffer_block` (spec 4.2).
+    fn alloc_buffer_block(
+        &self,
+        g: &mut MutexGuard<'_, State>,
+        size: u64,
+        usage: UsageFlags,
+    ) -> Result<BlockId, AllocError> {
+        let dev: &dyn Backend = &self.backend;
+        if size == 0 {
+            return Err(AllocError::InvalidArgument(
+                "a buffer of 0 bytes (the front-end allocators return null for it)".into(),
+            ));
+        }
+        if size >= g.max_buffer_size {
+            return Err(AllocError::InvalidArgument(format!(
+                "Invalid buffer size: {}",
+                format_size(size)
+            )));
+        }
+        g.poll(dev)?;
+        let alloc_size = g.allocation_size(size);
+        let pool = g.pool_for(size, alloc_size, usage);
+        let mut p = Params {
+            size: alloc_size,
+            requested: size,
+            pool,
+            pressure: !pool.is_small() && g.low_watermark_value(dev) <= 0,
+            found: None,
+        };
+        let mut found = g.get_free_buffer(dev, &mut p)?;
+        if !found {
+            if p.pressure && alloc_size < g.pools[pool.index()].available_size {
+                g.garbage_collect(dev, pool)?;
+            }
+            found = g.alloc_buffer(dev, &mut p)?;
+            // Doubt: 2.x's trigger_memory_callbacks result decides whether
+            // get_free_buffer runs again; here it does when a callback is
+            // registered.
+            if !found && self.callbacks.is_active() {
+                let event = AllocatorEvent {
+                    event: EventType::AllocationFailed,
+                    device: 0,
+                    ptr: DevicePtr::NULL,
+                    size: alloc_size,
+                    stream: StreamId::DEFAULT,
+                };
+                MutexGuard::unlocked(g, || self.callbacks.fire(&event));
+                g.poll(dev)?;
+                found = g.get_free_buffer(dev, &mut p)?;
+            }
+            if !found && g.release_available_cached_buffers(dev, alloc_size, pool)? {
+                found = g.alloc_buffer(dev, &mut p)?;
+            }
+            if !found {
+                g.stats.num_alloc_retries += 1;
+                self.release_cached_buffers(g)?;
+                found = g.alloc_buffer(dev, &mut p)?;
+            }
+        }
+        match p.found.filter(|_| found) {
+            Some(b) => {
+                g.hand_out(b, size);
+                Ok(b)
+            }
+            None => {
+                g.stats.num_ooms += 1;
+                let info = dev.mem_info().unwrap_or_default();
+                let allowed = (g.high_ratio > 0.0).then_some(g.max_total_allowed);
+                Err(AllocError::OutOfMemory(Box::new(OutOfMemoryError {
+                    message: g.oom_message(dev, alloc_size, pool),
+                    device: 0,
+                    requested: size,
+                    alloc_size,
+                    stream: StreamId::DEFAULT,
+                    device_free: info.free,
+                    device_total: info.total,
+                    allowed,
+                })))
+            }
+        }
+    }
+
+    /// `release_cached_buffers` (spec 4.3): with the lock released, wait for
+    /// the default stream; then run the completion handlers and release
+    /// every available buffer of every pool (heaps freed as they empty).
+    fn release_cached_buffers(&self, g: &mut MutexGuard<'_, State>) -> Result<(), AllocError> {
+        let dev: &dyn Backend = &self.backend;
+        if !g.debug.is_off() {
+            let mps = g.total_allocated;
+            let other = g.device_allocated(dev).saturating_sub(mps);
+            tracing::info!(
+                target: TARGET,
+                "Attempting to release cached buffers (MPS allocated: {}, other allocations: {})",
+                format_size(mps),
+                format_size(other)
+            );
+        }
+        MutexGuard::unlocked(g, || dev.synchronize_stream(StreamId::DEFAULT))?;
+        g.stats.num_sync_all_streams += 1;
+        g.poll(dev)?;
+        for pool in PoolKind::ALL {
+            g.release_buffers(dev, pool)?;
+        }
+        Ok(())
+    }
+
+    /// The caller's `free(ptr)` (spec 4.3). A pointer that is not a buffer
+    /// in use (foreign, or freed twice) is [`AllocError::InvalidPointer`]
+    /// and changes nothing.
+    pub fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        let mut g = self.state.lock();
+        let b = in_use(&g, ptr)?;
+        g.free(&self.backend, b)?;
+        g.poll(&self.backend)
+    }
+
+    /// `emptyCache` (spec 4.3): `release_cached_buffers`.
+    pub fn empty_cache(&self) -> Result<(), AllocError> {
+        let mut g = self.state.lock();
+        self.release_cached_buffers(&mut g)
+    }
+
+    /// `freeInactiveBuffers`: run the completion handlers now (pending
+    /// frees whose work is done go back to their pools, released ranges
+    /// whose work is done become free).
+    pub fn free_inactive_buffers(&self) -> Result<(), AllocError> {
+        self.state.lock().poll(&self.backend)
+    }
+
+    /// `recordEvents`: record an event on `stream` for each buffer (in use),
+    /// which keeps its retain count above 1 until the work enqueued on
+    /// `stream` so far completes. True when every pointer was a buffer in
+    /// use; unknown pointers are skipped.
+    pub fn record_events(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<bool, AllocError> {
+        let mut g = self.state.lock();
+        let mut all = true;
+        for &ptr in ptrs {
+            match in_use(&g, ptr) {
+                Ok(b) => {
+                    let e = self.backend.record_event(stream)?;
+                    g.bufs.get_mut(&b).expect("a buffer").events.push(e);
+                }
+                Err(_) => all = false,
+            }
+        }
+        Ok(all)
+    }
+
+    /// `waitForEvents`: block until the recorded work of each buffer is
+    /// done. True when every pointer was a live buffer.
+    pub fn wait_for_events(&self, ptrs: &[DevicePtr]) -> Result<bool, AllocError> {
+        let mut events = Vec::new();
+        let mut all = true;
+        {
+            let g = self.state.lock();
+            for ptr in ptrs {
+                match g.ptrs.get(&ptr.0) {
+                    Some(b) => events.extend(g.bufs[b].events.iter().copied()),
+                    None => all = false,
+                }
+            }
+        }
+        for e in events {
+            self.backend.synchronize_event(e)?;
+        }
+        self.free_inactive_buffers()?;
+        Ok(all)
+    }
+
+    /// `allocScalarBufferWithValue`: a scalar buffer (at most 8 bytes)
+    /// holding `value`. Needs a backend the host can write
+    /// ([`Backend::as_host_write`](crate::backend::Backend::as_host_write));
+    /// otherwise [`BackendError::Unsupported`], with nothing changed.
+    pub fn alloc_scalar_buffer_with_value(&self, value: &[u8]) -> Result<DevicePtr, AllocError> {
+        let Some(host) = self.backend.as_host_write() else {
+            return Err(BackendError::Unsupported {
+                backend: self.backend.name(),
+                what: "scalar buffers with a value (no host-visible memory)",
+            }
+            .into());
+        };
+        if value.len() as u64 > MAX_SCALAR_ALLOC {
+            return Err(AllocError::InvalidArgument(format!(
+                "a scalar buffer holds at most {MAX_SCALAR_ALLOC} bytes, not {}",
+                value.len()
+            )));
+        }
+        let ptr = self.malloc(value.len() as u64, UsageFlags::SCALAR)?;
+        if let Err(e) = host.write_host(ptr, value) {
+            self.free(ptr)?;
+            return Err(e.into());
+        }
+        Ok(ptr)
+    }
+
+    /// `isSharedBuffer`: the pointer is a live buffer of a shared pool.
+    pub fn is_shared_buffer(&self, ptr: DevicePtr) -> bool {
+        let g = self.state.lock();
+        g.ptrs
+            .get(&ptr.0)
+            .is_some_and(|&b| g.pool_of(b).is_shared())
+    }
+
+    /// `is_pinned_mps`: the shared allocator's `isSharedBuffer`.
+    pub fn is_pinned_ptr(&self, ptr: DevicePtr) -> bool {
+        self.is_shared_buffer(ptr)
+    }
+
+    /// `getUnalignedBufferSize`: the requested size of a live buffer
+    /// (PyTorch's -1 for an unknown pointer is `None`).
+    pub fn unaligned_buffer_size(&self, ptr: DevicePtr) -> Option<u64> {
+        let g = self.state.lock();
+        g.ptrs.get(&ptr.0).map(|b| g.bufs[b].requested)
+    }
+
+    /// `getBufferId`: the buffer's number, 0 for an unknown pointer.
+    pub fn buffer_id(&self, ptr: DevicePtr) -> u64 {
+        let g = self.state.lock();
+        g.ptrs.get(&ptr.0).map_or(0, |b| g.bufs[b].id)
+    }
+
+    /// `getBufferShape`: the shape set on a live buffer (empty if none).
+    pub fn buffer_shape(&self, ptr: DevicePtr) -> Vec<i64> {
+        let g = self.state.lock();
+        g.ptrs
+            .get(&ptr.0)
+            .map(|b| g.bufs[b].shape.clone())
+            .unwrap_or_default()
+    }
+
+    /// `setBufferShape`: remember a shape on a live buffer (cleared when it
+    /// is freed). An unknown pointer is [`AllocError::InvalidPointer`].
+    pub fn set_buffer_shape(&self, ptr: DevicePtr, shape: &[i64]) -> Result<(), AllocError> {
+        let mut g = self.state.lock();
+        let b = *g
+            .ptrs
+            .get(&ptr.0)
+            .ok_or(AllocError::InvalidPointer { ptr })?;
+        g.bufs.get_mut(&b).expect("a buffer").shape = shape.to_vec();
+        Ok(())
+    }
+
+    /// `getTotalAllocatedMemory`: bytes of the heaps.
+    pub fn total_allocated_memory(&self) -> u64 {
+        self.state.lock().total_allocated
+    }
+
+    /// `getCurrentAllocatedMemory`: bytes of the buffers in use (and freed
+    /// buffers still pending).
+    pub fn current_allocated_memory(&self) -> u64 {
+        self.state.lock().current_allocated
+    }
+
+    /// `getDriverAllocatedMemory`: what the device has handed out to anyone
+    /// (`device.currentAllocatedSize`).
+    pub fn driver_allocated_memory(&self) -> u64 {
+        self.state.lock().device_allocated(&self.backend)
+    }
+
+    /// `recommendedMaxWorkingSetSize`.
+    pub fn recommended_max_memory(&self) -> u64 {
+        self.state.lock().max_device_size
+    }
+
+    /// `getLowWatermarkValue` (spec 4.4).
+    pub fn low_watermark_value(&self) -> i64 {
+        self.state.lock().low_watermark_value(&self.backend)
+    }
+
+    /// `getLowWatermarkLimit` (`u64::MAX` when disabled).
+    pub fn low_watermark_limit(&self) -> u64 {
+        self.state.lock().low_limit
+    }
+
+    /// `getHighWatermarkLimit` (`u64::MAX` when unlimited).
+    pub fn high_watermark_limit(&self) -> u64 {
+        self.state.lock().max_total_allowed
+    }
+
+    /// The high and low watermark ratios.
+    pub fn watermark_ratios(&self) -> (f64, f64) {
+        let g = self.state.lock();
+        (g.high_ratio, g.low_ratio)
+    }
+
+    /// `setHighWatermarkRatio` (`torch.mps.set_per_process_memory_fraction`):
+    /// valid `[0, 2.0]`, else an error and nothing changes.
+    pub fn set_high_watermark_ratio(&self, ratio: f64) -> Result<(), AllocError> {
+        check_high_watermark(ratio).map_err(|e| AllocError::InvalidArgument(e.to_string()))?;
+        self.state.lock().set_high_ratio(ratio);
+        Ok(())
+    }
+
+    /// `setLowWatermarkRatio`: valid `[0, high]` (`[0, 2.0]` when high is
+    /// 0), else an error and nothing changes.
+    pub fn set_low_watermark_ratio(&self, ratio: f64) -> Result<(), AllocError> {
+        let mut g = self.state.lock();
+        check_low_watermark(ratio, g.high_ratio)
+            .map_err(|e| AllocError::InvalidArgument(e.to_string()))?;
+        g.set_low_ratio(ratio);
+        Ok(())
+    }
+
+    /// `formatSize`: the MPS [`format_size`].
+    pub fn format_size(&self, size: u64) -> String {
+        format_size(size)
+    }
+
+    /// The debug bitmask in force.
+    pub fn debug_verbosity(&self) -> DebugVerbosity {
+        self.state.lock().debug
+    }
+
+    /// Change the debug bitmask.
+    pub fn set_debug_verbosity(&self, v: DebugVerbosity) {
+        self.state.lock().debug = v;
+    }
+
+    /// The statistics (see the [module documentation](self)).
+    pub fn stats(&self) -> DeviceStats {
+        self.state.lock().stats
+    }
+
+    /// The heaps and buffers as a [`Snapshot`] (heaps as segments).
+    pub fn snapshot(&self) -> Snapshot {
+        self.state.lock().snapshot()
+    }
+
+    /// Check every invariant; the message says which broke.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.state.lock().check()
+    }
+}
+
+/// The buffer in use at `ptr`.
+fn in_use(g: &State, ptr: DevicePtr) -> Result<BlockId, AllocError> {
+    g.ptrs
+        .get(&ptr.0)
+        .copied()
+        .filter(|b| g.bufs[b].state == BufState::InUse)
+        .ok_or(AllocError::InvalidPointer { ptr })
+}
+
+/// A front-end allocator (PyTorch's `MPSAllocator`): the heap allocator
+/// with fixed usage flags, private or shared.
+#[derive(Clone, Copy)]
+pub struct MpsAllocator<'a, B: Backend> {
+    heap: &'a HeapAllocator<B>,
+    usage: UsageFlags,
+}
+
+impl<B: Backend> MpsAllocator<'_, B> {
+    /// `allocate(nbytes)`: null for 0 bytes (as PyTorch), else
+    /// [`HeapAllocator::malloc`] with this allocator's usage.
+    pub fn allocate(&self, nbytes: u64) -> Result<DevicePtr, AllocError> {
+        if nbytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.heap.malloc(nbytes, self.usage)
+    }
+
+    /// The deleter: frees a non-null pointer.
+    pub fn delete(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.heap.free(ptr)
+    }
+
+    /// The usage flags of this allocator.
+    pub fn usage(&self) -> UsageFlags {
+        self.usage
+    }
+
+    /// The heap allocator behind it.
+    pub fn heap(&self) -> &HeapAllocator<B> {
+        self.heap
+    }
+}

@@ -1,0 +1,336 @@
+//! Free, release and garbage collection (spec 4.3): `free_buffer`,
+//! `release_buffer`, `release_buffers`, `release_available_cached_buffers`,
+//! `garbage_collect_cached_buffers`, `freeInactiveBuffers`, and the
+//! completion handlers Metal runs when a command buffer finishes (here:
+//! polled from the backend's events at the start of every operation).
+
+use super::state::{BufState, State};
+use super::types::*;
+use crate::backend::Backend;
+use crate::callbacks::EventType;
+use crate::debug::{DebugVerbosity, TARGET};
+use crate::error::AllocError;
+use crate::stats::StatType;
+use crate::store::{BlockId, SegmentId, NIL};
+
+impl State {
+    /// `free_buffer`: an in-use or pending buffer goes back to its pool's
+    /// available buffers.
+    pub fn free_buffer(&mut self, b: BlockId) {
+        let size = self.size(b);
+        let pool = self.pool_of(b);
+        let st = StatType::for_pool(pool.is_small());
+        let buf = self.bufs.get_mut(&b).expect("a buffer");
+        debug_assert!(matches!(buf.state, BufState::InUse | BufState::PendingFree));
+        buf.state = BufState::Available;
+        buf.shape.clear();
+        let requested = buf.requested;
+        self.insert_available(b);
+        self.pools[pool.index()].available_size += size;
+        self.current_allocated -= size;
+        self.stats.active.decrease(st, 1);
+        self.stats.active_bytes.decrease(st, size);
+        self.stats.requested_bytes.decrease(st, requested);
+        self.fire(EventType::Freed, self.addr(b), size);
+    }
+
+    /// The caller's free (spec 4.3): a non-scalar buffer goes back at once
+    /// (or, with `free_waits_for_events`, to the pending set while its
+    /// recorded work runs); a scalar waits for the default stream's work
+    /// (the completion handler of PyTorch).
+    pub fn free(&mut self, dev: &dyn Backend, b: BlockId) -> Result<(), AllocError> {
+        let size = self.size(b);
+        let st = StatType::for_pool(self.pool_of(b).is_small());
+        if self.pool_of(b) == PoolKind::Scalar {
+            let event = dev.record_event(crate::backend::StreamId::DEFAULT)?;
+            self.bufs.get_mut(&b).expect("a buffer").events.push(event);
+        }
+        let busy = self.retain_count(dev, b)? > 1;
+        self.stats.allocation.decrease(st, 1);
+        self.stats.allocated_bytes.decrease(st, size);
+        if busy && (self.free_waits_for_events || self.pool_of(b) == PoolKind::Scalar) {
+            self.bufs.get_mut(&b).expect("a buffer").state = BufState::PendingFree;
+            self.pending.insert(b);
+        } else {
+            self.free_buffer(b);
+        }
+        Ok(())
+    }
+
+    /// `release_buffer` (spec 4.3): the buffer (available) leaves its heap;
+    /// an empty heap is released when `remove_empty_heap`. A buffer still
+    /// used by work (retain count > 1) becomes a zombie whose range frees
+    /// up when the work completes. True when the heap was released.
+    pub fn release_buffer(
+        &mut self,
+        dev: &dyn Backend,
+        b: BlockId,
+        remove_empty_heap: bool,
+    ) -> Result<bool, AllocError> {
+        let retain = self.retain_count(dev, b)?;
+        let (addr, size, h, pool) = (self.addr(b), self.size(b), self.heap_of(b), self.pool_of(b));
+        let pi = pool.index();
+        self.remove_available(b);
+        self.pools[pi].allocated_size -= size;
+        self.pools[pi].available_size -= size;
+        self.pools[pi].n_buffers -= 1;
+        self.ptrs.remove(&addr);
+        let heap_key = self.heap_key(h);
+        self.pools[pi].heaps.remove(&heap_key);
+        let buf = self.bufs.get(&b).expect("a buffer").clone();
+        if retain > 1 {
+            self.bufs.get_mut(&b).expect("a buffer").state = BufState::Zombie;
+            self.zombies.insert(b);
+        } else {
+            self.free_range(b);
+        }
+        let heap = self.heaps.get_mut(&h).expect("a heap");
+        heap.n_buffers -= 1;
+        let (heap_id, n_buffers) = (heap.id, heap.n_buffers);
+        let available = self.free_range_max(h);
+        self.heaps.get_mut(&h).expect("a heap").available = available;
+        if self.logs(DebugVerbosity::RELEASES, pool) {
+            tracing::info!(
+                target: TARGET,
+                "Released buffer #{} of size {} from heap #{heap_id} (heap size: {}, use#: {}, retain#: {retain}, gc#: {})",
+                buf.id,
+                format_size(size),
+                format_size(available),
+                buf.use_count,
+                buf.gc_count
+            );
+        }
+        self.fire(EventType::Released, addr, size);
+        if remove_empty_heap && n_buffers == 0 {
+            self.release_heap(dev, h)?;
+            return Ok(true);
+        }
+        let key = self.heap_key(h);
+        self.pools[pi].heaps.insert(key);
+        if retain > 1 {
+            self.pools[pi].heaps_pending_update.insert(h);
+        }
+        Ok(false)
+    }
+
+    /// A released buffer's range becomes free space, merged with free
+    /// neighbours.
+    fn free_range(&mut self, b: BlockId) {
+        self.bufs.remove(&b);
+        self.store.blocks[b].allocated = false;
+        let mut at = b;
+        let prev = self.store.blocks[at].prev;
+        if prev != NIL && !self.store.blocks[prev].allocated {
+            self.store.merge(prev, at);
+            self.store.free_block_slot(at);
+            at = prev;
+        }
+        let next = self.store.blocks[at].next;
+        if next != NIL && !self.store.blocks[next].allocated {
+            self.store.merge(at, next);
+            self.store.free_block_slot(next);
+        }
+    }
+
+    /// Release an empty heap: it leaves its pool and the totals; its memory
+    /// goes back to the device now, or once its zombies complete.
+    fn release_heap(&mut self, dev: &dyn Backend, h: SegmentId) -> Result<(), AllocError> {
+        let pool = PoolKind::from_index(self.store.segments[h].pool);
+        let size = self.store.segments[h].size;
+        self.pools[pool.index()].heaps_pending_update.remove(&h);
+        let heap = self.heaps.get_mut(&h).expect("a heap");
+        heap.attached = false;
+        let heap_id = heap.id;
+        self.total_allocated -= size;
+        let st = StatType::for_pool(pool.is_small());
+        self.stats.segment.decrease(st, 1);
+        self.stats.reserved_bytes.decrease(st, size);
+        let busy = self
+            .store
+            .segment_blocks(h)
+            .any(|x| self.store.blocks[x].allocated);
+        if !busy {
+            self.free_heap_memory(dev, h)?;
+        }
+        if self.debug.contains(DebugVerbosity::RELEASES) {
+            tracing::info!(
+                target: TARGET,
+                "Released heap #{heap_id} of size {} (current allocated: {}, retain#: {})",
+                format_size(size),
+                format_size(self.device_allocated(dev)),
+                if busy { 2 } else { 1 }
+            );
+        }
+        Ok(())
+    }
+
+    /// Give a detached, idle heap's memory back to the device.
+    fn free_heap_memory(&mut self, dev: &dyn Backend, h: SegmentId) -> Result<(), AllocError> {
+        let (addr, size, head) = {
+            let s = &self.store.segments[h];
+            (s.addr, s.size, s.head)
+        };
+        self.store.free_block_slot(head);
+        self.store.remove_segment(h);
+        self.heaps.remove(&h);
+        self.stats.num_device_free += 1;
+        dev.free(crate::backend::DevicePtr(addr), size)?;
+        Ok(())
+    }
+
+    /// `release_buffers`: every available buffer of one pool (heaps freed as
+    /// they empty).
+    pub fn release_buffers(&mut self, dev: &dyn Backend, pool: PoolKind) -> Result<(), AllocError> {
+        let p = &self.pools[pool.index()];
+        if p.buffers.len() == 0 {
+            return Ok(());
+        }
+        if self.debug.contains(DebugVerbosity::RELEASES) {
+            tracing::info!(
+                target: TARGET,
+                "Releasing {} buffers from {pool} pool (total size: {}, #buffers: {})",
+                p.buffers.len(),
+                format_size(p.allocated_size),
+                p.n_buffers
+            );
+        }
+        let ids: Vec<BlockId> = p.buffers.iter().map(|k| k.2).collect();
+        for b in ids {
+            self.release_buffer(dev, b, true)?;
+        }
+        Ok(())
+    }
+
+    /// `release_available_cached_buffers` (spec 4.3): the smallest available
+    /// buffer that fits, else the largest ones downward until enough bytes
+    /// are released.
+    pub fn release_available_cached_buffers(
+        &mut self,
+        dev: &dyn Backend,
+        size: u64,
+        pool: PoolKind,
+    ) -> Result<bool, AllocError> {
+        let p = &self.pools[pool.index()];
+        if p.buffers.len() == 0 {
+            return Ok(false);
+        }
+        if let Some(&(_, _, b)) = p.buffers.range((size, 0, 0)..).next() {
+            self.release_buffer(dev, b, true)?;
+            return Ok(true);
+        }
+        let largest_first: Vec<BlockId> = p.buffers.iter().rev().map(|k| k.2).collect();
+        let mut released = 0;
+        for b in largest_first {
+            if released >= size {
+                break;
+            }
+            released += self.size(b);
+            self.release_buffer(dev, b, true)?;
+        }
+        Ok(released >= size)
+    }
+
+    /// `garbage_collect_cached_buffers` (spec 4.3): release idle buffers of
+    /// at least the mean age until the device is back under the low limit,
+    /// stopping as soon as the target is reached.
+    pub fn garbage_collect(&mut self, dev: &dyn Backend, pool: PoolKind) -> Result<(), AllocError> {
+        let current = self.device_allocated(dev);
+        if current < self.low_limit {
+            return Ok(());
+        }
+        let target = current - self.low_limit;
+        let ids: Vec<BlockId> = self.pools[pool.index()]
+            .buffers
+            .iter()
+            .map(|k| k.2)
+            .collect();
+        let mut total_age = 0.0;
+        let mut freeable = 0u32;
+        for &b in &ids {
+            if self.retain_count(dev, b)? <= 1 {
+                total_age += self.bufs[&b].gc_count as f64;
+                freeable += 1;
+            }
+        }
+        if freeable == 0 {
+            return Ok(());
+        }
+        let (mut reclaimed, mut freed) = (0u64, 0u32);
+        let mut block_freed = true;
+        while reclaimed < target && block_freed && freeable > 0 {
+            let threshold = total_age / freeable as f64;
+            block_freed = false;
+            let ids: Vec<BlockId> = self.pools[pool.index()]
+                .buffers
+                .iter()
+                .map(|k| k.2)
+                .collect();
+            for b in ids {
+                if reclaimed >= target {
+                    break;
+                }
+                let age = self.bufs[&b].gc_count;
+                if age as f64 >= threshold && self.retain_count(dev, b)? <= 1 {
+                    block_freed = true;
+                    reclaimed += self.size(b);
+                    total_age -= age as f64;
+                    freeable -= 1;
+                    freed += 1;
+                    let split = self.heaps[&self.heap_of(b)].is_split;
+                    self.release_buffer(dev, b, !split)?;
+                }
+            }
+        }
+        if self.debug.contains(DebugVerbosity::RELEASES) {
+            tracing::info!(
+                target: TARGET,
+                "Garbage collected {freed} buffers from large {} pool (total reclaimed: {}, #buffers: {})",
+                pool.storage_word(),
+                format_size(reclaimed),
+                self.pools[pool.index()].buffers.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// The completion handlers: pending frees whose work is done go back to
+    /// their pools (`freeInactiveBuffers`), zombies whose work is done free
+    /// their range (`heaps_pending_update`), detached heaps left idle go
+    /// back to the device.
+    pub fn poll(&mut self, dev: &dyn Backend) -> Result<(), AllocError> {
+        let pending: Vec<BlockId> = self.pending.iter().copied().collect();
+        for b in pending {
+            if self.retain_count(dev, b)? <= 1 {
+                self.pending.remove(&b);
+                self.free_buffer(b);
+            }
+        }
+        let zombies: Vec<BlockId> = self.zombies.iter().copied().collect();
+        for b in zombies {
+            if self.retain_count(dev, b)? > 1 {
+                continue;
+            }
+            self.zombies.remove(&b);
+            let h = self.heap_of(b);
+            self.free_range(b);
+            if self.heaps[&h].attached {
+                self.update_heap(h);
+                let still_busy = self
+                    .store
+                    .segment_blocks(h)
+                    .any(|x| self.zombies.contains(&x));
+                if !still_busy {
+                    let pool = self.store.segments[h].pool as usize;
+                    self.pools[pool].heaps_pending_update.remove(&h);
+                }
+            } else if !self
+                .store
+                .segment_blocks(h)
+                .any(|x| self.store.blocks[x].allocated)
+            {
+                self.free_heap_memory(dev, h)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,607 @@
+//! The heap allocator's state (`MPSHeapAllocatorImpl`'s fields) and the
+//! allocation path of spec 4.2 (`alloc_buffer_block`, `get_free_buffer`,
+//! `alloc_buffer`, `get_free_heap`, `HeapBlock::createHeapBlock`).
+//!
+//! Heaps and buffers live in a [`BlockStore`]: a heap is a segment (one
+//! [`Backend::allocate`]), tiled by blocks that are either buffers
+//! (`allocated`) or free space inside the heap. Metal places buffers in an
+//! automatic heap itself; Reservoir places them first-fit at the lowest
+//! aligned free offset, and a heap's available size
+//! (`maxAvailableSizeWithAlignment`) is its largest free range. That keeps
+//! PyTorch's assumption that a heap with `available >= size` can always
+//! hold the buffer (its `TORCH_INTERNAL_ASSERT(buffer)`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::types::*;
+use crate::backend::{Backend, BackendError, DevicePtr, EventId, StreamId};
+use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
+use crate::config::heap::HeapSettings;
+use crate::debug::{DebugVerbosity, TARGET};
+use crate::error::AllocError;
+use crate::stats::{DeviceStats, StatType};
+use crate::store::{BlockId, BlockStore, FreeList, Segment, SegmentId, NIL};
+
+/// Where a buffer is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BufState {
+    /// Handed out to a caller.
+    InUse,
+    /// Cached in its pool's `buffers`.
+    Available,
+    /// Freed while recorded work still uses it (`buffers_pending_free`), or
+    /// a freed scalar waiting for its stream (spec 4.3).
+    PendingFree,
+    /// Released from its heap while work still used it: its range stays
+    /// occupied until the work completes (`heaps_pending_update`).
+    Zombie,
+}
+
+/// A buffer (`BufferBlock`); its address and size are its block's.
+#[derive(Clone, Debug)]
+pub(crate) struct Buffer {
+    pub id: u64,
+    pub state: BufState,
+    pub requested: u64,
+    pub use_count: u64,
+    pub gc_count: u64,
+    pub shape: Vec<i64>,
+    /// Events recorded for work using the buffer; the retain count is one
+    /// plus the number not yet complete.
+    pub events: Vec<EventId>,
+}
+
+/// A heap (`HeapBlock`); its address and size are its segment's.
+#[derive(Clone, Debug)]
+pub(crate) struct Heap {
+    pub id: u64,
+    /// False for single-buffer heaps ("not split", spec 4.2 step 7).
+    pub is_split: bool,
+    /// Live buffers (not zombies) in the heap.
+    pub n_buffers: u32,
+    /// The largest free range (`size.available`).
+    pub available: u64,
+    /// Still owned by its pool (false: released while zombies remain; the
+    /// backend memory goes back once they complete).
+    pub attached: bool,
+}
+
+/// One `BufferPool`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Pool {
+    /// Available buffers by (size, address).
+    pub buffers: FreeList<(u64, u64, BlockId)>,
+    /// Attached heaps by (available, address).
+    pub heaps: FreeList<(u64, u64, SegmentId)>,
+    pub available_size: u64,
+    pub allocated_size: u64,
+    pub n_buffers: u32,
+    /// Heaps holding zombies.
+    pub heaps_pending_update: BTreeSet<SegmentId>,
+}
+
+/// One allocation request (`AllocParams`).
+pub(crate) struct Params {
+    pub size: u64,
+    pub requested: u64,
+    pub pool: PoolKind,
+    pub pressure: bool,
+    pub found: Option<BlockId>,
+}
+
+/// Everything under the allocator's lock.
+pub(crate) struct State {
+    pub store: BlockStore,
+    pub bufs: FxHashMap<BlockId, Buffer>,
+    pub heaps: FxHashMap<SegmentId, Heap>,
+    /// `m_allocated_buffers`: every live buffer by address.
+    pub ptrs: FxHashMap<u64, BlockId>,
+    pub pools: [Pool; 5],
+    /// `buffers_pending_free`.
+    pub pending: BTreeSet<BlockId>,
+    pub zombies: BTreeSet<BlockId>,
+    /// `m_total_allocated_memory`: bytes of attached heaps.
+    pub total_allocated: u64,
+    /// `m_current_allocated_memory`: bytes of buffers in use or pending free.
+    pub current_allocated: u64,
+    pub stats: DeviceStats,
+    pub next_buffer_id: u64,
+    pub next_heap_id: u64,
+    pub seq: u64,
+    pub high_ratio: f64,
+    pub low_ratio: f64,
+    /// `m_max_total_allowed_size` (`u64::MAX` when unlimited).
+    pub max_total_allowed: u64,
+    /// `m_low_watermark_limit` (`u64::MAX` when disabled).
+    pub low_limit: u64,
+    pub debug: DebugVerbosity,
+    pub unified: bool,
+    pub max_device_size: u64,
+    pub max_buffer_size: u64,
+    pub alignment: u64,
+    pub free_waits_for_events: bool,
+    pub callbacks: Arc<CallbackRegistry>,
+}
+
+pub(crate) fn align_up(n: u64, a: u64) -> u64 {
+    n.div_ceil(a) * a
+}
+
+impl State {
+    pub fn new(
+        settings: &HeapSettings,
+        total: u64,
+        alignment: u64,
+        callbacks: Arc<CallbackRegistry>,
+    ) -> State {
+        let mut s = State {
+            store: BlockStore::default(),
+            bufs: FxHashMap::default(),
+            heaps: FxHashMap::default(),
+            ptrs: FxHashMap::default(),
+            pools: Default::default(),
+            pending: BTreeSet::new(),
+            zombies: BTreeSet::new(),
+            total_allocated: 0,
+            current_allocated: 0,
+            stats: DeviceStats::default(),
+            next_buffer_id: 0,
+            next_heap_id: 0,
+            seq: 0,
+            high_ratio: 0.0,
+            low_ratio: 0.0,
+            max_total_allowed: u64::MAX,
+            low_limit: u64::MAX,
+            debug: settings.debug,
+            unified: settings.unified_memory,
+            max_device_size: settings.recommended_max_memory.unwrap_or(total),
+            max_buffer_size: settings.max_buffer_length.unwrap_or(total),
+            alignment,
+            free_waits_for_events: settings.free_waits_for_events,
+            callbacks,
+        };
+        s.set_high_ratio(settings.high_watermark_ratio);
+        s.set_low_ratio(settings.low_watermark_ratio);
+        s
+    }
+
+    /// `setHighWatermarkRatio` once checked.
+    pub fn set_high_ratio(&mut self, ratio: f64) {
+        self.max_total_allowed = if ratio == 0.0 {
+            u64::MAX
+        } else {
+            (ratio * self.max_device_size as f64) as u64
+        };
+        if self.debug.contains(DebugVerbosity::PROFILING) {
+            let limit = if ratio == 0.0 {
+                "unlimited".to_string()
+            } else {
+                format_size(self.max_total_allowed)
+            };
+            tracing::info!(target: TARGET, "High watermark memory allocation limit: {limit}");
+        }
+        self.high_ratio = ratio;
+    }
+
+    /// `setLowWatermarkRatio` once checked.
+    pub fn set_low_ratio(&mut self, ratio: f64) {
+        self.low_limit = if ratio == 0.0 {
+            u64::MAX
+        } else {
+            (ratio * self.max_device_size as f64) as u64
+        };
+        if self.debug.contains(DebugVerbosity::PROFILING) {
+            let limit = if ratio == 0.0 {
+                "unlimited".to_string()
+            } else {
+                format_size(self.low_limit)
+            };
+            tracing::info!(target: TARGET, "Low watermark memory allocation limit: {limit}");
+        }
+        self.low_ratio = ratio;
+    }
+
+    /// `current_allocated_size()`: `device.currentAllocatedSize`, the bytes
+    /// the device has handed out (to this allocator and anyone else), from
+    /// the backend's `mem_info` (this allocator's heaps if it fails).
+    pub fn device_allocated(&self, dev: &dyn Backend) -> u64 {
+        dev.mem_info()
+            .map(|m| m.total.saturating_sub(m.free))
+            .unwrap_or(self.total_allocated)
+    }
+
+    /// `getLowWatermarkValue` (spec 4.4): MiB left below the low limit, 0
+    /// once reached, `i64::MAX` when the low watermark is disabled.
+    pub fn low_watermark_value(&self, dev: &dyn Backend) -> i64 {
+        if self.low_ratio == 0.0 {
+            return i64::MAX;
+        }
+        let left = self.low_limit as i64 - self.device_allocated(dev) as i64;
+        (left / (1 << 20)).max(0)
+    }
+
+    /// Should a debug message about a buffer of `pool` be logged at `level`
+    /// (`LARGE_ONLY` restricts 2/4/8 to the large pools)?
+    pub fn logs(&self, level: DebugVerbosity, pool: PoolKind) -> bool {
+        self.debug.logs(level, pool.is_small())
+    }
+
+    pub fn fire(&self, event: EventType, ptr: u64, size: u64) {
+        self.callbacks.fire(&AllocatorEvent {
+            event,
+            device: 0,
+            ptr: DevicePtr(ptr),
+            size,
+            stream: StreamId::DEFAULT,
+        });
+    }
+
+    /// `get_allocation_size`: the size rounded up to the backend's alignment.
+    pub fn allocation_size(&self, size: u64) -> u64 {
+        align_up(size, self.alignment)
+    }
+
+    /// `get_pool` (spec 4.2 step 3).
+    pub fn pool_for(&self, requested: u64, alloc_size: u64, usage: UsageFlags) -> PoolKind {
+        if usage.contains(UsageFlags::SCALAR) {
+            PoolKind::Scalar
+        } else if requested <= MAX_SCALAR_ALLOC && self.unified {
+            PoolKind::SharedSmall
+        } else if alloc_size <= MAX_SMALL_ALLOC {
+            if usage.contains(UsageFlags::SHARED) {
+                PoolKind::SharedSmall
+            } else {
+                PoolKind::PrivateSmall
+            }
+        } else if usage.contains(UsageFlags::SHARED) {
+            PoolKind::SharedLarge
+        } else {
+            PoolKind::PrivateLarge
+        }
+    }
+
+    pub fn addr(&self, b: BlockId) -> u64 {
+        self.store.blocks[b].addr
+    }
+
+    pub fn size(&self, b: BlockId) -> u64 {
+        self.store.blocks[b].size
+    }
+
+    pub fn heap_of(&self, b: BlockId) -> SegmentId {
+        self.store.blocks[b].segment
+    }
+
+    pub fn pool_of(&self, b: BlockId) -> PoolKind {
+        PoolKind::from_index(self.store.blocks[b].pool)
+    }
+
+    fn buffer_key(&self, b: BlockId) -> (u64, u64, BlockId) {
+        (self.size(b), self.addr(b), b)
+    }
+
+    pub fn heap_key(&self, h: SegmentId) -> (u64, u64, SegmentId) {
+        (self.heaps[&h].available, self.store.segments[h].addr, h)
+    }
+
+    pub fn insert_available(&mut self, b: BlockId) {
+        let key = self.buffer_key(b);
+        let pool = self.pool_of(b).index();
+        self.pools[pool].buffers.insert(key);
+    }
+
+    pub fn remove_available(&mut self, b: BlockId) {
+        let key = self.buffer_key(b);
+        let pool = self.pool_of(b).index();
+        self.pools[pool].buffers.remove(&key);
+    }
+
+    /// The retain count: 1 plus the buffer's events still pending (completed
+    /// events are destroyed and forgotten).
+    pub fn retain_count(&mut self, dev: &dyn Backend, b: BlockId) -> Result<u32, AllocError> {
+        let buf = self.bufs.get_mut(&b).expect("a buffer");
+        let mut err = None;
+        buf.events.retain(|&e| match dev.query_event(e) {
+            Ok(true) => {
+                let _ = dev.destroy_event(e);
+                false
+            }
+            Ok(false) => true,
+            Err(x) => {
+                err = Some(x);
+                true
+            }
+        });
+        match err {
+            Some(e) => Err(e.into()),
+            None => Ok(1 + buf.events.len() as u32),
+        }
+    }
+
+    /// The largest free range of a heap, recomputed (`updateAvailableSize`).
+    pub fn free_range_max(&self, h: SegmentId) -> u64 {
+        self.store
+            .segment_blocks(h)
+            .filter(|&b| !self.store.blocks[b].allocated)
+            .map(|b| self.size(b))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Refresh a heap's available size, keeping its pool's heap set sorted.
+    pub fn update_heap(&mut self, h: SegmentId) {
+        let attached = self.heaps[&h].attached;
+        let pool = self.store.segments[h].pool as usize;
+        if attached {
+            let key = self.heap_key(h);
+            self.pools[pool].heaps.remove(&key);
+        }
+        let available = self.free_range_max(h);
+        self.heaps.get_mut(&h).expect("a heap").available = available;
+        if attached {
+            let key = self.heap_key(h);
+            self.pools[pool].heaps.insert(key);
+        }
+    }
+
+    /// `get_free_buffer` (spec 4.2 step 5).
+    pub fn get_free_buffer(
+        &mut self,
+        dev: &dyn Backend,
+        p: &mut Params,
+    ) -> Result<bool, AllocError> {
+        // (a) the high watermark.
+        if self.high_ratio > 0.0 && self.device_allocated(dev) + p.size > self.max_total_allowed {
+            return Ok(false);
+        }
+        let pool = p.pool.index();
+        // (b) age every available buffer on large-pool searches.
+        if self.low_ratio > 0.0 && !p.pool.is_small() {
+            let ids: Vec<BlockId> = self.pools[pool].buffers.iter().map(|k| k.2).collect();
+            for b in ids {
+                self.bufs.get_mut(&b).expect("a buffer").gc_count += 1;
+            }
+        }
+        // (c) best fit by (size, address).
+        let hit = self.pools[pool]
+            .buffers
+            .range((p.size, 0, 0)..)
+            .next()
+            .map(|k| k.2);
+        if let Some(b) = hit {
+            if self.size(b) <= p.size + LARGE_HEAP {
+                p.found = Some(b);
+            } else if self.pools[pool]
+                .heaps
+                .range((p.size, 0, 0)..)
+                .next()
+                .is_some()
+            {
+                // An existing heap can take the buffer: allocate there.
+                p.found = None;
+            } else if self.retain_count(dev, b)? <= 1 {
+                // Release the oversize buffer, keep its heap, reuse the room.
+                self.release_buffer(dev, b, false)?;
+                p.pressure = false;
+            } else if p.pressure {
+                self.release_buffer(dev, b, true)?;
+            } else {
+                p.found = Some(b);
+            }
+        }
+        let Some(b) = p.found else {
+            return Ok(false);
+        };
+        self.remove_available(b);
+        let size = self.size(b);
+        self.pools[pool].available_size -= size;
+        let retain = self.retain_count(dev, b)?;
+        let buf = self.bufs.get_mut(&b).expect("a buffer");
+        buf.gc_count = 0;
+        let (id, use_no) = (buf.id, buf.use_count + 1);
+        if self.logs(DebugVerbosity::RECYCLES, p.pool) {
+            tracing::info!(
+                target: TARGET,
+                "Reusing {}{} buffer #{id} of size {} at {:#x} (requested: {}, use#: {use_no}, retain#: {retain})",
+                p.pool.storage_word(),
+                p.pool.scalar_word(),
+                format_size(size),
+                self.addr(b),
+                format_size(p.requested)
+            );
+        }
+        self.fire(EventType::Recycled, self.addr(b), size);
+        Ok(true)
+    }
+
+    /// `get_free_heap` (spec 4.2 step 7): the heap with the smallest
+    /// available size that fits, taken out of the pool's heap set, or a new
+    /// heap (`createHeapBlock`). `None` when the device refused.
+    fn get_free_heap(
+        &mut self,
+        dev: &dyn Backend,
+        p: &Params,
+    ) -> Result<Option<SegmentId>, AllocError> {
+        let pool = p.pool.index();
+        if let Some(&key) = self.pools[pool].heaps.range((p.size, 0, 0)..).next() {
+            self.pools[pool].heaps.remove(&key);
+            return Ok(Some(key.2));
+        }
+        let xlarge = if self.unified {
+            XLARGE_HEAP_UNIFIED
+        } else {
+            XLARGE_HEAP_DISCRETE
+        };
+        let (size, is_split) = if p.size <= MAX_SMALL_ALLOC {
+            (SMALL_HEAP, true)
+        } else if p.size < MIN_LARGE_ALLOC {
+            (LARGE_HEAP, true)
+        } else if p.size < xlarge / 2 && !p.pressure {
+            (xlarge, true)
+        } else {
+            (align_up(p.size, ROUND_LARGE), false)
+        };
+        let size = align_up(size, self.alignment);
+        let ptr = match dev.allocate(size, StreamId::DEFAULT) {
+            Ok(ptr) => ptr,
+            Err(BackendError::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.seq += 1;
+        let h = self.store.segments.insert(Segment {
+            addr: ptr.0,
+            seq: self.seq,
+            size,
+            expandable: None,
+            stream: StreamId::DEFAULT,
+            pool: pool as u32,
+            head: NIL,
+            live: true,
+        });
+        let space =
+            self.store
+                .new_block(ptr.0, size, StreamId::DEFAULT, pool as u32, h, true, false);
+        self.store.segments[h].head = space;
+        self.next_heap_id += 1;
+        self.heaps.insert(
+            h,
+            Heap {
+                id: self.next_heap_id,
+                is_split,
+                n_buffers: 0,
+                available: size,
+                attached: true,
+            },
+        );
+        self.total_allocated += size;
+        let st = StatType::for_pool(p.pool.is_small());
+        self.stats.segment.increase(st, 1);
+        self.stats.reserved_bytes.increase(st, size);
+        self.stats.num_device_alloc += 1;
+        if self.debug.contains(DebugVerbosity::ALLOCATIONS) {
+            tracing::info!(
+                target: TARGET,
+                "Allocated {} heap #{} of size {} (#heaps: {}, current allocated: {})",
+                p.pool.storage_word(),
+                self.next_heap_id,
+                format_size(size),
+                self.pools[pool].heaps.len() + 1,
+                format_size(self.device_allocated(dev))
+            );
+        }
+        Ok(Some(h))
+    }
+
+    /// `alloc_buffer` (spec 4.2 step 7): a new buffer in a heap.
+    pub fn alloc_buffer(&mut self, dev: &dyn Backend, p: &mut Params) -> Result<bool, AllocError> {
+        if self.max_total_allowed != u64::MAX
+            && self.device_allocated(dev) + p.size > self.max_total_allowed
+        {
+            return Ok(false);
+        }
+        let Some(h) = self.get_free_heap(dev, p)? else {
+            return Ok(false);
+        };
+        // First fit at the lowest free offset (Metal decides on real
+        // hardware); the heap's available size guarantees a fit.
+        let space = self
+            .store
+            .segment_blocks(h)
+            .find(|&b| !self.store.blocks[b].allocated && self.size(b) >= p.size)
+            .expect("a heap with enough available space has a free range that fits");
+        if self.size(space) > p.size {
+            self.store.split_back(space, p.size, true);
+        }
+        self.store.blocks[space].allocated = true;
+        self.store.blocks[space].requested_size = p.requested;
+        self.next_buffer_id += 1;
+        self.bufs.insert(
+            space,
+            Buffer {
+                id: self.next_buffer_id,
+                state: BufState::Available,
+                requested: p.requested,
+                use_count: 0,
+                gc_count: 0,
+                shape: Vec::new(),
+                events: Vec::new(),
+            },
+        );
+        let addr = self.addr(space);
+        self.ptrs.insert(addr, space);
+        let heap = self.heaps.get_mut(&h).expect("a heap");
+        heap.n_buffers += 1;
+        let heap_id = heap.id;
+        let available = self.free_range_max(h);
+        self.heaps.get_mut(&h).expect("a heap").available = available;
+        let key = self.heap_key(h);
+        let pool = p.pool.index();
+        self.pools[pool].heaps.insert(key);
+        self.pools[pool].allocated_size += p.size;
+        self.pools[pool].n_buffers += 1;
+        p.found = Some(space);
+        if self.logs(DebugVerbosity::ALLOCATIONS, p.pool) {
+            tracing::info!(
+                target: TARGET,
+                "Allocated {}{} buffer #{} of size {} at {addr:#x} from heap #{heap_id} (requested: {}, heap: {}, total: {})",
+                p.pool.storage_word(),
+                p.pool.scalar_word(),
+                self.next_buffer_id,
+                format_size(p.size),
+                format_size(p.requested),
+                format_size(available),
+                format_size(self.total_allocated)
+            );
+        }
+        self.fire(EventType::Allocated, addr, p.size);
+        Ok(true)
+    }
+
+    /// Spec 4.2 step 9: the found buffer is handed out.
+    pub fn hand_out(&mut self, b: BlockId, requested: u64) -> DevicePtr {
+        let size = self.size(b);
+        let st = StatType::for_pool(self.pool_of(b).is_small());
+        let buf = self.bufs.get_mut(&b).expect("a buffer");
+        buf.state = BufState::InUse;
+        buf.use_count += 1;
+        buf.requested = requested;
+        self.store.blocks[b].requested_size = requested;
+        self.current_allocated += size;
+        self.stats.allocation.increase(st, 1);
+        self.stats.allocated_bytes.increase(st, size);
+        self.stats.active.increase(st, 1);
+        self.stats.active_bytes.increase(st, size);
+        self.stats.requested_bytes.increase(st, requested);
+        DevicePtr(self.addr(b))
+    }
+
+    /// The spec 4.2 step 8 message.
+    pub fn oom_message(&self, dev: &dyn Backend, alloc_size: u64, pool: PoolKind) -> String {
+        let mps = self.total_allocated;
+        let other = self.device_allocated(dev).saturating_sub(mps);
+        if self.high_ratio > 0.0 {
+            format!(
+                "MPS backend out of memory (MPS allocated: {}, other allocations: {}, max allowed: {}). \
+                 Tried to allocate {} on {} pool. Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable \
+                 upper limit for memory allocations (may cause system failure).",
+                format_size(mps),
+                format_size(other),
+                format_size(self.max_total_allowed),
+                format_size(alloc_size),
+                pool.storage_word()
+            )
+        } else {
+            format!(
+                "MPS backend out of memory (MPS allocated: {}, other allocations: {}). \
+                 Tried to allocate {} on {} pool.",
+                format_size(mps),
+                format_size(other),
+                format_size(alloc_size),
+                pool.storage_word()
+            )
+        }
+    }
+}

@@ -1,0 +1,1102 @@
+//! The MPS heap allocator (spec section 4) on the simulated devices, with
+//! the invariant checker run after every operation.
+
+use std::sync::{Arc, Mutex};
+
+use proptest::prelude::*;
+use reservoir::backend::HostWrite;
+use reservoir::callbacks::{AllocatorEvent, EventType};
+use reservoir::config::heap::{
+    strtol_base0, HeapSettings, HeapSettingsError, ENV_DEBUG, ENV_HIGH_WATERMARK_RATIO,
+    ENV_LOW_WATERMARK_RATIO,
+};
+use reservoir::debug::DebugVerbosity;
+use reservoir::heap::*;
+use reservoir::sim::{Access, AsyncSimDevice, SimConfig, SimDevice};
+use reservoir::snapshot::BlockState;
+use reservoir::{AllocError, Backend, BackendError, DevicePtr, StreamId};
+
+use crate::common::{GIB, MIB, S0};
+use crate::observe::Collect;
+
+const KIB: u64 = 1 << 10;
+
+/// A heap allocator whose invariants are checked after every call.
+struct H<B: Backend = SimDevice> {
+    a: HeapAllocator<B>,
+}
+
+impl<B: Backend> H<B> {
+    fn check(&self) {
+        if let Err(e) = self.a.check_invariants() {
+            panic!("invariant broken: {e}");
+        }
+        self.a.snapshot().check_consistency().unwrap();
+    }
+    fn malloc(&self, size: u64) -> DevicePtr {
+        let p = self.a.malloc(size, UsageFlags::PRIVATE).unwrap();
+        self.check();
+        p
+    }
+    fn try_malloc(&self, size: u64, usage: UsageFlags) -> Result<DevicePtr, AllocError> {
+        let r = self.a.malloc(size, usage);
+        self.check();
+        r
+    }
+    fn free(&self, p: DevicePtr) {
+        self.a.free(p).unwrap();
+        self.check();
+    }
+    fn empty(&self) {
+        self.a.empty_cache().unwrap();
+        self.check();
+    }
+    fn heaps(&self) -> Vec<(u64, SegmentKind)> {
+        self.a
+            .snapshot()
+            .segments
+            .iter()
+            .map(|s| {
+                (
+                    s.total_size,
+                    SegmentKind(s.segment_type.as_str().to_string()),
+                )
+            })
+            .collect()
+    }
+    fn log(&self) -> Arc<Mutex<Vec<EventType>>> {
+        let seen: Arc<Mutex<Vec<EventType>>> = Arc::default();
+        let log = seen.clone();
+        self.a
+            .callbacks()
+            .register(
+                "log",
+                Arc::new(move |e: &AllocatorEvent| log.lock().unwrap().push(e.event)),
+            )
+            .unwrap();
+        seen
+    }
+}
+
+#[derive(Debug, PartialEq)]
+struct SegmentKind(String);
+
+fn sim(capacity: u64) -> SimDevice {
+    SimDevice::new(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })
+}
+
+fn heap(capacity: u64, unified: bool, f: impl FnOnce(&mut HeapSettings)) -> H {
+    let mut s = HeapSettings::new(unified);
+    f(&mut s);
+    let h = H {
+        a: HeapAllocator::new(sim(capacity), s).unwrap(),
+    };
+    h.check();
+    h
+}
+
+fn unified() -> H {
+    heap(64 * GIB, true, |_| {})
+}
+
+fn discrete() -> H {
+    heap(64 * GIB, false, |_| {})
+}
+
+#[test]
+fn constants_flags_and_pools_are_spec_4_1() {
+    assert_eq!(
+        [
+            MAX_SMALL_ALLOC,
+            MIN_LARGE_ALLOC,
+            ROUND_LARGE,
+            SMALL_HEAP,
+            LARGE_HEAP
+        ],
+        [MIB, 10 * MIB, 2 * MIB, 8 * MIB, 32 * MIB]
+    );
+    assert_eq!(
+        (XLARGE_HEAP_DISCRETE, XLARGE_HEAP_UNIFIED),
+        (128 * MIB, GIB)
+    );
+    assert_eq!(MAX_SCALAR_ALLOC, 8);
+    let bits = [
+        UsageFlags::PRIVATE,
+        UsageFlags::SMALL,
+        UsageFlags::SHARED,
+        UsageFlags::MANAGED,
+        UsageFlags::HAZARD,
+        UsageFlags::SCALAR,
+    ]
+    .map(|u| u.0);
+    assert_eq!(bits, [0, 1, 2, 4, 8, 16]);
+    let usages = PoolKind::ALL.map(|k| k.usage().0);
+    assert_eq!(usages, [8, 10, 9, 11, 19]);
+    let o = PoolKind::Scalar.usage().resource_options();
+    assert_eq!((o.storage, o.hazard_tracked), (StorageMode::Shared, false));
+    let o = PoolKind::PrivateLarge.usage().resource_options();
+    assert_eq!((o.storage, o.hazard_tracked), (StorageMode::Private, true));
+    let o = (UsageFlags::MANAGED | UsageFlags::SHARED).resource_options();
+    assert_eq!(o.storage, StorageMode::Managed);
+    assert_eq!(PoolKind::SharedSmall.to_string(), "small shared");
+}
+
+#[test]
+fn pools_are_chosen_as_spec_4_2_step_3() {
+    let h = unified();
+    // ≤ 8 bytes on unified memory: the shared small pool, whatever the usage.
+    let tiny = h.malloc(8);
+    assert!(h.a.is_shared_buffer(tiny));
+    let small = h.malloc(MIB);
+    assert!(!h.a.is_shared_buffer(small));
+    let large = h.malloc(MIB + 1);
+    let shared = h.try_malloc(MIB, UsageFlags::SHARED).unwrap();
+    assert!(h.a.is_shared_buffer(shared));
+    let scalar = h.try_malloc(4, UsageFlags::SCALAR).unwrap();
+    assert!(h.a.is_shared_buffer(scalar));
+    // Three small heaps (shared small holding two buffers, private small,
+    // scalar) and one large.
+    let mut kinds = h.heaps();
+    kinds.sort_by_key(|k| k.0);
+    let small_heaps = kinds.iter().filter(|k| k.1 .0 == "small").count();
+    assert_eq!(small_heaps, 3, "{kinds:?}");
+    assert!(kinds.contains(&(32 * MIB, SegmentKind("large".into()))));
+    let _ = large;
+    // Discrete: 8 bytes stay private.
+    let d = discrete();
+    let p = d.malloc(8);
+    assert!(!d.a.is_shared_buffer(p));
+}
+
+#[test]
+fn heap_sizes_follow_spec_4_2_step_7() {
+    for (unified, size, heap_size) in [
+        (true, 1, SMALL_HEAP),
+        (true, MIB, SMALL_HEAP),
+        (true, MIB + 1, LARGE_HEAP),
+        (true, 10 * MIB - 16 * KIB, LARGE_HEAP),
+        (true, 10 * MIB, GIB),
+        (true, 512 * MIB - 16 * KIB, GIB),
+        // At XLarge/2 and above: a single-buffer heap rounded to 2 MiB.
+        (true, 512 * MIB, 512 * MIB),
+        (true, 600 * MIB + 1, 602 * MIB),
+        (false, 10 * MIB, 128 * MIB),
+        (false, 64 * MIB - 16 * KIB, 128 * MIB),
+        (false, 64 * MIB, 64 * MIB),
+        (false, 100 * MIB + 5, 102 * MIB),
+    ] {
+        let h = heap(64 * GIB, unified, |_| {});
+        let p = h.malloc(size);
+        assert_eq!(
+            h.a.total_allocated_memory(),
+            heap_size,
+            "{size} on {unified}"
+        );
+        assert_eq!(h.a.unaligned_buffer_size(p), Some(size));
+        h.free(p);
+        h.empty();
+        assert_eq!(h.a.total_allocated_memory(), 0);
+        assert_eq!(h.a.driver_allocated_memory(), 0);
+    }
+}
+
+#[test]
+fn sizes_are_aligned_by_the_backend_spec_4_2_step_2() {
+    let h = unified();
+    let a = h.malloc(100);
+    let b = h.malloc(100);
+    // 16 KiB apart: the default alignment, placed first fit in one heap.
+    assert_eq!(b.0 - a.0, 16 * KIB);
+    let seg = &h.a.snapshot().segments[0];
+    assert_eq!(seg.blocks[0].size, 16 * KIB);
+    assert_eq!(seg.blocks[0].requested_size, Some(100));
+    assert_eq!(h.a.current_allocated_memory(), 32 * KIB);
+}
+
+#[test]
+fn single_buffer_heaps_under_memory_pressure_spec_4_2_step_7() {
+    // Low limit 0.5 × 1 GiB = 512 MiB; a 10 MiB request would get a 1 GiB
+    // heap, but under pressure it gets its own 10 MiB heap.
+    let h = heap(64 * GIB, true, |s| {
+        s.recommended_max_memory = Some(GIB);
+        s.low_watermark_ratio = 0.5;
+    });
+    let big = h.malloc(600 * MIB);
+    assert_eq!(h.a.low_watermark_value(), 0);
+    h.malloc(10 * MIB);
+    assert_eq!(h.a.total_allocated_memory(), 610 * MIB);
+    h.free(big);
+}
+
+#[test]
+fn whole_buffers_are_reused_up_to_32_mib_larger_spec_4_2_step_5() {
+    let h = unified();
+    let p = h.malloc(40 * MIB);
+    h.free(p);
+    let log = h.log();
+    // 40 MiB ≤ 10 MiB + 32 MiB: reused whole.
+    let q = h.malloc(10 * MIB);
+    assert_eq!(q, p);
+    assert_eq!(h.a.current_allocated_memory(), 40 * MIB);
+    assert_eq!(h.a.unaligned_buffer_size(q), Some(10 * MIB));
+    h.free(q);
+    // 40 MiB > 5 MiB + 32 MiB and its 1 GiB heap has room: a new buffer.
+    let r = h.malloc(5 * MIB);
+    assert_ne!(r, p);
+    assert_eq!(h.a.total_allocated_memory(), GIB);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [EventType::Recycled, EventType::Freed, EventType::Allocated]
+    );
+}
+
+#[test]
+fn an_idle_oversize_buffer_is_released_and_its_heap_kept_spec_4_2_step_5() {
+    let h = discrete();
+    let p = h.malloc(100 * MIB); // a single-buffer 100 MiB heap
+    h.free(p);
+    let log = h.log();
+    let q = h.malloc(50 * MIB);
+    // Released from its heap (kept), then placed at the same offset.
+    assert_eq!(q, p);
+    assert_eq!(h.a.total_allocated_memory(), 100 * MIB);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [EventType::Released, EventType::Allocated]
+    );
+    let seg = &h.a.snapshot().segments[0];
+    assert_eq!(seg.blocks.len(), 2);
+    assert_eq!(seg.blocks[1].state, BlockState::Inactive);
+}
+
+/// A discrete device where the retain counts of 2.x matter: freed buffers
+/// go back at once, busy or not.
+fn busy_heap(low: f64) -> H {
+    heap(64 * GIB, false, |s| {
+        s.free_waits_for_events = false;
+        s.recommended_max_memory = Some(200 * MIB);
+        s.low_watermark_ratio = low;
+    })
+}
+
+#[test]
+fn a_busy_oversize_buffer_under_pressure_is_released_with_its_heap_spec_4_2_step_5() {
+    let h = busy_heap(0.5); // low limit 100 MiB
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    let p = h.malloc(100 * MIB);
+    dev.hold_stream(s1).unwrap();
+    assert!(h.a.record_events(&[p], s1).unwrap());
+    h.free(p); // available at once, still busy
+    assert_eq!(h.a.low_watermark_value(), 0);
+    let q = h.malloc(50 * MIB);
+    assert_ne!(q, p);
+    // The old heap left the allocator; the device keeps it until s1 is done.
+    assert_eq!(h.a.total_allocated_memory(), 50 * MIB);
+    assert_eq!(h.a.driver_allocated_memory(), 150 * MIB);
+    dev.release_stream(s1).unwrap();
+    h.a.free_inactive_buffers().unwrap();
+    h.check();
+    assert_eq!(h.a.driver_allocated_memory(), 50 * MIB);
+}
+
+#[test]
+fn a_busy_buffer_released_from_a_heap_keeps_its_range_until_done_spec_4_3() {
+    let h = heap(64 * GIB, false, |s| s.free_waits_for_events = false);
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    // Three 9 MiB buffers in one 32 MiB heap, 5 MiB left.
+    let [a, b, c] = [0; 3].map(|_| h.malloc(9 * MIB));
+    dev.hold_stream(s1).unwrap();
+    h.a.record_events(&[b], s1).unwrap();
+    h.free(b); // 2.x: available at once, still busy
+    h.empty();
+    // Released from the allocator, but its range stays occupied in the
+    // heap (heaps_pending_update) while s1 runs: 5 MiB available.
+    let states = |h: &H| -> Vec<BlockState> {
+        h.a.snapshot().segments[0]
+            .blocks
+            .iter()
+            .map(|b| b.state)
+            .collect()
+    };
+    use BlockState::{ActiveAllocated as A, ActivePendingFree as P, Inactive as I};
+    assert_eq!(states(&h), [A, P, A, I]);
+    assert_eq!(h.a.buffer_id(b), 0);
+    assert_eq!(h.a.total_allocated_memory(), LARGE_HEAP);
+    dev.release_stream(s1).unwrap();
+    h.a.free_inactive_buffers().unwrap();
+    h.check();
+    assert_eq!(states(&h), [A, I, A, I]);
+    // The heap's available size is 9 MiB again: the range is reused.
+    assert_eq!(h.malloc(9 * MIB), b);
+    assert_eq!(h.a.total_allocated_memory(), LARGE_HEAP);
+    h.free(a);
+    h.free(c);
+}
+
+#[test]
+fn a_busy_oversize_buffer_without_pressure_is_reused_spec_4_2_step_5() {
+    let h = busy_heap(0.0);
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    let p = h.malloc(100 * MIB);
+    dev.hold_stream(s1).unwrap();
+    h.a.record_events(&[p], s1).unwrap();
+    h.free(p);
+    assert_eq!(h.a.low_watermark_value(), i64::MAX);
+    assert_eq!(h.malloc(50 * MIB), p);
+    dev.release_stream(s1).unwrap();
+}
+
+#[test]
+fn the_high_watermark_refuses_before_the_device_spec_4_4() {
+    let h = heap(64 * GIB, true, |s| {
+        s.recommended_max_memory = Some(GIB);
+        s.high_watermark_ratio = 1.0;
+        s.low_watermark_ratio = 0.0;
+    });
+    assert_eq!(h.a.high_watermark_limit(), GIB);
+    h.malloc(600 * MIB);
+    let e = h.try_malloc(500 * MIB, UsageFlags::PRIVATE).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "MPS backend out of memory (MPS allocated: 600.00 MB, other allocations: 0 bytes, \
+         max allowed: 1024.00 MB). Tried to allocate 500.00 MB on private pool. Use \
+         PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for memory allocations \
+         (may cause system failure)."
+    );
+    let oom = e.as_oom().unwrap();
+    assert_eq!(
+        (oom.requested, oom.alloc_size, oom.allowed),
+        (500 * MIB, 500 * MIB, Some(GIB))
+    );
+    assert_eq!(h.a.stats().num_ooms, 1);
+    // Lifting the limit lets it through.
+    h.a.set_high_watermark_ratio(0.0).unwrap();
+    assert_eq!(h.a.high_watermark_limit(), u64::MAX);
+    h.malloc(500 * MIB);
+}
+
+#[test]
+fn the_oom_text_without_high_watermark_spec_4_2_step_8() {
+    let h = heap(GIB, true, |s| {
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+    });
+    // 10 MiB of "other allocations" straight from the device.
+    h.a.backend().allocate(10 * MIB, S0).unwrap();
+    h.malloc(600 * MIB);
+    let e = h.try_malloc(500 * MIB + 1, UsageFlags::SHARED).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "MPS backend out of memory (MPS allocated: 600.00 MB, other allocations: 10.00 MB). \
+         Tried to allocate 500.02 MB on shared pool."
+    );
+}
+
+#[test]
+fn format_size_is_the_mps_one() {
+    assert_eq!(format_size(0), "0 bytes");
+    assert_eq!(format_size(1024), "1024 bytes");
+    assert_eq!(format_size(1536), "1.50 KB");
+    assert_eq!(format_size(MIB), "1024.00 KB");
+    assert_eq!(format_size(MIB + 1), "1.00 MB");
+    assert_eq!(format_size(GIB + 1), "1.00 GB");
+    assert_eq!(unified().a.format_size(3 * GIB), "3.00 GB");
+}
+
+#[test]
+fn the_failure_chain_runs_in_order_spec_4_2_step_6() {
+    // release_available_cached_buffers frees enough: no full flush.
+    let h = heap(GIB, false, |s| {
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+    });
+    let a = h.malloc(300 * MIB);
+    let b = h.malloc(300 * MIB);
+    h.free(a);
+    h.free(b);
+    let log = h.log();
+    h.malloc(500 * MIB);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            EventType::AllocationFailed,
+            EventType::Released,
+            EventType::Released,
+            EventType::Allocated
+        ]
+    );
+    assert_eq!(h.a.stats().num_alloc_retries, 0);
+
+    // Not enough in the pool: the full flush (release_cached_buffers) follows.
+    let h = heap(GIB, false, |s| {
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+    });
+    let a = h.malloc(300 * MIB);
+    let _b = h.malloc(300 * MIB);
+    let small = h.malloc(MIB);
+    h.free(a);
+    h.free(small);
+    let log = h.log();
+    h.malloc(500 * MIB);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            EventType::AllocationFailed,
+            EventType::Released, // a, by release_available_cached_buffers
+            EventType::Released, // the small buffer, by release_cached_buffers
+            EventType::Allocated
+        ]
+    );
+    let st = h.a.stats();
+    assert_eq!((st.num_alloc_retries, st.num_sync_all_streams), (1, 1));
+}
+
+#[test]
+fn an_allocation_failed_callback_may_free_memory_spec_4_5() {
+    let h = Arc::new(heap(GIB, false, |s| {
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+    }));
+    let victim = h.malloc(600 * MIB);
+    let weak = Arc::downgrade(&h);
+    h.a.callbacks()
+        .register(
+            "gc",
+            Arc::new(move |e: &AllocatorEvent| {
+                if e.event != EventType::AllocationFailed {
+                    return;
+                }
+                assert!(e.ptr.is_null());
+                if let Some(h) = weak.upgrade() {
+                    h.a.free(victim).unwrap();
+                }
+            }),
+        )
+        .unwrap();
+    // The device is full; the callback frees the victim, whose buffer the
+    // retried get_free_buffer takes whole.
+    assert_eq!(h.malloc(600 * MIB), victim);
+    assert_eq!(h.a.stats().num_alloc_retries, 0);
+}
+
+#[test]
+fn all_five_callbacks_fire_spec_4_5() {
+    let h = heap(GIB, true, |s| {
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+        s.max_buffer_length = Some(4 * GIB);
+    });
+    let log = h.log();
+    let p = h.malloc(MIB);
+    h.free(p);
+    let q = h.malloc(MIB);
+    h.free(q);
+    h.empty();
+    assert!(h.try_malloc(2 * GIB, UsageFlags::PRIVATE).is_err());
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            EventType::Allocated,
+            EventType::Freed,
+            EventType::Recycled,
+            EventType::Freed,
+            EventType::Released,
+            EventType::AllocationFailed
+        ]
+    );
+}
+
+#[test]
+fn garbage_collection_stops_at_its_target_spec_4_3() {
+    // Discrete: requests of 64 MiB get single-buffer heaps. Low limit
+    // 0.5 × 1 GiB = 512 MiB; high watermark off.
+    let h = heap(64 * GIB, false, |s| {
+        s.recommended_max_memory = Some(GIB);
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.5;
+    });
+    let ps: Vec<DevicePtr> = (0..9).map(|_| h.malloc(64 * MIB)).collect();
+    for p in ps {
+        h.free(p);
+    }
+    // 576 MiB allocated: 64 MiB above the low limit.
+    assert_eq!(h.a.driver_allocated_memory(), 576 * MIB);
+    let log = h.log();
+    let out: Arc<Mutex<Vec<String>>> = Arc::default();
+    h.a.set_debug_verbosity(DebugVerbosity::RELEASES);
+    tracing::subscriber::with_default(Collect(out.clone()), || h.malloc(200 * MIB));
+    let msgs = out.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 3, "{msgs:#?}");
+    assert!(msgs[0].starts_with("Released buffer #"));
+    assert!(msgs[1].starts_with("Released heap #"));
+    assert_eq!(
+        msgs[2],
+        "Garbage collected 1 buffers from large private pool (total reclaimed: 64.00 MB, #buffers: 8)"
+    );
+    // One idle buffer (and its unsplit heap) released: the target reached,
+    // GC stops although eight more are as old.
+    assert_eq!(
+        *log.lock().unwrap(),
+        [EventType::Released, EventType::Allocated]
+    );
+    assert_eq!(h.a.total_allocated_memory(), 8 * 64 * MIB + 200 * MIB);
+    let released = h.a.stats().segment.all().freed;
+    assert_eq!(released, 1);
+}
+
+#[test]
+fn empty_cache_releases_every_cached_buffer_and_empty_heap_spec_4_3() {
+    let h = unified();
+    let a = h.malloc(MIB);
+    let b = h.malloc(MIB);
+    let c = h.malloc(20 * MIB);
+    h.free(a);
+    h.free(c);
+    h.empty();
+    // b keeps its small heap; the large heap is gone.
+    assert_eq!(h.a.total_allocated_memory(), SMALL_HEAP);
+    assert_eq!(h.a.stats().num_sync_all_streams, 1);
+    h.free(b);
+    h.empty();
+    assert_eq!(h.a.total_allocated_memory(), 0);
+    assert_eq!(h.a.driver_allocated_memory(), 0);
+}
+
+#[test]
+fn a_busy_buffer_waits_in_the_pending_set_on_the_async_device_spec_4_3() {
+    let h = H {
+        a: HeapAllocator::new(
+            AsyncSimDevice::new(SimConfig {
+                capacity: 8 * GIB,
+                ..SimConfig::default()
+            }),
+            HeapSettings::new(true),
+        )
+        .unwrap(),
+    };
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    let p = h.a.malloc(4 * MIB, UsageFlags::PRIVATE).unwrap();
+    dev.enqueue(s1, 50_000, &[Access::write(p, 4 * MIB)])
+        .unwrap();
+    assert!(h.a.record_events(&[p], s1).unwrap());
+    h.a.free(p).unwrap();
+    h.check();
+    // Pending: still active, not allocated, not reusable.
+    let st = h.a.stats();
+    assert_eq!(
+        (st.allocation.all().current, st.active.all().current),
+        (0, 1)
+    );
+    let blocks = &h.a.snapshot().segments[0].blocks;
+    assert_eq!(blocks[0].state, BlockState::ActivePendingFree);
+    let q = h.a.malloc(4 * MIB, UsageFlags::PRIVATE).unwrap();
+    assert_ne!(q, p);
+    h.check();
+    // A free of an already pending buffer is refused.
+    assert!(matches!(
+        h.a.free(p),
+        Err(AllocError::InvalidPointer { .. })
+    ));
+    dev.run_until_idle();
+    h.a.free_inactive_buffers().unwrap();
+    h.check();
+    assert_eq!(h.a.stats().active.all().current, 1);
+    assert_eq!(h.a.malloc(4 * MIB, UsageFlags::PRIVATE).unwrap(), p);
+    h.check();
+    dev.assert_no_races();
+}
+
+#[test]
+fn wait_for_events_returns_pending_buffers_spec_4_3() {
+    let h = unified();
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    let p = h.malloc(MIB);
+    dev.enqueue_work(s1).unwrap();
+    dev.hold_stream(s1).unwrap();
+    h.a.record_events(&[p], s1).unwrap();
+    h.free(p);
+    assert_eq!(h.a.current_allocated_memory(), 16 * KIB * 64);
+    dev.release_stream(s1).unwrap();
+    assert!(h.a.wait_for_events(&[p]).unwrap());
+    h.check();
+    assert_eq!(h.a.current_allocated_memory(), 0);
+    // Unknown pointers are reported.
+    assert!(!h.a.wait_for_events(&[DevicePtr(0x10)]).unwrap());
+    assert!(!h.a.record_events(&[DevicePtr(0x10)], s1).unwrap());
+}
+
+#[test]
+fn a_freed_scalar_returns_when_its_stream_completes_spec_4_3() {
+    let h = unified();
+    let dev = h.a.backend();
+    let s = h.try_malloc(4, UsageFlags::SCALAR).unwrap();
+    dev.enqueue_work(S0).unwrap();
+    dev.hold_stream(S0).unwrap();
+    h.free(s);
+    assert_eq!(h.a.current_allocated_memory(), 16 * KIB);
+    dev.release_stream(S0).unwrap();
+    h.a.free_inactive_buffers().unwrap();
+    h.check();
+    assert_eq!(h.a.current_allocated_memory(), 0);
+    // Reused by the next scalar.
+    assert_eq!(h.try_malloc(8, UsageFlags::SCALAR).unwrap(), s);
+}
+
+#[test]
+fn scalar_buffers_with_a_value_need_host_visible_memory() {
+    let h = unified();
+    let e =
+        h.a.alloc_scalar_buffer_with_value(&[1, 2, 3, 4])
+            .unwrap_err();
+    assert!(matches!(
+        e,
+        AllocError::Backend(BackendError::Unsupported { what, .. }) if what.contains("host-visible")
+    ));
+    h.check();
+    assert_eq!(h.a.total_allocated_memory(), 0);
+}
+
+/// A simulated device with host-visible memory and a 256-byte buffer
+/// alignment; it keeps what the host wrote.
+struct HostVisible {
+    sim: SimDevice,
+    writes: Mutex<Vec<(DevicePtr, Vec<u8>)>>,
+}
+
+impl Backend for HostVisible {
+    fn name(&self) -> &'static str {
+        "host-visible sim"
+    }
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<DevicePtr, BackendError> {
+        self.sim.allocate(size, stream)
+    }
+    fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        Backend::free(&self.sim, ptr, size)
+    }
+    fn mem_info(&self) -> Result<reservoir::MemInfo, BackendError> {
+        self.sim.mem_info()
+    }
+    fn create_stream(&self) -> Result<StreamId, BackendError> {
+        self.sim.create_stream()
+    }
+    fn record_event(&self, stream: StreamId) -> Result<reservoir::EventId, BackendError> {
+        self.sim.record_event(stream)
+    }
+    fn query_event(&self, event: reservoir::EventId) -> Result<bool, BackendError> {
+        self.sim.query_event(event)
+    }
+    fn synchronize_event(&self, event: reservoir::EventId) -> Result<(), BackendError> {
+        self.sim.synchronize_event(event)
+    }
+    fn destroy_event(&self, event: reservoir::EventId) -> Result<(), BackendError> {
+        self.sim.destroy_event(event)
+    }
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        Backend::synchronize_stream(&self.sim, stream)
+    }
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.sim.synchronize_device()
+    }
+    fn heap_buffer_alignment(&self) -> u64 {
+        256
+    }
+    fn as_host_write(&self) -> Option<&dyn HostWrite> {
+        Some(self)
+    }
+}
+
+impl HostWrite for HostVisible {
+    fn write_host(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), BackendError> {
+        self.writes.lock().unwrap().push((ptr, data.to_vec()));
+        Ok(())
+    }
+}
+
+#[test]
+fn scalar_buffers_with_a_value_on_host_visible_memory_and_backend_alignment() {
+    let dev = HostVisible {
+        sim: sim(GIB),
+        writes: Mutex::default(),
+    };
+    let h = H {
+        a: HeapAllocator::new(dev, HeapSettings::new(true)).unwrap(),
+    };
+    let s =
+        h.a.alloc_scalar_buffer_with_value(&7i64.to_le_bytes())
+            .unwrap();
+    h.check();
+    assert!(h.a.is_shared_buffer(s));
+    assert_eq!(
+        *h.a.backend().writes.lock().unwrap(),
+        [(s, 7i64.to_le_bytes().to_vec())]
+    );
+    assert_eq!(h.a.current_allocated_memory(), 256);
+    let t = h.a.alloc_scalar_buffer_with_value(&[1]).unwrap();
+    assert_eq!(t.0 - s.0, 256, "placed at the backend's alignment");
+    let e = h.a.alloc_scalar_buffer_with_value(&[0; 9]).unwrap_err();
+    assert!(matches!(e, AllocError::InvalidArgument(_)));
+    h.check();
+    h.free(s);
+    h.free(t);
+    // A 1000-byte request is 1024 bytes at 256-byte alignment.
+    let p = h.malloc(1000);
+    let snap = h.a.snapshot();
+    let block = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .find(|b| b.address == Some(p.0))
+        .unwrap();
+    assert_eq!(block.size, 1024);
+    h.free(p);
+}
+
+#[test]
+fn bad_input_is_a_typed_error_that_changes_nothing() {
+    let h = unified();
+    let p = h.malloc(MIB);
+    let before = (h.a.stats(), h.a.snapshot());
+    let same = |h: &H| assert_eq!((h.a.stats(), h.a.snapshot()), before);
+    assert!(matches!(
+        h.try_malloc(0, UsageFlags::PRIVATE),
+        Err(AllocError::InvalidArgument(_))
+    ));
+    same(&h);
+    let e = h.try_malloc(u64::MAX, UsageFlags::PRIVATE).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "invalid argument: Invalid buffer size: {}",
+            format_size(u64::MAX)
+        )
+    );
+    let e = h.try_malloc(64 * GIB, UsageFlags::PRIVATE).unwrap_err();
+    assert!(
+        e.to_string().contains("Invalid buffer size: 64.00 GB"),
+        "{e}"
+    );
+    same(&h);
+    assert!(matches!(
+        h.a.free(DevicePtr(0x1234)),
+        Err(AllocError::InvalidPointer { .. })
+    ));
+    same(&h);
+    assert!(matches!(
+        h.a.set_buffer_shape(DevicePtr(8), &[1]),
+        Err(AllocError::InvalidPointer { .. })
+    ));
+    assert!(h.a.set_high_watermark_ratio(2.5).is_err());
+    assert!(h.a.set_low_watermark_ratio(1.8).is_err());
+    assert!(h.a.set_low_watermark_ratio(-0.1).is_err());
+    assert_eq!(h.a.watermark_ratios(), (1.7, 1.4));
+    same(&h);
+    h.free(p);
+    assert!(matches!(
+        h.a.free(p),
+        Err(AllocError::InvalidPointer { .. })
+    ));
+    h.check();
+}
+
+#[test]
+fn the_impsallocator_surface() {
+    let h = unified();
+    assert_eq!(h.a.recommended_max_memory(), 64 * GIB);
+    let shared = h.a.shared_allocator().unwrap();
+    let private = h.a.private_allocator();
+    assert_eq!(private.allocate(0).unwrap(), DevicePtr::NULL);
+    private.delete(DevicePtr::NULL).unwrap();
+    let p = private.allocate(3 * MIB).unwrap();
+    let s = shared.allocate(3 * MIB).unwrap();
+    assert_eq!(
+        (
+            h.a.buffer_id(p),
+            h.a.buffer_id(s),
+            h.a.buffer_id(DevicePtr(1))
+        ),
+        (1, 2, 0)
+    );
+    assert!(h.a.is_pinned_ptr(s) && !h.a.is_pinned_ptr(p));
+    assert!(h.a.is_shared_storage_supported());
+    assert_eq!(h.a.unaligned_buffer_size(DevicePtr(1)), None);
+    h.a.set_buffer_shape(p, &[2, 3]).unwrap();
+    assert_eq!(h.a.buffer_shape(p), [2, 3]);
+    assert_eq!(h.a.current_allocated_memory(), 6 * MIB);
+    assert_eq!(h.a.total_allocated_memory(), 64 * MIB);
+    assert_eq!(h.a.driver_allocated_memory(), 64 * MIB);
+    private.delete(p).unwrap();
+    h.check();
+    // The shape is cleared on free; the reused buffer keeps its id.
+    assert_eq!(h.a.buffer_shape(p), Vec::<i64>::new());
+    let again = private.allocate(3 * MIB).unwrap();
+    assert_eq!((again, h.a.buffer_id(again)), (p, 1));
+    shared.delete(s).unwrap();
+    // Watermark getters and setters.
+    assert_eq!(h.a.low_watermark_limit(), (1.4 * (64 * GIB) as f64) as u64);
+    h.a.set_high_watermark_ratio(1.0).unwrap();
+    h.a.set_low_watermark_ratio(0.5).unwrap();
+    assert_eq!(h.a.high_watermark_limit(), 64 * GIB);
+    assert_eq!(h.a.low_watermark_limit(), 32 * GIB);
+    assert_eq!(h.a.low_watermark_value(), (32 * GIB / MIB - 64) as i64);
+    h.a.set_low_watermark_ratio(0.0).unwrap();
+    assert_eq!(h.a.low_watermark_value(), i64::MAX);
+    // A discrete device has no shared allocator.
+    assert!(discrete().a.shared_allocator().is_none());
+    let st = h.a.stats();
+    assert_eq!(st.segment.all().current, 2);
+    assert_eq!(st.reserved_bytes.all().current, (64 * MIB) as i64);
+}
+
+#[test]
+fn debug_output_speaks_pytorchs_words_spec_4_5() {
+    let out: Arc<Mutex<Vec<String>>> = Arc::default();
+    let h = heap(GIB, true, |s| {
+        s.debug = DebugVerbosity::from_bits(15).unwrap();
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+    });
+    tracing::subscriber::with_default(Collect(out.clone()), || {
+        h.a.private_allocator();
+        let p = h.malloc(MIB);
+        h.free(p);
+        let p = h.malloc(MIB);
+        h.free(p);
+        h.empty();
+    });
+    let msgs = out.lock().unwrap().clone();
+    let starts = [
+        "Initializing private heap allocator on unified device memory of size 1024.00 MB",
+        "Allocated private heap #1 of size 8.00 MB (#heaps: 1, current allocated: 8.00 MB)",
+        "Allocated private buffer #1 of size 1024.00 KB at 0x",
+        "Reusing private buffer #1 of size 1024.00 KB at 0x",
+        "Attempting to release cached buffers (MPS allocated: 8.00 MB, other allocations: 0 bytes)",
+        "Releasing 1 buffers from small private pool (total size: 1024.00 KB, #buffers: 1)",
+        "Released buffer #1 of size 1024.00 KB from heap #1 (heap size: 8.00 MB, use#: 2, retain#: 1, gc#: 0)",
+        "Released heap #1 of size 8.00 MB (current allocated: 0 bytes, retain#: 1)",
+    ];
+    assert_eq!(msgs.len(), starts.len(), "{msgs:#?}");
+    for (m, s) in msgs.iter().zip(starts) {
+        assert!(m.starts_with(s), "{m:?} should start with {s:?}");
+    }
+    assert!(
+        msgs[2].ends_with("from heap #1 (requested: 1024.00 KB, heap: 7.00 MB, total: 8.00 MB)"),
+        "{}",
+        msgs[2]
+    );
+    assert!(
+        msgs[3].ends_with("(requested: 1024.00 KB, use#: 2, retain#: 1)"),
+        "{}",
+        msgs[3]
+    );
+    // LARGE_ONLY hides small-pool buffer messages (not heap messages).
+    h.a.set_debug_verbosity(DebugVerbosity::from_bits(2 | 16).unwrap());
+    out.lock().unwrap().clear();
+    tracing::subscriber::with_default(Collect(out.clone()), || {
+        h.malloc(MIB);
+    });
+    let msgs = out.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert!(msgs[0].starts_with("Allocated private heap #2 of size 8.00 MB"));
+    // PROFILING: the watermark limits when they are set.
+    out.lock().unwrap().clear();
+    tracing::subscriber::with_default(Collect(out.clone()), || {
+        let mut s = HeapSettings::new(true);
+        s.debug = DebugVerbosity::PROFILING;
+        let a = HeapAllocator::new(sim(GIB), s).unwrap();
+        a.set_high_watermark_ratio(0.0).unwrap();
+    });
+    assert_eq!(
+        *out.lock().unwrap(),
+        [
+            "High watermark memory allocation limit: 1.70 GB",
+            "Low watermark memory allocation limit: 1.40 GB",
+            "High watermark memory allocation limit: unlimited"
+        ]
+    );
+}
+
+#[test]
+fn watermark_settings_parse_and_check_spec_4_4() {
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let s = HeapSettings::from_lookup(true, env(&[])).unwrap();
+    assert_eq!((s.high_watermark_ratio, s.low_watermark_ratio), (1.7, 1.4));
+    let s = HeapSettings::from_lookup(false, env(&[])).unwrap();
+    assert_eq!(s.low_watermark_ratio, 1.0);
+    let s = HeapSettings::from_lookup(
+        true,
+        env(&[
+            (ENV_HIGH_WATERMARK_RATIO, "0"),
+            (ENV_LOW_WATERMARK_RATIO, "2.0"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!((s.high_watermark_ratio, s.low_watermark_ratio), (0.0, 2.0));
+    let e = HeapSettings::from_lookup(true, env(&[(ENV_HIGH_WATERMARK_RATIO, "2.1")])).unwrap_err();
+    assert_eq!(e, HeapSettingsError::InvalidHighWatermark(2.1));
+    assert_eq!(e.to_string(), "invalid high watermark ratio 2.1");
+    let e = HeapSettings::from_lookup(
+        true,
+        env(&[
+            (ENV_HIGH_WATERMARK_RATIO, "1.2"),
+            (ENV_LOW_WATERMARK_RATIO, "1.3"),
+        ]),
+    )
+    .unwrap_err();
+    assert_eq!(e.to_string(), "invalid low watermark ratio 1.3");
+    // The default low ratio (1.4) is above a high ratio of 1.2.
+    let e = HeapSettings::from_lookup(true, env(&[(ENV_HIGH_WATERMARK_RATIO, "1.2")])).unwrap_err();
+    assert_eq!(e, HeapSettingsError::InvalidLowWatermark(1.4));
+    let e = HeapSettings::from_lookup(true, env(&[(ENV_LOW_WATERMARK_RATIO, "lots")])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "PYTORCH_MPS_LOW_WATERMARK_RATIO=\"lots\" is not a number"
+    );
+    assert!(HeapSettings::from_lookup(true, env(&[(ENV_HIGH_WATERMARK_RATIO, "-1")])).is_err());
+    // The debug bitmask: strtol with base 0.
+    for (text, value) in [
+        ("15", 15),
+        ("0x1f", 31),
+        ("010", 8),
+        ("  +7", 7),
+        ("-1", -1),
+        ("12abc", 12),
+        ("0x", 0),
+        ("abc", 0),
+        ("", 0),
+        ("08", 0),
+        ("99999999999999999999", i64::MAX),
+    ] {
+        assert_eq!(strtol_base0(text), value, "{text:?}");
+    }
+    let s = HeapSettings::from_lookup(true, env(&[(ENV_DEBUG, "0x12")])).unwrap();
+    assert_eq!(
+        s.debug,
+        DebugVerbosity::ALLOCATIONS | DebugVerbosity::LARGE_ONLY
+    );
+    let s = HeapSettings::from_lookup(true, env(&[(ENV_DEBUG, "-1")])).unwrap();
+    assert_eq!(s.debug.bits(), 31);
+    // A heap allocator refuses bad ratios.
+    let mut bad = HeapSettings::new(true);
+    bad.low_watermark_ratio = 1.9;
+    assert!(matches!(
+        HeapAllocator::new(sim(GIB), bad),
+        Err(AllocError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn watermark_settings_come_from_the_environment_spec_4_4() {
+    // The only test touching these variables.
+    std::env::set_var(ENV_HIGH_WATERMARK_RATIO, "1.5");
+    std::env::set_var(ENV_LOW_WATERMARK_RATIO, "0.25");
+    std::env::set_var(ENV_DEBUG, "8");
+    let s = HeapSettings::from_env(false);
+    std::env::remove_var(ENV_HIGH_WATERMARK_RATIO);
+    std::env::remove_var(ENV_LOW_WATERMARK_RATIO);
+    std::env::remove_var(ENV_DEBUG);
+    let s = s.unwrap();
+    assert_eq!((s.high_watermark_ratio, s.low_watermark_ratio), (1.5, 0.25));
+    assert_eq!(s.debug, DebugVerbosity::RELEASES);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Malloc(u64, u8),
+    Free(usize),
+    Record(usize, bool),
+    Release,
+    Empty,
+    Poll,
+    Ratio(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (prop_oneof![1u64..64, 1u64..(2 * MIB), (2 * MIB)..(80 * MIB), (60 * MIB)..(300 * MIB)], 0u8..4)
+            .prop_map(|(s, u)| Op::Malloc(s, u)),
+        3 => any::<usize>().prop_map(Op::Free),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(i, hold)| Op::Record(i, hold)),
+        1 => Just(Op::Release),
+        1 => Just(Op::Empty),
+        1 => Just(Op::Poll),
+        1 => (0u8..3).prop_map(Op::Ratio),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Spec 4.2-4.4 under random operations: every invariant holds after
+    /// every operation, on both free paths and both memory kinds.
+    #[test]
+    fn random_operations_keep_every_invariant(
+        ops in proptest::collection::vec(op(), 1..60),
+        unified in any::<bool>(),
+        waits in any::<bool>(),
+    ) {
+        let h = heap(GIB, unified, |s| {
+            s.free_waits_for_events = waits;
+            s.recommended_max_memory = Some(GIB / 2);
+        });
+        let dev = h.a.backend();
+        let s1 = dev.create_stream().unwrap();
+        let mut live: Vec<DevicePtr> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Malloc(size, u) => {
+                    let usage = [UsageFlags::PRIVATE, UsageFlags::SHARED, UsageFlags::SCALAR, UsageFlags::PRIVATE][u as usize];
+                    let size = if usage == UsageFlags::SCALAR { size.min(8) } else { size };
+                    match h.a.malloc(size, usage) {
+                        Ok(p) => live.push(p),
+                        Err(AllocError::OutOfMemory(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let p = live.swap_remove(i % live.len());
+                    h.a.free(p).unwrap();
+                }
+                Op::Record(i, hold) if !live.is_empty() => {
+                    if hold {
+                        dev.hold_stream(s1).unwrap();
+                    }
+                    dev.enqueue_work(s1).unwrap();
+                    prop_assert!(h.a.record_events(&[live[i % live.len()]], s1).unwrap());
+                }
+                Op::Release => dev.release_stream(s1).unwrap(),
+                Op::Empty => h.a.empty_cache().unwrap(),
+                Op::Poll => h.a.free_inactive_buffers().unwrap(),
+                Op::Ratio(r) => {
+                    let _ = h.a.set_low_watermark_ratio([0.0, 0.5, 1.0][r as usize]);
+                }
+                _ => {}
+            }
+            if let Err(e) = h.a.check_invariants() {
+                panic!("after {op:?}: {e}");
+            }
+        }
+        dev.release_stream(s1).unwrap();
+        for p in live {
+            h.a.free(p).unwrap();
+        }
+        h.a.empty_cache().unwrap();
+        h.check();
+        prop_assert_eq!(h.a.current_allocated_memory(), 0);
+    }
+}
