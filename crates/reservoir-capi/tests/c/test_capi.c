@@ -1,6 +1,6 @@
 /* The Reservoir C API from C, on the simulated device: normal use, threads,
  * and every bad input (each answered with an error code and a message
- * naming the bad value, with the statistics unchanged).
+ * naming the bad value, with the statistics unchanged); host memory briefly.
  *
  * Run by tests/c_program.rs (cargo test -p reservoir-capi --test c_program);
  * usage: test_capi SCRATCH_DIR. The last line is the summary the Rust test
@@ -153,6 +153,25 @@ static void normal_use(const char *dir) {
                RESERVOIR_ERR_BUFFER_TOO_SMALL, "buffer has 4");
     CHECK(len == strlen(s.keys[0]), "needed length reported: %zu", len);
 
+    OK(reservoir_allocator_destroy(h));
+}
+
+/* Host memory: real pointers, writable, released on free + empty_cache. */
+static void host_memory(void) {
+    ReservoirAllocator *h = NULL;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_HOST, 0, 256 * MiB, NULL, &h));
+    void *p = NULL;
+    OK(reservoir_allocator_alloc(h, 3 * MiB, 0, &p));
+    if (p != NULL) {
+        memset(p, 0xab, 3 * MiB);
+        CHECK(((unsigned char *)p)[3 * MiB - 1] == 0xab, "host memory is writable");
+    }
+    void *q = NULL;
+    EXPECT_ERR(reservoir_allocator_alloc(h, 300 * MiB, 0, &q), RESERVOIR_ERR_OUT_OF_MEMORY,
+               "314572800");
+    OK(reservoir_allocator_free(h, p));
+    OK(reservoir_allocator_empty_cache(h));
+    CHECK(stat(h, "reserved_bytes.all.current") == 0, "host memory released");
     OK(reservoir_allocator_destroy(h));
 }
 
@@ -315,6 +334,7 @@ static void bad_inputs(const char *dir) {
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : ".";
     normal_use(dir);
+    host_memory();
     threads();
     bad_inputs(dir);
     printf("capi-c: %d checks, %d failed\n", checks, failed);
