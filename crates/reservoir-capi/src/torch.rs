@@ -13,10 +13,12 @@
 //! Torch cannot see an error code here: a failure returns null (torch then
 //! raises `torch.OutOfMemoryError`) or does nothing, and its message goes
 //! to [`reservoir_last_error`](crate::reservoir_last_error) and to a
-//! `tracing` error event. Torch's `memory_stats()` is unavailable with a
+//! `tracing` error event. A panic poisons every device's allocator (later
+//! calls fail with `RESERVOIR_ERR_POISONED`). Torch's `memory_stats()` is unavailable with a
 //! pluggable allocator; [`reservoir_torch_stat`] reads ours.
 
 use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -24,7 +26,10 @@ use reservoir::{CachingAllocator, DevicePtr};
 use reservoir_cuda::CudaDevice;
 
 use crate::api::parse_config;
-use crate::error::{guard, Failure, ReservoirStatus, RESERVOIR_ERR_BACKEND_UNAVAILABLE};
+use crate::error::{
+    guard, Failure, ReservoirStatus, RESERVOIR_ERR_BACKEND_UNAVAILABLE, RESERVOIR_ERR_PANIC,
+    RESERVOIR_ERR_POISONED,
+};
 
 /// The environment variable configuring the PyTorch entry points.
 pub const RESERVOIR_ALLOC_CONF: &str = "RESERVOIR_ALLOC_CONF";
@@ -65,12 +70,30 @@ fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     Ok(a)
 }
 
-/// Log a failed PyTorch entry point (the last error is set by `guard`).
-fn log_failure(status: ReservoirStatus) {
+/// Set when a PyTorch entry point panicked: the allocators may be half
+/// updated, so every later call answers `RESERVOIR_ERR_POISONED`.
+static POISONED: AtomicBool = AtomicBool::new(false);
+
+/// [`guard`] for the PyTorch entry points: refuses work once poisoned,
+/// poisons on a panic, and logs every failure as a `tracing` error.
+fn torch_guard(name: &str, f: impl FnOnce() -> Result<(), Failure>) -> ReservoirStatus {
+    let status = guard(name, || {
+        if POISONED.load(Ordering::Acquire) {
+            return Err(Failure::new(
+                RESERVOIR_ERR_POISONED,
+                "the PyTorch allocators are poisoned by an earlier panic",
+            ));
+        }
+        f()
+    });
+    if status == RESERVOIR_ERR_PANIC {
+        POISONED.store(true, Ordering::Release);
+    }
     if status != ReservoirStatus::RESERVOIR_OK {
         let msg = crate::error::last_error_string();
         tracing::error!(target: "reservoir::capi", ?status, "{msg}");
     }
+    status
 }
 
 /// PyTorch's pluggable `alloc(size, device, stream)`: `size` bytes on CUDA
@@ -87,7 +110,7 @@ pub unsafe extern "C" fn reservoir_alloc(
     stream: *mut c_void,
 ) -> *mut c_void {
     let mut out = std::ptr::null_mut();
-    let status = guard("reservoir_alloc", || {
+    torch_guard("reservoir_alloc", || {
         let size = u64::try_from(size)
             .map_err(|_| Failure::invalid(format!("size {size} is negative")))?;
         if size == 0 {
@@ -110,7 +133,6 @@ pub unsafe extern "C" fn reservoir_alloc(
         out = p.0 as usize as *mut c_void;
         Ok(())
     });
-    log_failure(status);
     out
 }
 
@@ -119,7 +141,7 @@ pub unsafe extern "C" fn reservoir_alloc(
 /// a pointer not allocated here is logged and changes nothing.
 #[no_mangle]
 pub extern "C" fn reservoir_free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) {
-    let status = guard("reservoir_free", || {
+    torch_guard("reservoir_free", || {
         if ptr.is_null() {
             return Ok(());
         }
@@ -135,7 +157,6 @@ pub extern "C" fn reservoir_free(ptr: *mut c_void, size: isize, device: i32, str
             )
         })
     });
-    log_failure(status);
 }
 
 /// The value of the statistic `key` (a flat torch key such as
@@ -151,7 +172,7 @@ pub unsafe extern "C" fn reservoir_torch_stat(
     key: *const c_char,
     value: *mut i64,
 ) -> ReservoirStatus {
-    guard("reservoir_torch_stat", || {
+    torch_guard("reservoir_torch_stat", || {
         if key.is_null() || value.is_null() {
             return Err(Failure::invalid("key or value is null"));
         }
