@@ -5,9 +5,9 @@
 //!
 //! ```sh
 //! cargo test -p reservoir-capi --no-run
-//! cc -std=c11 -Wall -Wextra -Werror -Icrates/reservoir-capi/include \
+//! cc -std=c11 -D_DEFAULT_SOURCE -Wall -Wextra -Werror -Icrates/reservoir-capi/include \
 //!    crates/reservoir-capi/tests/c/test_capi.c target/debug/deps/libreservoir_capi.so \
-//!    -Wl,-rpath,target/debug/deps -lpthread -lm -o /tmp/test_capi
+//!    -Wl,-rpath,$PWD/target/debug/deps -lpthread -lm -o /tmp/test_capi
 //! /tmp/test_capi /tmp
 //! ```
 
