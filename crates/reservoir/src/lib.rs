@@ -13,6 +13,9 @@
 //! * [`stats`], [`trace`], [`config`] mirror PyTorch's statistics, history and
 //!   settings; [`caching::CachingAllocator::snapshot`] builds PyTorch's memory
 //!   snapshot ([`snapshot`]).
+//! * [`pluggable`] is PyTorch's `CUDAPluggableAllocator`: an allocator made
+//!   of user functions, also usable as the [`Backend`] under the caching
+//!   allocator.
 //! * [`callbacks`] is the MPS-style registry of named allocator callbacks;
 //!   [`debug`] selects `tracing` debug output (`RESERVOIR_DEBUG_VERBOSITY`).
 //!
@@ -43,6 +46,7 @@ pub mod format;
 pub mod heap;
 pub mod ids;
 pub mod pickle;
+pub mod pluggable;
 pub mod rng;
 pub mod sim;
 pub mod snapshot;

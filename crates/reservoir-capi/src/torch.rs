@@ -1,0 +1,199 @@
+//! PyTorch's `CUDAPluggableAllocator` entry points (spec section 3):
+//! `reservoir_alloc` / `reservoir_free`, Reservoir's caching allocator over
+//! the CUDA driver, one per device, built on first use and configured by
+//! the `RESERVOIR_ALLOC_CONF` environment variable
+//! (`PYTORCH_CUDA_ALLOC_CONF` syntax).
+//!
+//! ```python
+//! alloc = torch.cuda.memory.CUDAPluggableAllocator(
+//!     "libreservoir_capi.so", "reservoir_alloc", "reservoir_free")
+//! torch.cuda.memory.change_current_allocator(alloc)
+//! ```
+//!
+//! Torch cannot see an error code here: a failure returns null (torch then
+//! raises `torch.OutOfMemoryError`) or does nothing, and its message goes
+//! to [`reservoir_last_error`](crate::reservoir_last_error) and to a
+//! `tracing` error event. A panic poisons every device's allocator (later
+//! calls fail with `RESERVOIR_ERR_POISONED`). Torch's `memory_stats()` is unavailable with a
+//! pluggable allocator; [`reservoir_torch_stat`] reads ours.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use reservoir::{CachingAllocator, DevicePtr};
+use reservoir_cuda::CudaDevice;
+
+use crate::api::parse_config;
+use crate::error::{
+    guard, Failure, ReservoirStatus, RESERVOIR_ERR_BACKEND_UNAVAILABLE, RESERVOIR_ERR_PANIC,
+    RESERVOIR_ERR_POISONED,
+};
+
+/// The environment variable configuring the PyTorch entry points.
+pub const RESERVOIR_ALLOC_CONF: &str = "RESERVOIR_ALLOC_CONF";
+
+type TorchAllocator = Arc<CachingAllocator<CudaDevice>>;
+
+/// The per-device allocators, indexed by device ordinal, built lazily.
+static DEVICES: RwLock<Vec<Option<TorchAllocator>>> = parking_lot::const_rwlock(Vec::new());
+
+/// Device `device`'s allocator, built on first use.
+fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
+    let index = usize::try_from(device)
+        .ok()
+        .filter(|_| i8::try_from(device).is_ok())
+        .ok_or_else(|| Failure::invalid(format!("device {device} is not in 0..=127")))?;
+    if let Some(Some(a)) = DEVICES.read().get(index) {
+        return Ok(a.clone());
+    }
+    let mut devices = DEVICES.write();
+    if let Some(Some(a)) = devices.get(index) {
+        return Ok(a.clone());
+    }
+    let conf = std::env::var(RESERVOIR_ALLOC_CONF).ok();
+    let config = parse_config(conf.as_deref())
+        .map_err(|f| Failure::new(f.status, format!("{RESERVOIR_ALLOC_CONF}: {}", f.message)))?;
+    let dev = CudaDevice::new(device).map_err(|e| {
+        Failure::new(
+            RESERVOIR_ERR_BACKEND_UNAVAILABLE,
+            format!("CUDA device {device} is unavailable: {e}"),
+        )
+    })?;
+    let a = Arc::new(CachingAllocator::with_device(dev, config, device as i8));
+    if devices.len() <= index {
+        devices.resize(index + 1, None);
+    }
+    devices[index] = Some(a.clone());
+    tracing::info!(target: "reservoir::capi", device, conf = conf.as_deref(), "Reservoir allocator built");
+    Ok(a)
+}
+
+/// Set when a PyTorch entry point panicked: the allocators may be half
+/// updated, so every later call answers `RESERVOIR_ERR_POISONED`.
+static POISONED: AtomicBool = AtomicBool::new(false);
+
+/// [`guard`] for the PyTorch entry points: refuses work once poisoned,
+/// poisons on a panic, and logs every failure as a `tracing` error.
+fn torch_guard(name: &str, f: impl FnOnce() -> Result<(), Failure>) -> ReservoirStatus {
+    let status = guard(name, || {
+        if POISONED.load(Ordering::Acquire) {
+            return Err(Failure::new(
+                RESERVOIR_ERR_POISONED,
+                "the PyTorch allocators are poisoned by an earlier panic",
+            ));
+        }
+        f()
+    });
+    if status == RESERVOIR_ERR_PANIC {
+        POISONED.store(true, Ordering::Release);
+    }
+    if status != ReservoirStatus::RESERVOIR_OK {
+        let msg = crate::error::last_error_string();
+        tracing::error!(target: "reservoir::capi", ?status, "{msg}");
+    }
+    status
+}
+
+/// PyTorch's pluggable `alloc(size, device, stream)`: `size` bytes on CUDA
+/// device `device` for `stream` (a `cudaStream_t`; null is the default
+/// stream). Returns null on error (message in `reservoir_last_error`) and
+/// for size 0 (as the caching allocator does).
+///
+/// # Safety
+/// `stream` is null or a live CUDA stream of device `device`.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_alloc(
+    size: isize,
+    device: i32,
+    stream: *mut c_void,
+) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    torch_guard("reservoir_alloc", || {
+        let size = u64::try_from(size)
+            .map_err(|_| Failure::invalid(format!("size {size} is negative")))?;
+        if size == 0 {
+            return Ok(());
+        }
+        let a = allocator(device)?;
+        let s = if stream.is_null() {
+            reservoir::StreamId::DEFAULT
+        } else {
+            // SAFETY: a live stream of `device` (caller's contract).
+            unsafe { a.backend().adopt_stream(stream.cast()) }
+        };
+        let p = a.raw_alloc(size, s).map_err(|e| {
+            let f = Failure::from(e);
+            Failure::new(
+                f.status,
+                format!("size {size} on device {device}: {}", f.message),
+            )
+        })?;
+        out = p.0 as usize as *mut c_void;
+        Ok(())
+    });
+    out
+}
+
+/// PyTorch's pluggable `free(ptr, size, device, stream)`: return `ptr`
+/// (from [`reservoir_alloc`] on `device`) to the cache. Null does nothing;
+/// a pointer not allocated here is logged and changes nothing.
+#[no_mangle]
+pub extern "C" fn reservoir_free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) {
+    torch_guard("reservoir_free", || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let a = allocator(device)?;
+        a.raw_free(DevicePtr(ptr as usize as u64)).map_err(|e| {
+            let f = Failure::from(e);
+            Failure::new(
+                f.status,
+                format!(
+                    "ptr {ptr:p} (size {size}, device {device}, stream {stream:p}): {}",
+                    f.message
+                ),
+            )
+        })
+    });
+}
+
+/// The value of the statistic `key` (a flat torch key such as
+/// `"allocated_bytes.all.current"`) of device `device`'s allocator, built
+/// if needed.
+///
+/// # Safety
+/// `key` is null or a NUL-terminated string; `value` is null or valid for
+/// a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_stat(
+    device: i32,
+    key: *const c_char,
+    value: *mut i64,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_stat", || {
+        if key.is_null() || value.is_null() {
+            return Err(Failure::invalid("key or value is null"));
+        }
+        // SAFETY: non-null and NUL-terminated (caller's contract).
+        let key = unsafe { CStr::from_ptr(key) }.to_string_lossy();
+        let v = allocator(device)?
+            .memory_stats()
+            .get(key.as_ref())
+            .copied()
+            .ok_or_else(|| Failure::invalid(format!("no statistic is named {key:?}")))?;
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { value.write(v) };
+        Ok(())
+    })
+}
+
+/// Release device `device`'s cached segments (PyTorch's `reset_fn` /
+/// `emptyCache` hook).
+#[no_mangle]
+pub extern "C" fn reservoir_torch_empty_cache(device: i32) -> ReservoirStatus {
+    guard("reservoir_torch_empty_cache", || {
+        Ok(allocator(device)?.empty_cache()?)
+    })
+}
