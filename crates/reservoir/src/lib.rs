@@ -19,6 +19,27 @@
 //! * [`callbacks`] is the MPS-style registry of named allocator callbacks;
 //!   [`debug`] selects `tracing` debug output (`RESERVOIR_DEBUG_VERBOSITY`).
 //!
+//! The layers, bottom to top (each uses only what is below it):
+//!
+//! ```text
+//! ids, error, format, checksum, rng     plain types and helpers
+//! backend                               the device contract; optional capabilities
+//!                                       (VirtualMemory, Memcpy, DeviceWork, HostWrite)
+//! sim                                   the simulated devices (no allocator inside)
+//! store (crate-private)                 BlockStore: blocks, segments, split/merge,
+//!                                       FreeList<K>; pure mechanism
+//! config, stats, trace, callbacks,      settings, statistics, history entries,
+//! debug, snapshot, pickle (writer)      callbacks, debug output, the report model
+//! caching | heap | pluggable            the three allocators of PyTorch's headers;
+//!                                       caching/policy.rs is where Reservoir's own
+//!                                       policies hook in
+//! device_allocator                      the c10 DeviceAllocator contract, registry
+//! ```
+//!
+//! Replay, snapshot decoding and workloads live in `reservoir-replay`; real
+//! devices in `reservoir-host`, `reservoir-opencl` and `reservoir-cuda`; the
+//! C ABI in `reservoir-capi`.
+//!
 //! ```
 //! use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
 //! use reservoir::sim::SimDevice;

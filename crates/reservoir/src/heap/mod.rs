@@ -365,7 +365,7 @@ impl<B: Backend> HeapAllocator<B> {
 
     /// `allocScalarBufferWithValue`: a scalar buffer (at most 8 bytes)
     /// holding `value`. Needs a backend the host can write
-    /// ([`Backend::as_host_write`](crate::backend::Backend::as_host_write));
+    /// ([`Backend::as_host_write`]);
     /// otherwise [`BackendError::Unsupported`], with nothing changed.
     pub fn alloc_scalar_buffer_with_value(&self, value: &[u8]) -> Result<DevicePtr, AllocError> {
         let Some(host) = self.backend.as_host_write() else {
