@@ -11,6 +11,20 @@ pub(super) fn is_c_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
 }
 
+/// What every C number reader does first: skip `isspace` characters, then
+/// read an optional `+` or `-`. The index after them, and whether it was `-`.
+fn sign_prefix(b: &[u8]) -> (usize, bool) {
+    let mut i = 0;
+    while i < b.len() && is_c_space(b[i]) {
+        i += 1;
+    }
+    match b.get(i) {
+        Some(b'-') => (i + 1, true),
+        Some(b'+') => (i + 1, false),
+        _ => (i, false),
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum NumError {
     /// No number at the start (`std::invalid_argument`).
@@ -23,21 +37,7 @@ pub(super) enum NumError {
 /// a `-` negates modulo 2^64.
 pub(super) fn c_stoull(s: &str) -> Result<u64, NumError> {
     let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() && is_c_space(b[i]) {
-        i += 1;
-    }
-    let negative = match b.get(i) {
-        Some(b'-') => {
-            i += 1;
-            true
-        }
-        Some(b'+') => {
-            i += 1;
-            false
-        }
-        _ => false,
-    };
+    let (mut i, negative) = sign_prefix(b);
     let start = i;
     let mut value: u64 = 0;
     let mut overflow = false;
@@ -65,6 +65,33 @@ pub(super) fn c_stoull(s: &str) -> Result<u64, NumError> {
     }
 }
 
+/// C's `strtol(s, NULL, 0)`: leading white space, an optional sign, then
+/// `0x`/`0X` + hexadecimal digits, `0` + octal digits, or decimal digits;
+/// parsing stops at the first character that is not a digit of the base;
+/// no digits gives 0; overflow saturates at `i64::MIN`/`i64::MAX` (`LONG_MIN`/`LONG_MAX`).
+pub fn strtol_base0(s: &str) -> i64 {
+    let b = s.as_bytes();
+    let (mut i, negative) = sign_prefix(b);
+    let mut radix = 10;
+    if b.get(i) == Some(&b'0') {
+        if matches!(b.get(i + 1), Some(b'x' | b'X'))
+            && b.get(i + 2).is_some_and(|c| c.is_ascii_hexdigit())
+        {
+            radix = 16;
+            i += 2;
+        } else {
+            radix = 8;
+        }
+    }
+    let mut value: i128 = 0;
+    while let Some(d) = b.get(i).and_then(|&c| (c as char).to_digit(radix)) {
+        value = (value * radix as i128 + d as i128).min(i64::MAX as i128 + 1);
+        i += 1;
+    }
+    let value = if negative { -value } else { value };
+    value.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+}
+
 fn starts_with_ignore_case(b: &[u8], word: &[u8]) -> bool {
     b.len() >= word.len() && b[..word.len()].eq_ignore_ascii_case(word)
 }
@@ -74,21 +101,7 @@ fn starts_with_ignore_case(b: &[u8], word: &[u8]) -> bool {
 /// Overflow and inexact results below the normal range are range errors.
 pub(super) fn c_stod(s: &str) -> Result<f64, NumError> {
     let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() && is_c_space(b[i]) {
-        i += 1;
-    }
-    let negative = match b.get(i) {
-        Some(b'-') => {
-            i += 1;
-            true
-        }
-        Some(b'+') => {
-            i += 1;
-            false
-        }
-        _ => false,
-    };
+    let (i, negative) = sign_prefix(b);
     let rest = &b[i..];
     let magnitude = if starts_with_ignore_case(rest, b"inf") {
         f64::INFINITY

@@ -18,6 +18,7 @@
 //! leading blanks, an optional sign, `0x` hexadecimal, a leading `0` for
 //! octal, trailing text ignored, no digits = 0; the bits above 16 are dropped.
 
+pub use super::cnum::strtol_base0;
 use crate::debug::DebugVerbosity;
 
 /// `PYTORCH_MPS_HIGH_WATERMARK_RATIO`.
@@ -162,47 +163,6 @@ fn parse_ratio(var: &'static str, value: &str) -> Result<f64, HeapSettingsError>
 /// bits one by one, so higher bits have no effect).
 pub fn debug_from_strtol(value: i64) -> DebugVerbosity {
     DebugVerbosity::from_bits((value as u32) & 31).unwrap_or_default()
-}
-
-/// C's `strtol(s, NULL, 0)`: leading white space, an optional sign, then
-/// `0x`/`0X` + hexadecimal digits, `0` + octal digits, or decimal digits;
-/// parsing stops at the first character that is not a digit of the base;
-/// no digits gives 0; overflow saturates at `i64::MIN`/`i64::MAX` (`LONG_MIN`/`LONG_MAX`).
-pub fn strtol_base0(s: &str) -> i64 {
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c) {
-        i += 1;
-    }
-    let negative = match b.get(i) {
-        Some(b'-') => {
-            i += 1;
-            true
-        }
-        Some(b'+') => {
-            i += 1;
-            false
-        }
-        _ => false,
-    };
-    let mut radix = 10;
-    if b.get(i) == Some(&b'0') {
-        if matches!(b.get(i + 1), Some(b'x' | b'X'))
-            && b.get(i + 2).is_some_and(|c| c.is_ascii_hexdigit())
-        {
-            radix = 16;
-            i += 2;
-        } else {
-            radix = 8;
-        }
-    }
-    let mut value: i128 = 0;
-    while let Some(d) = b.get(i).and_then(|&c| (c as char).to_digit(radix)) {
-        value = (value * radix as i128 + d as i128).min(i64::MAX as i128 + 1);
-        i += 1;
-    }
-    let value = if negative { -value } else { value };
-    value.clamp(i64::MIN as i128, i64::MAX as i128) as i64
 }
 
 /// A heap allocator setting that is refused.
