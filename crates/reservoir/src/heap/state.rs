@@ -170,38 +170,34 @@ impl State {
 
     /// `setHighWatermarkRatio` once checked.
     pub fn set_high_ratio(&mut self, ratio: f64) {
-        self.max_total_allowed = if ratio == 0.0 {
-            u64::MAX
-        } else {
-            (ratio * self.max_device_size as f64) as u64
-        };
-        if self.debug.contains(DebugVerbosity::PROFILING) {
-            let limit = if ratio == 0.0 {
-                "unlimited".to_string()
-            } else {
-                format_size(self.max_total_allowed)
-            };
-            tracing::info!(target: TARGET, "High watermark memory allocation limit: {limit}");
-        }
+        self.max_total_allowed = self.watermark_limit(ratio, "High");
         self.high_ratio = ratio;
     }
 
     /// `setLowWatermarkRatio` once checked.
     pub fn set_low_ratio(&mut self, ratio: f64) {
-        self.low_limit = if ratio == 0.0 {
+        self.low_limit = self.watermark_limit(ratio, "Low");
+        self.low_ratio = ratio;
+    }
+
+    /// The byte limit of a watermark `ratio` of the recommended maximum
+    /// (`u64::MAX` for 0, which disables it), logged under PROFILING as
+    /// PyTorch does ("{which} watermark memory allocation limit: ...").
+    fn watermark_limit(&self, ratio: f64, which: &str) -> u64 {
+        let limit = if ratio == 0.0 {
             u64::MAX
         } else {
             (ratio * self.max_device_size as f64) as u64
         };
         if self.debug.contains(DebugVerbosity::PROFILING) {
-            let limit = if ratio == 0.0 {
+            let shown = if ratio == 0.0 {
                 "unlimited".to_string()
             } else {
-                format_size(self.low_limit)
+                format_size(limit)
             };
-            tracing::info!(target: TARGET, "Low watermark memory allocation limit: {limit}");
+            tracing::info!(target: TARGET, "{which} watermark memory allocation limit: {shown}");
         }
-        self.low_ratio = ratio;
+        limit
     }
 
     /// `current_allocated_size()`: `device.currentAllocatedSize`, the bytes
