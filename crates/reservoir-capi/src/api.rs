@@ -215,10 +215,8 @@ pub unsafe extern "C" fn reservoir_allocator_alloc(
         }
         let p = with_handle(h, |a| {
             let s = stream_arg(a, stream);
-            each_backend!(a, a => a.raw_alloc(size, s)).map_err(|e| {
-                let f = Failure::from(e);
-                Failure::new(f.status, format!("size {size}: {}", f.message))
-            })
+            each_backend!(a, a => a.raw_alloc(size, s))
+                .map_err(|e| Failure::context(e, format_args!("size {size}")))
         })?;
         // SAFETY: checked writable above.
         unsafe { put(out, p.0 as usize as *mut c_void, "out") }

@@ -70,6 +70,13 @@ impl Failure {
     pub(crate) fn invalid(message: impl Into<String>) -> Failure {
         Failure::new(RESERVOIR_ERR_INVALID_ARGUMENT, message)
     }
+
+    /// An allocator error as a failure, its message prefixed with what the
+    /// call was about (`"size 1024: ..."`).
+    pub(crate) fn context(e: AllocError, about: impl std::fmt::Display) -> Failure {
+        let f = Failure::from(e);
+        Failure::new(f.status, format!("{about}: {}", f.message))
+    }
 }
 
 impl From<AllocError> for Failure {

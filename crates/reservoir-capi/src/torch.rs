@@ -123,13 +123,9 @@ pub unsafe extern "C" fn reservoir_alloc(
             // SAFETY: a live stream of `device` (caller's contract).
             unsafe { a.backend().adopt_stream(stream.cast()) }
         };
-        let p = a.raw_alloc(size, s).map_err(|e| {
-            let f = Failure::from(e);
-            Failure::new(
-                f.status,
-                format!("size {size} on device {device}: {}", f.message),
-            )
-        })?;
+        let p = a
+            .raw_alloc(size, s)
+            .map_err(|e| Failure::context(e, format_args!("size {size} on device {device}")))?;
         out = p.0 as usize as *mut c_void;
         Ok(())
     });
@@ -147,13 +143,9 @@ pub extern "C" fn reservoir_free(ptr: *mut c_void, size: isize, device: i32, str
         }
         let a = allocator(device)?;
         a.raw_free(DevicePtr(ptr as usize as u64)).map_err(|e| {
-            let f = Failure::from(e);
-            Failure::new(
-                f.status,
-                format!(
-                    "ptr {ptr:p} (size {size}, device {device}, stream {stream:p}): {}",
-                    f.message
-                ),
+            Failure::context(
+                e,
+                format_args!("ptr {ptr:p} (size {size}, device {device}, stream {stream:p})"),
             )
         })
     });
