@@ -185,7 +185,7 @@ pub unsafe extern "C" fn reservoir_torch_stat(
 /// `emptyCache` hook).
 #[no_mangle]
 pub extern "C" fn reservoir_torch_empty_cache(device: i32) -> ReservoirStatus {
-    guard("reservoir_torch_empty_cache", || {
+    torch_guard("reservoir_torch_empty_cache", || {
         Ok(allocator(device)?.empty_cache()?)
     })
 }
