@@ -260,3 +260,44 @@ fn owning_handles_hold_real_memory() {
     alloc.empty_cache().unwrap();
     assert_all_given_back(&alloc);
 }
+
+/// Teardown (issue 15, `caching/teardown.rs`): dropping the allocator gives
+/// every segment back to the host device, plain and expandable, cached or
+/// still holding a live block: the device's leak report is empty after.
+#[test]
+fn dropping_the_allocator_returns_every_segment_to_the_host_device() {
+    for expandable in [false, true] {
+        let dev = std::sync::Arc::new(
+            HostDevice::new(HostConfig {
+                capacity: BUDGET,
+                ..HostConfig::default()
+            })
+            .unwrap(),
+        );
+        let mut config = AllocatorConfig::default();
+        config.expandable_segments = expandable;
+        let a = CachingAllocator::new(dev.clone(), config);
+        let s = StreamId(0);
+        let kept = a.raw_alloc(3 * MIB, s).unwrap();
+        for size in [512, 70_000, 5 * MIB, 40 * MIB] {
+            let p = a.raw_alloc(size, s).unwrap();
+            dev.fill(p, size, 0xab).unwrap();
+            a.raw_free(p).unwrap();
+        }
+        dev.fill(kept, 3 * MIB, 0x5a).unwrap();
+        a.check_invariants().unwrap();
+        assert!(!dev.leak_report().is_empty());
+        let report = a.close();
+        assert_eq!(report.live_blocks, 1, "expandable={expandable}");
+        assert_eq!(report.live_addresses, vec![kept]);
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert!(
+            dev.leak_report().is_empty(),
+            "expandable={expandable}: {}",
+            dev.leak_report()
+        );
+        let c: HostCounters = dev.counters();
+        assert_eq!((c.bytes_in_use, c.live_events), (0, 0), "{c:?}");
+        assert!(!dev.is_live(kept, 1), "the live block's memory is unmapped");
+    }
+}

@@ -183,6 +183,72 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// A shared backend is a backend: the program keeps an `Arc` to the device
+/// (to enqueue work, or to read its counters after the allocator is
+/// dropped) while the allocator owns another. Every method forwards.
+impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn device_kind(&self) -> crate::ids::DeviceKind {
+        (**self).device_kind()
+    }
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<DevicePtr, BackendError> {
+        (**self).allocate(size, stream)
+    }
+    fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        (**self).free(ptr, size)
+    }
+    fn mem_info(&self) -> Result<MemInfo, BackendError> {
+        (**self).mem_info()
+    }
+    fn create_stream(&self) -> Result<StreamId, BackendError> {
+        (**self).create_stream()
+    }
+    fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
+        (**self).record_event(stream)
+    }
+    fn query_event(&self, event: EventId) -> Result<bool, BackendError> {
+        (**self).query_event(event)
+    }
+    fn synchronize_event(&self, event: EventId) -> Result<(), BackendError> {
+        (**self).synchronize_event(event)
+    }
+    fn destroy_event(&self, event: EventId) -> Result<(), BackendError> {
+        (**self).destroy_event(event)
+    }
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        (**self).synchronize_stream(stream)
+    }
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        (**self).synchronize_device()
+    }
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
+        (**self).stream_wait_event(stream, event)
+    }
+    fn on_block_handed_out(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
+        (**self).on_block_handed_out(ptr, size, stream)
+    }
+    fn on_block_freed(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
+        (**self).on_block_freed(ptr, size, stream)
+    }
+    fn heap_buffer_alignment(&self) -> u64 {
+        (**self).heap_buffer_alignment()
+    }
+    fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        (**self).as_virtual_memory()
+    }
+    fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+        (**self).as_memcpy()
+    }
+    fn as_device_work(&self) -> Option<&dyn DeviceWork> {
+        (**self).as_device_work()
+    }
+    fn as_host_write(&self) -> Option<&dyn HostWrite> {
+        (**self).as_host_write()
+    }
+}
+
 /// Host-write capability: the host writes device memory directly (unified
 /// or host-visible memory). The heap allocator's scalar buffers with a value
 /// need it (`allocScalarBufferWithValue`).

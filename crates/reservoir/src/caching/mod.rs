@@ -67,6 +67,7 @@ mod seed;
 mod snapshot;
 mod state;
 pub mod stream_order;
+mod teardown;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -93,6 +94,7 @@ pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, Segm
 pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment, Seeder};
 pub use snapshot::StreamSegmentSize;
 use state::DeviceState;
+pub use teardown::TeardownReport;
 
 /// PyTorch's CUDA caching allocator over any [`Backend`], for one device.
 ///
@@ -652,6 +654,29 @@ impl<B: Backend> CachingAllocator<B> {
     /// allocated blocks, and every statistic equals a recount.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.state.lock().check_invariants()
+    }
+
+    /// Tear the allocator down and say what was found: every segment goes
+    /// back to the backend after pending events are synchronised, including
+    /// segments of blocks still allocated (see [`TeardownReport`]). Dropping
+    /// the allocator does the same and logs the report (a warning when
+    /// blocks were still allocated or the backend failed).
+    pub fn close(mut self) -> TeardownReport {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> TeardownReport {
+        self.state.get_mut().teardown(&self.backend)
+    }
+}
+
+impl<B: Backend> Drop for CachingAllocator<B> {
+    fn drop(&mut self) {
+        let report = self.teardown();
+        let device = self.state.get_mut().device;
+        if report.segments_released > 0 || !report.is_clean() {
+            teardown::log_teardown(device, self.backend.name(), &report);
+        }
     }
 }
 

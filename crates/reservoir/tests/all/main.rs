@@ -11,3 +11,4 @@ mod pools;
 mod registry;
 mod rules;
 mod streams;
+mod teardown;
