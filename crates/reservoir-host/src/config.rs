@@ -55,6 +55,13 @@ pub struct HostConfig {
     /// 2 MiB (small pool) and `large_segment_size` (large pool) pages, so
     /// keep it at most 2 MiB to serve expandable segments.
     pub vm_granularity: u64,
+    /// Back every plain allocation with its own memfd mapped `MAP_SHARED`,
+    /// so that it can be shared with other processes
+    /// ([`HostDevice::ipc_get_handle`](crate::HostDevice::ipc_get_handle),
+    /// the caching allocator's `share_ipc_handle`). Costs one open file
+    /// descriptor per live allocation. Default false (anonymous private
+    /// memory). Linux only.
+    pub shareable: bool,
 }
 
 impl Default for HostConfig {
@@ -62,6 +69,7 @@ impl Default for HostConfig {
         HostConfig {
             capacity: default_capacity(),
             vm_granularity: DEFAULT_GRANULARITY,
+            shareable: false,
         }
     }
 }

@@ -3,15 +3,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::ptr;
 
 use parking_lot::Mutex;
 use reservoir::backend::{
-    Backend, BackendError, DevicePtr, EventId, MemInfo, Memcpy, Reservation, StreamId,
+    Backend, BackendError, DevicePtr, EventId, Ipc, MemInfo, Memcpy, Reservation, StreamId,
     VirtualMemory,
 };
 
 use crate::config::{HostConfig, HostConfigError};
+use crate::ipc::{self, HostIpcHandle};
 use crate::mapping::{os_page_size, Mapping};
 
 /// The backend's name, as [`Backend::name`] reports it.
@@ -76,6 +78,10 @@ pub struct HostCounters {
     pub live_events: u64,
     /// Successful copies ([`Memcpy::copy`]).
     pub copies: u64,
+    /// Shared allocations of other processes opened ([`Ipc::open_segment`]).
+    pub ipc_opens: u64,
+    /// Those still open.
+    pub live_ipc_mappings: u64,
 }
 
 /// What a [`HostDevice`] still holds: reported by [`HostDevice::leak_report`]
@@ -124,6 +130,16 @@ struct Allocation {
     size: u64,
     /// `size` rounded up to the page size: what it counts against the budget.
     accounted: u64,
+    /// The memfd behind a shareable allocation and its serial (see `ipc.rs`).
+    memfd: Option<(OwnedFd, u64)>,
+}
+
+/// A shared allocation of another process, opened here (see `ipc.rs`).
+struct Opened {
+    /// The shared pages, read-write, page-rounded.
+    map: Mapping,
+    /// The handle it was opened from; `handle.size` bytes are accessible.
+    handle: HostIpcHandle,
 }
 
 /// A live reservation.
@@ -158,6 +174,13 @@ struct State {
     next_event: u64,
     /// Event counters (the `live_*` and byte fields are filled on snapshot).
     c: HostCounters,
+    /// [`HostConfig::shareable`]: plain allocations are memfd-backed.
+    shareable: bool,
+    /// Serial of the next shareable allocation.
+    next_serial: u64,
+    /// Shared allocations of other processes opened here, by address. They
+    /// count nothing against the budget (the exporter's memory).
+    opened: BTreeMap<u64, Opened>,
 }
 
 impl State {
@@ -203,7 +226,7 @@ impl State {
             );
             return Err(self.oom(size));
         }
-        let map = match to_usize(accounted).map(Mapping::anonymous_rw) {
+        let map = match to_usize(accounted).map(|len| self.map_plain(len)) {
             Ok(Ok(map)) => map,
             Ok(Err(e)) => {
                 self.c.failed_allocs += 1;
@@ -214,6 +237,7 @@ impl State {
                 return Err(self.oom(size));
             }
         };
+        let (map, memfd) = map;
         let addr = map.addr();
         self.allocs.insert(
             addr,
@@ -221,11 +245,79 @@ impl State {
                 map,
                 size,
                 accounted,
+                memfd,
             },
         );
         self.take(accounted);
         self.c.allocs += 1;
         Ok(DevicePtr(addr))
+    }
+
+    /// Fresh memory for a plain allocation: anonymous, or a new memfd when
+    /// the device is shareable.
+    fn map_plain(&mut self, len: usize) -> io::Result<(Mapping, Option<(OwnedFd, u64)>)> {
+        if !self.shareable {
+            return Ok((Mapping::anonymous_rw(len)?, None));
+        }
+        let serial = self.next_serial;
+        let (map, fd) = Mapping::shared_memfd(len, &ipc::memfd_name(std::process::id(), serial))?;
+        self.next_serial += 1;
+        Ok((map, Some((fd, serial))))
+    }
+
+    fn export(&self, ptr: DevicePtr) -> Result<HostIpcHandle, BackendError> {
+        let Some(a) = self.allocs.get(&ptr.0) else {
+            return Err(invalid(format!(
+                "IPC export of {ptr}: not the start of a live allocation of the host device"
+            )));
+        };
+        let Some((fd, serial)) = &a.memfd else {
+            return Err(invalid(format!(
+                "IPC export of {ptr}: the allocation is not shareable; create the host device                  with HostConfig.shareable = true"
+            )));
+        };
+        Ok(HostIpcHandle {
+            pid: std::process::id(),
+            fd: fd.as_raw_fd(),
+            serial: *serial,
+            size: a.size,
+        })
+    }
+
+    fn open(&mut self, bytes: &[u8], page_size: u64) -> Result<(DevicePtr, u64), BackendError> {
+        let handle = HostIpcHandle::from_bytes(bytes)?;
+        if let Some((&addr, _)) = self.opened.iter().find(|(_, o)| o.handle == handle) {
+            return Err(invalid(format!(
+                "host IPC handle of pid {} fd {} is already open here at {addr:#x}; a handle                  opens once per process",
+                handle.pid, handle.fd
+            )));
+        }
+        let fd = ipc::open_exported(&handle)?;
+        let len = handle
+            .size
+            .checked_next_multiple_of(page_size)
+            .ok_or_else(|| invalid(format!("host IPC handle size {} overflows", handle.size)))?;
+        let map = Mapping::map_shared_fd(fd.as_fd(), to_usize(len)?)
+            .map_err(|e| os_error("mmap (IPC open)", &e, len, self.free_bytes()))?;
+        let addr = map.addr();
+        self.opened.insert(addr, Opened { map, handle });
+        self.c.ipc_opens += 1;
+        Ok((DevicePtr(addr), handle.size))
+    }
+
+    fn close_opened(&mut self, ptr: DevicePtr) -> Result<(), BackendError> {
+        let Some(o) = self.opened.remove(&ptr.0) else {
+            return Err(invalid(format!(
+                "IPC close of {ptr}: not a shared allocation opened on this host device"
+            )));
+        };
+        if let Err((map, e)) = o.map.unmap() {
+            self.opened.insert(ptr.0, Opened { map, ..o });
+            return Err(BackendError::Driver(format!(
+                "host device: munmap of IPC mapping {ptr}: {e}"
+            )));
+        }
+        Ok(())
     }
 
     fn free(&mut self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
@@ -478,6 +570,18 @@ impl State {
                 return Ok(resv.map.ptr(off as usize));
             }
         }
+        if let Some((&a, o)) = self.opened.range(..=ptr.0).next_back() {
+            if ptr.0 < a + o.handle.size {
+                if end > a + o.handle.size {
+                    return Err(invalid(format!(
+                        "range [{ptr}, {end:#x}) runs past the end of IPC mapping {a:#x} of {} \
+                         bytes",
+                        o.handle.size
+                    )));
+                }
+                return Ok(o.map.ptr((ptr.0 - a) as usize));
+            }
+        }
         Err(invalid(format!(
             "{ptr}: not inside live memory of the host device"
         )))
@@ -558,6 +662,9 @@ impl HostDevice {
                 events: HashMap::new(),
                 next_event: 1,
                 c: HostCounters::default(),
+                shareable: config.shareable,
+                next_serial: 0,
+                opened: BTreeMap::new(),
             }),
         })
     }
@@ -594,6 +701,7 @@ impl HostDevice {
             live_reservations: s.resv.len() as u64,
             mapped_bytes: s.resv.values().map(|r| r.mapped).sum(),
             live_events: s.events.len() as u64,
+            live_ipc_mappings: s.opened.len() as u64,
             ..s.c
         }
     }
@@ -757,6 +865,48 @@ impl Drop for HostDevice {
     }
 }
 
+impl HostDevice {
+    /// The IPC handle of the shareable allocation starting at `ptr` (see
+    /// [`HostConfig::shareable`]). Not an allocation start, or not
+    /// shareable: [`BackendError::InvalidValue`] naming `ptr`.
+    pub fn ipc_get_handle(&self, ptr: DevicePtr) -> Result<HostIpcHandle, BackendError> {
+        self.state.lock().export(ptr)
+    }
+
+    /// Map another process's shareable allocation; returns its address
+    /// here. The memory is readable and writable through this device's
+    /// accessors ([`fill`](Self::fill), [`copy_to_host`](Self::copy_to_host)
+    /// ...) and raw pointers; writes are seen by the exporter. Bad, stale or
+    /// own-process handles are [`BackendError::InvalidValue`] and map
+    /// nothing.
+    pub fn ipc_open(&self, handle: &HostIpcHandle) -> Result<DevicePtr, BackendError> {
+        Ok(self
+            .state
+            .lock()
+            .open(&handle.to_bytes(), self.page_size)?
+            .0)
+    }
+
+    /// Unmap an allocation opened with [`ipc_open`](Self::ipc_open).
+    pub fn ipc_close(&self, ptr: DevicePtr) -> Result<(), BackendError> {
+        self.state.lock().close_opened(ptr)
+    }
+}
+
+impl Ipc for HostDevice {
+    fn export_segment(&self, segment: DevicePtr) -> Result<Vec<u8>, BackendError> {
+        Ok(self.ipc_get_handle(segment)?.to_bytes().to_vec())
+    }
+
+    fn open_segment(&self, handle: &[u8]) -> Result<(DevicePtr, u64), BackendError> {
+        self.state.lock().open(handle, self.page_size)
+    }
+
+    fn close_segment(&self, base: DevicePtr) -> Result<(), BackendError> {
+        self.ipc_close(base)
+    }
+}
+
 impl Backend for HostDevice {
     fn name(&self) -> &'static str {
         NAME
@@ -830,6 +980,10 @@ impl Backend for HostDevice {
     }
 
     fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        Some(self)
+    }
+
+    fn as_ipc(&self) -> Option<&dyn Ipc> {
         Some(self)
     }
 

@@ -58,6 +58,14 @@
 //!   [`BackendError::InvalidValue`] before anything changes.
 //! * **Copies** ([`Memcpy`]): between any two live ranges (allocations or
 //!   mapped pages), synchronously; overlapping ranges behave like `memmove`.
+//! * **IPC** (spec 1.16): with [`HostConfig::shareable`] every plain
+//!   allocation is its own memfd mapped `MAP_SHARED`;
+//!   [`HostDevice::ipc_get_handle`] exports it as a [`HostIpcHandle`]
+//!   (pid, descriptor, serial, size; 32 bytes), which another process of
+//!   the same user maps with [`HostDevice::ipc_open`] through
+//!   `/proc/<pid>/fd/<fd>`, after checking the descriptor is that very memfd.
+//!   The device implements [`Ipc`], so the caching allocator's
+//!   `share_ipc_handle` / `open_ipc_handle` work over it.
 //! * **Test helpers**: [`HostDevice::fill`], [`HostDevice::checksum`]
 //!   (compare with [`checksum_bytes`]), [`HostDevice::copy_from_host`],
 //!   [`HostDevice::copy_to_host`] and [`HostDevice::is_live`] check that the
@@ -89,6 +97,7 @@
 
 mod config;
 mod device;
+mod ipc;
 mod mapping;
 
 #[cfg(test)]
@@ -99,10 +108,11 @@ pub use config::{
     FALLBACK_CAPACITY,
 };
 pub use device::{checksum_bytes, HostCounters, HostDevice, LeakReport, NAME};
+pub use ipc::{HostIpcHandle, HANDLE_LEN};
 pub use mapping::{os_page_size, physical_memory};
 
 // Re-exported so that users of this crate name the contract's types
 // without depending on `reservoir` directly.
 pub use reservoir::backend::{
-    Backend, BackendError, DevicePtr, Memcpy, Reservation, StreamId, VirtualMemory,
+    Backend, BackendError, DevicePtr, Ipc, Memcpy, Reservation, StreamId, VirtualMemory,
 };

@@ -8,8 +8,10 @@
 //! tracked by the device's state, which validates every access before it
 //! dereferences a pointer from [`Mapping::ptr`].
 
+use std::ffi::CStr;
 use std::io;
 use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::{self, NonNull};
 
 /// One anonymous mapping owned by this process.
@@ -51,6 +53,66 @@ impl Mapping {
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
         )
+    }
+
+    /// Map `len` bytes of fresh, zero-filled, read-write memory backed by a
+    /// new memfd named `name` (`memfd_create`, `ftruncate`, `mmap
+    /// MAP_SHARED`), so that another process can map the same pages. Returns
+    /// the mapping and the file, which the caller keeps open while the
+    /// memory may be shared. `len` must be a positive multiple of the page
+    /// size. Linux only.
+    pub(crate) fn shared_memfd(len: usize, name: &CStr) -> io::Result<(Mapping, OwnedFd)> {
+        // SAFETY: `name` is a valid NUL-terminated string; memfd_create
+        // only creates a new anonymous file and returns its descriptor.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor memfd_create just returned, owned by
+        // nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd size overflows"))?;
+        // SAFETY: `fd` is a live memfd we own; ftruncate only sizes it.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let map = Self::map_shared_fd(fd.as_fd(), len)?;
+        Ok((map, fd))
+    }
+
+    /// Map the first `len` bytes of the file `fd` read-write and shared
+    /// (`MAP_SHARED`): writes are seen by every process mapping it. The
+    /// file must be at least `len` bytes long (checked by the caller), `len`
+    /// a positive multiple of the page size.
+    pub(crate) fn map_shared_fd(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        // SAFETY: without MAP_FIXED the kernel picks an unused range, so the
+        // mapping aliases no memory of this process that Rust code owns;
+        // `fd` is a live descriptor for the duration of the call.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        match NonNull::new(p.cast::<u8>()) {
+            Some(base) => Ok(Mapping { base, len }),
+            None => {
+                // SAFETY: the mapping just created above; nothing refers to it.
+                unsafe { libc::munmap(p, len) };
+                Err(io::Error::other("mmap returned address 0"))
+            }
+        }
     }
 
     /// Reserve `len` bytes of address space with no access and no backing

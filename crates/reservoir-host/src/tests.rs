@@ -532,6 +532,7 @@ proptest! {
         let dev = HostDevice::new(HostConfig {
             capacity,
             vm_granularity: page_size,
+            shareable: false,
         })
         .unwrap();
         let r = dev.reserve(PAGES * page_size).unwrap();

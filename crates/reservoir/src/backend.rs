@@ -181,6 +181,11 @@ pub trait Backend: Send + Sync {
     fn as_host_write(&self) -> Option<&dyn HostWrite> {
         None
     }
+
+    /// The inter-process sharing capability, if the backend has it.
+    fn as_ipc(&self) -> Option<&dyn Ipc> {
+        None
+    }
 }
 
 /// A shared backend is a backend: the program keeps an `Arc` to the device
@@ -247,6 +252,29 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     fn as_host_write(&self) -> Option<&dyn HostWrite> {
         (**self).as_host_write()
     }
+    fn as_ipc(&self) -> Option<&dyn Ipc> {
+        (**self).as_ipc()
+    }
+}
+
+/// Inter-process sharing capability (spec 1.16): a whole segment is
+/// exported as a handle (opaque bytes, `cudaIpcMemHandle` in CUDA, a memfd
+/// reference on the host), which another process opens to map the same
+/// memory. The caching allocator exports the segment of a block and adds
+/// the block's offset ([`CachingAllocator::share_ipc_handle`](crate::CachingAllocator::share_ipc_handle)).
+pub trait Ipc: Send + Sync {
+    /// A handle to the segment whose base address is `segment` (an address
+    /// [`Backend::allocate`] returned). The segment must stay allocated
+    /// while other processes use it.
+    fn export_segment(&self, segment: DevicePtr) -> Result<Vec<u8>, BackendError>;
+
+    /// Map a segment exported by another process; returns its base address
+    /// and size in this process. A malformed or stale handle is a
+    /// [`BackendError::InvalidValue`] naming what is wrong, and maps nothing.
+    fn open_segment(&self, handle: &[u8]) -> Result<(DevicePtr, u64), BackendError>;
+
+    /// Unmap a segment opened with [`open_segment`](Ipc::open_segment).
+    fn close_segment(&self, base: DevicePtr) -> Result<(), BackendError>;
 }
 
 /// Host-write capability: the host writes device memory directly (unified

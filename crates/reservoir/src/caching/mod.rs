@@ -57,6 +57,7 @@ mod events;
 mod expandable;
 mod free;
 mod history;
+mod ipc;
 mod malloc;
 mod oom;
 mod policy;
@@ -87,6 +88,7 @@ use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
 pub use check::InvariantViolation;
 pub use history::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
+pub use ipc::IpcShare;
 pub use malloc::FreeMemoryCallback;
 use malloc::MallocError;
 pub use oom::OomObserver;
@@ -109,6 +111,8 @@ pub struct CachingAllocator<B: Backend> {
     /// Where stacks come from (read only when `record_level` asks).
     recorder: RwLock<ContextRecorder>,
     callbacks: Arc<CallbackRegistry>,
+    /// Segments opened from other processes' IPC handles (see `ipc.rs`).
+    ipc_opened: Mutex<ipc::OpenedSegments>,
 }
 
 fn level_u8(l: RecordContext) -> u8 {
@@ -159,6 +163,7 @@ impl<B: Backend> CachingAllocator<B> {
             record_level: AtomicU8::new(0),
             recorder: RwLock::new(ContextRecorder::Backtrace),
             callbacks,
+            ipc_opened: Mutex::new(ipc::OpenedSegments::default()),
         }
     }
 
@@ -666,7 +671,10 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     fn teardown(&mut self) -> TeardownReport {
-        self.state.get_mut().teardown(&self.backend)
+        let ipc_errors = self.close_opened_segments();
+        let mut report = self.state.get_mut().teardown(&self.backend);
+        report.errors.extend(ipc_errors);
+        report
     }
 }
 
