@@ -8,7 +8,8 @@ use std::ffi::{c_char, c_int};
 use cudarc::driver::sys::{self, CUresult};
 use parking_lot::Mutex;
 use reservoir::backend::{
-    Backend, BackendError, DevicePtr, DeviceWork, EventId, MemInfo, Memcpy, StreamId, VirtualMemory,
+    Backend, BackendError, DevicePtr, DeviceWork, EventId, Ipc, MemInfo, Memcpy, StreamId,
+    VirtualMemory,
 };
 
 use crate::driver::{self, check, Driver};
@@ -738,5 +739,33 @@ impl Backend for CudaDevice {
 
     fn as_device_work(&self) -> Option<&dyn DeviceWork> {
         Some(self)
+    }
+
+    fn as_ipc(&self) -> Option<&dyn Ipc> {
+        self.ipc.then_some(self as &dyn Ipc)
+    }
+}
+
+/// The caching allocator's IPC (spec 1.16) over `cuIpc*`: a handle is the
+/// 64 bytes of the segment's `CUipcMemHandle`.
+impl Ipc for CudaDevice {
+    fn export_segment(&self, segment: DevicePtr) -> Result<Vec<u8>, BackendError> {
+        Ok(self.ipc_get_handle(segment)?.0.to_vec())
+    }
+
+    fn open_segment(&self, handle: &[u8]) -> Result<(DevicePtr, u64), BackendError> {
+        let bytes: [u8; 64] = handle.try_into().map_err(|_| {
+            BackendError::InvalidValue(format!(
+                "CUDA IPC handle of {} bytes: a cudaIpcMemHandle is 64 bytes",
+                handle.len()
+            ))
+        })?;
+        let ptr = self.ipc_open(&IpcMemHandle(bytes))?;
+        let size = self.state.lock().ipc_opened[&ptr.0];
+        Ok((ptr, size))
+    }
+
+    fn close_segment(&self, base: DevicePtr) -> Result<(), BackendError> {
+        self.ipc_close(base)
     }
 }

@@ -17,6 +17,8 @@ use reservoir_cuda::{CudaDevice, FakeDriver};
 mod conformance;
 #[path = "cuda/contract.rs"]
 mod contract;
+#[path = "cuda/ipc.rs"]
+mod ipc;
 
 const MIB: u64 = 1 << 20;
 
@@ -113,7 +115,9 @@ fn run_child(job: &str, configure: impl FnOnce(&mut std::process::Command)) -> S
 /// * `no-driver`: the library path has no driver; `CudaDevice::new` must
 ///   answer `CudaError::NoDriver` (not panic);
 /// * `ipc <hex handle> <len> <checksum>`: open an allocation exported by
-///   the parent process and check its contents.
+///   the parent process and check its contents;
+/// * `alloc-ipc ...`: the same through a caching allocator, writing back
+///   (see `ipc::child_alloc_ipc`).
 #[test]
 fn child_process_entry() {
     let Ok(job) = std::env::var(CHILD_ENV) else {
@@ -144,6 +148,7 @@ fn child_process_entry() {
             dev.ipc_close(p).unwrap();
             println!("child: imported {len} bytes at {p}, contents match");
         }
+        Some("alloc-ipc") => ipc::child_alloc_ipc(words),
         other => panic!("unknown child job {other:?}"),
     }
 }
