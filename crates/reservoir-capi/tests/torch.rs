@@ -144,10 +144,8 @@ fn pytorch_entry_points_on_the_cuda_driver() {
     assert!(last_error().contains("0x5678"), "{}", last_error());
     reservoir_free(p, MIB, 0, std::ptr::null_mut());
     // SAFETY: `raw` is live; completing its (empty) work lets the block go.
-    assert_eq!(
-        unsafe { sys::cuStreamSynchronize(raw) },
-        sys::CUresult::CUDA_SUCCESS
-    );
+    let r = unsafe { sys::cuStreamSynchronize(raw) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
 
     // The Rust accessor sees the same allocator; configuring now is refused
     // and changes nothing.
