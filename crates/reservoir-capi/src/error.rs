@@ -52,7 +52,7 @@ pub enum ReservoirStatus {
 pub(crate) use ReservoirStatus::*;
 
 /// A failure: the status code and the message naming the bad value. Entry
-/// points turn it into their status and last error ([`guard`] prefixes the
+/// points turn it into their status and last error (prefixed by the
 /// function name); the Rust accessors of the PyTorch allocators
 /// ([`with_torch_allocator`](crate::with_torch_allocator)) return it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +72,8 @@ impl std::fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 impl Failure {
-    pub(crate) fn new(status: ReservoirStatus, message: impl Into<String>) -> Failure {
+    /// A failure with `status` and `message`.
+    pub fn new(status: ReservoirStatus, message: impl Into<String>) -> Failure {
         Failure {
             status,
             message: message.into(),
