@@ -223,6 +223,24 @@ enum ReservoirStatus reservoir_torch_stat(int32_t device, const char *key, int64
 // `emptyCache` hook).
 enum ReservoirStatus reservoir_torch_empty_cache(int32_t device);
 
+// [`torch_configure`] from C: `conf` is null or a NUL-terminated
+// `PYTORCH_CUDA_ALLOC_CONF`-style string.
+//
+// # Safety
+// `conf` is null or a NUL-terminated string.
+enum ReservoirStatus reservoir_torch_configure(const char *conf);
+
+// PyTorch's pluggable `record_stream(ptr, stream)` hook
+// (`CUDAPluggableAllocator::set_record_stream_fn`): the block at `ptr`,
+// handed out by [`reservoir_alloc`] on any device, is also used by
+// `stream`; when freed it is not reused before `stream`'s work so far is
+// done. A pointer not handed out here is `RESERVOIR_ERR_INVALID_POINTER`
+// and changes nothing.
+//
+// # Safety
+// `stream` is null or a live CUDA stream of the device owning `ptr`.
+enum ReservoirStatus reservoir_torch_record_stream(void *ptr, void *stream);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

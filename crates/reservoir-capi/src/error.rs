@@ -51,16 +51,29 @@ pub enum ReservoirStatus {
 
 pub(crate) use ReservoirStatus::*;
 
-/// An entry point's failure: the code and the message (without the
-/// function name, which [`guard`] adds).
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) status: ReservoirStatus,
-    pub(crate) message: String,
+/// A failure: the status code and the message naming the bad value. Entry
+/// points turn it into their status and last error (prefixed by the
+/// function name); the Rust accessors of the PyTorch allocators
+/// ([`with_torch_allocator`](crate::with_torch_allocator)) return it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The status code a C caller would see.
+    pub status: ReservoirStatus,
+    /// What went wrong, naming the bad value.
+    pub message: String,
 }
 
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
 impl Failure {
-    pub(crate) fn new(status: ReservoirStatus, message: impl Into<String>) -> Failure {
+    /// A failure with `status` and `message`.
+    pub fn new(status: ReservoirStatus, message: impl Into<String>) -> Failure {
         Failure {
             status,
             message: message.into(),

@@ -74,9 +74,10 @@ pub use api::{
     reservoir_allocator_snapshot, reservoir_allocator_stat, reservoir_allocator_stat_at,
     reservoir_allocator_stats_count, ReservoirBackend,
 };
-pub use error::{reservoir_last_error, reservoir_status_name, ReservoirStatus};
+pub use error::{reservoir_last_error, reservoir_status_name, Failure, ReservoirStatus};
 pub use handle::ReservoirAllocator;
 pub use torch::{
-    reservoir_alloc, reservoir_free, reservoir_torch_empty_cache, reservoir_torch_stat,
-    RESERVOIR_ALLOC_CONF,
+    reservoir_alloc, reservoir_free, reservoir_torch_configure, reservoir_torch_empty_cache,
+    reservoir_torch_record_stream, reservoir_torch_stat, torch_configure, with_torch_allocator,
+    TorchAllocator, RESERVOIR_ALLOC_CONF,
 };

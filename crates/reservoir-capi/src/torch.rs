@@ -16,6 +16,11 @@
 //! `tracing` error event. A panic poisons every device's allocator (later
 //! calls fail with `RESERVOIR_ERR_POISONED`). Torch's `memory_stats()` is unavailable with a
 //! pluggable allocator; [`reservoir_torch_stat`] reads ours.
+//!
+//! A program that loads this library itself (the `reservoir_torch` Python
+//! package) configures the allocators with [`torch_configure`] /
+//! [`reservoir_torch_configure`] instead of the environment, before the
+//! first allocation, and reaches them with [`with_torch_allocator`].
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,17 +32,63 @@ use reservoir_cuda::CudaDevice;
 
 use crate::api::parse_config;
 use crate::error::{
-    guard, Failure, ReservoirStatus, RESERVOIR_ERR_BACKEND_UNAVAILABLE, RESERVOIR_ERR_PANIC,
-    RESERVOIR_ERR_POISONED,
+    guard, Failure, ReservoirStatus, RESERVOIR_ERR_BACKEND_UNAVAILABLE,
+    RESERVOIR_ERR_INVALID_STATE, RESERVOIR_ERR_PANIC, RESERVOIR_ERR_POISONED,
 };
 
 /// The environment variable configuring the PyTorch entry points.
 pub const RESERVOIR_ALLOC_CONF: &str = "RESERVOIR_ALLOC_CONF";
 
-type TorchAllocator = Arc<CachingAllocator<CudaDevice>>;
+/// One device's allocator behind the PyTorch entry points.
+pub type TorchAllocator = Arc<CachingAllocator<CudaDevice>>;
 
 /// The per-device allocators, indexed by device ordinal, built lazily.
 static DEVICES: RwLock<Vec<Option<TorchAllocator>>> = parking_lot::const_rwlock(Vec::new());
+
+/// The configuration set by [`torch_configure`] (it wins over
+/// `RESERVOIR_ALLOC_CONF`); only written under the `DEVICES` write lock.
+static CONFIGURED: parking_lot::Mutex<Option<String>> = parking_lot::const_mutex(None);
+
+/// Configure the PyTorch allocators with `conf` (`PYTORCH_CUDA_ALLOC_CONF`
+/// syntax; `None` or `""`: defaults), instead of `RESERVOIR_ALLOC_CONF`.
+/// Only before the first allocator is built (the first allocation or
+/// statistic): afterwards it is `RESERVOIR_ERR_INVALID_STATE` and nothing
+/// changes; a bad string is `RESERVOIR_ERR_INVALID_CONFIG`.
+pub fn torch_configure(conf: Option<&str>) -> Result<(), Failure> {
+    let conf = conf.unwrap_or("");
+    parse_config(Some(conf))?;
+    let devices = DEVICES.write();
+    if let Some(device) = devices.iter().position(Option::is_some) {
+        return Err(Failure::new(
+            RESERVOIR_ERR_INVALID_STATE,
+            format!(
+                "cannot apply config {conf:?}: device {device}'s allocator is already built \
+                 (configure before the first CUDA allocation)"
+            ),
+        ));
+    }
+    *CONFIGURED.lock() = Some(conf.to_owned());
+    drop(devices);
+    Ok(())
+}
+
+/// Run `f` on device `device`'s allocator (built on first use), as the C
+/// entry points do: refused once poisoned, a panic poisons every device and
+/// is returned as `RESERVOIR_ERR_PANIC`; a failure is also this thread's
+/// [`reservoir_last_error`](crate::reservoir_last_error), prefixed by `name`.
+pub fn with_torch_allocator<T>(
+    name: &str,
+    device: i32,
+    f: impl FnOnce(&CachingAllocator<CudaDevice>) -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    let mut out = None;
+    let status = torch_guard(name, || {
+        let a = allocator(device)?;
+        out = Some(f(&a)?);
+        Ok(())
+    });
+    out.ok_or_else(|| Failure::new(status, crate::error::last_error_string()))
+}
 
 /// Device `device`'s allocator, built on first use.
 fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
@@ -52,9 +103,15 @@ fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     if let Some(Some(a)) = devices.get(index) {
         return Ok(a.clone());
     }
-    let conf = std::env::var(RESERVOIR_ALLOC_CONF).ok();
+    let (conf, source) = match CONFIGURED.lock().clone() {
+        Some(c) => (Some(c), "torch_configure"),
+        None => (
+            std::env::var(RESERVOIR_ALLOC_CONF).ok(),
+            RESERVOIR_ALLOC_CONF,
+        ),
+    };
     let config = parse_config(conf.as_deref())
-        .map_err(|f| Failure::new(f.status, format!("{RESERVOIR_ALLOC_CONF}: {}", f.message)))?;
+        .map_err(|f| Failure::new(f.status, format!("{source}: {}", f.message)))?;
     let dev = CudaDevice::new(device).map_err(|e| {
         Failure::new(
             RESERVOIR_ERR_BACKEND_UNAVAILABLE,
@@ -187,5 +244,67 @@ pub unsafe extern "C" fn reservoir_torch_stat(
 pub extern "C" fn reservoir_torch_empty_cache(device: i32) -> ReservoirStatus {
     torch_guard("reservoir_torch_empty_cache", || {
         Ok(allocator(device)?.empty_cache()?)
+    })
+}
+
+/// [`torch_configure`] from C: `conf` is null or a NUL-terminated
+/// `PYTORCH_CUDA_ALLOC_CONF`-style string.
+///
+/// # Safety
+/// `conf` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_configure(conf: *const c_char) -> ReservoirStatus {
+    torch_guard("reservoir_torch_configure", || {
+        let conf = if conf.is_null() {
+            None
+        } else {
+            // SAFETY: non-null and NUL-terminated (caller's contract).
+            Some(
+                unsafe { CStr::from_ptr(conf) }
+                    .to_str()
+                    .map_err(|e| Failure::invalid(format!("config is not UTF-8: {e}")))?,
+            )
+        };
+        torch_configure(conf)
+    })
+}
+
+/// PyTorch's pluggable `record_stream(ptr, stream)` hook
+/// (`CUDAPluggableAllocator::set_record_stream_fn`): the block at `ptr`,
+/// handed out by [`reservoir_alloc`] on any device, is also used by
+/// `stream`; when freed it is not reused before `stream`'s work so far is
+/// done. A pointer not handed out here is `RESERVOIR_ERR_INVALID_POINTER`
+/// and changes nothing.
+///
+/// # Safety
+/// `stream` is null or a live CUDA stream of the device owning `ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_record_stream(
+    ptr: *mut c_void,
+    stream: *mut c_void,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_record_stream", || {
+        let p = DevicePtr(ptr as usize as u64);
+        let owner = DEVICES
+            .read()
+            .iter()
+            .flatten()
+            .find(|a| a.base_allocation(p).is_ok())
+            .cloned()
+            .ok_or_else(|| {
+                Failure::new(
+                    crate::error::RESERVOIR_ERR_INVALID_POINTER,
+                    format!("ptr {ptr:p} was not handed out by reservoir_alloc"),
+                )
+            })?;
+        let s = if stream.is_null() {
+            reservoir::StreamId::DEFAULT
+        } else {
+            // SAFETY: a live stream of the owning device (caller's contract).
+            unsafe { owner.backend().adopt_stream(stream.cast()) }
+        };
+        owner
+            .record_stream(p, s)
+            .map_err(|e| Failure::context(e, format_args!("ptr {ptr:p}")))
     })
 }

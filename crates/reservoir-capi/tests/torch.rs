@@ -11,8 +11,9 @@ use std::ffi::{c_void, CStr};
 use std::io::Write;
 
 use reservoir_capi::{
-    reservoir_alloc, reservoir_free, reservoir_last_error, reservoir_torch_empty_cache,
-    reservoir_torch_stat, ReservoirStatus, RESERVOIR_ALLOC_CONF,
+    reservoir_alloc, reservoir_free, reservoir_last_error, reservoir_torch_configure,
+    reservoir_torch_empty_cache, reservoir_torch_record_stream, reservoir_torch_stat,
+    torch_configure, with_torch_allocator, ReservoirStatus, RESERVOIR_ALLOC_CONF,
 };
 
 const MIB: isize = 1 << 20;
@@ -54,6 +55,17 @@ fn pytorch_entry_points_on_the_cuda_driver() {
         );
         return;
     }
+
+    // A bad configuration string is refused before anything is built and
+    // leaves the environment in charge (spec section 3: the settings syntax).
+    // SAFETY: a NUL-terminated literal.
+    let s = unsafe { reservoir_torch_configure(c"expandable_segments:maybe".as_ptr()) };
+    assert_eq!(s, ReservoirStatus::RESERVOIR_ERR_INVALID_CONFIG);
+    assert!(
+        last_error().contains("expandable_segments"),
+        "{}",
+        last_error()
+    );
 
     // A bad RESERVOIR_ALLOC_CONF: null, and the message names the variable
     // and the bad key; nothing is built, so a good value works afterwards.
@@ -119,6 +131,32 @@ fn pytorch_entry_points_on_the_cuda_driver() {
     reservoir_free(std::ptr::null_mut(), 8, 0, std::ptr::null_mut());
     assert_eq!(stat(c"allocated_bytes.all.current"), 0);
     assert_eq!(stat(c"reserved_bytes.all.current"), before);
+
+    // record_stream (torch's `set_record_stream_fn` hook): a live block is
+    // marked, a foreign pointer is an error naming it and changes nothing.
+    let p = alloc(MIB, 0, std::ptr::null_mut());
+    // SAFETY: `p` is live and `stream` a live stream of device 0.
+    let s = unsafe { reservoir_torch_record_stream(p, stream) };
+    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
+    // SAFETY: as above; the pointer is only looked up.
+    let s = unsafe { reservoir_torch_record_stream(0x5678 as *mut c_void, stream) };
+    assert_eq!(s, ReservoirStatus::RESERVOIR_ERR_INVALID_POINTER);
+    assert!(last_error().contains("0x5678"), "{}", last_error());
+    reservoir_free(p, MIB, 0, std::ptr::null_mut());
+    // SAFETY: `raw` is live; completing its (empty) work lets the block go.
+    let r = unsafe { sys::cuStreamSynchronize(raw) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+
+    // The Rust accessor sees the same allocator; configuring now is refused
+    // and changes nothing.
+    let inv = with_torch_allocator("test", 0, |a| Ok(a.check_invariants().is_ok()));
+    assert_eq!(inv, Ok(true));
+    let e = torch_configure(Some("max_split_size_mb:80")).unwrap_err();
+    assert_eq!(e.status, ReservoirStatus::RESERVOIR_ERR_INVALID_STATE);
+    assert!(e.message.contains("already built"), "{e}");
+    assert_eq!(stat(c"max_split_size"), 40 << 20);
+    let e = with_torch_allocator("test", -1, |_| Ok(())).unwrap_err();
+    assert!(e.message.contains("device -1"), "{e}");
 
     assert_eq!(
         reservoir_torch_empty_cache(0),

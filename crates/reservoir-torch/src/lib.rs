@@ -1,0 +1,216 @@
+//! # reservoir-torch: PyTorch on Reservoir
+//!
+//! The native half of the `reservoir_torch` Python package
+//! (`python/reservoir_torch/__init__.py` is the other half). Built by
+//! maturin into `reservoir_torch/_native.abi3.so`, this one library is both
+//!
+//! * the Python extension module `reservoir_torch._native` (the functions
+//!   below, all on the allocators behind the PyTorch entry points), and
+//! * the allocator library torch loads: it re-exports reservoir-capi's C
+//!   entry points, so `torch.cuda.memory.CUDAPluggableAllocator(_native.__file__,
+//!   "reservoir_alloc", "reservoir_free")` finds `reservoir_alloc` /
+//!   `reservoir_free` in it. The dynamic loader opens a file once, so the
+//!   allocator torch calls and the one these functions read are the same.
+//!   `record_stream` goes through the C entry point
+//!   `reservoir_torch_record_stream` (ctypes), which takes the raw stream.
+//!
+//! Spec: `../shared/spec/pytorch-allocator.md` section 3 (pluggable).
+
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use reservoir::caching::{HistoryConfig, HistoryMode};
+use reservoir::trace::RecordContext;
+use reservoir::CachingAllocator;
+use reservoir_capi::{torch_configure, with_torch_allocator, Failure};
+use reservoir_cuda::CudaDevice;
+
+// The C entry points torch's CUDAPluggableAllocator looks up by name.
+pub use reservoir_capi::{
+    reservoir_alloc, reservoir_free, reservoir_last_error, reservoir_torch_configure,
+    reservoir_torch_empty_cache, reservoir_torch_record_stream, reservoir_torch_stat,
+};
+
+create_exception!(
+    _native,
+    ReservoirError,
+    PyRuntimeError,
+    "A Reservoir call failed; the message starts with the status name (RESERVOIR_ERR_...)."
+);
+
+/// A failure as a Python `ReservoirError` whose message starts with the
+/// status name.
+fn to_py(f: Failure) -> PyErr {
+    ReservoirError::new_err(format!("{:?}: {}", f.status, f.message))
+}
+
+/// A bad argument as a Python `ReservoirError`.
+fn invalid(message: String) -> PyErr {
+    to_py(Failure::new(
+        reservoir_capi::ReservoirStatus::RESERVOIR_ERR_INVALID_ARGUMENT,
+        message,
+    ))
+}
+
+/// `f` on device `device`'s allocator, failures as `ReservoirError`.
+fn on<T>(
+    name: &str,
+    device: i32,
+    f: impl FnOnce(&CachingAllocator<CudaDevice>) -> Result<T, reservoir::AllocError>,
+) -> PyResult<T> {
+    with_torch_allocator(name, device, |a| {
+        f(a).map_err(|e| {
+            let f = Failure::from(e);
+            Failure {
+                message: format!("device {device}: {}", f.message),
+                ..f
+            }
+        })
+    })
+    .map_err(to_py)
+}
+
+/// Configure the allocators (`PYTORCH_CUDA_ALLOC_CONF` syntax, `None` for
+/// defaults) before the first allocation.
+#[pyfunction]
+#[pyo3(signature = (conf=None))]
+fn configure(conf: Option<&str>) -> PyResult<()> {
+    torch_configure(conf).map_err(to_py)
+}
+
+/// `torch.cuda.memory_stats(device)`'s flat keys and values, from Reservoir.
+#[pyfunction]
+fn memory_stats(device: i32) -> PyResult<BTreeMap<String, i64>> {
+    on("memory_stats", device, |a| Ok(a.memory_stats()))
+}
+
+/// The memory snapshot pickled as `torch.cuda.memory._snapshot()` is.
+#[pyfunction]
+fn snapshot_pickle(py: Python<'_>, device: i32) -> PyResult<Py<PyBytes>> {
+    let bytes = with_torch_allocator("snapshot_pickle", device, |a| {
+        a.snapshot(None).to_pickle().map_err(|e| {
+            Failure::new(
+                reservoir_capi::ReservoirStatus::RESERVOIR_ERR_IO,
+                format!("encoding the snapshot: {e}"),
+            )
+        })
+    })
+    .map_err(to_py)?;
+    Ok(PyBytes::new(py, &bytes).unbind())
+}
+
+/// `torch.cuda.memory._record_memory_history(enabled, context, stacks,
+/// max_entries, clear_history)` on Reservoir. Stacks are the native frames
+/// of the allocating thread (Reservoir cannot walk the Python stack from
+/// inside the allocator), whatever `stacks` says.
+#[pyfunction]
+#[pyo3(signature = (device, enabled, context, max_entries, clear_history))]
+fn record_memory_history(
+    device: i32,
+    enabled: Option<&str>,
+    context: Option<&str>,
+    max_entries: usize,
+    clear_history: bool,
+) -> PyResult<()> {
+    let enabled = match enabled {
+        None => HistoryMode::Off,
+        Some("state") => HistoryMode::State,
+        Some("all") => HistoryMode::All,
+        Some(e) => {
+            return Err(invalid(format!(
+                "enabled={e:?} is not None, 'state' or 'all'"
+            )))
+        }
+    };
+    let context = match context {
+        None => RecordContext::Never,
+        Some(c) => RecordContext::parse(c).ok_or_else(|| {
+            invalid(format!(
+                "context={c:?} is not None, 'state', 'alloc' or 'all'"
+            ))
+        })?,
+    };
+    if max_entries == 0 {
+        return Err(invalid("max_entries=0 (it must be at least 1)".into()));
+    }
+    let config = HistoryConfig {
+        enabled,
+        context,
+        max_entries,
+        clear_history,
+        ..HistoryConfig::default()
+    };
+    on("record_memory_history", device, |a| {
+        a.record_memory_history(config);
+        Ok(())
+    })
+}
+
+/// Release the cached segments that are entirely free.
+#[pyfunction]
+fn empty_cache(device: i32) -> PyResult<()> {
+    on("empty_cache", device, |a| a.empty_cache())
+}
+
+/// Cap the allocator at `fraction` of the device's memory.
+#[pyfunction]
+fn set_memory_fraction(device: i32, fraction: f64) -> PyResult<()> {
+    on("set_memory_fraction", device, |a| {
+        a.set_memory_fraction(fraction)
+    })
+}
+
+/// The current memory fraction.
+#[pyfunction]
+fn memory_fraction(device: i32) -> PyResult<f64> {
+    on("memory_fraction", device, |a| a.memory_fraction())
+}
+
+/// Reset the peak statistics.
+#[pyfunction]
+fn reset_peak_memory_stats(device: i32) -> PyResult<()> {
+    on("reset_peak_memory_stats", device, |a| {
+        a.reset_peak_stats();
+        Ok(())
+    })
+}
+
+/// Reset the accumulated (count) statistics.
+#[pyfunction]
+fn reset_accumulated_memory_stats(device: i32) -> PyResult<()> {
+    on("reset_accumulated_memory_stats", device, |a| {
+        a.reset_accumulated_stats();
+        Ok(())
+    })
+}
+
+/// Check every allocator invariant; raises naming the first violated one.
+#[pyfunction]
+fn check_invariants(device: i32) -> PyResult<()> {
+    on("check_invariants", device, |a| {
+        a.check_invariants()
+            .map_err(|v| reservoir::AllocError::InvalidState(v.to_string()))
+    })
+}
+
+/// The `reservoir_torch._native` module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("ReservoirError", m.py().get_type::<ReservoirError>())?;
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot_pickle, m)?)?;
+    m.add_function(wrap_pyfunction!(record_memory_history, m)?)?;
+    m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(set_memory_fraction, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_fraction, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_accumulated_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(check_invariants, m)?)?;
+    Ok(())
+}

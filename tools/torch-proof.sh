@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# PyTorch on Reservoir, proven inside real torch 2.15 on the fake CUDA device
+# (../shared/oracle, full path: run ../shared/oracle/setup-torch.sh first).
+#
+# 1. builds the reservoir_torch wheel (maturin, release) into target/wheels;
+# 2. installs it into a venv derived from the oracle venv (a .pth file makes
+#    the oracle's torch visible; the oracle venv itself is left alone);
+# 3. runs crates/reservoir-torch/tests/test_smoke.py (the package's API) and
+#    crates/reservoir-torch/tests/test_in_torch.py (the proof: training on two
+#    streams, a real trace replayed through tensors, the fake driver's call
+#    log, memory_stats against Reservoir's own replay, _memory_viz, and the
+#    sanitizer run with its negative control).
+#
+# Prints lines starting "torch proof" and closes with "torch-proof: N passed, M failed".
+# Usage: tools/torch-proof.sh [--skip-build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+oracle_home=${PYTORCH_ORACLE_HOME:-$HOME/.cache/pytorch-oracle}
+oracle_venv=${PYTORCH_ORACLE_VENV:-$oracle_home/venv}
+venv=${RESERVOIR_TORCH_VENV:-$HOME/.cache/reservoir-torch/venv}
+
+if [ ! -x "$oracle_venv/bin/python" ] || [ ! -e "$oracle_home/lib/libcublas.so.13" ]; then
+  echo "torch-proof: the torch oracle is not set up: run ../shared/oracle/setup-torch.sh" >&2
+  exit 2
+fi
+
+# The derived venv: the oracle's interpreter, the oracle's site-packages via a
+# .pth file, and maturin of its own.
+if [ ! -x "$venv/bin/python" ]; then
+  "$oracle_venv/bin/python" -m venv "$venv"
+fi
+oracle_site=$("$oracle_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$oracle_site" >"$site/pytorch_oracle.pth"
+if ! "$venv/bin/maturin" --version >/dev/null 2>&1; then
+  "$venv/bin/pip" install --quiet 'maturin>=1.5,<2'
+fi
+
+if [ "${1:-}" != "--skip-build" ]; then
+  echo "torch-proof: building the wheel (maturin build --release --locked)"
+  rm -f target/wheels/reservoir_torch-*.whl
+  (cd crates/reservoir-torch && "$venv/bin/maturin" build --release --locked --quiet -o "$root/target/wheels")
+  "$venv/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/reservoir_torch-*.whl
+fi
+
+# The fake CUDA stack (what ../shared/oracle/env.sh sets), with our python.
+export PYTORCH_ORACLE_VENV=$oracle_venv
+# shellcheck disable=SC1091
+. ../shared/oracle/env.sh
+export PYTHONUNBUFFERED=1
+py="$venv/bin/python"
+export RESERVOIR_PROOF_PYTHON=$py
+
+passed=0
+failed=0
+run() {
+  local name=$1
+  shift
+  echo "torch-proof: $name"
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "torch-proof: $name FAILED"; fi
+}
+run smoke "$py" crates/reservoir-torch/tests/test_smoke.py
+if [ -e crates/reservoir-torch/tests/test_in_torch.py ]; then
+  run proof "$py" crates/reservoir-torch/tests/test_in_torch.py
+fi
+echo "torch-proof: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
