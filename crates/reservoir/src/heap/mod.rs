@@ -550,6 +550,14 @@ impl<B: Backend> HeapAllocator<B> {
         self.state.lock().stats
     }
 
+    /// Bytes of the buffers in use and of the heaps, from the statistics
+    /// (`allocated_bytes` and `reserved_bytes`, current); cheap.
+    pub fn allocated_and_reserved(&self) -> (u64, u64) {
+        let g = self.state.lock();
+        let all = |s: &crate::stats::StatArray| s.all().current.max(0) as u64;
+        (all(&g.stats.allocated_bytes), all(&g.stats.reserved_bytes))
+    }
+
     /// `resetAccumulatedStats`: zero the counts of events (allocations,
     /// frees, device calls, retries, OOMs); current values and peaks stay.
     pub fn reset_accumulated_stats(&self) {
