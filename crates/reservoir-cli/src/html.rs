@@ -323,13 +323,7 @@ fn numbers(out: &mut String, s: &Section) {
         ("allocator time per call (median)", |r| {
             format_ns(r.allocator_ns_p50)
         }),
-        ("settings", |r| {
-            if r.config.is_empty() {
-                "(PyTorch defaults)".into()
-            } else {
-                r.config.clone()
-            }
-        }),
+        ("settings", |r| r.describe_setting()),
     ];
     out.push_str("<table class=\"numbers\"><tr><th></th>");
     for (i, r) in s.reports.iter().enumerate() {

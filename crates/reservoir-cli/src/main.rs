@@ -78,8 +78,9 @@ struct ReplayArgs {
     /// (max_split_size_mb:N, default 128), `roundup-N`
     /// (roundup_power2_divisions:N, default 4), `gc-T`
     /// (garbage_collection_threshold:T with a 0.95 memory fraction, default
-    /// 0.8), `large-segment-N` (large_segment_size_mb:N). What-if policies
-    /// change the recorded settings. Without any policy, --setting or
+    /// 0.8), `large-segment-N` (large_segment_size_mb:N), `mps-heap`
+    /// (PyTorch's MPS heap allocator instead). What-if policies change the
+    /// recorded settings. Without any policy, --setting or
     /// --config: all of them with their defaults.
     #[arg(long = "policy", short = 'p', value_name = "NAME")]
     policies: Vec<String>,
@@ -175,6 +176,8 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
     let param = |prefix: &str| name.strip_prefix(prefix).map(|r| r.trim_start_matches('-'));
     let change = if name == "pytorch" {
         return Ok(ReplaySetting::new("pytorch", base));
+    } else if name == "mps-heap" {
+        return Ok(ReplaySetting::mps_heap());
     } else if name == "expandable" {
         "expandable_segments:True".to_string()
     } else if let Some(n) = param("max-split") {
@@ -197,7 +200,7 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
     } else {
         bail!(
             "unknown policy {name:?}; known: pytorch, expandable, max-split-N, roundup-N, \
-             gc-T, large-segment-N (or use --setting NAME=CONF)"
+             gc-T, large-segment-N, mps-heap (or use --setting NAME=CONF)"
         );
     };
     let setting = ReplaySetting::new(name, overlay_config(base, &change));

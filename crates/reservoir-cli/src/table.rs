@@ -90,12 +90,7 @@ pub fn render(reports: &[ReplayReport]) -> String {
     let name_w = reports.iter().map(|r| r.setting.len()).max().unwrap_or(0);
     out.push_str("settings:\n");
     for r in reports {
-        let conf = if r.config.is_empty() {
-            "(PyTorch defaults)"
-        } else {
-            &r.config
-        };
-        let _ = writeln!(out, "  {:name_w$}  {conf}", r.setting);
+        let _ = writeln!(out, "  {:name_w$}  {}", r.setting, r.describe_setting());
     }
     for r in reports {
         if let Some(o) = &r.first_oom {

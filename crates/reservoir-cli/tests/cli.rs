@@ -67,6 +67,7 @@ fn json_output_parses_and_has_the_keys() {
         for key in [
             "setting",
             "config",
+            "allocator",
             "capacity",
             "peak_allocated",
             "peak_reserved",
@@ -343,4 +344,55 @@ fn state_only_snapshots_and_conversion() {
     // 1301 allocs + 657 frees + empty_cache calls, after the prelude
     assert!(trace.ops.len() > 1301 + 657, "{}", trace.ops.len());
     assert!(text.contains("# prelude: the first "));
+}
+
+#[test]
+fn the_mps_heap_policy_replays_workloads_and_recordings() {
+    let o = reservoir(&[
+        "replay",
+        "--json",
+        "--workload",
+        "gpt-train:steps=2",
+        "-p",
+        "mps-heap",
+        "-p",
+        "pytorch",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = v.as_array().unwrap();
+    assert_eq!(r[0]["setting"], "mps-heap");
+    assert_eq!(r[0]["allocator"], "mps-heap");
+    assert_eq!(r[1]["allocator"], "caching");
+    assert!(r[0]["memory_stats"]["segment.all.peak"].as_i64().unwrap() > 0);
+    let o = reservoir(&[
+        "replay",
+        "--workload",
+        "gpt-train:steps=2",
+        "-p",
+        "mps-heap",
+    ]);
+    assert!(
+        stdout(&o).contains("PyTorch's MPS heap allocator"),
+        "{}",
+        stdout(&o)
+    );
+    let o = reservoir(&["replay", "-p", "mps-heapz"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("mps-heap"), "{}", stderr(&o));
+    let Some(trace) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let o = reservoir(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "-p",
+        "mps-heap",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["allocator"], "mps-heap");
+    assert!(v[0]["fidelity"].is_null());
 }

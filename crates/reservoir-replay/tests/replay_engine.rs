@@ -353,6 +353,7 @@ fn json_has_the_documented_keys() {
     for key in [
         "setting",
         "config",
+        "allocator",
         "capacity",
         "ops",
         "alloc_ops",
@@ -382,10 +383,11 @@ fn json_has_the_documented_keys() {
     }
     assert_eq!(
         obj.len(),
-        26,
+        27,
         "new keys must be documented here and in the CLI"
     );
     assert_eq!(v["setting"], "pytorch");
+    assert_eq!(v["allocator"], "caching");
     assert!(v["first_oom"].is_null());
     assert_eq!(v["peak_reserved"].as_u64(), Some(report.peak_reserved));
     assert!(v["memory_stats"]["allocated_bytes.all.peak"].is_i64());

@@ -9,8 +9,9 @@
 //! Everything else is an optional capability, a trait of its own that a
 //! backend offers through an `as_*` accessor returning `None` by default:
 //! virtual-memory mapping ([`VirtualMemory`], [`Backend::as_virtual_memory`]),
-//! copies ([`Memcpy`], [`Backend::as_memcpy`]) and the work a program does
-//! between allocator calls ([`DeviceWork`], [`Backend::as_device_work`]).
+//! copies ([`Memcpy`], [`Backend::as_memcpy`]), the work a program does
+//! between allocator calls ([`DeviceWork`], [`Backend::as_device_work`]) and
+//! host addresses of device memory ([`HostMapping`], [`Backend::as_host_mapping`]).
 //!
 //! Backends report only what the caller cannot anticipate. Their errors say
 //! whether releasing cached memory and retrying can help
@@ -186,6 +187,12 @@ pub trait Backend: Send + Sync {
     fn as_ipc(&self) -> Option<&dyn Ipc> {
         None
     }
+
+    /// The host-mapping capability, if the host can address device memory
+    /// (unified memory, host memory, OpenCL SVM).
+    fn as_host_mapping(&self) -> Option<&dyn HostMapping> {
+        None
+    }
 }
 
 /// A shared backend is a backend: the program keeps an `Arc` to the device
@@ -255,6 +262,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     fn as_ipc(&self) -> Option<&dyn Ipc> {
         (**self).as_ipc()
     }
+    fn as_host_mapping(&self) -> Option<&dyn HostMapping> {
+        (**self).as_host_mapping()
+    }
 }
 
 /// Inter-process sharing capability (spec 1.16): a whole segment is
@@ -275,6 +285,17 @@ pub trait Ipc: Send + Sync {
 
     /// Unmap a segment opened with [`open_segment`](Ipc::open_segment).
     fn close_segment(&self, base: DevicePtr) -> Result<(), BackendError>;
+}
+
+/// Host-mapping capability: device memory the host addresses directly, as
+/// Metal's shared storage (`[MTLBuffer contents]`). The heap allocator's
+/// `getSharedBufferPtr` needs it ([`crate::heap::HeapAllocator::shared_buffer_ptr`]).
+pub trait HostMapping: Send + Sync {
+    /// The host address of the `len` bytes of device memory at `ptr`, which
+    /// lie inside one live allocation of this backend. Where the memory is
+    /// only simulated (the simulated device) the address is the model's and
+    /// holds no bytes; see each backend's documentation.
+    fn host_address(&self, ptr: DevicePtr, len: u64) -> Result<u64, BackendError>;
 }
 
 /// Host-write capability: the host writes device memory directly (unified

@@ -24,7 +24,8 @@
 //! ```text
 //! ids, error, format, checksum, rng     plain types and helpers
 //! backend                               the device contract; optional capabilities
-//!                                       (VirtualMemory, Memcpy, DeviceWork, HostWrite)
+//!                                       (VirtualMemory, Memcpy, DeviceWork, HostWrite,
+//!                                       HostMapping)
 //! sim                                   the simulated devices (no allocator inside)
 //! store (crate-private)                 BlockStore: blocks, segments, split/merge,
 //!                                       FreeList<K>; pure mechanism

@@ -72,23 +72,58 @@ use reservoir::backend::{Backend, BackendError, DevicePtr, StreamId};
 use reservoir::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSegment};
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
+use reservoir::heap::HeapAllocator;
 use reservoir::sim::{AddressPolicy, HoldSemantics, SimConfig, SimDevice, DEFAULT_CAPACITY};
 
-/// A named allocator setting: a `PYTORCH_CUDA_ALLOC_CONF`-style string.
+/// The allocator a [`ReplaySetting`] replays through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllocatorKind {
+    /// PyTorch's CUDA caching allocator ([`CachingAllocator`]), with the
+    /// setting's settings string.
+    #[default]
+    Caching,
+    /// PyTorch's MPS heap allocator ([`HeapAllocator`]) on unified memory,
+    /// its default watermarks; the settings string does not apply.
+    MpsHeap,
+}
+
+impl AllocatorKind {
+    /// `caching` or `mps-heap` (the report's `allocator`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocatorKind::Caching => "caching",
+            AllocatorKind::MpsHeap => "mps-heap",
+        }
+    }
+}
+
+/// A named allocator setting: a `PYTORCH_CUDA_ALLOC_CONF`-style string, or
+/// another allocator ([`AllocatorKind`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplaySetting {
     /// Name shown in reports (`pytorch`, `max-split-128`, ...).
     pub name: String,
     /// The settings string ("" = PyTorch's defaults).
     pub config: String,
+    /// The allocator replayed.
+    pub allocator: AllocatorKind,
 }
 
 impl ReplaySetting {
-    /// A setting with this name and settings string.
+    /// A setting of the caching allocator with this name and settings string.
     pub fn new(name: impl Into<String>, config: impl Into<String>) -> Self {
         ReplaySetting {
             name: name.into(),
             config: config.into(),
+            allocator: AllocatorKind::Caching,
+        }
+    }
+
+    /// The MPS heap allocator, named `mps-heap`.
+    pub fn mps_heap() -> Self {
+        ReplaySetting {
+            allocator: AllocatorKind::MpsHeap,
+            ..ReplaySetting::new("mps-heap", "")
         }
     }
 
@@ -623,12 +658,10 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                     &alloc,
                     &StreamName::new(seg.stream.0.to_string()),
                 );
-                let base = alloc
-                    .seed_segment(seg)
+                let ptrs = alloc
+                    .seed_segment_blocks(seg)
                     .map_err(|source| ReplayError::Seed { segment: k, source })?;
-                for (b, id) in seg.blocks.iter().zip(ids) {
-                    live.insert(*id, DevicePtr(base.0 + b.offset));
-                }
+                live.extend(ids.iter().copied().zip(ptrs));
             }
             for (k, (_, seg, ids)) in st.expandable.iter().enumerate() {
                 device_stream(
@@ -636,15 +669,14 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                     &alloc,
                     &StreamName::new(seg.stream.0.to_string()),
                 );
-                let base = alloc
-                    .seed_expandable(seg)
-                    .map_err(|source| ReplayError::Seed {
-                        segment: st.segments.len() + k,
-                        source,
-                    })?;
-                for (b, id) in seg.blocks.iter().zip(ids) {
-                    live.insert(*id, DevicePtr(base.0 + b.offset));
-                }
+                let ptrs =
+                    alloc
+                        .seed_expandable_blocks(seg)
+                        .map_err(|source| ReplayError::Seed {
+                            segment: st.segments.len() + k,
+                            source,
+                        })?;
+                live.extend(ids.iter().copied().zip(ptrs));
             }
             alloc.reset_accumulated_stats();
             alloc.reset_peak_stats();
@@ -1029,6 +1061,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
         ReplayReport {
             setting: self.setting.name.clone(),
             config: self.setting.config.clone(),
+            allocator: self.setting.allocator.name().into(),
             capacity: self.capacity,
             ops: self.next as u64,
             alloc_ops: self.alloc_ops,
@@ -1070,9 +1103,35 @@ pub fn replay(
     setting: &ReplaySetting,
     options: &ReplayOptions,
 ) -> Result<ReplayReport, ReplayError> {
-    let mut r = Replay::new(trace, setting, options)?;
-    r.run()?;
-    Ok(r.report())
+    run_setting(trace, None, setting, options, &mut |_| {})
+}
+
+/// Replay `trace` (from `start` when given) through the allocator of
+/// `setting`, to the end; `progress` gets the number of ops done.
+pub fn run_setting(
+    trace: &Trace,
+    start: Option<&StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayReport, ReplayError> {
+    fn run<T: ReplayTarget>(
+        mut r: Replay<'_, T>,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<ReplayReport, ReplayError> {
+        r.run_with_progress(progress)?;
+        Ok(r.report())
+    }
+    match setting.allocator {
+        AllocatorKind::Caching => run(
+            Replay::<CachingAllocator<SimDevice>>::build(trace, start, setting, options)?,
+            progress,
+        ),
+        AllocatorKind::MpsHeap => run(
+            Replay::<HeapAllocator<SimDevice>>::build(trace, start, setting, options)?,
+            progress,
+        ),
+    }
 }
 
 /// Replay `trace` with each setting in turn; `progress` gets the number of
@@ -1086,9 +1145,9 @@ pub fn replay_all(
     let mut out = Vec::with_capacity(settings.len());
     for (k, s) in settings.iter().enumerate() {
         let base = k * trace.ops.len();
-        let mut r = Replay::new(trace, s, options)?;
-        r.run_with_progress(&mut |n| progress(base + n))?;
-        out.push(r.report());
+        out.push(run_setting(trace, None, s, options, &mut |n| {
+            progress(base + n)
+        })?);
     }
     Ok(out)
 }

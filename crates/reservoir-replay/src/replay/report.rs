@@ -14,6 +14,9 @@ pub struct ReplayReport {
     pub setting: String,
     /// Its `PYTORCH_CUDA_ALLOC_CONF`-style string ("" = defaults).
     pub config: String,
+    /// The allocator replayed: `caching` (PyTorch's CUDA caching
+    /// allocator) or `mps-heap` (PyTorch's MPS heap allocator).
+    pub allocator: String,
     /// Simulated device capacity.
     pub capacity: u64,
     /// Ops replayed.
@@ -120,4 +123,18 @@ pub struct Sample {
     pub allocated: u64,
     /// Reserved bytes.
     pub reserved: u64,
+}
+
+impl ReplayReport {
+    /// The setting in words, for tables: the settings string, or what the
+    /// defaults are.
+    pub fn describe_setting(&self) -> String {
+        match (self.allocator.as_str(), self.config.is_empty()) {
+            ("mps-heap", _) => {
+                "(PyTorch's MPS heap allocator, unified memory, default watermarks)".into()
+            }
+            (_, true) => "(PyTorch defaults)".into(),
+            (_, false) => self.config.clone(),
+        }
+    }
 }

@@ -373,7 +373,8 @@ pub struct RecordedReport {
 }
 
 /// Replay `rec` with `setting`; with `compare`, also measure the
-/// [`Fidelity`] (meaningful when `setting` is the recorded one).
+/// [`Fidelity`] (meaningful when `setting` is the recorded one; the caching
+/// allocator's only).
 /// `progress` gets the number of ops done.
 pub fn replay_recorded(
     rec: &RecordedTrace,
@@ -390,6 +391,10 @@ pub fn replay_recorded(
         start.record_placements = compare;
         std::borrow::Cow::Owned(start)
     };
+    if setting.allocator != super::AllocatorKind::Caching {
+        let report = super::run_setting(&rec.trace, Some(&start), setting, options, progress)?;
+        return Ok((report, None));
+    }
     let mut r = Replay::with_start(&rec.trace, &start, setting, options)?;
     r.run_with_progress(progress)?;
     let fid = (compare && rec.segments_known).then(|| fidelity(rec, &r));

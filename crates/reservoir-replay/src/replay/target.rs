@@ -6,12 +6,17 @@
 //! report reach the allocator only through this trait, so a second allocator
 //! (or a new policy) plugs into all of them with one `impl`. The caching
 //! allocator's implementation is below; it is the only place that calls the
-//! allocator's seeding methods, which exist for replay alone.
+//! allocator's seeding methods, which exist for replay alone. The MPS heap
+//! allocator's follows it: it places buffers itself, so a recorded start
+//! state is rebuilt by allocating its live blocks
+//! ([`ReplayTarget::seed_segment_blocks`]).
 
 use reservoir::backend::{DevicePtr, StreamId};
 use reservoir::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSegment};
+use reservoir::config::heap::HeapSettings;
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
+use reservoir::heap::{HeapAllocator, UsageFlags};
 use reservoir::sim::SimDevice;
 use reservoir::snapshot::{LayoutSummary, Segment};
 use reservoir::stats::DeviceStats;
@@ -72,6 +77,29 @@ pub trait ReplayTarget {
 
     /// Seed a recorded expandable segment; returns its base.
     fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError>;
+
+    /// Seed a recorded segment; returns the pointer of each of its blocks,
+    /// in order. The default places them at their recorded offsets from
+    /// [`seed_segment`](Self::seed_segment)'s base.
+    fn seed_segment_blocks(&self, seg: &SeededSegment) -> Result<Vec<DevicePtr>, SeedError> {
+        let base = self.seed_segment(seg)?;
+        Ok(at_offsets(base, &seg.blocks))
+    }
+
+    /// Seed a recorded expandable segment; returns the pointer of each of
+    /// its blocks, in order (by default at their recorded offsets).
+    fn seed_expandable_blocks(&self, seg: &SeededExpandable) -> Result<Vec<DevicePtr>, SeedError> {
+        let base = self.seed_expandable(seg)?;
+        Ok(at_offsets(base, &seg.blocks))
+    }
+}
+
+/// The blocks' pointers at their offsets from `base`.
+fn at_offsets(base: DevicePtr, blocks: &[reservoir::caching::SeededBlock]) -> Vec<DevicePtr> {
+    blocks
+        .iter()
+        .map(|b| DevicePtr(base.0 + b.offset))
+        .collect()
 }
 
 impl ReplayTarget for CachingAllocator<SimDevice> {
@@ -138,4 +166,110 @@ impl ReplayTarget for CachingAllocator<SimDevice> {
     fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
         self.seeder().seed_expandable(seg)
     }
+}
+
+/// PyTorch's MPS heap allocator (`--policy mps-heap`) on unified memory, the
+/// recommended max memory being the device's capacity. The trace's streams
+/// run on the device; `record_stream` records the buffer's pending work
+/// (`recordEvents`), and a buffer freed while that work is pending waits in
+/// the pending set. The `AllocatorConfig` (CUDA settings) does not apply.
+impl ReplayTarget for HeapAllocator<SimDevice> {
+    fn on_device(device: SimDevice, _config: AllocatorConfig) -> Self {
+        HeapAllocator::new(device, HeapSettings::new(true))
+            .expect("the simulated device reports its memory and the default settings are valid")
+    }
+
+    fn device(&self) -> &SimDevice {
+        self.backend()
+    }
+
+    /// The private front end: null for 0 bytes; the stream does not matter
+    /// (MPS has one serial queue).
+    fn alloc(&self, size: u64, _stream: StreamId) -> Result<DevicePtr, AllocError> {
+        self.private_allocator().allocate(size)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        self.private_allocator().delete(ptr)
+    }
+
+    fn empty_cache(&self) -> Result<(), AllocError> {
+        HeapAllocator::empty_cache(self)
+    }
+
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        if ptr.is_null() || self.record_events(&[ptr], stream)? {
+            Ok(())
+        } else {
+            Err(AllocError::InvalidPointer { ptr })
+        }
+    }
+
+    fn stats(&self) -> DeviceStats {
+        HeapAllocator::stats(self)
+    }
+
+    fn allocated_and_reserved(&self) -> (u64, u64) {
+        HeapAllocator::allocated_and_reserved(self)
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        self.snapshot().segments
+    }
+
+    fn reset_accumulated_stats(&self) {
+        HeapAllocator::reset_accumulated_stats(self)
+    }
+
+    fn reset_peak_stats(&self) {
+        HeapAllocator::reset_peak_stats(self)
+    }
+
+    /// Heaps are chosen by available size, not by rank: nothing to do.
+    fn rank_segments_by_address(&self, _on: bool) {}
+
+    /// The heap allocator cannot adopt a CUDA segment: see
+    /// [`seed_segment_blocks`](ReplayTarget::seed_segment_blocks).
+    fn seed_segment(&self, seg: &SeededSegment) -> Result<DevicePtr, SeedError> {
+        Err(not_adoptable(seg.size))
+    }
+
+    /// As [`seed_segment`](ReplayTarget::seed_segment).
+    fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
+        Err(not_adoptable(seg.mapped.iter().map(|m| m.1).sum()))
+    }
+
+    /// Allocate each recorded block (its requested size) as a buffer.
+    fn seed_segment_blocks(&self, seg: &SeededSegment) -> Result<Vec<DevicePtr>, SeedError> {
+        seed_buffers(self, &seg.blocks)
+    }
+
+    fn seed_expandable_blocks(&self, seg: &SeededExpandable) -> Result<Vec<DevicePtr>, SeedError> {
+        seed_buffers(self, &seg.blocks)
+    }
+}
+
+fn not_adoptable(size: u64) -> SeedError {
+    SeedError::Layout(format!(
+        "the MPS heap allocator cannot adopt a recorded segment of {size} bytes \
+         (it rebuilds a start state by allocating the segment's blocks)"
+    ))
+}
+
+/// The live blocks of a recorded segment allocated as private buffers.
+fn seed_buffers(
+    heap: &HeapAllocator<SimDevice>,
+    blocks: &[reservoir::caching::SeededBlock],
+) -> Result<Vec<DevicePtr>, SeedError> {
+    blocks
+        .iter()
+        .map(|b| {
+            let size = b.requested_size.max(1);
+            heap.malloc(size, UsageFlags::PRIVATE).map_err(|e| {
+                SeedError::Layout(format!(
+                    "the MPS heap allocator could not allocate a recorded block of {size} bytes: {e}"
+                ))
+            })
+        })
+        .collect()
 }

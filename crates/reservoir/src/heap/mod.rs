@@ -402,6 +402,39 @@ impl<B: Backend> HeapAllocator<B> {
         self.is_shared_buffer(ptr)
     }
 
+    /// `getSharedBufferPtr`: the host address of a shared buffer (in use or
+    /// cached, as PyTorch's `get_allocated_buffer_block`) and its retain count (`MPSAllocator.mm` returns `{cpu_ptr,
+    /// retainCount()}`; the second value is not an offset). The host
+    /// address comes from the backend's [`HostMapping`](crate::backend::HostMapping).
+    /// Where PyTorch answers `{nullptr, 0}`, Reservoir answers a typed error
+    /// and changes nothing: [`AllocError::InvalidPointer`] for a pointer that
+    /// is not one of its buffers, [`AllocError::InvalidArgument`] for a private
+    /// buffer, [`BackendError::Unsupported`] on a backend the host cannot
+    /// address.
+    pub fn shared_buffer_ptr(&self, ptr: DevicePtr) -> Result<(u64, u32), AllocError> {
+        let mut g = self.state.lock();
+        let b = *g
+            .ptrs
+            .get(&ptr.0)
+            .ok_or(AllocError::InvalidPointer { ptr })?;
+        let pool = g.pool_of(b);
+        if !pool.is_shared() {
+            return Err(AllocError::InvalidArgument(format!(
+                "the buffer at {ptr} is in the {pool} pool: only shared buffers have a host pointer"
+            )));
+        }
+        let Some(map) = self.backend.as_host_mapping() else {
+            return Err(BackendError::Unsupported {
+                backend: self.backend.name(),
+                what: "shared buffer pointers (no host-visible memory)",
+            }
+            .into());
+        };
+        let host = map.host_address(ptr, g.size(b))?;
+        let retain = g.retain_count(&self.backend, b)?;
+        Ok((host, retain))
+    }
+
     /// `getUnalignedBufferSize`: the requested size of a live buffer
     /// (PyTorch's -1 for an unknown pointer is `None`).
     pub fn unaligned_buffer_size(&self, ptr: DevicePtr) -> Option<u64> {
@@ -515,6 +548,25 @@ impl<B: Backend> HeapAllocator<B> {
     /// The statistics (see the [module documentation](self)).
     pub fn stats(&self) -> DeviceStats {
         self.state.lock().stats
+    }
+
+    /// Bytes of the buffers in use and of the heaps, from the statistics
+    /// (`allocated_bytes` and `reserved_bytes`, current); cheap.
+    pub fn allocated_and_reserved(&self) -> (u64, u64) {
+        let g = self.state.lock();
+        let all = |s: &crate::stats::StatArray| s.all().current.max(0) as u64;
+        (all(&g.stats.allocated_bytes), all(&g.stats.reserved_bytes))
+    }
+
+    /// `resetAccumulatedStats`: zero the counts of events (allocations,
+    /// frees, device calls, retries, OOMs); current values and peaks stay.
+    pub fn reset_accumulated_stats(&self) {
+        self.state.lock().stats.reset_accumulated();
+    }
+
+    /// `resetPeakStats`: every peak becomes the current value.
+    pub fn reset_peak_stats(&self) {
+        self.state.lock().stats.reset_peak();
     }
 
     /// The heaps and buffers as a [`Snapshot`] (heaps as segments).

@@ -57,7 +57,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::backend::{
-    Backend, BackendError, DevicePtr, EventId, MemInfo, Reservation, StreamId, VirtualMemory,
+    Backend, BackendError, DevicePtr, EventId, HostMapping, MemInfo, Reservation, StreamId,
+    VirtualMemory,
 };
 use addr::{round_up, AddressSpace};
 
@@ -1142,6 +1143,30 @@ impl Backend for SimDevice {
 
     fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
         Some(self)
+    }
+
+    fn as_host_mapping(&self) -> Option<&dyn HostMapping> {
+        Some(self)
+    }
+}
+
+/// The simulated device models unified memory: the host address of device
+/// memory is its device address. It holds no bytes (the device simulates
+/// addresses only), so the address is for bookkeeping, not for reading.
+impl HostMapping for SimDevice {
+    fn host_address(&self, ptr: DevicePtr, len: u64) -> Result<u64, BackendError> {
+        let st = self.state.lock();
+        let inside = st
+            .allocs
+            .iter()
+            .any(|(&base, a)| base <= ptr.0 && ptr.0.saturating_add(len) <= base + a.size);
+        if inside {
+            Ok(ptr.0)
+        } else {
+            Err(BackendError::InvalidValue(format!(
+                "range [{ptr}, +{len}) is not inside a live allocation of the sim device"
+            )))
+        }
     }
 }
 

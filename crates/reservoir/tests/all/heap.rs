@@ -1100,3 +1100,141 @@ proptest! {
         prop_assert_eq!(h.a.current_allocated_memory(), 0);
     }
 }
+
+#[test]
+fn private_and_shared_allocators_place_in_their_pools() {
+    // Spec 4.1: the private front end (usage PRIVATE) and the shared one
+    // (usage SHARED, pinned memory), both over one heap allocator.
+    let h = unified();
+    let private = h.a.private_allocator();
+    let shared = h.a.shared_allocator().unwrap();
+    assert_eq!(
+        (private.usage(), shared.usage()),
+        (UsageFlags::PRIVATE, UsageFlags::SHARED)
+    );
+    let p = private.allocate(2 * MIB).unwrap();
+    let s = shared.allocate(2 * MIB).unwrap();
+    let ps = private.allocate(64 * KIB).unwrap();
+    let ss = shared.allocate(64 * KIB).unwrap();
+    h.check();
+    assert!(!h.a.is_shared_buffer(p) && !h.a.is_shared_buffer(ps));
+    assert!(h.a.is_shared_buffer(s) && h.a.is_shared_buffer(ss));
+    assert!(h.a.is_pinned_ptr(ss) && !h.a.is_pinned_ptr(ps));
+    // Four pools, four heaps: 32 MiB large ones, 8 MiB small ones.
+    let mut sizes: Vec<u64> = h.heaps().iter().map(|k| k.0).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [8 * MIB, 8 * MIB, 32 * MIB, 32 * MIB]);
+    // A freed shared buffer is not reused by the private front end.
+    shared.delete(s).unwrap();
+    let p2 = private.allocate(2 * MIB).unwrap();
+    assert_ne!(p2, s);
+    // isSharedBuffer answers for a cached buffer too (m_allocated_buffers).
+    assert!(h.a.is_shared_buffer(s));
+    for (a, x) in [(&private, p), (&private, ps), (&shared, ss), (&private, p2)] {
+        a.delete(x).unwrap();
+        h.check();
+    }
+}
+
+#[test]
+fn unaligned_size_shape_and_id_follow_the_buffer() {
+    // MPSAllocator.mm getUnalignedBufferSize / getBufferShape / getBufferId:
+    // the requested size of the buffer in use, even when it reuses a larger
+    // cached one; the shape is forgotten on free.
+    let h = unified();
+    let p = h.malloc(3 * MIB + 5);
+    assert_eq!(h.a.unaligned_buffer_size(p), Some(3 * MIB + 5));
+    h.a.set_buffer_shape(p, &[3, MIB as i64]).unwrap();
+    assert_eq!(h.a.buffer_shape(p), [3, MIB as i64]);
+    let id = h.a.buffer_id(p);
+    assert!(id > 0);
+    h.free(p);
+    // A cached buffer keeps its requested size (PyTorch looks it up in
+    // m_allocated_buffers, which holds cached buffers); its shape is gone.
+    assert_eq!(h.a.unaligned_buffer_size(p), Some(3 * MIB + 5));
+    assert!(h.a.buffer_shape(p).is_empty());
+    // Reuse of the same whole buffer (spec 4.2 step 5): a new requested
+    // size, the same id.
+    let q = h.malloc(2 * MIB);
+    assert_eq!(q, p);
+    assert_eq!(h.a.unaligned_buffer_size(q), Some(2 * MIB));
+    assert_eq!(h.a.buffer_id(q), id);
+    assert!(h.a.buffer_shape(q).is_empty());
+    h.free(q);
+}
+
+#[test]
+fn shared_buffer_pointers_on_the_simulated_device() {
+    // getSharedBufferPtr: {host pointer, retain count} of a shared buffer.
+    // The simulated device models unified memory (host address = device
+    // address).
+    let h = unified();
+    let s = h.try_malloc(3 * MIB, UsageFlags::SHARED).unwrap();
+    let p = h.malloc(3 * MIB);
+    assert_eq!(h.a.shared_buffer_ptr(s).unwrap(), (s.0, 1));
+    // Work recorded for the buffer raises its retain count.
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    dev.hold_stream(s1).unwrap();
+    dev.enqueue_work(s1).unwrap();
+    assert!(h.a.record_events(&[s], s1).unwrap());
+    assert_eq!(h.a.shared_buffer_ptr(s).unwrap(), (s.0, 2));
+    dev.release_stream(s1).unwrap();
+    assert_eq!(h.a.shared_buffer_ptr(s).unwrap(), (s.0, 1));
+    // PyTorch's {nullptr, 0} cases are typed errors that change nothing.
+    let before = (h.a.stats(), h.a.snapshot());
+    let e = h.a.shared_buffer_ptr(p).unwrap_err();
+    assert!(
+        matches!(&e, AllocError::InvalidArgument(m) if m.contains("large private pool")),
+        "{e}"
+    );
+    assert!(matches!(
+        h.a.shared_buffer_ptr(DevicePtr(0x1234)),
+        Err(AllocError::InvalidPointer { .. })
+    ));
+    assert_eq!(before, (h.a.stats(), h.a.snapshot()));
+    // A cached buffer still answers (PyTorch's allocated-buffers map holds
+    // cached buffers too); a released one does not.
+    h.free(s);
+    assert_eq!(h.a.shared_buffer_ptr(s).unwrap(), (s.0, 1));
+    h.free(p);
+    h.empty();
+    assert!(matches!(
+        h.a.shared_buffer_ptr(s),
+        Err(AllocError::InvalidPointer { .. })
+    ));
+    // A backend without the host-mapping capability (it can only write).
+    let no_mapping = HostVisible {
+        sim: sim(GIB),
+        writes: Mutex::default(),
+    };
+    let a = HeapAllocator::new(no_mapping, HeapSettings::new(true)).unwrap();
+    let s = a.malloc(64, UsageFlags::SHARED).unwrap();
+    assert!(matches!(
+        a.shared_buffer_ptr(s),
+        Err(AllocError::Backend(BackendError::Unsupported { .. }))
+    ));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn stats_resets_keep_current_values() {
+    // DeviceAllocator::resetAccumulatedStats / resetPeakStats.
+    let h = unified();
+    let a = h.malloc(3 * MIB);
+    let b = h.malloc(20 * MIB);
+    h.free(b);
+    let st = h.a.stats();
+    assert_eq!(st.num_device_alloc, 1);
+    assert_eq!(st.allocated_bytes.all().peak, (23 * MIB) as i64);
+    h.a.reset_accumulated_stats();
+    h.a.reset_peak_stats();
+    h.check();
+    let st = h.a.stats();
+    assert_eq!(st.num_device_alloc, 0);
+    assert_eq!(st.allocation.all().allocated, 0);
+    assert_eq!(st.allocated_bytes.all().current, (3 * MIB) as i64);
+    assert_eq!(st.allocated_bytes.all().peak, (3 * MIB) as i64);
+    assert_eq!(st.segment.all().current, 1);
+    h.free(a);
+}

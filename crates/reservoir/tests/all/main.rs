@@ -5,6 +5,7 @@ mod common;
 mod errors;
 mod expandable;
 mod heap;
+mod heap_model;
 mod model;
 mod observe;
 mod pools;
