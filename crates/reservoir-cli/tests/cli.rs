@@ -344,3 +344,44 @@ fn state_only_snapshots_and_conversion() {
     assert!(trace.ops.len() > 1301 + 657, "{}", trace.ops.len());
     assert!(text.contains("# prelude: the first "));
 }
+
+#[test]
+fn cold_start_replays_from_an_empty_allocator() {
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let f = file.to_str().unwrap();
+    let args = ["replay", f, "-p", "pytorch", "-p", "expandable", "--json"];
+    let o = reservoir(&[&args[..], &["--start", "cold"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let a = v.as_array().unwrap();
+    assert_eq!(a.len(), 2);
+    for r in a {
+        assert_eq!(r["start"], "cold");
+        assert!(r["fidelity"].is_null(), "no fidelity on a cold start");
+        assert!(r["peak_live"].as_u64().unwrap() > 0);
+        assert!(r["peak_reserved"].as_u64() >= r["peak_live"].as_u64());
+    }
+    // peak live is the same whatever the policy
+    assert_eq!(a[0]["peak_live"], a[1]["peak_live"]);
+    // the recorded start stays the default
+    let o = reservoir(&args);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["start"], "recorded");
+    assert!(!v[0]["fidelity"].is_null());
+    // the table says where it started
+    let o = reservoir(&["replay", f, "-p", "pytorch", "--start", "cold"]);
+    let out = stdout(&o);
+    assert!(out.contains("from a cold start (the 6 blocks"), "{out}");
+    assert!(out.contains("peak reserved / peak live"), "{out}");
+    assert!(
+        out.contains("fidelity: not measured on a cold start"),
+        "{out}"
+    );
+    // a bad mode is named
+    let o = reservoir(&["replay", f, "--start", "warm"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("warm"), "{}", stderr(&o));
+}

@@ -359,6 +359,7 @@ fn json_has_the_documented_keys() {
         "free_ops",
         "peak_allocated",
         "peak_reserved",
+        "peak_live",
         "fragmentation",
         "reserved_unallocated_at_peak",
         "largest_free_block_at_peak",
@@ -382,7 +383,7 @@ fn json_has_the_documented_keys() {
     }
     assert_eq!(
         obj.len(),
-        26,
+        27,
         "new keys must be documented here and in the CLI"
     );
     assert_eq!(v["setting"], "pytorch");
