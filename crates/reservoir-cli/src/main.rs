@@ -165,9 +165,28 @@ fn main() {
         Command::Workloads => cmd_workloads(),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", error_chain(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, `: `-separated, each said once: many errors
+/// already include their cause in their own message (`pickle at byte 2:
+/// ...` wraps the pickle reader's error and names it as its source), so a
+/// cause whose text was already printed is skipped.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if msg.is_empty() || out.contains(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }
 
 /// The what-if policies replayed on a recorded trace when none is named.

@@ -385,3 +385,28 @@ fn cold_start_replays_from_an_empty_allocator() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("warm"), "{}", stderr(&o));
 }
+
+#[test]
+fn errors_print_each_cause_once() {
+    // A pickle cut inside its first FRAME: the pickle reader's cause used to
+    // be printed twice (once in the load error's message, once as its source).
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("truncated.pickle");
+    std::fs::write(&path, b"\x80\x04\x95\x01\x02\x03\x04\x05\x06\x07").unwrap();
+    let o = reservoir(&["replay", path.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("cannot load"), "{err}");
+    assert!(err.contains("opcode FRAME"), "{err}");
+    assert_eq!(
+        err.matches("needs 8 bytes but only 7 are left").count(),
+        1,
+        "{err}"
+    );
+    assert_eq!(err.matches("at byte 2").count(), 1, "{err}");
+    // A missing file: the OS error once.
+    let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-such-file.pickle");
+    let o = reservoir(&["replay", missing.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
