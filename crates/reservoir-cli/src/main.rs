@@ -28,6 +28,7 @@ use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::replay::snapshot::{
     convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
+    StartMode,
 };
 use reservoir_replay::replay::{replay_all, ReplayOptions, ReplayReport, ReplaySetting};
 use reservoir_replay::snapshot::{self, AddressKind};
@@ -108,6 +109,14 @@ struct ReplayArgs {
     #[arg(long, value_name = "N")]
     device: Option<u32>,
 
+    /// Where a recorded trace's replay starts: `recorded` (the segments and
+    /// blocks PyTorch held at the first entry, at their recorded addresses:
+    /// exact replay) or `cold` (an empty allocator: the blocks live at the
+    /// first entry are allocated first, in address order; policies are
+    /// compared on this).
+    #[arg(long, value_name = "MODE", default_value = "recorded")]
+    start: StartMode,
+
     /// Print the reports as a JSON array, one object per input and setting,
     /// instead of the table.
     #[arg(long)]
@@ -157,9 +166,28 @@ fn main() {
         Command::Workloads => cmd_workloads(),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", error_chain(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, `: `-separated, each said once: many errors
+/// already include their cause in their own message (`pickle at byte 2:
+/// ...` wraps the pickle reader's error and names it as its source), so a
+/// cause whose text was already printed is skipped.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if msg.is_empty() || out.contains(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }
 
 /// The what-if policies replayed on a recorded trace when none is named.
@@ -262,6 +290,8 @@ fn load_workload(spec: &str) -> Result<Workload> {
 struct RecordedInput {
     file: String,
     rec: RecordedTrace,
+    /// Blocks live at the first entry.
+    live_at_start: usize,
     events: u64,
     settings: Vec<ReplaySetting>,
     capacity: u64,
@@ -283,9 +313,12 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
         }
         let rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
             .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
+        let live_at_start = rec.live_at_start_count();
+        let rec = rec.with_start(args.start);
         let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
         out.push(RecordedInput {
             file: path.display().to_string(),
+            live_at_start,
             events: dev.events.len() as u64,
             rec,
             settings: settings.clone(),
@@ -378,7 +411,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                 capacity: input.capacity,
                 ..ReplayOptions::default()
             };
-            let compare = s.name == "pytorch";
+            let compare = s.name == "pytorch" && args.start == StartMode::Recorded;
             let (report, fid) = replay_recorded(&input.rec, s, &options, compare, &mut |n| {
                 progress.set(base + n as u64)
             })
@@ -387,6 +420,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             let rr = RecordedReport {
                 file: input.file.clone(),
                 device: input.rec.device,
+                start: args.start,
                 events: input.events,
                 report,
                 fidelity: fid,
@@ -396,13 +430,22 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             reports.push(rr.report);
         }
         let title = format!("{} (device {})", input.file, input.rec.device);
+        let start = match args.start {
+            StartMode::Recorded => format!(
+                "from a start state of {} segments and {} expandable segments",
+                input.rec.start.segments.len(),
+                input.rec.start.expandable.len()
+            ),
+            StartMode::Cold => format!(
+                "from a cold start (the {} blocks live at the first entry allocated first)",
+                input.live_at_start
+            ),
+        };
         let _ = writeln!(
             text,
-            "{title}\n{} trace entries -> {} ops from a start state of {} segments and {} expandable segments; simulated {} device{}\n",
+            "{title}\n{} trace entries -> {} ops {start}; simulated {} device{}\n",
             input.events,
             input.rec.trace.ops.len(),
-            input.rec.start.segments.len(),
-            input.rec.start.expandable.len(),
             format_size(input.capacity),
             if input.rec.capacity.is_some() && args.capacity.is_none() {
                 " (the capacity inferred from the recording: its OOMs, or its expandable-segment reservations)"
@@ -430,6 +473,11 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                     format_size(f.recorded_peak_reserved),
                     reports[0].ooms,
                     f.recorded_ooms
+                );
+            } else if name == "pytorch" && args.start == StartMode::Cold {
+                let _ = writeln!(
+                    text,
+                    "\nfidelity: not measured on a cold start (use --start recorded)"
                 );
             } else if name == "pytorch" && !input.rec.segments_known {
                 let _ = writeln!(

@@ -22,8 +22,16 @@ pub fn format_ns(ns: f64) -> String {
 fn rows(reports: &[ReplayReport]) -> Vec<(&'static str, Vec<String>)> {
     let col = |f: &dyn Fn(&ReplayReport) -> String| reports.iter().map(f).collect::<Vec<_>>();
     vec![
+        ("peak live (requested)", col(&|r| format_size(r.peak_live))),
         ("peak allocated", col(&|r| format_size(r.peak_allocated))),
         ("peak reserved", col(&|r| format_size(r.peak_reserved))),
+        (
+            "peak reserved / peak live",
+            col(&|r| match r.peak_live {
+                0 => "-".to_string(),
+                live => format!("{:.3}x", r.peak_reserved as f64 / live as f64),
+            }),
+        ),
         (
             "fragmentation (reserved/allocated)",
             col(&|r| match r.fragmentation {

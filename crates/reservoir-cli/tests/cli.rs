@@ -396,3 +396,69 @@ fn the_mps_heap_policy_replays_workloads_and_recordings() {
     assert_eq!(v[0]["allocator"], "mps-heap");
     assert!(v[0]["fidelity"].is_null());
 }
+
+#[test]
+fn cold_start_replays_from_an_empty_allocator() {
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let f = file.to_str().unwrap();
+    let args = ["replay", f, "-p", "pytorch", "-p", "expandable", "--json"];
+    let o = reservoir(&[&args[..], &["--start", "cold"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let a = v.as_array().unwrap();
+    assert_eq!(a.len(), 2);
+    for r in a {
+        assert_eq!(r["start"], "cold");
+        assert!(r["fidelity"].is_null(), "no fidelity on a cold start");
+        assert!(r["peak_live"].as_u64().unwrap() > 0);
+        assert!(r["peak_reserved"].as_u64() >= r["peak_live"].as_u64());
+    }
+    // peak live is the same whatever the policy
+    assert_eq!(a[0]["peak_live"], a[1]["peak_live"]);
+    // the recorded start stays the default
+    let o = reservoir(&args);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["start"], "recorded");
+    assert!(!v[0]["fidelity"].is_null());
+    // the table says where it started
+    let o = reservoir(&["replay", f, "-p", "pytorch", "--start", "cold"]);
+    let out = stdout(&o);
+    assert!(out.contains("from a cold start (the 6 blocks"), "{out}");
+    assert!(out.contains("peak reserved / peak live"), "{out}");
+    assert!(
+        out.contains("fidelity: not measured on a cold start"),
+        "{out}"
+    );
+    // a bad mode is named
+    let o = reservoir(&["replay", f, "--start", "warm"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("warm"), "{}", stderr(&o));
+}
+
+#[test]
+fn errors_print_each_cause_once() {
+    // A pickle cut inside its first FRAME: the pickle reader's cause used to
+    // be printed twice (once in the load error's message, once as its source).
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("truncated.pickle");
+    std::fs::write(&path, b"\x80\x04\x95\x01\x02\x03\x04\x05\x06\x07").unwrap();
+    let o = reservoir(&["replay", path.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("cannot load"), "{err}");
+    assert!(err.contains("opcode FRAME"), "{err}");
+    assert_eq!(
+        err.matches("needs 8 bytes but only 7 are left").count(),
+        1,
+        "{err}"
+    );
+    assert_eq!(err.matches("at byte 2").count(), 1, "{err}");
+    // A missing file: the OS error once.
+    let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-such-file.pickle");
+    let o = reservoir(&["replay", missing.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

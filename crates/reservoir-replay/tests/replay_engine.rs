@@ -360,6 +360,7 @@ fn json_has_the_documented_keys() {
         "free_ops",
         "peak_allocated",
         "peak_reserved",
+        "peak_live",
         "fragmentation",
         "reserved_unallocated_at_peak",
         "largest_free_block_at_peak",

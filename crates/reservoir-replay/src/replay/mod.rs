@@ -1068,6 +1068,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             free_ops: self.free_ops,
             peak_allocated,
             peak_reserved,
+            peak_live: stats.requested_bytes.all().peak.max(0) as u64,
             fragmentation,
             reserved_unallocated_at_peak: peak.as_ref().map_or(0, |p| p.reserved - p.allocated),
             largest_free_block_at_peak: peak.as_ref().map_or(0, |p| p.largest_free_block),

@@ -30,6 +30,10 @@ pub struct ReplayReport {
     pub peak_allocated: u64,
     /// Highest reserved bytes (`reserved_bytes.all.peak`).
     pub peak_reserved: u64,
+    /// Highest bytes callers asked for and held (`requested_bytes.all.peak`):
+    /// the same whatever the setting (as long as no allocation fails), the
+    /// least any allocator must reserve.
+    pub peak_live: u64,
     /// `peak_reserved / peak_allocated`: 1.0 is no overhead; `null` when
     /// nothing was allocated.
     pub fragmentation: Option<f64>,

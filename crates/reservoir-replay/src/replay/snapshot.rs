@@ -61,8 +61,10 @@
 //! recorded offset has exactly the recorded address; a segment that got
 //! another address makes its blocks count as misplaced.
 
+mod cold;
 mod convert;
 
+pub use cold::{StartMode, UnknownStartMode};
 pub use convert::convert;
 
 use convert::SMALL_SIZE;
@@ -355,7 +357,7 @@ pub fn recorded_setting(settings: Option<&AllocatorSettings>) -> ReplaySetting {
 /// JSON: the keys of [`ReplayReport`](super::ReplayReport) (`setting`,
 /// `peak_allocated`, `peak_reserved`, `fragmentation`, `driver_allocs`,
 /// `driver_frees`, `ooms`, `first_oom`, ...) flattened, plus `file`,
-/// `device`, `events` (recorded entries) and `fidelity` ([`Fidelity`],
+/// `device`, `start` (`recorded` or `cold`), `events` (recorded entries) and `fidelity` ([`Fidelity`],
 /// `null` except in PyTorch mode: the recorded settings).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RecordedReport {
@@ -363,6 +365,8 @@ pub struct RecordedReport {
     pub file: String,
     /// The device whose trace was replayed.
     pub device: u32,
+    /// Where the replay started: `recorded` or `cold` ([`StartMode`]).
+    pub start: StartMode,
     /// Trace entries of that device.
     pub events: u64,
     /// What the replay measured.
