@@ -63,6 +63,10 @@ enum Class<K: Ord> {
 impl<K: Ord + Copy> Class<K> {
     fn insert(&mut self, key: K) -> bool {
         match self {
+            Class::Sorted(v) if v.is_empty() => {
+                v.push(key);
+                true
+            }
             Class::Sorted(v) => match v.binary_search(&key) {
                 Ok(_) => false,
                 Err(at) => {
@@ -81,7 +85,12 @@ impl<K: Ord + Copy> Class<K> {
         match self {
             Class::Sorted(v) => match v.binary_search(key) {
                 Ok(at) => {
-                    v.remove(at);
+                    // The last key (often the only one) moves nothing.
+                    if at + 1 == v.len() {
+                        v.pop();
+                    } else {
+                        v.remove(at);
+                    }
                     true
                 }
                 Err(_) => false,
