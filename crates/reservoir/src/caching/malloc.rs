@@ -116,7 +116,7 @@ impl DeviceState {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut candidates = pool.blocks.range(FreeKey::search(p.stream, p.size)..);
+        let mut candidates = pool.blocks.from(&FreeKey::search(p.stream, p.size));
         let Some(&first) = candidates.next() else {
             return false;
         };

@@ -13,7 +13,7 @@ use super::stream_order::MempoolSet;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
-use crate::store::{BlockId, FreeList, PoolId, NIL};
+use crate::store::{BlockId, FreeList, PoolId, SizeClassList, SizeClassed, NIL};
 
 /// The global large pool (free blocks above 1 MiB).
 pub(crate) const POOL_LARGE: PoolId = 0;
@@ -69,6 +69,17 @@ impl FreeKey {
     }
 }
 
+impl SizeClassed for FreeKey {
+    #[inline]
+    fn group(&self) -> u64 {
+        self.stream.0
+    }
+    #[inline]
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
 /// Ordering key of unmapped blocks: (stream, address).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct UnmappedKey {
@@ -80,8 +91,9 @@ pub(crate) struct UnmappedKey {
 /// Free blocks of one kind (PyTorch's `BlockPool`).
 #[derive(Clone, Debug)]
 pub(crate) struct BlockPool {
-    /// Free, mapped blocks in (stream, size, address) order.
-    pub blocks: FreeList<FreeKey>,
+    /// Free, mapped blocks in (stream, size, address) order, indexed by
+    /// stream and size class.
+    pub blocks: SizeClassList<FreeKey>,
     /// Unmapped blocks of expandable segments in (stream, address) order.
     pub unmapped: FreeList<UnmappedKey>,
     /// Small pool (blocks of at most 1 MiB)?
@@ -95,7 +107,7 @@ pub(crate) struct BlockPool {
 impl BlockPool {
     pub fn new(is_small: bool, owner: Option<crate::ids::MempoolId>) -> BlockPool {
         BlockPool {
-            blocks: FreeList::default(),
+            blocks: SizeClassList::default(),
             unmapped: FreeList::default(),
             is_small,
             owner,

@@ -87,7 +87,7 @@ impl DeviceState {
         // Blocks at or above max_split_size are never split while the setting
         // is unchanged; one split by an earlier setting stays (PyTorch would
         // hand its interior address to cudaFree).
-        if let Some(&hit) = pool.blocks.range(search..).next() {
+        if let Some(&hit) = pool.blocks.from(&search).next() {
             let b = &self.store.blocks[hit.id];
             if hit.stream == p.stream && !b.is_split() && !b.expandable {
                 self.release_block(backend, hit.id)?;
@@ -97,7 +97,7 @@ impl DeviceState {
         // No single block is large enough: free oversize blocks from the largest down.
         let mut released = 0u64;
         let mut victims = Vec::new();
-        for k in pool.blocks.range(..search).rev() {
+        for k in pool.blocks.before(&search) {
             if released >= key_size || k.size < max_split || k.stream != p.stream {
                 break;
             }

@@ -12,15 +12,20 @@
 //! * [`BlockStore`]: link, split and merge blocks inside a segment; walk a
 //!   segment's blocks.
 //! * [`FreeList`]: free blocks sorted by a key the owner chooses (PyTorch's
-//!   `BlockPool` sets; a heap's (size, address) order).
+//!   `BlockPool` unmapped set; a heap's (size, address) order).
+//! * [`SizeClassList`]: the same sorted set for keys ordered by (group,
+//!   size, ...), indexed by size-class bitmaps: best fit in one lookup
+//!   (PyTorch's `BlockPool::blocks`).
 
 mod block;
 mod check;
 mod free_list;
+mod size_classes;
 mod slab;
 
 pub(crate) use block::{Block, BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
 pub(crate) use free_list::FreeList;
+pub(crate) use size_classes::{SizeClassList, SizeClassed};
 pub(crate) use slab::Slab;
 
 use crate::ids::StreamId;

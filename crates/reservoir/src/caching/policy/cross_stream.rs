@@ -89,7 +89,7 @@ impl DeviceState {
         while let Some(s) = next {
             if s != stream {
                 let hit = blocks
-                    .range(FreeKey::search(s, size)..)
+                    .from(&FreeKey::search(s, size))
                     .take_while(|k| k.stream == s)
                     .find(|k| !self.store.blocks[k.id].expandable);
                 if let Some(&k) = hit {
@@ -102,7 +102,7 @@ impl DeviceState {
             }
             next = match s.0.checked_add(1) {
                 Some(n) => blocks
-                    .range(FreeKey::search(StreamId(n), 0)..)
+                    .from(&FreeKey::search(StreamId(n), 0))
                     .next()
                     .map(|k| k.stream),
                 None => None,
