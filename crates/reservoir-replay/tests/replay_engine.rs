@@ -384,7 +384,7 @@ fn json_has_the_documented_keys() {
     }
     assert_eq!(
         obj.len(),
-        27,
+        28,
         "new keys must be documented here and in the CLI"
     );
     assert_eq!(v["setting"], "pytorch");
