@@ -266,3 +266,37 @@ fn own_process_and_unshareable_blocks_are_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn the_device_level_calls_check_their_pointers() {
+    use reservoir::Backend;
+    let dev = host(true);
+    let p = dev.allocate(3 * 4096, S0).unwrap();
+    let h = dev.ipc_get_handle(p).unwrap();
+    assert_eq!((h.pid, h.size), (std::process::id(), 3 * 4096));
+    assert_eq!(HostIpcHandle::from_bytes(&h.to_bytes()).unwrap(), h);
+    // Inside the allocation but not its start: refused, naming the pointer.
+    let inner = DevicePtr(p.0 + 4096);
+    let e = dev.ipc_get_handle(inner).unwrap_err();
+    assert!(
+        matches!(&e, BackendError::InvalidValue(m) if m.contains(&inner.to_string())),
+        "{e}"
+    );
+    // Closing what was never opened here.
+    let e = dev.ipc_close(p).unwrap_err();
+    assert!(
+        e.to_string().contains("not a shared allocation opened"),
+        "{e}"
+    );
+    // Each allocation has its own memfd (serials differ).
+    let q = dev.allocate(4096, S0).unwrap();
+    assert_ne!(dev.ipc_get_handle(q).unwrap().serial, h.serial);
+    dev.free(p, 3 * 4096).unwrap();
+    dev.free(q, 4096).unwrap();
+    let e = dev.ipc_get_handle(p).unwrap_err();
+    assert!(
+        e.to_string().contains("not the start of a live allocation"),
+        "{e}"
+    );
+    assert!(dev.leak_report().is_empty());
+}
