@@ -155,6 +155,14 @@ fn child_process() {
                 );
             }
             assert_eq!(a.backend().counters().live_ipc_mappings, 0);
+            // Dropping an allocator closes the handles it still has open.
+            let dev = std::sync::Arc::new(host(false));
+            let b = CachingAllocator::new(dev.clone(), AllocatorConfig::default());
+            b.open_ipc_handle(&handle).unwrap();
+            assert_eq!(dev.counters().live_ipc_mappings, 1);
+            let report = b.close();
+            assert!(report.is_clean(), "{report:?}");
+            assert_eq!(dev.counters().live_ipc_mappings, 0);
         }
         "gone" => {
             let e = a.open_ipc_handle(&handle).unwrap_err();
