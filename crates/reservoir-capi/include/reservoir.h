@@ -84,10 +84,12 @@ enum ReservoirStatus reservoir_allocator_create(uint32_t backend,
                                                 const char *config,
                                                 struct ReservoirAllocator **out);
 
-// Destroy an allocator: its cached segments are released, then the
-// backend frees everything it still holds, live blocks included. The
-// handle is invalid afterwards (`RESERVOIR_ERR_INVALID_HANDLE`). Works on
-// a poisoned allocator.
+// Destroy an allocator: pending cross-stream frees are synchronised and
+// every segment goes back to the device, those of blocks still allocated
+// included (a warning names them; their pointers dangle). The handle is
+// invalid afterwards (`RESERVOIR_ERR_INVALID_HANDLE`). Works on a poisoned
+// allocator. If another thread is still inside a call on the handle, the
+// memory goes back when that call returns.
 enum ReservoirStatus reservoir_allocator_destroy(struct ReservoirAllocator *h);
 
 // Allocate `size` bytes (1..=`PTRDIFF_MAX`) for use on `stream` and write

@@ -167,26 +167,20 @@ pub unsafe extern "C" fn reservoir_allocator_create(
     })
 }
 
-/// Destroy an allocator: its cached segments are released, then the
-/// backend frees everything it still holds, live blocks included. The
-/// handle is invalid afterwards (`RESERVOIR_ERR_INVALID_HANDLE`). Works on
-/// a poisoned allocator.
+/// Destroy an allocator: pending cross-stream frees are synchronised and
+/// every segment goes back to the device, those of blocks still allocated
+/// included (a warning names them; their pointers dangle). The handle is
+/// invalid afterwards (`RESERVOIR_ERR_INVALID_HANDLE`). Works on a poisoned
+/// allocator. If another thread is still inside a call on the handle, the
+/// memory goes back when that call returns.
 #[no_mangle]
 pub extern "C" fn reservoir_allocator_destroy(h: *mut ReservoirAllocator) -> ReservoirStatus {
     guard("reservoir_allocator_destroy", || {
         let handle = unregister(h)?;
-        // Best effort: a poisoned allocator may be half updated.
-        let _ = with_handle_of(&handle, |a| each_backend!(a, a => a.empty_cache()));
+        // The caching allocator's `Drop` tears it down (`TeardownReport`).
         drop(handle);
         Ok(())
     })
-}
-
-fn with_handle_of<R>(
-    handle: &crate::handle::Handle,
-    f: impl FnOnce(&AnyAllocator) -> R,
-) -> std::thread::Result<R> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&handle.alloc)))
 }
 
 /// Allocate `size` bytes (1..=`PTRDIFF_MAX`) for use on `stream` and write

@@ -2,9 +2,9 @@
 //! memfd-backed (shareable) host device is shared as its segment's handle
 //! plus offset, and opened in ANOTHER PROCESS, which maps the same memory.
 //!
-//! The other process is this test binary run again with `--ignored --exact
-//! child_process` and the handle in the environment (`child_process` is
-//! ignored in normal runs and does nothing useful without the variables).
+//! The other process is this test binary run again with `--exact
+//! child_process` and the handle in the environment (`child_process` does
+//! nothing in a normal run, as the CUDA tests' `child_process_entry`).
 
 use std::process::Command;
 
@@ -46,7 +46,7 @@ fn pattern(seed: u8) -> Vec<u8> {
 /// Run this binary's `child_process` with `mode` and the handle.
 fn run_child(mode: &str, handle: &[u8], offset: u64) -> std::process::Output {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child_process", "--nocapture"])
+        .args(["--exact", "child_process", "--nocapture"])
         .env("RESERVOIR_IPC_MODE", mode)
         .env("RESERVOIR_IPC_HANDLE", hex(handle))
         .env("RESERVOIR_IPC_OFFSET", offset.to_string())
@@ -100,11 +100,13 @@ fn a_block_shared_by_handle_is_read_and_written_by_another_process() {
     a.check_invariants().unwrap();
 }
 
-/// The other process's side (run by the test above; see the module docs).
+/// Does nothing in a normal run. In a child process started by
+/// [`run_child`] it is the other process's side of the test above.
 #[test]
-#[ignore = "the child process of the IPC tests, run by them"]
 fn child_process() {
-    let mode = std::env::var("RESERVOIR_IPC_MODE").expect("run by the IPC tests");
+    let Ok(mode) = std::env::var("RESERVOIR_IPC_MODE") else {
+        return;
+    };
     let handle = unhex(&std::env::var("RESERVOIR_IPC_HANDLE").unwrap());
     let offset: u64 = std::env::var("RESERVOIR_IPC_OFFSET")
         .unwrap()
@@ -153,6 +155,14 @@ fn child_process() {
                 );
             }
             assert_eq!(a.backend().counters().live_ipc_mappings, 0);
+            // Dropping an allocator closes the handles it still has open.
+            let dev = std::sync::Arc::new(host(false));
+            let b = CachingAllocator::new(dev.clone(), AllocatorConfig::default());
+            b.open_ipc_handle(&handle).unwrap();
+            assert_eq!(dev.counters().live_ipc_mappings, 1);
+            let report = b.close();
+            assert!(report.is_clean(), "{report:?}");
+            assert_eq!(dev.counters().live_ipc_mappings, 0);
         }
         "gone" => {
             let e = a.open_ipc_handle(&handle).unwrap_err();
@@ -263,4 +273,38 @@ fn own_process_and_unshareable_blocks_are_refused() {
         matches!(e, AllocError::Backend(BackendError::Unsupported { .. })),
         "{e}"
     );
+}
+
+#[test]
+fn the_device_level_calls_check_their_pointers() {
+    use reservoir::Backend;
+    let dev = host(true);
+    let p = dev.allocate(3 * 4096, S0).unwrap();
+    let h = dev.ipc_get_handle(p).unwrap();
+    assert_eq!((h.pid, h.size), (std::process::id(), 3 * 4096));
+    assert_eq!(HostIpcHandle::from_bytes(&h.to_bytes()).unwrap(), h);
+    // Inside the allocation but not its start: refused, naming the pointer.
+    let inner = DevicePtr(p.0 + 4096);
+    let e = dev.ipc_get_handle(inner).unwrap_err();
+    assert!(
+        matches!(&e, BackendError::InvalidValue(m) if m.contains(&inner.to_string())),
+        "{e}"
+    );
+    // Closing what was never opened here.
+    let e = dev.ipc_close(p).unwrap_err();
+    assert!(
+        e.to_string().contains("not a shared allocation opened"),
+        "{e}"
+    );
+    // Each allocation has its own memfd (serials differ).
+    let q = dev.allocate(4096, S0).unwrap();
+    assert_ne!(dev.ipc_get_handle(q).unwrap().serial, h.serial);
+    dev.free(p, 3 * 4096).unwrap();
+    dev.free(q, 4096).unwrap();
+    let e = dev.ipc_get_handle(p).unwrap_err();
+    assert!(
+        e.to_string().contains("not the start of a live allocation"),
+        "{e}"
+    );
+    assert!(dev.leak_report().is_empty());
 }

@@ -56,11 +56,18 @@ impl<B: Backend> CachingAllocator<B> {
     /// PyTorch's message; a backend without the capability is
     /// [`BackendError::Unsupported`].
     pub fn share_ipc_handle(&self, ptr: DevicePtr) -> Result<IpcShare, AllocError> {
-        let (base, size) = self.base_allocation(ptr)?;
-        let handle = ipc_of(&self.backend)?.export_segment(base)?;
+        // Under the lock: the segment cannot be released (and its address
+        // reused by a new one) between the lookup and the export.
+        let state = self.state.lock();
+        let Some(&id) = state.allocated.get(&ptr.0) else {
+            return Err(AllocError::InvalidPointer { ptr });
+        };
+        let (base, size) = state.base_allocation(id)?;
+        let handle = ipc_of(&self.backend)?.export_segment(DevicePtr(base))?;
+        drop(state);
         Ok(IpcShare {
             handle,
-            offset: ptr.0 - base.0,
+            offset: ptr.0 - base,
             segment_size: size,
         })
     }

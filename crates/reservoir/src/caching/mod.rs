@@ -27,6 +27,14 @@
 //!
 //! With all of these off, each event costs the allocator one branch.
 //!
+//! Sharing and teardown:
+//! * [`CachingAllocator::share_ipc_handle`] gives another process the
+//!   handle of a block's segment and the block's offset (spec 1.16), which
+//!   it opens with [`CachingAllocator::open_ipc_handle`] (backends with the
+//!   [`Ipc`](crate::backend::Ipc) capability).
+//! * Dropping the allocator (or [`CachingAllocator::close`]) gives every
+//!   segment back to the backend, see [`TeardownReport`].
+//!
 //! ```
 //! use reservoir::caching::{HistoryConfig, HistoryMode};
 //! use reservoir::trace::{RecordContext, TraceAction};

@@ -106,18 +106,18 @@ impl DeviceState {
 
     fn note_live_blocks(&self, report: &mut TeardownReport) {
         let mut addrs: Vec<u64> = self.allocated.keys().copied().collect();
-        addrs.sort_unstable();
         report.live_blocks = addrs.len() as u64;
+        if addrs.len() > LISTED_LIVE_BLOCKS {
+            addrs.select_nth_unstable(LISTED_LIVE_BLOCKS);
+            addrs.truncate(LISTED_LIVE_BLOCKS);
+        }
+        addrs.sort_unstable();
         report.live_bytes = self
             .allocated
             .values()
             .map(|&id| self.store.blocks[id].size)
             .sum();
-        report.live_addresses = addrs
-            .iter()
-            .take(LISTED_LIVE_BLOCKS)
-            .map(|&a| DevicePtr(a))
-            .collect();
+        report.live_addresses = addrs.into_iter().map(DevicePtr).collect();
     }
 }
 

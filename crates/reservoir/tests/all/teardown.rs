@@ -147,3 +147,18 @@ fn an_empty_allocator_drops_without_touching_the_driver() {
     assert!(dev.call_log().is_empty());
     assert_eq!(dev.counters().forced_syncs, 0);
 }
+
+#[test]
+fn the_report_lists_the_eight_lowest_live_addresses() {
+    let dev = device();
+    let a = allocator(&dev, "");
+    let mut live: Vec<DevicePtr> = (0..20)
+        .map(|i| a.raw_alloc(512 * (i % 3 + 1), S0).unwrap())
+        .collect();
+    a.check_invariants().unwrap();
+    let report = a.close();
+    live.sort();
+    assert_eq!(report.live_blocks, 20);
+    assert_eq!(report.live_addresses, live[..8]);
+    assert_driver_empty(&dev);
+}
