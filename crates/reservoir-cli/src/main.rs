@@ -26,11 +26,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
+use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::snapshot::{
     convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
     StartMode,
 };
-use reservoir_replay::replay::{replay_all, ReplayOptions, ReplayReport, ReplaySetting};
+use reservoir_replay::replay::{
+    replay_all, ReplayOptions, ReplayReport, ReplaySetting, StartState,
+};
 use reservoir_replay::snapshot::{self, AddressKind};
 use reservoir_replay::workload::{self, Workload, WorkloadKind};
 
@@ -115,6 +119,14 @@ struct ReplayArgs {
     /// compared on this).
     #[arg(long, value_name = "MODE", default_value = "recorded")]
     start: StartMode,
+
+    /// Also find, for each setting, the smallest device capacity (to 2 MiB)
+    /// on which the trace runs without an out-of-memory error, by bisection
+    /// over the deterministic replay; prints the headline "fits on a X GPU
+    /// with `A`, needs Y with PyTorch's defaults" and adds `min_capacity`
+    /// to the JSON.
+    #[arg(long)]
+    min_capacity: bool,
 
     /// Print the reports as a JSON array, one object per input and setting,
     /// instead of the table.
@@ -403,6 +415,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
     for input in &recorded {
         let mut reports: Vec<ReplayReport> = Vec::new();
         let mut fids = Vec::new();
+        let first_json = json.len();
         for s in &input.settings {
             let options = ReplayOptions {
                 capacity: input.capacity,
@@ -450,7 +463,20 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                 ""
             }
         );
-        text.push_str(&table::render(&reports));
+        let mins = if args.min_capacity {
+            let label = format!("{} (device {})", input.file, input.rec.device);
+            let mins = min_capacities(
+                &input.rec.trace,
+                Some(&input.rec.start),
+                &input.settings,
+                &label,
+            )?;
+            add_min_capacity(&mut json[first_json..], &mins);
+            Some(mins)
+        } else {
+            None
+        };
+        text.push_str(&render_table(&reports, mins.as_deref()));
         for (name, f) in &fids {
             if let Some(f) = f {
                 let _ = writeln!(
@@ -505,9 +531,17 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             progress.set(b + done as u64)
         })
         .with_context(|| format!("replaying workload {}", w.preset))?;
+        let first_json = json.len();
         for r in &reports {
             json.push(serde_json::to_value(r).context("serializing a report")?);
         }
+        let mins = if args.min_capacity {
+            let mins = min_capacities(trace, None, settings, &format!("workload {}", w.spec()))?;
+            add_min_capacity(&mut json[first_json..], &mins);
+            Some(mins)
+        } else {
+            None
+        };
         let _ = writeln!(text, "workload {}", w.spec());
         let _ = writeln!(
             text,
@@ -517,7 +551,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             settings.len(),
             start.elapsed().as_secs_f64()
         );
-        text.push_str(&table::render(&reports));
+        text.push_str(&render_table(&reports, mins.as_deref()));
         if args.html.is_some() {
             sections.push(html::Section::workload(
                 format!("workload {}", w.spec()),
@@ -545,6 +579,102 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// The smallest capacity of each setting (`--min-capacity`), with a
+/// progress bar on a terminal.
+fn min_capacities(
+    trace: &Trace,
+    start: Option<&StartState>,
+    settings: &[ReplaySetting],
+    label: &str,
+) -> Result<Vec<MinCapacity>> {
+    let bar = ProgressBar::with_draw_target(
+        Some(settings.len() as u64),
+        if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} minimum capacity [{bar:20}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut out = Vec::with_capacity(settings.len());
+    for s in settings {
+        bar.set_message(format!("{}: {label}", s.name));
+        let m = min_capacity(trace, start, s, &mut |lo, hi| {
+            bar.set_message(format!(
+                "{}: between {} and {} ({label})",
+                s.name,
+                format_size(lo),
+                format_size(hi)
+            ));
+        })
+        .with_context(|| format!("finding the minimum capacity of {label} with {}", s.name))?;
+        out.push(m);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// Add `min_capacity` (bytes, `null` when nothing up to 16 TiB fits) to
+/// each JSON report, in the same order as `mins`.
+fn add_min_capacity(json: &mut [serde_json::Value], mins: &[MinCapacity]) {
+    for (v, m) in json.iter_mut().zip(mins) {
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("min_capacity".into(), serde_json::json!(m.min_capacity));
+        }
+    }
+}
+
+/// The headline of `--min-capacity`: the smallest device with the best
+/// setting, and what `pytorch` needs.
+fn min_capacity_headline(mins: &[MinCapacity]) -> Option<String> {
+    let best = mins
+        .iter()
+        .filter_map(|m| m.min_capacity.map(|c| (c, m)))
+        .min_by_key(|(c, _)| *c)?;
+    let mut line = format!(
+        "this run fits on a {} GPU with `{}`",
+        format_size(best.0),
+        best.1.setting
+    );
+    if let Some(py) = mins.iter().find(|m| m.setting == "pytorch") {
+        if py.setting != best.1.setting {
+            match py.min_capacity {
+                Some(c) if c == best.0 => line.push_str(", as with PyTorch's defaults"),
+                Some(c) => {
+                    let _ = write!(line, ", needs {} with PyTorch's defaults", format_size(c));
+                }
+                None => line.push_str(", does not fit on 16 TiB with PyTorch's defaults"),
+            }
+        }
+    }
+    Some(line)
+}
+
+/// The comparison table, with the minimum capacities when measured.
+fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> String {
+    let Some(mins) = mins else {
+        return table::render(reports);
+    };
+    let cells = mins
+        .iter()
+        .map(|m| m.min_capacity.map_or("> 16 TiB".to_string(), format_size))
+        .collect();
+    let mut out = table::render_with(reports, vec![("minimum capacity (no OOM)", cells)]);
+    if let Some(h) = min_capacity_headline(mins) {
+        let _ = writeln!(
+            out,
+            "
+{h}"
+        );
+    }
+    out
 }
 
 fn cmd_convert(args: ConvertArgs) -> Result<()> {

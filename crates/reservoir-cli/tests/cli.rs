@@ -410,3 +410,55 @@ fn errors_print_each_cause_once() {
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn min_capacity_prints_the_headline_and_json() {
+    let w = "gpt-train:layers=2,steps=2";
+    let args = [
+        "replay",
+        "--workload",
+        w,
+        "-p",
+        "pytorch",
+        "-p",
+        "expandable",
+    ];
+    let o = reservoir(&[&args[..], &["--min-capacity"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("minimum capacity (no OOM)"), "{out}");
+    assert!(out.contains("this run fits on a "), "{out}");
+    assert!(out.contains(" GPU with `"), "{out}");
+    let o = reservoir(&[&args[..], &["--min-capacity", "--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for r in v.as_array().unwrap() {
+        let m = r["min_capacity"].as_u64().expect("min_capacity");
+        assert_eq!(m % (2 << 20), 0);
+        assert!(m >= r["peak_live"].as_u64().unwrap());
+    }
+    // without the flag, no key
+    let o = reservoir(&[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v[0].get("min_capacity").is_none());
+    // a recorded trace, from its recorded start and cold
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    for start in ["recorded", "cold"] {
+        let f = file.to_str().unwrap();
+        let o = reservoir(&[
+            "replay",
+            f,
+            "-p",
+            "pytorch",
+            "--start",
+            start,
+            "--min-capacity",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(v[0]["min_capacity"].as_u64().unwrap() >= v[0]["peak_live"].as_u64().unwrap());
+    }
+}

@@ -56,6 +56,7 @@
 //! assert_eq!(report.ooms, 0);
 //! ```
 
+pub mod capacity;
 mod report;
 pub mod snapshot;
 mod target;
