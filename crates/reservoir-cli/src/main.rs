@@ -7,8 +7,10 @@
 //! reservoir convert FILE --oracle-trace OUT [--device N]
 //! reservoir workload NAME[:key=value,...] [--out FILE]
 //! reservoir workloads
+//! reservoir compare [--traces DIR] [--policy NAME]... [--no-workloads] [--no-traces] [--json]
 //! ```
 
+mod compare;
 mod html;
 mod size;
 mod table;
@@ -62,6 +64,11 @@ enum Command {
     Workload(WorkloadArgs),
     /// List the built-in workloads and their parameters.
     Workloads,
+    /// Compare policies (PyTorch mode, expandable segments) side by side on
+    /// every recorded trace of a folder, from a cold start, and every
+    /// built-in workload: peak live and reserved bytes, their ratio, the
+    /// minimum capacity, driver calls and time, allocator time per call.
+    Compare(compare::CompareArgs),
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +182,7 @@ fn main() {
         Command::Convert(args) => cmd_convert(args),
         Command::Workload(args) => cmd_workload(args),
         Command::Workloads => cmd_workloads(),
+        Command::Compare(args) => compare::cmd_compare(args),
     };
     if let Err(e) = result {
         eprintln!("error: {}", error_chain(&e));
@@ -306,36 +314,38 @@ struct RecordedInput {
     capacity: u64,
 }
 
-/// Load `path` and convert the trace of each selected device.
-fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
+/// One device trace of a recorded file, converted.
+struct Converted {
+    device: u32,
+    /// Recorded trace entries of the device.
+    events: u64,
+    rec: RecordedTrace,
+}
+
+/// Load `path` and convert the trace of each device with trace entries
+/// (only `device`, when given); also returns the recorded settings string.
+fn convert_file(path: &std::path::Path, device: Option<u32>) -> Result<(String, Vec<Converted>)> {
     let loaded = snapshot::load(path).with_context(|| format!("cannot load {}", path.display()))?;
     let input = loaded.to_trace_input();
     let recorded = recorded_setting(input.allocator_settings.as_ref());
     let config = recorded
         .allocator_config()
         .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
-    let settings = settings(args, Some(&recorded.config))?;
     let mut out = Vec::new();
     for dev in &input.devices {
-        if args.device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
+        if device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
             continue;
         }
         let rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
             .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
-        let live_at_start = rec.live_at_start_count();
-        let rec = rec.with_start(args.start);
-        let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
-        out.push(RecordedInput {
-            file: path.display().to_string(),
-            live_at_start,
+        out.push(Converted {
+            device: dev.device,
             events: dev.events.len() as u64,
             rec,
-            settings: settings.clone(),
-            capacity,
         });
     }
     if out.is_empty() {
-        match args.device {
+        match device {
             Some(d) => bail!("{}: device {d} has no trace entries", path.display()),
             None => bail!(
                 "{}: no trace entries (a state-only snapshot: record with \
@@ -343,6 +353,27 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
                 path.display()
             ),
         }
+    }
+    Ok((recorded.config, out))
+}
+
+/// Load `path` and convert the trace of each selected device.
+fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
+    let (recorded, devices) = convert_file(path, args.device)?;
+    let settings = settings(args, Some(&recorded))?;
+    let mut out = Vec::new();
+    for Converted { events, rec, .. } in devices {
+        let live_at_start = rec.live_at_start_count();
+        let rec = rec.with_start(args.start);
+        let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
+        out.push(RecordedInput {
+            file: path.display().to_string(),
+            live_at_start,
+            events,
+            rec,
+            settings: settings.clone(),
+            capacity,
+        });
     }
     Ok(out)
 }

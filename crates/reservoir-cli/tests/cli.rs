@@ -462,3 +462,55 @@ fn min_capacity_prints_the_headline_and_json() {
         assert!(v[0]["min_capacity"].as_u64().unwrap() >= v[0]["peak_live"].as_u64().unwrap());
     }
 }
+
+#[test]
+fn compare_puts_policies_side_by_side() {
+    let args = [
+        "compare",
+        "--no-traces",
+        "--workload",
+        "gpt-train:layers=2,steps=2",
+        "--workload",
+        "llm-infer:requests=4",
+    ];
+    let o = reservoir(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "workload gpt-train:layers=2,steps=2",
+        "pytorch",
+        "expandable",
+        "peak live",
+        "min capacity",
+        "median",
+        "p90",
+        "worst",
+        "within bound",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let o = reservoir(&[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(v["summary"].as_array().unwrap().len(), 2);
+    assert_eq!(v["summary"][0]["policy"], "pytorch");
+    assert_eq!(v["rows"][0]["policies"][1]["policy"], "expandable");
+    // recorded traces from a cold start; a state-only snapshot is skipped
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let dir = file.parent().unwrap().to_str().unwrap();
+    let o = reservoir(&["compare", "--traces", dir, "--no-workloads", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["start"], "cold");
+    assert_eq!(v["rows"][0]["input"], "91c77ee1_snapshot.pickle#0");
+    let state_only = shared_trace("stateonly-attention/9e5bfb67_memory.pickle").unwrap();
+    let dir = state_only.parent().unwrap().to_str().unwrap();
+    let o = reservoir(&["compare", "--traces", dir, "--no-workloads"]);
+    assert!(!o.status.success(), "nothing to compare");
+    assert!(stderr(&o).contains("nothing to compare"), "{}", stderr(&o));
+    let o = reservoir(&["compare", "--traces", "/no/such/folder"]);
+    assert!(stderr(&o).contains("--traces DIR"), "{}", stderr(&o));
+}
