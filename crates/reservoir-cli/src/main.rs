@@ -11,6 +11,7 @@
 //! ```
 
 mod compare;
+mod explain;
 mod html;
 mod size;
 mod table;
@@ -470,6 +471,15 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             fids.push((s.name.clone(), rr.fidelity.clone()));
             reports.push(rr.report);
         }
+        let explanations = explain::explain_all(
+            &input.rec.trace,
+            Some(&input.rec.start),
+            &input.settings,
+            &reports,
+            input.capacity,
+            &input.rec.sites,
+        )?;
+        add_explanations(&mut json[first_json..], &explanations)?;
         let title = format!("{} (device {})", input.file, input.rec.device);
         let start = match args.start {
             StartMode::Recorded => format!(
@@ -508,6 +518,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             None
         };
         text.push_str(&render_table(&reports, mins.as_deref()));
+        text.push_str(&explain::render_text(&explanations));
         for (name, f) in &fids {
             if let Some(f) = f {
                 let _ = writeln!(
@@ -542,14 +553,17 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
         }
         text.push('\n');
         if args.html.is_some() {
-            sections.push(html::Section::recorded(
-                title,
-                &input.rec,
-                &input.settings,
-                input.capacity,
-                &reports,
-                &fids,
-            )?);
+            sections.push(
+                html::Section::recorded(
+                    format!("{} (device {})", file_name(&input.file), input.rec.device),
+                    &input.rec,
+                    &input.settings,
+                    input.capacity,
+                    &reports,
+                    &fids,
+                )?
+                .with_explanations(explanations),
+            );
         }
     }
     if let Some((w, trace, settings)) = &wl {
@@ -566,6 +580,15 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
         for r in &reports {
             json.push(serde_json::to_value(r).context("serializing a report")?);
         }
+        let explanations = explain::explain_all(
+            trace,
+            None,
+            settings,
+            &reports,
+            options.capacity,
+            &Default::default(),
+        )?;
+        add_explanations(&mut json[first_json..], &explanations)?;
         let mins = if args.min_capacity {
             let mins = min_capacities(trace, None, settings, &format!("workload {}", w.spec()))?;
             add_min_capacity(&mut json[first_json..], &mins);
@@ -583,14 +606,18 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             start.elapsed().as_secs_f64()
         );
         text.push_str(&render_table(&reports, mins.as_deref()));
+        text.push_str(&explain::render_text(&explanations));
         if args.html.is_some() {
-            sections.push(html::Section::workload(
-                format!("workload {}", w.spec()),
-                trace,
-                settings,
-                options.capacity,
-                &reports,
-            )?);
+            sections.push(
+                html::Section::workload(
+                    format!("workload {}", w.spec()),
+                    trace,
+                    settings,
+                    options.capacity,
+                    &reports,
+                )?
+                .with_explanations(explanations),
+            );
         }
     }
     progress.bar.finish_and_clear();
@@ -650,6 +677,31 @@ fn min_capacities(
     }
     bar.finish_and_clear();
     Ok(out)
+}
+
+/// A path's file name (reports written to share carry no directory of the
+/// machine they ran on).
+fn file_name(path: &str) -> String {
+    std::path::Path::new(path)
+        .file_name()
+        .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Add `explain` (the peak and first OOM, see
+/// `reservoir_replay::replay::explain::Explanation`) to each JSON report.
+fn add_explanations(
+    json: &mut [serde_json::Value],
+    ex: &[reservoir_replay::replay::explain::Explanation],
+) -> Result<()> {
+    for (v, e) in json.iter_mut().zip(ex) {
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "explain".into(),
+                serde_json::to_value(e).context("serializing an explanation")?,
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Add `min_capacity` (bytes, `null` when nothing up to 16 TiB fits) to

@@ -514,3 +514,84 @@ fn compare_puts_policies_side_by_side() {
     let o = reservoir(&["compare", "--traces", "/no/such/folder"]);
     assert!(stderr(&o).contains("--traces DIR"), "{}", stderr(&o));
 }
+
+#[test]
+fn peak_and_oom_are_explained_in_table_json_and_html() {
+    // gpt-train needs 890 MiB in PyTorch mode, 844 MiB with expandable
+    // segments: on 860 MiB PyTorch mode runs out of memory.
+    let html = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("explain.html");
+    let args = [
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "--capacity",
+        "860MiB",
+        "--html",
+        html.to_str().unwrap(),
+    ];
+    let o = reservoir(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "pytorch: reserved peak",
+        "live allocations by site:",
+        "pytorch: first OOM at op",
+        "free blocks that could not serve it:",
+        "avoided with `expandable_segments:True` added to the settings",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("first OOM at op"),
+        "no OOM explanation in the HTML"
+    );
+    assert!(page.contains("<code>expandable_segments:True</code>"));
+    let o = reservoir(&[&args[..7], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ex = &v[0]["explain"];
+    assert_eq!(ex["setting"], "pytorch");
+    assert_eq!(ex["oom"]["avoided_by"], "expandable_segments:True");
+    assert!(!ex["oom"]["unusable_free"].as_array().unwrap().is_empty());
+    assert!(ex["peak"]["top_sites"][0]["bytes"].as_u64().unwrap() > 0);
+
+    // A recorded snapshot given by its absolute path: sites are the
+    // innermost user frames, and the HTML names the file without its folder.
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let abs = file.canonicalize().unwrap();
+    let abs = abs.to_str().unwrap();
+    let o = reservoir(&[
+        "replay",
+        abs,
+        "-p",
+        "pytorch",
+        "--html",
+        html.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v[0]["explain"]["peak"]["top_sites"][0]["site"],
+        "generate_snapshot.py:20:forward"
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("91c77ee1_snapshot.pickle (device 0)"));
+    let dir = file
+        .canonicalize()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    assert!(
+        !page.contains(&dir),
+        "the HTML report has the absolute path {dir}"
+    );
+    assert!(page.contains("generate_snapshot.py:20:forward"));
+}

@@ -57,7 +57,9 @@
 //! ```
 
 pub mod capacity;
+pub mod explain;
 mod report;
+pub mod sites;
 pub mod snapshot;
 mod target;
 
