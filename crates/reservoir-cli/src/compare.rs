@@ -51,6 +51,50 @@ pub struct CompareArgs {
     /// Print the rows and the summary as one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+
+    /// Fail (exit status 1, after the output) when this policy exceeds the
+    /// bound (1.05 x peak live + 4 MiB per allocating stream) on any input,
+    /// or reserves more at its peak than another compared policy: the CI
+    /// check of a default policy.
+    #[arg(long, value_name = "POLICY")]
+    require: Option<String>,
+}
+
+/// The inputs on which `policy` exceeds the bound or reserves more than
+/// another policy, with the reason.
+fn violations(rows: &[CompareRow], policy: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows {
+        let Some(p) = r.policies.iter().find(|p| p.policy == policy) else {
+            continue;
+        };
+        if !p.within_bound {
+            out.push(format!(
+                "{}: {} reserves {} at its peak, over the bound {} (peak live {})",
+                r.input,
+                policy,
+                format_size(p.peak_reserved),
+                format_size(reservoir_replay::compare::waste_bound(
+                    p.peak_live,
+                    r.streams
+                )),
+                format_size(p.peak_live)
+            ));
+        }
+        for o in r.policies.iter().filter(|o| o.policy != policy) {
+            if p.peak_reserved > o.peak_reserved {
+                out.push(format!(
+                    "{}: {} reserves {} at its peak, more than {} ({})",
+                    r.input,
+                    policy,
+                    format_size(p.peak_reserved),
+                    o.policy,
+                    format_size(o.peak_reserved)
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Every trace file under `dir`, recursively, in path order.
@@ -237,6 +281,16 @@ fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
 }
 
 pub fn cmd_compare(args: CompareArgs) -> Result<()> {
+    if let Some(req) = &args.require {
+        let names: Vec<&str> = if args.policies.is_empty() {
+            DEFAULT_POLICIES.to_vec()
+        } else {
+            args.policies.iter().map(String::as_str).collect()
+        };
+        if !names.contains(&req.as_str()) {
+            bail!("--require {req:?}: not a compared policy (add --policy {req})");
+        }
+    }
     let (inputs, skipped) = inputs(&args)?;
     if inputs.is_empty() {
         bail!("nothing to compare (no trace in the folder and --no-workloads)");
@@ -296,5 +350,16 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         out.write_all(text.as_bytes())?;
     }
     out.flush()?;
+    if let Some(req) = &args.require {
+        let bad = violations(&rows, req);
+        if !bad.is_empty() {
+            bail!(
+                "--require {req}: {} violations on {} inputs:\n  {}",
+                bad.len(),
+                rows.len(),
+                bad.join("\n  ")
+            );
+        }
+    }
     Ok(())
 }

@@ -595,3 +595,48 @@ fn peak_and_oom_are_explained_in_table_json_and_html() {
     );
     assert!(page.contains("generate_snapshot.py:20:forward"));
 }
+
+#[test]
+fn compare_require_fails_on_a_policy_over_the_bound_or_worse_than_another() {
+    // llm-infer: expandable segments reserve more than PyTorch mode at the
+    // peak (reservoir compare), and PyTorch mode stays within the bound.
+    let base = [
+        "compare",
+        "--no-traces",
+        "--workload",
+        "llm-infer:requests=4",
+    ];
+    let o = reservoir(&[&base[..], &["--require", "expandable"]].concat());
+    let out = stdout(&o);
+    let err = stderr(&o);
+    let v = reservoir(&[&base[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    let p = &v["rows"][0]["policies"];
+    let (py, ex) = (
+        p[0]["peak_reserved"].as_u64(),
+        p[1]["peak_reserved"].as_u64(),
+    );
+    let ex_ok = p[1]["within_bound"] == true && ex <= py;
+    assert_eq!(o.status.success(), ex_ok, "{out}\n{err}");
+    if !ex_ok {
+        assert!(err.contains("--require expandable"), "{err}");
+    }
+    // the output is printed either way
+    assert!(out.contains("within bound"), "{out}");
+    let py_ok = p[0]["within_bound"] == true && py <= ex;
+    let o = reservoir(&[&base[..], &["--require", "pytorch"]].concat());
+    assert_eq!(o.status.success(), py_ok, "{}", stderr(&o));
+    assert_ne!(
+        ex_ok && py_ok && py != ex,
+        true,
+        "one of them reserves more"
+    );
+    // an unknown policy is refused before any work
+    let o = reservoir(&[&base[..], &["--require", "reservoir"]].concat());
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not a compared policy"),
+        "{}",
+        stderr(&o)
+    );
+}
