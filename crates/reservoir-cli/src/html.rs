@@ -7,7 +7,11 @@
 //! `<timeline>-<input>-<setting index>` and `data-setting` = the setting's
 //! name), the segment map of the first setting at its reserved peak
 //! (`class="block live"`, `"block free"`, `"block wasted"` for the part of a
-//! live block beyond its requested size), and the numbers table.
+//! live block beyond its requested size), the numbers table, and each
+//! setting's reserved peak and first OOM explained (live allocations by
+//! site, the free blocks that could not serve the failed request and why,
+//! the settings change that avoids it). Inputs are named by their file name
+//! only: the page carries no path of the machine it was made on.
 
 use std::fmt::Write as _;
 
@@ -15,6 +19,7 @@ use anyhow::{Context, Result};
 use reservoir::format::format_size;
 use reservoir::snapshot::{BlockState, Segment};
 use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::replay::explain::{Explanation, SiteUsage};
 use reservoir_replay::replay::snapshot::{Fidelity, RecordedTrace};
 use reservoir_replay::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
 
@@ -30,6 +35,8 @@ pub struct Section {
     peak_setting: String,
     peak_op: u64,
     segments: Vec<Segment>,
+    /// Each setting's peak and first OOM explained.
+    explanations: Vec<Explanation>,
 }
 
 /// Replay again up to `op` (included) and return the segments then.
@@ -114,7 +121,78 @@ impl Section {
             peak_setting: settings.first().map(|s| s.name.clone()).unwrap_or_default(),
             peak_op: peak_op.unwrap_or(0),
             segments,
+            explanations: Vec::new(),
         })
+    }
+
+    /// The section with each setting's peak and first OOM explained.
+    pub fn with_explanations(mut self, explanations: Vec<Explanation>) -> Section {
+        self.explanations = explanations;
+        self
+    }
+}
+
+fn sites_html(out: &mut String, sites: &[SiteUsage]) {
+    out.push_str("<table class=\"numbers\"><tr><th>site (innermost user frame)</th><th>bytes</th><th>allocations</th></tr>\n");
+    for s in sites {
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&s.site),
+            format_size(s.bytes),
+            s.count
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+/// Each setting's reserved peak and first OOM, explained.
+fn explanations(out: &mut String, s: &Section) {
+    for e in &s.explanations {
+        if let Some(p) = &e.peak {
+            let _ = writeln!(
+                out,
+                "<h3>{}: reserved peak {} at op {} ({} allocated): live allocations by site</h3>",
+                esc(&e.setting),
+                format_size(p.reserved),
+                p.op,
+                format_size(p.allocated)
+            );
+            sites_html(out, &p.top_sites);
+        }
+        if let Some(o) = &e.oom {
+            let _ = writeln!(
+                out,
+                "<h3>{}: first OOM at op {}: {} (rounded {}) on stream {} from {}</h3>",
+                esc(&e.setting),
+                o.op,
+                format_size(o.bytes),
+                format_size(o.rounded),
+                o.stream,
+                esc(&o.site)
+            );
+            out.push_str("<table class=\"numbers\"><tr><th>free blocks that could not serve it</th><th>blocks</th><th>bytes</th><th>largest</th></tr>\n");
+            for u in &o.unusable_free {
+                let _ = writeln!(
+                    out,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    crate::explain::reason(u.reason),
+                    u.blocks,
+                    format_size(u.bytes),
+                    format_size(u.largest)
+                );
+            }
+            out.push_str("</table>\n");
+            sites_html(out, &o.top_sites);
+            let fix = match &o.avoided_by {
+                Some(f) => format!(
+                    "Avoided with <code>{}</code> added to the settings.",
+                    esc(f)
+                ),
+                None => "No single settings change tried avoids it on this device.".to_string(),
+            };
+            let _ = writeln!(out, "<p class=\"fidelity\">{fix}</p>");
+        }
     }
 }
 
@@ -411,6 +489,7 @@ p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
         timeline(&mut out, k, s, "reserved", "Reserved memory");
         segment_map(&mut out, k, s);
         numbers(&mut out, s);
+        explanations(&mut out, s);
         out.push_str("</section>\n");
     }
     out.push_str("</body></html>\n");

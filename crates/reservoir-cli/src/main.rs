@@ -7,8 +7,11 @@
 //! reservoir convert FILE --oracle-trace OUT [--device N]
 //! reservoir workload NAME[:key=value,...] [--out FILE]
 //! reservoir workloads
+//! reservoir compare [--traces DIR] [--policy NAME]... [--no-workloads] [--no-traces] [--json]
 //! ```
 
+mod compare;
+mod explain;
 mod html;
 mod size;
 mod table;
@@ -26,11 +29,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
+use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::snapshot::{
     convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
     StartMode,
 };
-use reservoir_replay::replay::{replay_all, ReplayOptions, ReplayReport, ReplaySetting};
+use reservoir_replay::replay::{
+    replay_all, ReplayOptions, ReplayReport, ReplaySetting, StartState,
+};
 use reservoir_replay::snapshot::{self, AddressKind};
 use reservoir_replay::workload::{self, Workload, WorkloadKind};
 
@@ -58,6 +65,11 @@ enum Command {
     Workload(WorkloadArgs),
     /// List the built-in workloads and their parameters.
     Workloads,
+    /// Compare policies (PyTorch mode, expandable segments) side by side on
+    /// every recorded trace of a folder, from a cold start, and every
+    /// built-in workload: peak live and reserved bytes, their ratio, the
+    /// minimum capacity, driver calls and time, allocator time per call.
+    Compare(compare::CompareArgs),
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +129,14 @@ struct ReplayArgs {
     #[arg(long, value_name = "MODE", default_value = "recorded")]
     start: StartMode,
 
+    /// Also find, for each setting, the smallest device capacity (to 2 MiB)
+    /// on which the trace runs without an out-of-memory error, by bisection
+    /// over the deterministic replay; prints the headline "fits on a X GPU
+    /// with `A`, needs Y with PyTorch's defaults" and adds `min_capacity`
+    /// to the JSON.
+    #[arg(long)]
+    min_capacity: bool,
+
     /// Print the reports as a JSON array, one object per input and setting,
     /// instead of the table.
     #[arg(long)]
@@ -164,6 +184,7 @@ fn main() {
         Command::Convert(args) => cmd_convert(args),
         Command::Workload(args) => cmd_workload(args),
         Command::Workloads => cmd_workloads(),
+        Command::Compare(args) => compare::cmd_compare(args),
     };
     if let Err(e) = result {
         eprintln!("error: {}", error_chain(&e));
@@ -297,36 +318,38 @@ struct RecordedInput {
     capacity: u64,
 }
 
-/// Load `path` and convert the trace of each selected device.
-fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
+/// One device trace of a recorded file, converted.
+struct Converted {
+    device: u32,
+    /// Recorded trace entries of the device.
+    events: u64,
+    rec: RecordedTrace,
+}
+
+/// Load `path` and convert the trace of each device with trace entries
+/// (only `device`, when given); also returns the recorded settings string.
+fn convert_file(path: &std::path::Path, device: Option<u32>) -> Result<(String, Vec<Converted>)> {
     let loaded = snapshot::load(path).with_context(|| format!("cannot load {}", path.display()))?;
     let input = loaded.to_trace_input();
     let recorded = recorded_setting(input.allocator_settings.as_ref());
     let config = recorded
         .allocator_config()
         .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
-    let settings = settings(args, Some(&recorded.config))?;
     let mut out = Vec::new();
     for dev in &input.devices {
-        if args.device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
+        if device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
             continue;
         }
         let rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
             .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
-        let live_at_start = rec.live_at_start_count();
-        let rec = rec.with_start(args.start);
-        let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
-        out.push(RecordedInput {
-            file: path.display().to_string(),
-            live_at_start,
+        out.push(Converted {
+            device: dev.device,
             events: dev.events.len() as u64,
             rec,
-            settings: settings.clone(),
-            capacity,
         });
     }
     if out.is_empty() {
-        match args.device {
+        match device {
             Some(d) => bail!("{}: device {d} has no trace entries", path.display()),
             None => bail!(
                 "{}: no trace entries (a state-only snapshot: record with \
@@ -334,6 +357,27 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
                 path.display()
             ),
         }
+    }
+    Ok((recorded.config, out))
+}
+
+/// Load `path` and convert the trace of each selected device.
+fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
+    let (recorded, devices) = convert_file(path, args.device)?;
+    let settings = settings(args, Some(&recorded))?;
+    let mut out = Vec::new();
+    for Converted { events, rec, .. } in devices {
+        let live_at_start = rec.live_at_start_count();
+        let rec = rec.with_start(args.start);
+        let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
+        out.push(RecordedInput {
+            file: path.display().to_string(),
+            live_at_start,
+            events,
+            rec,
+            settings: settings.clone(),
+            capacity,
+        });
     }
     Ok(out)
 }
@@ -406,6 +450,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
     for input in &recorded {
         let mut reports: Vec<ReplayReport> = Vec::new();
         let mut fids = Vec::new();
+        let first_json = json.len();
         for s in &input.settings {
             let options = ReplayOptions {
                 capacity: input.capacity,
@@ -429,6 +474,15 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             fids.push((s.name.clone(), rr.fidelity.clone()));
             reports.push(rr.report);
         }
+        let explanations = explain::explain_all(
+            &input.rec.trace,
+            Some(&input.rec.start),
+            &input.settings,
+            &reports,
+            input.capacity,
+            &input.rec.sites,
+        )?;
+        add_explanations(&mut json[first_json..], &explanations)?;
         let title = format!("{} (device {})", input.file, input.rec.device);
         let start = match args.start {
             StartMode::Recorded => format!(
@@ -453,7 +507,21 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                 ""
             }
         );
-        text.push_str(&table::render(&reports));
+        let mins = if args.min_capacity {
+            let label = format!("{} (device {})", input.file, input.rec.device);
+            let mins = min_capacities(
+                &input.rec.trace,
+                Some(&input.rec.start),
+                &input.settings,
+                &label,
+            )?;
+            add_min_capacity(&mut json[first_json..], &mins);
+            Some(mins)
+        } else {
+            None
+        };
+        text.push_str(&render_table(&reports, mins.as_deref()));
+        text.push_str(&explain::render_text(&explanations));
         for (name, f) in &fids {
             if let Some(f) = f {
                 let _ = writeln!(
@@ -488,14 +556,17 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
         }
         text.push('\n');
         if args.html.is_some() {
-            sections.push(html::Section::recorded(
-                title,
-                &input.rec,
-                &input.settings,
-                input.capacity,
-                &reports,
-                &fids,
-            )?);
+            sections.push(
+                html::Section::recorded(
+                    format!("{} (device {})", file_name(&input.file), input.rec.device),
+                    &input.rec,
+                    &input.settings,
+                    input.capacity,
+                    &reports,
+                    &fids,
+                )?
+                .with_explanations(explanations),
+            );
         }
     }
     if let Some((w, trace, settings)) = &wl {
@@ -508,9 +579,26 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             progress.set(b + done as u64)
         })
         .with_context(|| format!("replaying workload {}", w.preset))?;
+        let first_json = json.len();
         for r in &reports {
             json.push(serde_json::to_value(r).context("serializing a report")?);
         }
+        let explanations = explain::explain_all(
+            trace,
+            None,
+            settings,
+            &reports,
+            options.capacity,
+            &Default::default(),
+        )?;
+        add_explanations(&mut json[first_json..], &explanations)?;
+        let mins = if args.min_capacity {
+            let mins = min_capacities(trace, None, settings, &format!("workload {}", w.spec()))?;
+            add_min_capacity(&mut json[first_json..], &mins);
+            Some(mins)
+        } else {
+            None
+        };
         let _ = writeln!(text, "workload {}", w.spec());
         let _ = writeln!(
             text,
@@ -520,15 +608,19 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             settings.len(),
             start.elapsed().as_secs_f64()
         );
-        text.push_str(&table::render(&reports));
+        text.push_str(&render_table(&reports, mins.as_deref()));
+        text.push_str(&explain::render_text(&explanations));
         if args.html.is_some() {
-            sections.push(html::Section::workload(
-                format!("workload {}", w.spec()),
-                trace,
-                settings,
-                options.capacity,
-                &reports,
-            )?);
+            sections.push(
+                html::Section::workload(
+                    format!("workload {}", w.spec()),
+                    trace,
+                    settings,
+                    options.capacity,
+                    &reports,
+                )?
+                .with_explanations(explanations),
+            );
         }
     }
     progress.bar.finish_and_clear();
@@ -548,6 +640,127 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// The smallest capacity of each setting (`--min-capacity`), with a
+/// progress bar on a terminal.
+fn min_capacities(
+    trace: &Trace,
+    start: Option<&StartState>,
+    settings: &[ReplaySetting],
+    label: &str,
+) -> Result<Vec<MinCapacity>> {
+    let bar = ProgressBar::with_draw_target(
+        Some(settings.len() as u64),
+        if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} minimum capacity [{bar:20}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut out = Vec::with_capacity(settings.len());
+    for s in settings {
+        bar.set_message(format!("{}: {label}", s.name));
+        let m = min_capacity(trace, start, s, &mut |lo, hi| {
+            bar.set_message(format!(
+                "{}: between {} and {} ({label})",
+                s.name,
+                format_size(lo),
+                format_size(hi)
+            ));
+        })
+        .with_context(|| format!("finding the minimum capacity of {label} with {}", s.name))?;
+        out.push(m);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// A path's file name (reports written to share carry no directory of the
+/// machine they ran on).
+fn file_name(path: &str) -> String {
+    std::path::Path::new(path)
+        .file_name()
+        .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Add `explain` (the peak and first OOM, see
+/// `reservoir_replay::replay::explain::Explanation`) to each JSON report.
+fn add_explanations(
+    json: &mut [serde_json::Value],
+    ex: &[reservoir_replay::replay::explain::Explanation],
+) -> Result<()> {
+    for (v, e) in json.iter_mut().zip(ex) {
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert(
+                "explain".into(),
+                serde_json::to_value(e).context("serializing an explanation")?,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Add `min_capacity` (bytes, `null` when nothing up to 16 TiB fits) to
+/// each JSON report, in the same order as `mins`.
+fn add_min_capacity(json: &mut [serde_json::Value], mins: &[MinCapacity]) {
+    for (v, m) in json.iter_mut().zip(mins) {
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("min_capacity".into(), serde_json::json!(m.min_capacity));
+        }
+    }
+}
+
+/// The headline of `--min-capacity`: the smallest device with the best
+/// setting, and what `pytorch` needs.
+fn min_capacity_headline(mins: &[MinCapacity]) -> Option<String> {
+    let best = mins
+        .iter()
+        .filter_map(|m| m.min_capacity.map(|c| (c, m)))
+        .min_by_key(|(c, _)| *c)?;
+    let mut line = format!(
+        "this run fits on a {} GPU with `{}`",
+        format_size(best.0),
+        best.1.setting
+    );
+    if let Some(py) = mins.iter().find(|m| m.setting == "pytorch") {
+        if py.setting != best.1.setting {
+            match py.min_capacity {
+                Some(c) if c == best.0 => line.push_str(", as with PyTorch's defaults"),
+                Some(c) => {
+                    let _ = write!(line, ", needs {} with PyTorch's defaults", format_size(c));
+                }
+                None => line.push_str(", does not fit on 16 TiB with PyTorch's defaults"),
+            }
+        }
+    }
+    Some(line)
+}
+
+/// The comparison table, with the minimum capacities when measured.
+fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> String {
+    let Some(mins) = mins else {
+        return table::render(reports);
+    };
+    let cells = mins
+        .iter()
+        .map(|m| m.min_capacity.map_or("> 16 TiB".to_string(), format_size))
+        .collect();
+    let mut out = table::render_with(reports, vec![("minimum capacity (no OOM)", cells)]);
+    if let Some(h) = min_capacity_headline(mins) {
+        let _ = writeln!(
+            out,
+            "
+{h}"
+        );
+    }
+    out
 }
 
 fn cmd_convert(args: ConvertArgs) -> Result<()> {

@@ -68,7 +68,14 @@ fn rows(reports: &[ReplayReport]) -> Vec<(&'static str, Vec<String>)> {
 /// The table: one column per setting, then the settings strings and the
 /// first out-of-memory message of each setting that had one.
 pub fn render(reports: &[ReplayReport]) -> String {
-    let rows = rows(reports);
+    render_with(reports, Vec::new())
+}
+
+/// [`render`] with `extra` rows (a label and one cell per report) after
+/// the standard ones.
+pub fn render_with(reports: &[ReplayReport], extra: Vec<(&'static str, Vec<String>)>) -> String {
+    let mut rows = rows(reports);
+    rows.extend(extra);
     let label_w = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
     let widths: Vec<usize> = reports
         .iter()

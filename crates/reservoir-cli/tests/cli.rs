@@ -462,3 +462,229 @@ fn errors_print_each_cause_once() {
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn min_capacity_prints_the_headline_and_json() {
+    let w = "gpt-train:layers=2,steps=2";
+    let args = [
+        "replay",
+        "--workload",
+        w,
+        "-p",
+        "pytorch",
+        "-p",
+        "expandable",
+    ];
+    let o = reservoir(&[&args[..], &["--min-capacity"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("minimum capacity (no OOM)"), "{out}");
+    assert!(out.contains("this run fits on a "), "{out}");
+    assert!(out.contains(" GPU with `"), "{out}");
+    let o = reservoir(&[&args[..], &["--min-capacity", "--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for r in v.as_array().unwrap() {
+        let m = r["min_capacity"].as_u64().expect("min_capacity");
+        assert_eq!(m % (2 << 20), 0);
+        assert!(m >= r["peak_live"].as_u64().unwrap());
+    }
+    // without the flag, no key
+    let o = reservoir(&[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v[0].get("min_capacity").is_none());
+    // a recorded trace, from its recorded start and cold
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    for start in ["recorded", "cold"] {
+        let f = file.to_str().unwrap();
+        let o = reservoir(&[
+            "replay",
+            f,
+            "-p",
+            "pytorch",
+            "--start",
+            start,
+            "--min-capacity",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(v[0]["min_capacity"].as_u64().unwrap() >= v[0]["peak_live"].as_u64().unwrap());
+    }
+}
+
+#[test]
+fn compare_puts_policies_side_by_side() {
+    let args = [
+        "compare",
+        "--no-traces",
+        "--workload",
+        "gpt-train:layers=2,steps=2",
+        "--workload",
+        "llm-infer:requests=4",
+    ];
+    let o = reservoir(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "workload gpt-train:layers=2,steps=2",
+        "pytorch",
+        "expandable",
+        "peak live",
+        "min capacity",
+        "median",
+        "p90",
+        "worst",
+        "within bound",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let o = reservoir(&[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(v["summary"].as_array().unwrap().len(), 2);
+    assert_eq!(v["summary"][0]["policy"], "pytorch");
+    assert_eq!(v["rows"][0]["policies"][1]["policy"], "expandable");
+    // recorded traces from a cold start; a state-only snapshot is skipped
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let dir = file.parent().unwrap().to_str().unwrap();
+    let o = reservoir(&["compare", "--traces", dir, "--no-workloads", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["start"], "cold");
+    assert_eq!(v["rows"][0]["input"], "91c77ee1_snapshot.pickle#0");
+    let state_only = shared_trace("stateonly-attention/9e5bfb67_memory.pickle").unwrap();
+    let dir = state_only.parent().unwrap().to_str().unwrap();
+    let o = reservoir(&["compare", "--traces", dir, "--no-workloads"]);
+    assert!(!o.status.success(), "nothing to compare");
+    assert!(stderr(&o).contains("nothing to compare"), "{}", stderr(&o));
+    let o = reservoir(&["compare", "--traces", "/no/such/folder"]);
+    assert!(stderr(&o).contains("--traces DIR"), "{}", stderr(&o));
+}
+
+#[test]
+fn peak_and_oom_are_explained_in_table_json_and_html() {
+    // gpt-train needs 890 MiB in PyTorch mode, 844 MiB with expandable
+    // segments: on 860 MiB PyTorch mode runs out of memory.
+    let html = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("explain.html");
+    let args = [
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "--capacity",
+        "860MiB",
+        "--html",
+        html.to_str().unwrap(),
+    ];
+    let o = reservoir(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "pytorch: reserved peak",
+        "live allocations by site:",
+        "pytorch: first OOM at op",
+        "free blocks that could not serve it:",
+        "avoided with `expandable_segments:True` added to the settings",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("first OOM at op"),
+        "no OOM explanation in the HTML"
+    );
+    assert!(page.contains("<code>expandable_segments:True</code>"));
+    let o = reservoir(&[&args[..7], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ex = &v[0]["explain"];
+    assert_eq!(ex["setting"], "pytorch");
+    assert_eq!(ex["oom"]["avoided_by"], "expandable_segments:True");
+    assert!(!ex["oom"]["unusable_free"].as_array().unwrap().is_empty());
+    assert!(ex["peak"]["top_sites"][0]["bytes"].as_u64().unwrap() > 0);
+
+    // A recorded snapshot given by its absolute path: sites are the
+    // innermost user frames, and the HTML names the file without its folder.
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let abs = file.canonicalize().unwrap();
+    let abs = abs.to_str().unwrap();
+    let o = reservoir(&[
+        "replay",
+        abs,
+        "-p",
+        "pytorch",
+        "--html",
+        html.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v[0]["explain"]["peak"]["top_sites"][0]["site"],
+        "generate_snapshot.py:20:forward"
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("91c77ee1_snapshot.pickle (device 0)"));
+    let dir = file
+        .canonicalize()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    assert!(
+        !page.contains(&dir),
+        "the HTML report has the absolute path {dir}"
+    );
+    assert!(page.contains("generate_snapshot.py:20:forward"));
+}
+
+#[test]
+fn compare_require_fails_on_a_policy_over_the_bound_or_worse_than_another() {
+    // llm-infer: expandable segments reserve more than PyTorch mode at the
+    // peak (reservoir compare), and PyTorch mode stays within the bound.
+    let base = [
+        "compare",
+        "--no-traces",
+        "--workload",
+        "llm-infer:requests=4",
+    ];
+    let o = reservoir(&[&base[..], &["--require", "expandable"]].concat());
+    let out = stdout(&o);
+    let err = stderr(&o);
+    let v = reservoir(&[&base[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    let p = &v["rows"][0]["policies"];
+    let (py, ex) = (
+        p[0]["peak_reserved"].as_u64(),
+        p[1]["peak_reserved"].as_u64(),
+    );
+    let ex_ok = p[1]["within_bound"] == true && ex <= py;
+    assert_eq!(o.status.success(), ex_ok, "{out}\n{err}");
+    if !ex_ok {
+        assert!(err.contains("--require expandable"), "{err}");
+    }
+    // the output is printed either way
+    assert!(out.contains("within bound"), "{out}");
+    let py_ok = p[0]["within_bound"] == true && py <= ex;
+    let o = reservoir(&[&base[..], &["--require", "pytorch"]].concat());
+    assert_eq!(o.status.success(), py_ok, "{}", stderr(&o));
+    assert!(!(ex_ok && py_ok && py != ex), "one of them reserves more");
+    // an unknown policy is refused before any work
+    let o = reservoir(&[&base[..], &["--require", "reservoir"]].concat());
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not a compared policy"),
+        "{}",
+        stderr(&o)
+    );
+}

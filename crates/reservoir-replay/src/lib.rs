@@ -11,6 +11,8 @@
 //! * [`snapshot`] decodes PyTorch memory snapshots (every layout) and the
 //!   other supported allocation logs into replay input; [`pickle`] is the
 //!   hardened pickle reader it uses.
+//! * [`compare`] puts policies side by side on many inputs (`reservoir
+//!   compare`).
 //! * [`oracle_trace`] is the text trace format of the PyTorch oracle and the
 //!   seeded golden-trace generator; [`workload`] generates the allocation
 //!   sequences of realistic deep-learning programs.
@@ -27,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod compare;
 pub mod oracle_trace;
 pub mod pickle;
 pub mod replay;

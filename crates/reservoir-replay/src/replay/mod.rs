@@ -56,7 +56,10 @@
 //! assert_eq!(report.ooms, 0);
 //! ```
 
+pub mod capacity;
+pub mod explain;
 mod report;
+pub mod sites;
 pub mod snapshot;
 mod target;
 

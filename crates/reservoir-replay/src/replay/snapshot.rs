@@ -133,6 +133,8 @@ pub struct RecordedTrace {
     /// Recorded `empty_cache()` calls (runs of segment frees turned into
     /// `e` ops).
     pub empty_caches: u64,
+    /// The innermost user frame of each allocation op's recorded stack.
+    pub sites: super::sites::Sites,
     /// The source recorded segments (snapshots do; `alloc_data` pages and
     /// allocatorSim logs do not, so there is nothing to compare a replay
     /// with: no [`Fidelity`] for them).

@@ -165,6 +165,7 @@ impl RecordedTrace {
             peak_reserved: self.peak_reserved,
             peak_allocated: self.peak_allocated,
             empty_caches: self.empty_caches,
+            sites: self.sites,
             segments_known: false,
         }
     }

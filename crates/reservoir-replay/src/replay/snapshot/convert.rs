@@ -734,6 +734,7 @@ impl<'a> Converter<'a> {
         };
         let mut segment_events = Vec::new();
         let mut placements = Vec::new();
+        let mut sites = crate::replay::sites::Sites::new();
         let mut ooms = 0;
         let mut empty_caches = 0;
         let mut peak_reserved = reserved;
@@ -750,6 +751,7 @@ impl<'a> Converter<'a> {
                     next_id += 1;
                     let size = rules::round_size(e.size.max(1), config);
                     live.insert(e.addr, (next_id, size));
+                    sites.record(next_id, &e.frames);
                     allocated += size;
                     peak_allocated = peak_allocated.max(allocated);
                     switch(&mut ops, &mut lines, i, e.stream);
@@ -775,6 +777,7 @@ impl<'a> Converter<'a> {
                 TraceAction::Oom => {
                     ooms += 1;
                     next_id += 1;
+                    sites.record(next_id, &e.frames);
                     switch(&mut ops, &mut lines, i, e.stream);
                     ops.push(Op::Alloc {
                         id: next_id,
@@ -870,6 +873,7 @@ impl<'a> Converter<'a> {
             peak_reserved,
             peak_allocated,
             empty_caches,
+            sites,
             segments_known: from_segments,
         })
     }

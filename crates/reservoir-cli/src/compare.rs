@@ -1,0 +1,365 @@
+//! `reservoir compare`: every recorded trace of a folder (from a cold start)
+//! and every built-in workload, under PyTorch mode and expandable segments
+//! side by side (see [`reservoir_replay::compare`]).
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use reservoir::format::format_size;
+use reservoir::sim::DEFAULT_CAPACITY;
+use reservoir_replay::compare::{compare, summarize, CompareInput, CompareRow, PolicySummary};
+use reservoir_replay::replay::snapshot::StartMode;
+use reservoir_replay::replay::StartState;
+use reservoir_replay::workload::{self, Workload};
+
+use crate::table::format_ns;
+use crate::{convert_file, policy_setting, Converted};
+
+/// The policies compared when none is named.
+const DEFAULT_POLICIES: [&str; 2] = ["pytorch", "expandable"];
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The folder of recorded traces (searched recursively; `.md` files are
+    /// skipped). Default: `$RESERVOIR_TRACES`, else `../shared/traces`.
+    #[arg(long, value_name = "DIR")]
+    traces: Option<PathBuf>,
+
+    /// A policy to compare (repeatable; the names of `reservoir replay
+    /// --policy`). Default: pytorch and expandable.
+    #[arg(long = "policy", short = 'p', value_name = "NAME")]
+    policies: Vec<String>,
+
+    /// A built-in workload to include (repeatable, `NAME[:key=value,...]`).
+    /// Default: every preset.
+    #[arg(long = "workload", short = 'w', value_name = "NAME")]
+    workloads: Vec<String>,
+
+    /// Leave out the built-in workloads.
+    #[arg(long)]
+    no_workloads: bool,
+
+    /// Leave out the recorded traces.
+    #[arg(long)]
+    no_traces: bool,
+
+    /// Print the rows and the summary as one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+
+    /// Fail (exit status 1, after the output) when this policy exceeds the
+    /// bound (1.05 x peak live + 4 MiB per allocating stream) on any input,
+    /// or reserves more at its peak than another compared policy: the CI
+    /// check of a default policy.
+    #[arg(long, value_name = "POLICY")]
+    require: Option<String>,
+}
+
+/// The inputs on which `policy` exceeds the bound or reserves more than
+/// another policy, with the reason.
+fn violations(rows: &[CompareRow], policy: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows {
+        let Some(p) = r.policies.iter().find(|p| p.policy == policy) else {
+            continue;
+        };
+        if !p.within_bound {
+            out.push(format!(
+                "{}: {} reserves {} at its peak, over the bound {} (peak live {})",
+                r.input,
+                policy,
+                format_size(p.peak_reserved),
+                format_size(reservoir_replay::compare::waste_bound(
+                    p.peak_live,
+                    r.streams
+                )),
+                format_size(p.peak_live)
+            ));
+        }
+        for o in r.policies.iter().filter(|o| o.policy != policy) {
+            if p.peak_reserved > o.peak_reserved {
+                out.push(format!(
+                    "{}: {} reserves {} at its peak, more than {} ({})",
+                    r.input,
+                    policy,
+                    format_size(p.peak_reserved),
+                    o.policy,
+                    format_size(o.peak_reserved)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Every trace file under `dir`, recursively, in path order.
+fn trace_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries =
+            std::fs::read_dir(&d).with_context(|| format!("cannot read {}", d.display()))?;
+        for e in entries {
+            let p = e
+                .with_context(|| format!("cannot read {}", d.display()))?
+                .path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().map_or(true, |x| x != "md") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn traces_dir(args: &CompareArgs) -> Result<PathBuf> {
+    let dir = args
+        .traces
+        .clone()
+        .or_else(|| std::env::var_os("RESERVOIR_TRACES").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("../shared/traces"));
+    if !dir.is_dir() {
+        bail!(
+            "{}: not a folder of traces (give one with --traces DIR, or --no-traces)",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// A file that was not compared, and why.
+type Skipped = (String, String);
+
+/// The inputs: each device trace of each file (cold start), then each
+/// workload preset; and the files that were skipped, with the reason.
+fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
+    let names: Vec<&str> = if args.policies.is_empty() {
+        DEFAULT_POLICIES.to_vec()
+    } else {
+        args.policies.iter().map(String::as_str).collect()
+    };
+    let settings_for =
+        |base: &str| -> Result<Vec<_>> { names.iter().map(|n| policy_setting(n, base)).collect() };
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    if !args.no_traces {
+        let dir = traces_dir(args)?;
+        for path in trace_files(&dir)? {
+            let rel = path
+                .strip_prefix(&dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let (recorded, devices) = match convert_file(&path, None) {
+                Ok(v) => v,
+                Err(e) => {
+                    let why = crate::error_chain(&e);
+                    let prefix = format!("{}: ", path.display());
+                    let why = why.strip_prefix(&prefix).unwrap_or(&why).to_string();
+                    skipped.push((rel, why));
+                    continue;
+                }
+            };
+            let settings = settings_for(&recorded)?;
+            for Converted { device, rec, .. } in devices {
+                let rec = rec.with_start(StartMode::Cold);
+                out.push(CompareInput {
+                    name: format!("{rel}#{device}"),
+                    capacity: rec.capacity.unwrap_or(DEFAULT_CAPACITY),
+                    start: Some(rec.start),
+                    trace: rec.trace,
+                    settings: settings.clone(),
+                });
+            }
+        }
+    }
+    if !args.no_workloads {
+        let specs: Vec<&str> = if args.workloads.is_empty() {
+            workload::presets().iter().map(|p| p.name).collect()
+        } else {
+            args.workloads.iter().map(String::as_str).collect()
+        };
+        for spec in specs {
+            let w = Workload::parse(spec).with_context(|| format!("workload {spec:?}"))?;
+            out.push(CompareInput {
+                name: format!("workload {spec}"),
+                trace: w.trace(),
+                start: None::<StartState>,
+                capacity: DEFAULT_CAPACITY,
+                settings: settings_for("")?,
+            });
+        }
+    }
+    Ok((out, skipped))
+}
+
+fn rows_table(rows: &[CompareRow]) -> String {
+    let header = [
+        "input",
+        "policy",
+        "peak live",
+        "peak reserved",
+        "ratio",
+        "bound",
+        "min capacity",
+        "driver calls",
+        "driver time",
+        "ns/op",
+    ];
+    let mut cells: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    for r in rows {
+        for (k, p) in r.policies.iter().enumerate() {
+            cells.push(vec![
+                if k == 0 {
+                    r.input.clone()
+                } else {
+                    String::new()
+                },
+                p.policy.clone(),
+                format_size(p.peak_live),
+                format_size(p.peak_reserved),
+                format!("{:.3}", p.ratio),
+                if p.within_bound { "ok" } else { "over" }.to_string(),
+                p.min_capacity.map_or("> 16 TiB".into(), format_size),
+                p.driver_calls.to_string(),
+                format_ns(p.driver_time_ns as f64),
+                format!("{:.0}", p.allocator_ns_per_op),
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| cells.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in &cells {
+        for (c, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if c < 2 {
+                let _ = write!(out, "{cell:w$}  ");
+            } else {
+                let _ = write!(out, "{cell:>w$}  ");
+            }
+        }
+        let trimmed = out.trim_end().len();
+        out.truncate(trimmed);
+        out.push('\n');
+    }
+    out
+}
+
+fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "peak reserved / peak live over {inputs} inputs (bound: 1.05 x peak live + 4 MiB per allocating stream)"
+    );
+    let _ = writeln!(
+        out,
+        "{:12} {:>8} {:>8} {:>8}  {:>14}  {:>18}  worst input",
+        "policy", "median", "p90", "worst", "within bound", "sum of min capacity"
+    );
+    for s in summary {
+        let _ = writeln!(
+            out,
+            "{:12} {:>8.3} {:>8.3} {:>8.3}  {:>14}  {:>18}  {}",
+            s.policy,
+            s.median_ratio,
+            s.p90_ratio,
+            s.worst_ratio,
+            format!("{}/{}", s.within_bound, s.inputs),
+            format_size(s.total_min_capacity),
+            s.worst_input
+        );
+    }
+    out
+}
+
+pub fn cmd_compare(args: CompareArgs) -> Result<()> {
+    if let Some(req) = &args.require {
+        let names: Vec<&str> = if args.policies.is_empty() {
+            DEFAULT_POLICIES.to_vec()
+        } else {
+            args.policies.iter().map(String::as_str).collect()
+        };
+        if !names.contains(&req.as_str()) {
+            bail!("--require {req:?}: not a compared policy (add --policy {req})");
+        }
+    }
+    let (inputs, skipped) = inputs(&args)?;
+    if inputs.is_empty() {
+        bail!("nothing to compare (no trace in the folder and --no-workloads)");
+    }
+    let bar = ProgressBar::with_draw_target(
+        Some(inputs.len() as u64),
+        if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} comparing [{bar:30}] {pos}/{len} ({eta} left) {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let mut rows = Vec::with_capacity(inputs.len());
+    for input in &inputs {
+        bar.set_message(input.name.clone());
+        let row = compare(input, &mut |policy| {
+            bar.set_message(format!("{} ({policy} done)", input.name));
+        })
+        .with_context(|| format!("comparing on {}", input.name))?;
+        rows.push(row);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let summary = summarize(&rows);
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        let skipped: Vec<serde_json::Value> = skipped
+            .iter()
+            .map(|(f, why)| serde_json::json!({"file": f, "reason": why}))
+            .collect();
+        let v = serde_json::json!({
+            "start": "cold",
+            "rows": rows,
+            "summary": summary,
+            "skipped": skipped,
+        });
+        serde_json::to_writer_pretty(&mut out, &v).context("writing JSON")?;
+        writeln!(out)?;
+    } else {
+        let mut text = rows_table(&rows);
+        text.push('\n');
+        text.push_str(&summary_table(&summary, rows.len()));
+        if !skipped.is_empty() {
+            let _ = writeln!(text, "\nskipped {} files:", skipped.len());
+            for (f, why) in &skipped {
+                let _ = writeln!(text, "  {f}: {why}");
+            }
+        }
+        out.write_all(text.as_bytes())?;
+    }
+    out.flush()?;
+    if let Some(req) = &args.require {
+        let bad = violations(&rows, req);
+        if !bad.is_empty() {
+            bail!(
+                "--require {req}: {} violations on {} inputs:\n  {}",
+                bad.len(),
+                rows.len(),
+                bad.join("\n  ")
+            );
+        }
+    }
+    Ok(())
+}

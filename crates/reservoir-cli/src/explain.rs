@@ -1,0 +1,144 @@
+//! The explanation of each setting's reserved peak and first OOM in the
+//! outputs of `reservoir replay` (see [`reservoir_replay::replay::explain`]).
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result};
+
+use reservoir::format::format_size;
+use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::replay::explain::{explain, Explanation, SiteUsage, Unusable};
+use reservoir_replay::replay::sites::Sites;
+use reservoir_replay::replay::snapshot::overlay_config;
+use reservoir_replay::replay::{ReplayOptions, ReplayReport, ReplaySetting, StartState};
+
+/// Changes tried, in order, to avoid an OOM (added to the setting's own).
+const FIXES: [&str; 5] = [
+    "expandable_segments:True",
+    "garbage_collection_threshold:0.8",
+    "max_split_size_mb:512",
+    "max_split_size_mb:128",
+    "roundup_power2_divisions:4",
+];
+
+/// Sites shown per moment in the table output.
+const TEXT_SITES: usize = 5;
+
+/// The candidate fixes for `setting`: each change of [`FIXES`] that the
+/// setting does not already have, named by the change.
+fn candidates(setting: &ReplaySetting) -> Vec<ReplaySetting> {
+    FIXES
+        .iter()
+        .filter(|c| !setting.config.contains(*c))
+        .map(|c| ReplaySetting::new(*c, overlay_config(&setting.config, c)))
+        .filter(|s| s.allocator_config().is_ok())
+        .collect()
+}
+
+/// Explain every report of one input.
+pub fn explain_all(
+    trace: &Trace,
+    start: Option<&StartState>,
+    settings: &[ReplaySetting],
+    reports: &[ReplayReport],
+    capacity: u64,
+    sites: &Sites,
+) -> Result<Vec<Explanation>> {
+    let options = ReplayOptions {
+        capacity,
+        max_samples: 2,
+        ..ReplayOptions::default()
+    };
+    settings
+        .iter()
+        .zip(reports)
+        .map(|(s, r)| {
+            explain(trace, start, s, &options, r, sites, &candidates(s))
+                .with_context(|| format!("explaining the peak and OOM of {}", s.name))
+        })
+        .collect()
+}
+
+fn sites_text(out: &mut String, sites: &[SiteUsage]) {
+    for s in sites.iter().take(TEXT_SITES) {
+        let _ = writeln!(
+            out,
+            "    {:>12}  {:>6} x  {}",
+            format_size(s.bytes),
+            s.count,
+            s.site
+        );
+    }
+}
+
+/// The reason's words.
+pub fn reason(r: Unusable) -> &'static str {
+    match r {
+        Unusable::WrongStream => "wrong stream",
+        Unusable::WrongPool => "wrong pool (small/large)",
+        Unusable::TooSmall => "too small",
+        Unusable::SplitLimit => "split limit (max_split_size)",
+    }
+}
+
+/// The explanations as text, after the table.
+pub fn render_text(ex: &[Explanation]) -> String {
+    let mut out = String::new();
+    for e in ex {
+        if let Some(p) = &e.peak {
+            let _ = writeln!(
+                out,
+                "\n{}: reserved peak {} at op {} ({} allocated); live allocations by site:",
+                e.setting,
+                format_size(p.reserved),
+                p.op,
+                format_size(p.allocated)
+            );
+            sites_text(&mut out, &p.top_sites);
+        }
+        if let Some(o) = &e.oom {
+            let _ = writeln!(
+                out,
+                "\n{}: first OOM at op {}: {} (rounded {}) on stream {} from {}; {} reserved, {} allocated after it",
+                e.setting,
+                o.op,
+                format_size(o.bytes),
+                format_size(o.rounded),
+                o.stream,
+                o.site,
+                format_size(o.reserved),
+                format_size(o.allocated)
+            );
+            if o.unusable_free.is_empty() {
+                out.push_str("  no free block was left\n");
+            } else {
+                out.push_str("  free blocks that could not serve it:\n");
+            }
+            for u in &o.unusable_free {
+                let _ = writeln!(
+                    out,
+                    "    {:28} {:>6} blocks {:>12} (largest {})",
+                    reason(u.reason),
+                    u.blocks,
+                    format_size(u.bytes),
+                    format_size(u.largest)
+                );
+            }
+            out.push_str("  live allocations by site:\n");
+            sites_text(&mut out, &o.top_sites);
+            match &o.avoided_by {
+                Some(fix) => {
+                    let _ = writeln!(out, "  avoided with `{fix}` added to the settings");
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  none of {} avoids it on this device (try --min-capacity)",
+                        FIXES.join(", ")
+                    );
+                }
+            }
+        }
+    }
+    out
+}

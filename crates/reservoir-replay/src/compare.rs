@@ -1,0 +1,216 @@
+//! Policies side by side on many inputs (`reservoir compare`): each input
+//! (a recorded trace from a cold start, or a built-in workload) replayed
+//! under each setting, with its peak live and reserved bytes, their ratio,
+//! the minimum capacity, the driver calls, the simulated driver time and
+//! the allocator's time per call; and a summary per setting.
+//!
+//! The waste bound of issue 17: peak reserved at most
+//! `1.05 x peak live + 4 MiB per stream` ([`waste_bound`]), counting the
+//! streams that allocate.
+
+use std::collections::BTreeSet;
+
+use crate::oracle_trace::{Op, StreamName, Trace};
+use crate::replay::capacity::min_capacity;
+use crate::replay::{Replay, ReplayError, ReplayOptions, ReplaySetting, StartState};
+
+/// Slack per allocating stream in [`waste_bound`]: 4 MiB.
+pub const SLACK_PER_STREAM: u64 = 4 << 20;
+
+/// One input to compare policies on.
+#[derive(Clone, Debug)]
+pub struct CompareInput {
+    /// A name for reports (a file's path relative to the traces folder, or
+    /// `workload NAME`).
+    pub name: String,
+    /// The ops (for a recorded trace, its cold-start trace).
+    pub trace: Trace,
+    /// The start state (empty for a cold start: no segments), if any.
+    pub start: Option<StartState>,
+    /// Device capacity.
+    pub capacity: u64,
+    /// The settings to replay it with, in column order.
+    pub settings: Vec<ReplaySetting>,
+}
+
+/// One setting on one input.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PolicyResult {
+    /// The setting's name.
+    pub policy: String,
+    /// `requested_bytes.all.peak`.
+    pub peak_live: u64,
+    /// `reserved_bytes.all.peak`.
+    pub peak_reserved: u64,
+    /// `peak_reserved / peak_live` (1.0 when nothing was live).
+    pub ratio: f64,
+    /// `peak_reserved <= waste_bound(peak_live, streams)`.
+    pub within_bound: bool,
+    /// Smallest capacity without OOM ([`min_capacity`]), `null` above 16 TiB.
+    pub min_capacity: Option<u64>,
+    /// Driver allocations plus frees.
+    pub driver_calls: u64,
+    /// Simulated driver time, ns.
+    pub driver_time_ns: u64,
+    /// Mean wall time of an allocator call, ns (host-dependent).
+    pub allocator_ns_per_op: f64,
+    /// Out-of-memory errors on the input's capacity.
+    pub ooms: u64,
+}
+
+/// Every setting on one input.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CompareRow {
+    /// [`CompareInput::name`].
+    pub input: String,
+    /// Streams that allocate.
+    pub streams: u64,
+    /// The bound on peak reserved bytes ([`waste_bound`]) for the peak live
+    /// bytes of the first setting.
+    pub bound: u64,
+    /// One per setting, in order.
+    pub policies: Vec<PolicyResult>,
+}
+
+/// `1.05 x peak_live + 4 MiB x streams` (at least one stream).
+pub fn waste_bound(peak_live: u64, streams: u64) -> u64 {
+    peak_live + peak_live / 20 + SLACK_PER_STREAM * streams.max(1)
+}
+
+/// The streams a trace allocates on (the default stream is current at the
+/// start; `s` ops change the current stream).
+pub fn allocating_streams(trace: &Trace) -> u64 {
+    let default = StreamName::new("0");
+    let mut current = &default;
+    let mut seen = BTreeSet::new();
+    for op in &trace.ops {
+        match op {
+            Op::SetStream { stream } => current = stream,
+            Op::Alloc { stream, .. } => {
+                let s = stream.as_ref().unwrap_or(current);
+                let key = if s.is_default() { "0" } else { s.as_str() };
+                seen.insert(key.to_string());
+            }
+            _ => {}
+        }
+    }
+    seen.len() as u64
+}
+
+/// Replay `input` under each of its settings, and find each one's minimum
+/// capacity. `progress` is called after each setting.
+pub fn compare(
+    input: &CompareInput,
+    progress: &mut dyn FnMut(&str),
+) -> Result<CompareRow, ReplayError> {
+    let streams = allocating_streams(&input.trace);
+    let options = ReplayOptions {
+        capacity: input.capacity,
+        max_samples: 2,
+        ..ReplayOptions::default()
+    };
+    let mut policies = Vec::with_capacity(input.settings.len());
+    for s in &input.settings {
+        let mut r: Replay<'_> = Replay::build(&input.trace, input.start.as_ref(), s, &options)?;
+        r.run()?;
+        let rep = r.report();
+        let min = min_capacity(&input.trace, input.start.as_ref(), s, &mut |_, _| {})?;
+        let ratio = if rep.peak_live == 0 {
+            1.0
+        } else {
+            rep.peak_reserved as f64 / rep.peak_live as f64
+        };
+        policies.push(PolicyResult {
+            policy: s.name.clone(),
+            peak_live: rep.peak_live,
+            peak_reserved: rep.peak_reserved,
+            ratio,
+            within_bound: rep.peak_reserved <= waste_bound(rep.peak_live, streams),
+            min_capacity: min.min_capacity,
+            driver_calls: rep.driver_allocs + rep.driver_frees,
+            driver_time_ns: rep.driver_time_ns,
+            allocator_ns_per_op: rep.allocator_ns_per_op,
+            ooms: rep.ooms,
+        });
+        progress(&s.name);
+    }
+    let bound = waste_bound(policies.first().map_or(0, |p| p.peak_live), streams);
+    Ok(CompareRow {
+        input: input.name.clone(),
+        streams,
+        bound,
+        policies,
+    })
+}
+
+/// One setting over every input.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PolicySummary {
+    /// The setting's name.
+    pub policy: String,
+    /// Inputs it ran on.
+    pub inputs: u64,
+    /// Median of `peak_reserved / peak_live`.
+    pub median_ratio: f64,
+    /// 90th percentile (nearest rank).
+    pub p90_ratio: f64,
+    /// The largest ratio.
+    pub worst_ratio: f64,
+    /// The input with the largest ratio.
+    pub worst_input: String,
+    /// Inputs within [`waste_bound`].
+    pub within_bound: u64,
+    /// Sum of the minimum capacities over the inputs where every setting
+    /// has one, bytes.
+    pub total_min_capacity: u64,
+}
+
+fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The summary per setting name, in the order names first appear.
+pub fn summarize(rows: &[CompareRow]) -> Vec<PolicySummary> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in rows {
+        for p in &r.policies {
+            if !names.contains(&p.policy.as_str()) {
+                names.push(&p.policy);
+            }
+        }
+    }
+    let all_fit = |r: &CompareRow| r.policies.iter().all(|p| p.min_capacity.is_some());
+    names
+        .into_iter()
+        .map(|name| {
+            let mine: Vec<(&CompareRow, &PolicyResult)> = rows
+                .iter()
+                .filter_map(|r| r.policies.iter().find(|p| p.policy == name).map(|p| (r, p)))
+                .collect();
+            let mut ratios: Vec<f64> = mine.iter().map(|(_, p)| p.ratio).collect();
+            ratios.sort_by(f64::total_cmp);
+            let worst = mine
+                .iter()
+                .max_by(|a, b| a.1.ratio.total_cmp(&b.1.ratio))
+                .map(|(r, p)| (r.input.clone(), p.ratio));
+            PolicySummary {
+                policy: name.to_string(),
+                inputs: mine.len() as u64,
+                median_ratio: nearest_rank(&ratios, 0.5),
+                p90_ratio: nearest_rank(&ratios, 0.9),
+                worst_ratio: worst.as_ref().map_or(0.0, |w| w.1),
+                worst_input: worst.map(|w| w.0).unwrap_or_default(),
+                within_bound: mine.iter().filter(|(_, p)| p.within_bound).count() as u64,
+                total_min_capacity: mine
+                    .iter()
+                    .filter(|(r, _)| all_fit(r))
+                    .filter_map(|(_, p)| p.min_capacity)
+                    .sum(),
+            }
+        })
+        .collect()
+}

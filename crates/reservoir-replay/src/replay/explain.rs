@@ -1,0 +1,275 @@
+//! Why a replay peaked where it did and why it ran out of memory
+//! ([`explain`]): at the reserved peak and at the first out-of-memory error
+//! of a setting, the live allocations grouped by their site (the innermost
+//! user frame of the recorded stack, see [`sites`](super::sites)), the free
+//! blocks that could not serve the failed request and why, and a setting
+//! that would have avoided the error.
+//!
+//! The state is taken by replaying again up to the moment (the replay is
+//! deterministic): after the op at which reserved bytes first reached their
+//! peak, and after the failed allocation (PyTorch has then already released
+//! every cached segment it could, so the free blocks left are those of
+//! segments that still hold live blocks).
+//!
+//! A free block cannot serve a request of `size` bytes (rounded, spec 1.3)
+//! on stream `s` because, checked in this order: it belongs to another
+//! stream (`wrong_stream`), to the other pool (`wrong_pool`: small blocks
+//! serve requests of at most 1 MiB, large blocks the others), it is smaller
+//! than the request (`too_small`), or the oversize rules of
+//! `max_split_size` forbid it (`split_limit`, spec 1.6).
+
+use rustc_hash::FxHashMap;
+
+use super::sites::Sites;
+use super::target::ReplayTarget as _;
+use super::{Replay, ReplayError, ReplayOptions, ReplayReport, ReplaySetting, StartState};
+use crate::oracle_trace::Trace;
+use reservoir::caching::rules;
+use reservoir::snapshot::{BlockState, SegmentType};
+
+/// Sites listed per moment, at most.
+pub const TOP_SITES: usize = 10;
+
+/// Live allocations of one site.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SiteUsage {
+    /// `FILE:LINE:FUNCTION`, or a placeholder in parentheses.
+    pub site: String,
+    /// Bytes of their blocks.
+    pub bytes: u64,
+    /// Allocations.
+    pub count: u64,
+}
+
+/// The reserved peak of a setting.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PeakExplanation {
+    /// The op after which reserved bytes first reached their peak.
+    pub op: u64,
+    /// Reserved bytes then.
+    pub reserved: u64,
+    /// Allocated bytes then.
+    pub allocated: u64,
+    /// The largest sites by bytes (at most [`TOP_SITES`]).
+    pub top_sites: Vec<SiteUsage>,
+}
+
+/// Why a free block could not serve the failed request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unusable {
+    /// The block serves another stream.
+    WrongStream,
+    /// The block is in the other pool (small vs large).
+    WrongPool,
+    /// The block is smaller than the rounded request.
+    TooSmall,
+    /// `max_split_size` forbids it (spec 1.6 oversize rules).
+    SplitLimit,
+}
+
+/// Free blocks that could not serve the failed request for one reason.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct UnusableFree {
+    /// The reason.
+    pub reason: Unusable,
+    /// Blocks.
+    pub blocks: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The largest of them.
+    pub largest: u64,
+}
+
+/// The first out-of-memory error of a setting.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OomExplanation {
+    /// The failed op.
+    pub op: u64,
+    /// Bytes requested.
+    pub bytes: u64,
+    /// The request rounded as the allocator rounds it.
+    pub rounded: u64,
+    /// The stream's id.
+    pub stream: u64,
+    /// The site of the failed allocation.
+    pub site: String,
+    /// Reserved and allocated bytes after the failure.
+    pub reserved: u64,
+    /// Allocated bytes after the failure.
+    pub allocated: u64,
+    /// The largest sites of the live allocations by bytes.
+    pub top_sites: Vec<SiteUsage>,
+    /// The free blocks left, by reason they could not serve the request.
+    pub unusable_free: Vec<UnusableFree>,
+    /// The first of the candidate settings with which the whole trace runs
+    /// without an out-of-memory error on the same device, if any.
+    pub avoided_by: Option<String>,
+}
+
+/// The peak and first OOM of one setting.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Explanation {
+    /// The setting.
+    pub setting: String,
+    /// The reserved peak (`null` if nothing was reserved).
+    pub peak: Option<PeakExplanation>,
+    /// The first OOM (`null` if none).
+    pub oom: Option<OomExplanation>,
+}
+
+/// The live allocations of `r` grouped by site, largest first.
+fn top_sites(r: &Replay<'_>, sites: &Sites) -> Vec<SiteUsage> {
+    let mut size_at: FxHashMap<u64, u64> = FxHashMap::default();
+    for seg in r.alloc.segments() {
+        for (addr, b) in seg.blocks_with_addresses() {
+            if b.state != BlockState::Inactive {
+                size_at.insert(addr, b.size);
+            }
+        }
+    }
+    let mut by_site: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
+    for (&id, ptr) in &r.live {
+        let bytes = size_at.get(&ptr.0).copied().unwrap_or(0);
+        let e = by_site.entry(sites.site(id)).or_default();
+        e.0 += bytes;
+        e.1 += 1;
+    }
+    let mut out: Vec<SiteUsage> = by_site
+        .into_iter()
+        .map(|(site, (bytes, count))| SiteUsage {
+            site: site.to_string(),
+            bytes,
+            count,
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    out.truncate(TOP_SITES);
+    out
+}
+
+/// A fresh replay run through op `op` (inclusive).
+fn replay_through<'t>(
+    trace: &'t Trace,
+    start: Option<&'t StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+    op: u64,
+) -> Result<Replay<'t>, ReplayError> {
+    let mut r: Replay<'t> = Replay::build(trace, start, setting, options)?;
+    r.track_peak = false;
+    while r.next as u64 <= op && r.step()? {}
+    Ok(r)
+}
+
+/// Why each free block of `r` could not serve `rounded` bytes on `stream`.
+fn unusable_free(
+    r: &Replay<'_>,
+    rounded: u64,
+    stream: u64,
+    setting: &ReplaySetting,
+) -> Vec<UnusableFree> {
+    let config = setting.allocator_config().unwrap_or_default();
+    let small_request = rounded <= rules::SMALL_SIZE;
+    let mut by: std::collections::BTreeMap<Unusable, UnusableFree> = Default::default();
+    for seg in r.alloc.segments() {
+        let small_seg = seg.segment_type == SegmentType::Small;
+        for b in seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::Inactive)
+        {
+            let reason = if seg.stream.0 != stream {
+                Unusable::WrongStream
+            } else if small_seg != small_request {
+                Unusable::WrongPool
+            } else if b.size < rounded {
+                Unusable::TooSmall
+            } else if rules::oversize_misfit(rounded, b.size, &config) {
+                Unusable::SplitLimit
+            } else {
+                // Fits by every rule yet was not used: cannot happen after a
+                // failed allocation; counted as too small to stay visible.
+                Unusable::TooSmall
+            };
+            let e = by.entry(reason).or_insert(UnusableFree {
+                reason,
+                blocks: 0,
+                bytes: 0,
+                largest: 0,
+            });
+            e.blocks += 1;
+            e.bytes += b.size;
+            e.largest = e.largest.max(b.size);
+        }
+    }
+    by.into_values().collect()
+}
+
+/// Explain the reserved peak and the first OOM of `report` (a replay of
+/// `trace` from `start` with `setting` on `options`); `candidates` are the
+/// settings tried, in order, for [`OomExplanation::avoided_by`].
+pub fn explain(
+    trace: &Trace,
+    start: Option<&StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+    report: &ReplayReport,
+    sites: &Sites,
+    candidates: &[ReplaySetting],
+) -> Result<Explanation, ReplayError> {
+    // Placements and the device-call log are not needed.
+    let quiet = start.map(|s| StartState {
+        record_placements: false,
+        ..s.clone()
+    });
+    let start = quiet.as_ref();
+    let peak = match &report.peak {
+        Some(p) => {
+            let r = replay_through(trace, start, setting, options, p.op)?;
+            Some(PeakExplanation {
+                op: p.op,
+                reserved: p.reserved,
+                allocated: p.allocated,
+                top_sites: top_sites(&r, sites),
+            })
+        }
+        None => None,
+    };
+    let oom = match &report.first_oom {
+        Some(o) => {
+            let r = replay_through(trace, start, setting, options, o.op)?;
+            let config = setting.allocator_config()?;
+            let rounded = rules::round_size(o.bytes.max(1), &config);
+            let (allocated, reserved) = r.alloc.allocated_and_reserved();
+            let mut avoided_by = None;
+            for c in candidates {
+                let mut t: Replay<'_> = Replay::build(trace, start, c, options)?;
+                t.track_peak = false;
+                t.run()?;
+                if t.ooms == 0 {
+                    avoided_by = Some(c.name.clone());
+                    break;
+                }
+            }
+            Some(OomExplanation {
+                op: o.op,
+                bytes: o.bytes,
+                rounded,
+                stream: o.stream,
+                site: sites.site(o.id).to_string(),
+                reserved,
+                allocated,
+                top_sites: top_sites(&r, sites),
+                unusable_free: unusable_free(&r, rounded, o.stream, setting),
+                avoided_by,
+            })
+        }
+        None => None,
+    };
+    Ok(Explanation {
+        setting: setting.name.clone(),
+        peak,
+        oom,
+    })
+}

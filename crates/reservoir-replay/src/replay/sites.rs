@@ -1,0 +1,132 @@
+//! Where allocations come from: the innermost *user* frame of each recorded
+//! allocation's stack ([`Sites`]), to group live memory by the code that
+//! asked for it.
+//!
+//! A frame is PyTorch's own (not a user frame) when it is native code
+//! (`.c`, `.cpp`, `.h`, `.cu`, `??`, `<unknown>`, a `c10::` / `at::` / `torch::`
+//! function), Python's (`<frozen ...>`, `<string>`), or a file of the
+//! `torch` package (`/torch/` in its path). A site is written
+//! `FILE:LINE:FUNCTION` with the file's name only (no directory: reports
+//! carry no path of the machine that recorded them).
+
+use rustc_hash::FxHashMap;
+
+use crate::oracle_trace::AllocId;
+use reservoir::trace::Frame;
+
+/// Site of an allocation whose entry kept no stack.
+pub const NO_STACK: &str = "(no stack recorded)";
+/// Site of an allocation whose stack has PyTorch's frames only.
+pub const NO_USER_FRAME: &str = "(no user frame)";
+/// Site of a block already allocated when the trace began.
+pub const BEFORE_TRACE: &str = "(allocated before the trace)";
+
+/// Is `f` one of PyTorch's or Python's own frames?
+pub fn is_internal(f: &Frame) -> bool {
+    let file = f.filename.as_str();
+    let native = [".c", ".cpp", ".cc", ".h", ".hpp", ".cu", ".cuh", ".so"]
+        .iter()
+        .any(|x| file.ends_with(x));
+    native
+        || file.is_empty()
+        || file == "??"
+        || file.starts_with('<')
+        || file.contains("/torch/")
+        || file.starts_with("torch/")
+        || ["c10::", "at::", "torch::", "std::"]
+            .iter()
+            .any(|p| f.name.starts_with(p))
+}
+
+/// The site of a stack (innermost frame first): its innermost user frame.
+pub fn site_of(frames: &[Frame]) -> String {
+    if frames.is_empty() {
+        return NO_STACK.to_string();
+    }
+    match frames.iter().find(|f| !is_internal(f)) {
+        Some(f) => {
+            let file = f.filename.rsplit(['/', '\\']).next().unwrap_or("");
+            format!("{file}:{}:{}", f.line, f.name)
+        }
+        None => NO_USER_FRAME.to_string(),
+    }
+}
+
+/// The site of each allocation of a recorded trace, interned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sites {
+    names: Vec<String>,
+    index: FxHashMap<String, u32>,
+    of: FxHashMap<AllocId, u32>,
+}
+
+impl Sites {
+    /// No site known.
+    pub fn new() -> Self {
+        Sites::default()
+    }
+
+    /// Note the stack of allocation `id`.
+    pub fn record(&mut self, id: AllocId, frames: &[Frame]) {
+        let site = site_of(frames);
+        let k = match self.index.get(&site) {
+            Some(&k) => k,
+            None => {
+                let k = self.names.len() as u32;
+                self.names.push(site.clone());
+                self.index.insert(site, k);
+                k
+            }
+        };
+        self.of.insert(id, k);
+    }
+
+    /// The site of `id`: [`BEFORE_TRACE`] when none was recorded (a block of
+    /// the start state), [`NO_STACK`] for a source without stacks.
+    pub fn site(&self, id: AllocId) -> &str {
+        match self.of.get(&id) {
+            Some(&k) => &self.names[k as usize],
+            None if self.of.is_empty() => NO_STACK,
+            None => BEFORE_TRACE,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(file: &str, line: i64, name: &str) -> Frame {
+        Frame {
+            name: name.into(),
+            filename: file.into(),
+            line,
+        }
+    }
+
+    #[test]
+    fn the_innermost_user_frame_with_the_file_name_only() {
+        let stack = [
+            frame("??", 0, "c10::cuda::CUDACachingAllocator::malloc"),
+            frame(
+                "/usr/lib/python3/site-packages/torch/nn/functional.py",
+                10,
+                "linear",
+            ),
+            frame("<frozen runpy>", 1, "_run"),
+            frame("/home/me/project/model.py", 42, "forward"),
+            frame("/home/me/project/train.py", 7, "main"),
+        ];
+        assert_eq!(site_of(&stack), "model.py:42:forward");
+        assert_eq!(site_of(&stack[..3]), NO_USER_FRAME);
+        assert_eq!(site_of(&[]), NO_STACK);
+        let mut s = Sites::new();
+        assert_eq!(s.site(1), NO_STACK);
+        s.record(5, &stack);
+        s.record(6, &stack[3..]);
+        assert_eq!(s.site(5), "model.py:42:forward");
+        assert_eq!(s.site(6), "model.py:42:forward");
+        assert_eq!(s.names.len(), 1);
+        assert_eq!(s.site(1), BEFORE_TRACE);
+    }
+}

@@ -1,0 +1,110 @@
+//! `reservoir compare`'s engine: the waste bound of issue 17, the streams
+//! that count for it, each setting's row and the summary per setting.
+
+use reservoir_replay::compare::{
+    allocating_streams, compare, summarize, waste_bound, CompareInput, CompareRow, PolicyResult,
+    SLACK_PER_STREAM,
+};
+use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::replay::{replay, ReplayOptions, ReplaySetting};
+use reservoir_replay::workload;
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn the_bound_is_1_05_times_live_plus_4_mib_per_stream() {
+    assert_eq!(SLACK_PER_STREAM, 4 * MIB);
+    assert_eq!(waste_bound(100 * MIB, 1), 105 * MIB + 4 * MIB);
+    assert_eq!(waste_bound(100 * MIB, 3), 105 * MIB + 12 * MIB);
+    // a trace that allocates on no stream still gets one stream's slack
+    assert_eq!(waste_bound(0, 0), 4 * MIB);
+}
+
+#[test]
+fn streams_that_allocate_are_counted_once() {
+    let t = Trace::parse("a 1 512\ns 5\na 2 512\na 3 512 default\ns 0\na 4 512\nk 9\n").unwrap();
+    // default (named 0 or default) and 5; 9 only runs a kernel
+    assert_eq!(allocating_streams(&t), 2);
+    let t = Trace::parse("s 3\na 1 512\n").unwrap();
+    assert_eq!(allocating_streams(&t), 1);
+}
+
+#[test]
+fn a_row_per_setting_with_the_replays_numbers() {
+    let trace = workload::generate("gpt-train:layers=2,steps=2").unwrap();
+    let settings = vec![
+        ReplaySetting::new("pytorch", ""),
+        ReplaySetting::new("expandable", "expandable_segments:True"),
+    ];
+    let input = CompareInput {
+        name: "workload gpt-train".into(),
+        trace: trace.clone(),
+        start: None,
+        capacity: 80 << 30,
+        settings: settings.clone(),
+    };
+    let mut done = Vec::new();
+    let row = compare(&input, &mut |p| done.push(p.to_string())).unwrap();
+    assert_eq!(done, ["pytorch", "expandable"]);
+    assert_eq!(row.streams, allocating_streams(&trace));
+    for (p, s) in row.policies.iter().zip(&settings) {
+        let r = replay(&trace, s, &ReplayOptions::default()).unwrap();
+        assert_eq!(p.policy, s.name);
+        assert_eq!(p.peak_live, r.peak_live);
+        assert_eq!(p.peak_reserved, r.peak_reserved);
+        assert_eq!(p.driver_calls, r.driver_allocs + r.driver_frees);
+        assert_eq!(p.driver_time_ns, r.driver_time_ns);
+        assert!((p.ratio - r.peak_reserved as f64 / r.peak_live as f64).abs() < 1e-12);
+        assert_eq!(
+            p.within_bound,
+            r.peak_reserved <= waste_bound(r.peak_live, row.streams)
+        );
+        let m = p.min_capacity.unwrap();
+        assert!(m >= p.peak_live && m <= p.peak_reserved.div_ceil(2 * MIB) * 2 * MIB);
+    }
+    // peak live does not depend on the policy
+    assert_eq!(row.policies[0].peak_live, row.policies[1].peak_live);
+}
+
+fn result(policy: &str, ratio: f64, min: Option<u64>) -> PolicyResult {
+    PolicyResult {
+        policy: policy.into(),
+        peak_live: 100,
+        peak_reserved: (100.0 * ratio) as u64,
+        ratio,
+        within_bound: ratio <= 1.05,
+        min_capacity: min,
+        driver_calls: 0,
+        driver_time_ns: 0,
+        allocator_ns_per_op: 0.0,
+        ooms: 0,
+    }
+}
+
+#[test]
+fn summary_has_median_p90_worst_and_bound_counts() {
+    let rows: Vec<CompareRow> = (1..=10)
+        .map(|i| CompareRow {
+            input: format!("t{i}"),
+            streams: 1,
+            bound: 0,
+            policies: vec![
+                result("a", 1.0 + i as f64 / 100.0, Some(i * MIB)),
+                result("b", 1.0, if i == 10 { None } else { Some(MIB) }),
+            ],
+        })
+        .collect();
+    let s = summarize(&rows);
+    assert_eq!(s.len(), 2);
+    let a = &s[0];
+    assert_eq!((a.policy.as_str(), a.inputs), ("a", 10));
+    assert!((a.median_ratio - 1.05).abs() < 1e-12, "{a:?}");
+    assert!((a.p90_ratio - 1.09).abs() < 1e-12, "{a:?}");
+    assert!((a.worst_ratio - 1.10).abs() < 1e-12);
+    assert_eq!(a.worst_input, "t10");
+    assert_eq!(a.within_bound, 5);
+    // min capacities summed over the inputs where every policy fits (1..=9)
+    assert_eq!(a.total_min_capacity, 45 * MIB);
+    assert_eq!(s[1].total_min_capacity, 9 * MIB);
+    assert_eq!(s[1].within_bound, 10);
+}
