@@ -49,8 +49,8 @@ fi
 snapshot=${RESERVOIR_PROOF_SNAPSHOT:-../shared/traces/cs336-bcrafton/06f51ae4_memory_snapshot.pickle}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cargo run --locked -q -p reservoir-cli -- convert "$snapshot" --oracle-trace "$work/trace.txt"
-cargo run --locked -q -p reservoir-torch --example oracle_trace_stats -- \
+cargo run --release --locked -q -p reservoir-cli -- convert "$snapshot" --oracle-trace "$work/trace.txt"
+cargo run --release --locked -q -p reservoir-torch --example oracle_trace_stats -- \
   "$work/trace.txt" "${FAKECUDA_TOTAL_MEM:-85045870592}" >"$work/sim.json"
 export RESERVOIR_PROOF_SOURCE=$snapshot RESERVOIR_PROOF_TRACE=$work/trace.txt RESERVOIR_PROOF_SIM_STATS=$work/sim.json
 

@@ -151,6 +151,13 @@ def test_mempool_backed_by_reservoir_without_enable():
         "    x = torch.empty(3 << 20, dtype=torch.uint8, device='cuda')\n"
         "s = rt.memory_stats()\n"
         "print('pool', torch.cuda.memory_allocated(), s['allocated_bytes.all.current'], s['segment.all.current'])\n"
+        "rt.set_per_process_memory_fraction(0.0005)\n"
+        "try:\n"
+        "    with torch.cuda.use_mem_pool(pool):\n"
+        "        torch.empty(512 << 20, dtype=torch.uint8, device='cuda')\n"
+        "except torch.OutOfMemoryError:\n"
+        "    print('oom raised')\n"
+        "rt.set_per_process_memory_fraction(1.0)\n"
         "del x\n"
         "del pool\n"
         "torch.cuda.empty_cache()\n"
@@ -164,6 +171,8 @@ def test_mempool_backed_by_reservoir_without_enable():
     # a 3 MiB request to a 20 MiB large segment) came from Reservoir.
     assert torch_alloc == 3 * MIB and ours == 20 * MIB, out
     assert lines.get("after") == ["0"], out
+    # Here a null from Reservoir is an out-of-memory error (spec 1, "N").
+    assert lines.get("oom") == ["raised"], out
 
 
 def main():
