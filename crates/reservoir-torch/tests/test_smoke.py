@@ -100,7 +100,8 @@ def test_memory_fraction_caps_and_oom_gives_a_null_tensor():
     assert "out of memory" in rt.last_error().lower(), rt.last_error()
     assert rt.memory_stats()["num_ooms"] == before + 1
     del t
-    expect_error(lambda: rt.set_per_process_memory_fraction(1.5), "1.5")
+    expect_error(lambda: rt.set_per_process_memory_fraction(1.5), "1.5", "RESERVOIR_ERR_INVALID_ARGUMENT")
+    assert abs(rt.get_per_process_memory_fraction() - 0.0005) < 1e-9, "a refused fraction changes nothing"
     rt.set_per_process_memory_fraction(1.0)
     y = torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
     del y
@@ -130,6 +131,13 @@ def test_history_and_snapshot_open_in_memory_viz():
     rt.record_memory_history(enabled=None)
     expect_error(lambda: rt.record_memory_history(enabled="sometimes"), "sometimes")
     del keep
+
+
+def test_bad_device_is_a_clear_error():
+    before = rt.memory_stats()
+    expect_error(lambda: rt.memory_stats(device=7), "device 7")
+    expect_error(lambda: rt.empty_cache(device=7), "device 7")
+    assert rt.memory_stats() == before
 
 
 def test_record_stream_is_forwarded():
