@@ -46,11 +46,13 @@ fi
 
 # The proof's trace: a real one, in the oracle's text format, and Reservoir's
 # own replay of it on the simulated device (the fake device's capacity).
+# (Debug builds: they compile in a fraction of the release time and the
+# replay takes well under a second.)
 snapshot=${RESERVOIR_PROOF_SNAPSHOT:-../shared/traces/cs336-bcrafton/06f51ae4_memory_snapshot.pickle}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cargo run --release --locked -q -p reservoir-cli -- convert "$snapshot" --oracle-trace "$work/trace.txt"
-cargo run --release --locked -q -p reservoir-torch --example oracle_trace_stats -- \
+cargo run --locked -q -p reservoir-cli -- convert "$snapshot" --oracle-trace "$work/trace.txt"
+cargo run --locked -q -p reservoir-torch --example oracle_trace_stats -- \
   "$work/trace.txt" "${FAKECUDA_TOTAL_MEM:-85045870592}" >"$work/sim.json"
 export RESERVOIR_PROOF_SOURCE=$snapshot RESERVOIR_PROOF_TRACE=$work/trace.txt RESERVOIR_PROOF_SIM_STATS=$work/sim.json
 
