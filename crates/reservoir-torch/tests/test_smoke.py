@@ -7,6 +7,7 @@ Each test_* function runs in order in one process (enable() is process-wide);
 the last line is "smoke: N passed, M failed".
 """
 
+import json
 import os
 import pickle
 import subprocess
@@ -181,6 +182,39 @@ def test_mempool_backed_by_reservoir_without_enable():
     assert lines.get("after") == ["0"], out
     # Here a null from Reservoir is an out-of-memory error (spec 1, "N").
     assert lines.get("oom") == ["raised"], out
+
+
+EXPANDABLE_WORKLOAD = """
+import json, os, sys, torch
+if sys.argv[1] == 'reservoir':
+    import reservoir_torch as rt
+    rt.enable('expandable_segments:True')
+    stats = lambda: dict(rt.memory_stats())
+else:
+    stats = lambda: dict(torch.cuda.memory_stats())
+keep = []
+for i, n in enumerate([30 << 20, 100 << 10, 7 << 20, 1 << 20, 64 << 20, 3000, 25 << 20]):
+    keep.append(torch.empty(n, dtype=torch.uint8, device='cuda'))
+    if i % 3 == 2:
+        del keep[0]
+print(json.dumps(stats()))
+"""
+
+
+def test_expandable_segments_match_pytorch():
+    # The same tensors under enable("expandable_segments:True") and under
+    # torch's own allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    # (spec 1, expandable segments): every memory_stats key is equal.
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    runs = {}
+    for who in ("reservoir", "pytorch"):
+        out = subprocess.run([sys.executable, "-c", EXPANDABLE_WORKLOAD, who], capture_output=True, text=True,
+                             timeout=120, env=env if who == "pytorch" else os.environ)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[who] = json.loads(out.stdout.strip().splitlines()[-1])
+    ours, theirs = runs["reservoir"], runs["pytorch"]
+    differ = {k: (ours.get(k), v) for k, v in theirs.items() if ours.get(k) != v}
+    assert len(theirs) > 100 and not differ, differ
 
 
 def main():
