@@ -11,7 +11,7 @@ Each phase runs in a fresh process (torch's allocator is chosen once per
 process):
   train    reservoir_torch.enable(), then MLP training steps on two streams (a
            data stream copying batches in, a compute stream reading them),
-           with reservoir_torch.record_stream for the cross-stream use;
+           with Tensor.record_stream (forwarded by enable()) for the cross-stream use;
            --no-record-stream is the negative control
   replay   the trace's allocation sequence through torch.empty/del
 
@@ -114,9 +114,9 @@ def phase_train(record):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            if record:
-                rt.record_stream(x, compute)
-                rt.record_stream(y, compute)
+            if record:  # torch's own idiom: enable() forwards it to Reservoir
+                x.record_stream(compute)
+                y.record_stream(compute)
         del x, y, loss  # freed while the compute stream may still read them
     stats = dict(rt.memory_stats())
     live = sum(b["size"] for s in rt.memory_snapshot() for b in s["blocks"] if b["state"] == "active_allocated")
@@ -190,7 +190,7 @@ def phase_replay(trace, snapshot_path):
         elif k == "s":
             current = stream(p[1])
         elif k == "r":
-            rt.record_stream(live[int(p[1])], stream(p[2]))
+            live[int(p[1])].record_stream(stream(p[2]))
         elif k == "y":
             torch.cuda.synchronize(dev) if len(p) == 1 else stream(p[1]).synchronize()
         elif k == "w":

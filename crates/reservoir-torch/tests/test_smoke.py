@@ -145,7 +145,9 @@ def test_record_stream_is_forwarded():
     s = torch.cuda.Stream()
     x = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
     rt.record_stream(x, s)
+    x.record_stream(s)  # torch's method, forwarded by enable()
     expect_error(lambda: rt.record_stream(torch.empty(0, device="cpu"), s), "status 5")
+    torch.empty(0, device="cuda").record_stream(s)  # no memory: nothing to track
     del x
     rt.check_invariants()
 
