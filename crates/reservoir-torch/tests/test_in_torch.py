@@ -82,11 +82,17 @@ def log_summary(fake, stats):
     }
 
 
-def phase_train(record):
+def phase_train(record, native=False):
+    """Training on two streams; `native`: on torch's own caching allocator
+    instead (for comparison), else on Reservoir."""
     import torch
     import reservoir_torch as rt
 
-    rt.enable()
+    if native:
+        memory_stats, memory_snapshot = torch.cuda.memory_stats, torch.cuda.memory_snapshot
+    else:
+        rt.enable()
+        memory_stats, memory_snapshot = rt.memory_stats, rt.memory_snapshot
     fake = fake_driver()
     fake.fakecuda_log_enable(1)
     dev = torch.device("cuda", 0)
@@ -118,9 +124,10 @@ def phase_train(record):
                 x.record_stream(compute)
                 y.record_stream(compute)
         del x, y, loss  # freed while the compute stream may still read them
-    stats = dict(rt.memory_stats())
-    live = sum(b["size"] for s in rt.memory_snapshot() for b in s["blocks"] if b["state"] == "active_allocated")
-    rt.check_invariants()
+    stats = dict(memory_stats())
+    live = sum(b["size"] for s in memory_snapshot() for b in s["blocks"] if b["state"] == "active_allocated")
+    if not native:
+        rt.check_invariants()
     torch.cuda.synchronize(dev)
     out = log_summary(fake, stats)
     out.update(
@@ -132,6 +139,7 @@ def phase_train(record):
         live_bytes=stats["allocated_bytes.all.current"],
         snapshot_live_bytes=live,
         sanitizer_reports=fake.fakecuda_sanitizer_violations(),
+        stats=stats,
     )
     if out["sanitizer_reports"]:
         buf = ctypes.create_string_buffer(400)
@@ -252,6 +260,14 @@ def main():
         t,
     )
     c.check("train: memory_stats agrees with the snapshot", t["live_bytes"] == t["snapshot_live_bytes"], t)
+    # The same training on torch's own caching allocator (default settings).
+    nat = run_phase(["--phase", "train", "--native"])["stats"]
+    keys = [k for k in nat if k in t["stats"]]
+    agree = [k for k in keys if nat[k] == t["stats"][k]]
+    print(f"torch proof train vs PyTorch's allocator: {len(agree)} of {len(keys)} memory_stats keys equal "
+          f"(reserved peak {nat['reserved_bytes.all.peak']} vs {t['reserved_peak']} B)")
+    c.check("train: every memory_stats key equals PyTorch's own allocator's", len(agree) == len(keys) > 100,
+            {k: (nat[k], t["stats"][k]) for k in keys if k not in agree})
 
     # 2. A real trace's allocation sequence through torch tensors.
     with tempfile.TemporaryDirectory() as d:
@@ -324,7 +340,7 @@ if __name__ == "__main__":
     if "--phase" in sys.argv:
         phase = sys.argv[sys.argv.index("--phase") + 1]
         if phase == "train":
-            phase_train(record="--no-record-stream" not in sys.argv)
+            phase_train(record="--no-record-stream" not in sys.argv, native="--native" in sys.argv)
         elif phase == "replay":
             i = sys.argv.index("--phase")
             phase_replay(sys.argv[i + 2], sys.argv[i + 3])
