@@ -44,6 +44,18 @@ if [ "${1:-}" != "--skip-build" ]; then
   "$venv/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/reservoir_torch-*.whl
 fi
 
+# The proof's trace: a real one, in the oracle's text format, and Reservoir's
+# own replay of it on the simulated device (the fake device's capacity).
+# (Debug builds: they compile in a fraction of the release time and the
+# replay takes well under a second.)
+snapshot=${RESERVOIR_PROOF_SNAPSHOT:-../shared/traces/cs336-bcrafton/06f51ae4_memory_snapshot.pickle}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cargo run --locked -q -p reservoir-cli -- convert "$snapshot" --oracle-trace "$work/trace.txt"
+cargo run --locked -q -p reservoir-torch --example oracle_trace_stats -- \
+  "$work/trace.txt" "${FAKECUDA_TOTAL_MEM:-85045870592}" >"$work/sim.json"
+export RESERVOIR_PROOF_SOURCE=$snapshot RESERVOIR_PROOF_TRACE=$work/trace.txt RESERVOIR_PROOF_SIM_STATS=$work/sim.json
+
 # The fake CUDA stack (what ../shared/oracle/env.sh sets), with our python.
 export PYTORCH_ORACLE_VENV=$oracle_venv
 # shellcheck disable=SC1091
@@ -61,8 +73,6 @@ run() {
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "torch-proof: $name FAILED"; fi
 }
 run smoke "$py" crates/reservoir-torch/tests/test_smoke.py
-if [ -e crates/reservoir-torch/tests/test_in_torch.py ]; then
-  run proof "$py" crates/reservoir-torch/tests/test_in_torch.py
-fi
+run proof "$py" crates/reservoir-torch/tests/test_in_torch.py
 echo "torch-proof: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

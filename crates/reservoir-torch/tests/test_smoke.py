@@ -7,6 +7,7 @@ Each test_* function runs in order in one process (enable() is process-wide);
 the last line is "smoke: N passed, M failed".
 """
 
+import json
 import os
 import pickle
 import subprocess
@@ -100,7 +101,8 @@ def test_memory_fraction_caps_and_oom_gives_a_null_tensor():
     assert "out of memory" in rt.last_error().lower(), rt.last_error()
     assert rt.memory_stats()["num_ooms"] == before + 1
     del t
-    expect_error(lambda: rt.set_per_process_memory_fraction(1.5), "1.5")
+    expect_error(lambda: rt.set_per_process_memory_fraction(1.5), "1.5", "RESERVOIR_ERR_INVALID_ARGUMENT")
+    assert abs(rt.get_per_process_memory_fraction() - 0.0005) < 1e-9, "a refused fraction changes nothing"
     rt.set_per_process_memory_fraction(1.0)
     y = torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
     del y
@@ -132,11 +134,20 @@ def test_history_and_snapshot_open_in_memory_viz():
     del keep
 
 
+def test_bad_device_is_a_clear_error():
+    before = rt.memory_stats()
+    expect_error(lambda: rt.memory_stats(device=7), "device 7")
+    expect_error(lambda: rt.empty_cache(device=7), "device 7")
+    assert rt.memory_stats() == before
+
+
 def test_record_stream_is_forwarded():
     s = torch.cuda.Stream()
     x = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
     rt.record_stream(x, s)
+    x.record_stream(s)  # torch's method, forwarded by enable()
     expect_error(lambda: rt.record_stream(torch.empty(0, device="cpu"), s), "status 5")
+    torch.empty(0, device="cuda").record_stream(s)  # no memory: nothing to track
     del x
     rt.check_invariants()
 
@@ -151,6 +162,13 @@ def test_mempool_backed_by_reservoir_without_enable():
         "    x = torch.empty(3 << 20, dtype=torch.uint8, device='cuda')\n"
         "s = rt.memory_stats()\n"
         "print('pool', torch.cuda.memory_allocated(), s['allocated_bytes.all.current'], s['segment.all.current'])\n"
+        "rt.set_per_process_memory_fraction(0.0005)\n"
+        "try:\n"
+        "    with torch.cuda.use_mem_pool(pool):\n"
+        "        torch.empty(512 << 20, dtype=torch.uint8, device='cuda')\n"
+        "except torch.OutOfMemoryError:\n"
+        "    print('oom raised')\n"
+        "rt.set_per_process_memory_fraction(1.0)\n"
         "del x\n"
         "del pool\n"
         "torch.cuda.empty_cache()\n"
@@ -164,6 +182,41 @@ def test_mempool_backed_by_reservoir_without_enable():
     # a 3 MiB request to a 20 MiB large segment) came from Reservoir.
     assert torch_alloc == 3 * MIB and ours == 20 * MIB, out
     assert lines.get("after") == ["0"], out
+    # Here a null from Reservoir is an out-of-memory error (spec 1, "N").
+    assert lines.get("oom") == ["raised"], out
+
+
+EXPANDABLE_WORKLOAD = """
+import json, os, sys, torch
+if sys.argv[1] == 'reservoir':
+    import reservoir_torch as rt
+    rt.enable('expandable_segments:True')
+    stats = lambda: dict(rt.memory_stats())
+else:
+    stats = lambda: dict(torch.cuda.memory_stats())
+keep = []
+for i, n in enumerate([30 << 20, 100 << 10, 7 << 20, 1 << 20, 64 << 20, 3000, 25 << 20]):
+    keep.append(torch.empty(n, dtype=torch.uint8, device='cuda'))
+    if i % 3 == 2:
+        del keep[0]
+print(json.dumps(stats()))
+"""
+
+
+def test_expandable_segments_match_pytorch():
+    # The same tensors under enable("expandable_segments:True") and under
+    # torch's own allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    # (spec 1, expandable segments): every memory_stats key is equal.
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    runs = {}
+    for who in ("reservoir", "pytorch"):
+        out = subprocess.run([sys.executable, "-c", EXPANDABLE_WORKLOAD, who], capture_output=True, text=True,
+                             timeout=120, env=env if who == "pytorch" else os.environ)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[who] = json.loads(out.stdout.strip().splitlines()[-1])
+    ours, theirs = runs["reservoir"], runs["pytorch"]
+    differ = {k: (ours.get(k), v) for k, v in theirs.items() if ours.get(k) != v}
+    assert len(theirs) > 100 and not differ, differ
 
 
 def main():

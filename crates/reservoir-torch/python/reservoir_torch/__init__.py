@@ -91,6 +91,10 @@ def enable(conf: Optional[str] = None) -> None:
     variable). Call it before CUDA is first used: afterwards torch's
     allocator is in use and this raises ``ReservoirError``, changing nothing.
     Enabling again with the same ``conf`` does nothing.
+
+    ``Tensor.record_stream`` is extended to reach Reservoir too (torch gives
+    a pluggable allocator no record-stream hook from Python); C++ callers of
+    ``recordStream`` do not reach it.
     """
     global _enabled_conf
     if _enabled_conf is not None:
@@ -111,6 +115,22 @@ def enable(conf: Optional[str] = None) -> None:
             f"{e}). Call it at the start of the program."
         ) from e
     _enabled_conf = [conf]
+    _forward_record_stream()
+
+
+_torch_record_stream = torch.Tensor.record_stream
+
+
+def _forward_record_stream() -> None:
+    def record_stream(self: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        _torch_record_stream(self, stream)
+        if self.is_cuda and self.untyped_storage().data_ptr() != 0:
+            # A tensor whose memory Reservoir did not hand out (from_blob,
+            # another pool's allocator) is not Reservoir's to track.
+            _record_stream(self, stream, ignore_foreign=True)
+
+    record_stream.__doc__ = _torch_record_stream.__doc__
+    torch.Tensor.record_stream = record_stream
 
 
 def is_enabled() -> bool:
@@ -232,14 +252,20 @@ def record_stream(tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
     """``tensor.record_stream(stream)`` for Reservoir.
 
     torch's Python API cannot give a pluggable allocator a record-stream
-    hook, so ``Tensor.record_stream`` does not reach Reservoir: call this
-    instead. When the tensor's memory is freed it is not reused before the
+    hook; ``enable()`` extends ``Tensor.record_stream`` to call this. When the tensor's memory is freed it is not reused before the
     work enqueued on ``stream`` so far has completed.
     """
+    _record_stream(tensor, stream, ignore_foreign=False)
+
+
+_ERR_INVALID_POINTER = 5
+
+
+def _record_stream(tensor: torch.Tensor, stream: torch.cuda.Stream, ignore_foreign: bool) -> None:
     lib = _lib()
     ptr = tensor.untyped_storage().data_ptr()
     status = lib.reservoir_torch_record_stream(ptr, stream.cuda_stream)
-    if status != 0:
+    if status != 0 and not (ignore_foreign and status == _ERR_INVALID_POINTER):
         msg = lib.reservoir_last_error().decode(errors="replace")
         raise ReservoirError(f"status {status}: {msg}")
 
