@@ -58,6 +58,10 @@
 //!   [`BackendError::InvalidValue`] before anything changes.
 //! * **Copies** ([`Memcpy`]): between any two live ranges (allocations or
 //!   mapped pages), synchronously; overlapping ranges behave like `memmove`.
+//! * **Host access** ([`HostWrite`](reservoir::backend::HostWrite),
+//!   [`HostMapping`](reservoir::backend::HostMapping)): the host address
+//!   of live memory is its device pointer; the MPS heap allocator's scalar
+//!   buffers with a value and shared buffer pointers work here.
 //! * **Test helpers**: [`HostDevice::fill`], [`HostDevice::checksum`]
 //!   (compare with [`checksum_bytes`]), [`HostDevice::copy_from_host`],
 //!   [`HostDevice::copy_to_host`] and [`HostDevice::is_live`] check that the

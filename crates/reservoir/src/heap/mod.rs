@@ -191,7 +191,12 @@ impl<B: Backend> HeapAllocator<B> {
     pub fn malloc(&self, size: u64, usage: UsageFlags) -> Result<DevicePtr, AllocError> {
         let mut g = self.state.lock();
         let b = self.alloc_buffer_block(&mut g, size, usage)?;
-        Ok(DevicePtr(g.addr(b)))
+        let ptr = DevicePtr(g.addr(b));
+        // A buffer has no stream: it is handed out for the default one (a
+        // checking device reports work of any other stream still on it).
+        self.backend
+            .on_block_handed_out(ptr, g.size(b), StreamId::DEFAULT);
+        Ok(ptr)
     }
 
     /// `alloc_buffer_block` (spec 4.2).
