@@ -16,7 +16,7 @@ use reservoir::format::format_size;
 use reservoir::snapshot::{BlockState, Segment};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::snapshot::{Fidelity, RecordedTrace};
-use reservoir_replay::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
+use reservoir_replay::replay::{segments_at, ReplayOptions, ReplayReport, ReplaySetting};
 
 use crate::table::format_ns;
 
@@ -30,18 +30,6 @@ pub struct Section {
     peak_setting: String,
     peak_op: u64,
     segments: Vec<Segment>,
-}
-
-/// Replay again up to `op` (included) and return the segments then.
-fn segments_at(mut r: Replay<'_>, op: Option<u64>) -> Result<Vec<Segment>> {
-    if let Some(op) = op {
-        while (r.position() as u64) <= op {
-            if !r.step().context("replaying to the peak")? {
-                break;
-            }
-        }
-    }
-    Ok(r.allocator().segments())
 }
 
 impl Section {
@@ -62,7 +50,10 @@ impl Section {
             capacity,
             reports,
             fidelity.to_vec(),
-            |s, o, peak| segments_at(Replay::with_start(&rec.trace, &rec.start, s, o)?, peak),
+            |s, o, peak| {
+                segments_at(&rec.trace, Some(&rec.start), s, o, peak)
+                    .context("replaying to the peak")
+            },
         )
     }
 
@@ -82,7 +73,7 @@ impl Section {
             capacity,
             reports,
             Vec::new(),
-            |s, o, peak| segments_at(Replay::new(trace, s, o)?, peak),
+            |s, o, peak| segments_at(trace, None, s, o, peak).context("replaying to the peak"),
         )
     }
 
