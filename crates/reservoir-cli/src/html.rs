@@ -21,7 +21,7 @@ use reservoir::snapshot::{BlockState, Segment};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{Explanation, SiteUsage};
 use reservoir_replay::replay::snapshot::{Fidelity, RecordedTrace};
-use reservoir_replay::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
+use reservoir_replay::replay::{segments_at, ReplayOptions, ReplayReport, ReplaySetting};
 
 use crate::table::format_ns;
 
@@ -37,18 +37,6 @@ pub struct Section {
     segments: Vec<Segment>,
     /// Each setting's peak and first OOM explained.
     explanations: Vec<Explanation>,
-}
-
-/// Replay again up to `op` (included) and return the segments then.
-fn segments_at(mut r: Replay<'_>, op: Option<u64>) -> Result<Vec<Segment>> {
-    if let Some(op) = op {
-        while (r.position() as u64) <= op {
-            if !r.step().context("replaying to the peak")? {
-                break;
-            }
-        }
-    }
-    Ok(r.allocator().segments())
 }
 
 impl Section {
@@ -69,7 +57,10 @@ impl Section {
             capacity,
             reports,
             fidelity.to_vec(),
-            |s, o, peak| segments_at(Replay::with_start(&rec.trace, &rec.start, s, o)?, peak),
+            |s, o, peak| {
+                segments_at(&rec.trace, Some(&rec.start), s, o, peak)
+                    .context("replaying to the peak")
+            },
         )
     }
 
@@ -89,7 +80,7 @@ impl Section {
             capacity,
             reports,
             Vec::new(),
-            |s, o, peak| segments_at(Replay::new(trace, s, o)?, peak),
+            |s, o, peak| segments_at(trace, None, s, o, peak).context("replaying to the peak"),
         )
     }
 

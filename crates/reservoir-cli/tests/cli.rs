@@ -365,6 +365,23 @@ fn the_mps_heap_policy_replays_workloads_and_recordings() {
     assert_eq!(r[0]["allocator"], "mps-heap");
     assert_eq!(r[1]["allocator"], "caching");
     assert!(r[0]["memory_stats"]["segment.all.peak"].as_i64().unwrap() > 0);
+    // The HTML segment map is the heap allocator's at its reserved peak.
+    let html = std::env::temp_dir().join(format!("mps-heap-{}.html", std::process::id()));
+    let o = reservoir(&[
+        "replay",
+        "--workload",
+        "gpt-train:steps=2",
+        "-p",
+        "mps-heap",
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = std::fs::read_to_string(&html).unwrap();
+    let _ = std::fs::remove_file(&html);
+    let peak = r[0]["peak_reserved"].as_u64().unwrap();
+    let map = format!("segments, {}", reservoir::format::format_size(peak));
+    assert!(page.contains(&map), "no {map:?} in the HTML report");
     let o = reservoir(&[
         "replay",
         "--workload",

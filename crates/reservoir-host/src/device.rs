@@ -8,8 +8,8 @@ use std::ptr;
 
 use parking_lot::Mutex;
 use reservoir::backend::{
-    Backend, BackendError, DevicePtr, EventId, Ipc, MemInfo, Memcpy, Reservation, StreamId,
-    VirtualMemory,
+    Backend, BackendError, DevicePtr, EventId, HostMapping, HostWrite, Ipc, MemInfo, Memcpy,
+    Reservation, StreamId, VirtualMemory,
 };
 
 use crate::config::{HostConfig, HostConfigError};
@@ -989,6 +989,30 @@ impl Backend for HostDevice {
 
     fn as_memcpy(&self) -> Option<&dyn Memcpy> {
         Some(self)
+    }
+
+    fn as_host_write(&self) -> Option<&dyn HostWrite> {
+        Some(self)
+    }
+
+    fn as_host_mapping(&self) -> Option<&dyn HostMapping> {
+        Some(self)
+    }
+}
+
+/// Host memory is the host's: [`HostDevice::copy_from_host`].
+impl HostWrite for HostDevice {
+    fn write_host(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), BackendError> {
+        self.copy_from_host(ptr, data)
+    }
+}
+
+/// Device pointers are host addresses: the host address of live memory is
+/// its device pointer.
+impl HostMapping for HostDevice {
+    fn host_address(&self, ptr: DevicePtr, len: u64) -> Result<u64, BackendError> {
+        self.state.lock().locate(ptr, len.max(1))?;
+        Ok(ptr.0)
     }
 }
 

@@ -66,6 +66,10 @@
 //!   `/proc/<pid>/fd/<fd>`, after checking the descriptor is that very memfd.
 //!   The device implements [`Ipc`], so the caching allocator's
 //!   `share_ipc_handle` / `open_ipc_handle` work over it.
+//! * **Host access** ([`HostWrite`](reservoir::backend::HostWrite),
+//!   [`HostMapping`](reservoir::backend::HostMapping)): the host address
+//!   of live memory is its device pointer; the MPS heap allocator's scalar
+//!   buffers with a value and shared buffer pointers work here.
 //! * **Test helpers**: [`HostDevice::fill`], [`HostDevice::checksum`]
 //!   (compare with [`checksum_bytes`]), [`HostDevice::copy_from_host`],
 //!   [`HostDevice::copy_to_host`] and [`HostDevice::is_live`] check that the

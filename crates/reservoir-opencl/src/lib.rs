@@ -38,6 +38,9 @@
 //!   lie inside one live allocation before anything is enqueued.
 //!   [`OpenClDevice::hold`] keeps a queue busy behind a user event until
 //!   [`OpenClDevice::release`].
+//! * **Host access** ([`HostWrite`], [`HostMapping`]): SVM pointers are host
+//!   addresses, so the MPS heap allocator's shared buffer pointers and
+//!   scalar buffers with a value work here ([`OpenClDevice::write`]).
 //!
 //! PoCL runs its CPU device on a thread pool as large as the machine; set
 //! `POCL_MAX_PTHREAD_COUNT` before the first OpenCL call to limit it
@@ -61,7 +64,8 @@ use opencl3::types::{cl_event, CL_BLOCKING, CL_NON_BLOCKING};
 use parking_lot::Mutex;
 
 pub use reservoir::backend::{
-    Backend, BackendError, DevicePtr, DeviceWork, EventId, MemInfo, Memcpy, StreamId,
+    Backend, BackendError, DevicePtr, DeviceWork, EventId, HostMapping, HostWrite, MemInfo, Memcpy,
+    StreamId,
 };
 use reservoir::checksum::checksum;
 
@@ -397,6 +401,31 @@ impl OpenClDevice {
         Ok(host)
     }
 
+    /// Copy `data` from host memory to `ptr` after the work enqueued on
+    /// `stream` so far, waiting for the copy. Blocks forever on a held
+    /// stream.
+    pub fn write(&self, ptr: DevicePtr, data: &[u8], stream: StreamId) -> Result<(), BackendError> {
+        let st = self.state.lock();
+        st.check_range(ptr, data.len() as u64)?;
+        let q = st.queue(stream)?;
+        // SAFETY: the destination lies inside a live SVM allocation
+        // (checked); the source is `data`, readable for its length and
+        // borrowed until the blocking copy has completed, when the call
+        // returns.
+        let ev = unsafe {
+            q.enqueue_svm_mem_cpy(
+                CL_BLOCKING,
+                ptr.0 as *mut c_void,
+                data.as_ptr().cast::<c_void>(),
+                data.len(),
+                &[],
+            )
+        }
+        .map_err(cl_err("clEnqueueSVMMemcpy"))?;
+        drop(ev);
+        Ok(())
+    }
+
     /// The [`checksum`] of `len` bytes at `ptr`, read on `stream`.
     pub fn checksum(
         &self,
@@ -649,6 +678,32 @@ impl Backend for OpenClDevice {
 
     fn as_device_work(&self) -> Option<&dyn DeviceWork> {
         Some(self)
+    }
+
+    fn as_host_write(&self) -> Option<&dyn HostWrite> {
+        Some(self)
+    }
+
+    fn as_host_mapping(&self) -> Option<&dyn HostMapping> {
+        Some(self)
+    }
+}
+
+/// A blocking copy on the default stream ([`OpenClDevice::write`]).
+impl HostWrite for OpenClDevice {
+    fn write_host(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), BackendError> {
+        self.write(ptr, data, StreamId::DEFAULT)
+    }
+}
+
+/// An SVM pointer is a host virtual address. With fine-grained SVM the
+/// host may use it at any time; with coarse-grained SVM (the default) only
+/// between `clEnqueueSVMMap` and `clEnqueueSVMUnmap`, or through the
+/// device's copies ([`OpenClDevice::read`], [`OpenClDevice::write`]).
+impl HostMapping for OpenClDevice {
+    fn host_address(&self, ptr: DevicePtr, len: u64) -> Result<u64, BackendError> {
+        self.state.lock().check_range(ptr, len.max(1))?;
+        Ok(ptr.0)
     }
 }
 

@@ -10,7 +10,10 @@
 //! * [`integrity_run`]: a seeded random mix of multi-stream allocations,
 //!   fills, cross-stream copies (ordered with events and `record_stream`),
 //!   frees, `empty_cache` calls and read-backs; every read-back is compared
-//!   with what the program wrote.
+//!   with what the program wrote. It drives any [`ScenarioAllocator`]: the
+//!   caching allocator, or the MPS heap allocator ([`HeapAllocator`]), which
+//!   is told of every piece of work on a buffer after it is enqueued
+//!   (`recordEvents`) because its buffers have no stream.
 //!
 //! The OpenCL backend runs them on a real device API (PoCL), the
 //! [`AsyncSimDevice`](reservoir::sim::AsyncSimDevice) with its race sanitizer.
@@ -21,7 +24,131 @@ use reservoir::backend::{Backend, BackendError, DevicePtr, DeviceWork, Memcpy, S
 use reservoir::caching::CachingAllocator;
 use reservoir::checksum::checksum_of_fill;
 use reservoir::error::AllocError;
+use reservoir::heap::{HeapAllocator, UsageFlags};
 use reservoir::rng::SplitMix64;
+
+/// An allocator the [`integrity_run`] can drive: PyTorch's calls, and how
+/// it learns that a stream used a block.
+pub trait ScenarioAllocator {
+    /// The backend.
+    type Device: Backend;
+
+    /// The backend it allocates from.
+    fn device(&self) -> &Self::Device;
+
+    /// Allocate `size` bytes for use on `stream`.
+    fn alloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError>;
+
+    /// Free a block.
+    fn free(&self, ptr: DevicePtr) -> Result<(), AllocError>;
+
+    /// Stream `stream` is about to enqueue work on the block at `ptr`,
+    /// which was allocated for `home`.
+    fn before_use(
+        &self,
+        ptr: DevicePtr,
+        stream: StreamId,
+        home: StreamId,
+    ) -> Result<(), AllocError>;
+
+    /// Stream `stream` has just enqueued work on the blocks at `ptrs`.
+    fn after_use(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<(), AllocError>;
+
+    /// Release cached memory.
+    fn empty_cache(&self) -> Result<(), AllocError>;
+
+    /// Peak reserved bytes.
+    fn peak_reserved(&self) -> i64;
+}
+
+/// The caching allocator: `record_stream` for a stream other than the
+/// block's own, as PyTorch programs do (the free records the events).
+impl<B: Backend> ScenarioAllocator for CachingAllocator<B> {
+    type Device = B;
+
+    fn device(&self) -> &B {
+        self.backend()
+    }
+
+    fn alloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        self.raw_alloc(size, stream)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        self.raw_free(ptr)
+    }
+
+    fn before_use(
+        &self,
+        ptr: DevicePtr,
+        stream: StreamId,
+        home: StreamId,
+    ) -> Result<(), AllocError> {
+        if stream != home {
+            self.record_stream(ptr, stream)?;
+        }
+        Ok(())
+    }
+
+    fn after_use(&self, _ptrs: &[DevicePtr], _stream: StreamId) -> Result<(), AllocError> {
+        Ok(())
+    }
+
+    fn empty_cache(&self) -> Result<(), AllocError> {
+        CachingAllocator::empty_cache(self)
+    }
+
+    fn peak_reserved(&self) -> i64 {
+        self.stats().reserved_bytes.all().peak
+    }
+}
+
+/// The MPS heap allocator: private buffers (the stream does not choose
+/// one); every piece of work is recorded on its buffers once enqueued
+/// (`recordEvents`), so a buffer freed while that work runs waits in the
+/// pending set.
+impl<B: Backend> ScenarioAllocator for HeapAllocator<B> {
+    type Device = B;
+
+    fn device(&self) -> &B {
+        self.backend()
+    }
+
+    fn alloc(&self, size: u64, _stream: StreamId) -> Result<DevicePtr, AllocError> {
+        self.malloc(size, UsageFlags::PRIVATE)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        HeapAllocator::free(self, ptr)
+    }
+
+    fn before_use(
+        &self,
+        _ptr: DevicePtr,
+        _stream: StreamId,
+        _home: StreamId,
+    ) -> Result<(), AllocError> {
+        Ok(())
+    }
+
+    fn after_use(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<(), AllocError> {
+        if self.record_events(ptrs, stream)? {
+            Ok(())
+        } else {
+            Err(AllocError::InvalidArgument(format!(
+                "recordEvents: one of {ptrs:?} is not a buffer in use"
+            )))
+        }
+    }
+
+    fn empty_cache(&self) -> Result<(), AllocError> {
+        HeapAllocator::empty_cache(self)
+    }
+
+    fn peak_reserved(&self) -> i64 {
+        self.stats().reserved_bytes.all().peak
+    }
+}
 
 /// A scenario failed to run (not a finding: the device or allocator erred).
 #[derive(Debug, thiserror::Error)]
@@ -200,32 +327,30 @@ struct Live {
 
 /// Order stream `s` after all work of the block's users, then note `s` as
 /// a user (and tell the allocator, so a free waits for `s`).
-fn use_on<B: Backend>(
-    a: &CachingAllocator<B>,
-    b: &mut Live,
-    s: StreamId,
-) -> Result<(), ScenarioError> {
-    let dev = a.backend();
+fn use_on<A: ScenarioAllocator>(a: &A, b: &mut Live, s: StreamId) -> Result<(), ScenarioError> {
+    let dev = a.device();
     for &u in b.users.iter().filter(|&&u| u != s) {
         let e = dev.record_event(u).map_err(dev_err("record"))?;
         dev.stream_wait_event(s, e).map_err(dev_err("wait"))?;
         dev.destroy_event(e).map_err(dev_err("destroy event"))?;
     }
     b.users.insert(s);
-    if s != b.home {
-        a.record_stream(b.ptr, s)
-            .map_err(alloc_err("record_stream"))?;
-    }
-    Ok(())
+    a.before_use(b.ptr, s, b.home)
+        .map_err(alloc_err("record_stream"))
+}
+
+/// Stream `s` has enqueued work on `ptrs`: tell the allocator.
+fn used<A: ScenarioAllocator>(a: &A, ptrs: &[DevicePtr], s: StreamId) -> Result<(), ScenarioError> {
+    a.after_use(ptrs, s).map_err(alloc_err("recordEvents"))
 }
 
 /// Run the random multi-stream workload described in the
 /// [module documentation](self) and report every corrupted read-back.
-pub fn integrity_run<B: Backend>(
-    a: &CachingAllocator<B>,
+pub fn integrity_run<A: ScenarioAllocator>(
+    a: &A,
     cfg: &IntegrityConfig,
 ) -> Result<IntegrityReport, ScenarioError> {
-    let dev = a.backend();
+    let dev = a.device();
     let work = device_work(dev)?;
     let copier = memcpy(dev)?;
     let mut streams = vec![StreamId::DEFAULT];
@@ -246,9 +371,10 @@ pub fn integrity_run<B: Backend>(
         if (roll < 30 && live.len() < cfg.max_live) || live.is_empty() {
             let size = cfg.sizes[rng.below_modulo(cfg.sizes.len() as u64) as usize];
             let home = pick(&mut rng, &streams);
-            let ptr = a.raw_alloc(size, home).map_err(alloc_err("alloc"))?;
+            let ptr = a.alloc(size, home).map_err(alloc_err("alloc"))?;
             let byte = (rng.next_u64() as u8) | 1;
             work.fill(ptr, size, byte, home).map_err(dev_err("fill"))?;
+            used(a, &[ptr], home)?;
             live.push(Live {
                 ptr,
                 size,
@@ -267,6 +393,7 @@ pub fn integrity_run<B: Backend>(
             work.fill(b.ptr, b.size, byte, s)
                 .map_err(dev_err("refill"))?;
             b.byte = byte;
+            used(a, &[b.ptr], s)?;
             rep.fills += 1;
         } else if roll < 65 {
             let i = rng.below_modulo(live.len() as u64) as usize;
@@ -280,12 +407,13 @@ pub fn integrity_run<B: Backend>(
             copier
                 .copy(live[j].ptr, live[i].ptr, size, s)
                 .map_err(dev_err("copy"))?;
+            used(a, &[live[i].ptr, live[j].ptr], s)?;
             live[j].byte = live[i].byte;
             rep.copies += 1;
         } else if roll < 85 {
             let i = rng.below_modulo(live.len() as u64) as usize;
             let b = live.swap_remove(i);
-            a.raw_free(b.ptr).map_err(alloc_err("free"))?;
+            a.free(b.ptr).map_err(alloc_err("free"))?;
             rep.frees += 1;
         } else if roll < 99 {
             let i = rng.below_modulo(live.len() as u64) as usize;
@@ -314,9 +442,9 @@ pub fn integrity_run<B: Backend>(
         if got.is_some_and(|c| c != checksum_of_fill(b.byte, b.size)) {
             rep.corruptions.push((b.ptr, b.size, b.byte));
         }
-        a.raw_free(b.ptr).map_err(alloc_err("free"))?;
+        a.free(b.ptr).map_err(alloc_err("free"))?;
         rep.frees += 1;
     }
-    rep.peak_reserved = a.stats().reserved_bytes.all().peak;
+    rep.peak_reserved = a.peak_reserved();
     Ok(rep)
 }

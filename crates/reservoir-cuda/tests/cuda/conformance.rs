@@ -9,6 +9,8 @@
 //! as a block handed out while the held stream's work on it is pending,
 //! and as sanitizer reports.
 
+use reservoir::config::heap::HeapSettings;
+use reservoir::heap::HeapAllocator;
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
 use reservoir_cuda::CudaDevice;
 use reservoir_testkit::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
@@ -164,4 +166,44 @@ fn without_record_stream_the_sanitizer_reports_the_hazard() {
     if let Some(reports) = missing_record_stream(Mode::AsyncSanitized) {
         assert!(reports > 0, "the sanitizer missed the hazard");
     }
+}
+
+#[test]
+fn randomized_multi_stream_integrity_of_the_mps_heap_async_sanitized() {
+    // The MPS heap allocator on the CUDA backend, where nothing completes
+    // by itself: every piece of work is recorded on its buffers
+    // (recordEvents), and the sanitizer sees no access to a buffer while
+    // another stream's work on it is pending.
+    let Some((_turn, dev)) = device(1 << 30, Mode::AsyncSanitized) else {
+        return;
+    };
+    let a = HeapAllocator::new(dev, HeapSettings::new(false)).unwrap();
+    let cfg = IntegrityConfig {
+        ops: 10_000,
+        streams: 4,
+        seed: 42,
+        ..IntegrityConfig::default()
+    };
+    let rep = integrity_run(&a, &cfg).unwrap();
+    a.check_invariants().unwrap();
+    let h = hooks(a.backend());
+    let reports = h.sanitizer_violations();
+    report(&format!(
+        "cuda integrity (mps heap, async, sanitizer): {} ops, {} streams, {} corruptions, \
+         {reports} sanitizer reports ({} read-backs, {} copies, {} frees, {} empty_cache, \
+         peak reserved {} bytes, {} heap allocations)",
+        rep.ops,
+        rep.streams,
+        rep.corruptions.len(),
+        rep.verified,
+        rep.copies,
+        rep.frees,
+        rep.empty_caches,
+        rep.peak_reserved,
+        a.stats().num_device_alloc,
+    ));
+    assert!(rep.corruptions.is_empty(), "{:?}", rep.corruptions);
+    assert_eq!(reports, 0, "{}", h.sanitizer_last());
+    assert!(rep.verified > 1000 && rep.copies > 500, "{rep:?}");
+    assert_eq!(a.stats().allocated_bytes.all().current, 0);
 }

@@ -1,7 +1,9 @@
 //! The tests proper, built when `libOpenCL.so` is there (see `../opencl.rs`).
 
 use reservoir::checksum::checksum_of_fill;
-use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
+use reservoir::config::heap::HeapSettings;
+use reservoir::heap::HeapAllocator;
+use reservoir::{AllocatorConfig, Backend, CachingAllocator, DevicePtr, StreamId};
 use reservoir_opencl::{BackendError, OpenClConfig, OpenClDevice};
 use reservoir_testkit::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
 
@@ -225,4 +227,61 @@ fn without_record_stream_the_busy_queue_corrupts_the_next_owner() {
         "the busy queue's late write overwrote the new owner's data"
     );
     a.raw_free(q).unwrap();
+}
+
+#[test]
+fn heap_shared_buffer_pointer_is_svm() {
+    let _serial = serial();
+    // getSharedBufferPtr on OpenCL: the SVM address, whose bytes the host
+    // reads back; allocScalarBufferWithValue writes real bytes.
+    let Some(dev) = default_device() else { return };
+    let a = HeapAllocator::new(dev, HeapSettings::new(true)).unwrap();
+    let shared = a.shared_allocator().unwrap();
+    let s = shared.allocate(3 * MIB).unwrap();
+    let (host, retain) = a.shared_buffer_ptr(s).unwrap();
+    assert_eq!((host, retain), (s.0, 1));
+    a.backend().fill(s, 3 * MIB, 0x3c, S0).unwrap();
+    let bytes = a.backend().read(DevicePtr(host), 3 * MIB, S0).unwrap();
+    assert!(bytes.iter().all(|&b| b == 0x3c));
+    let value = 42u64.to_le_bytes();
+    let v = a.alloc_scalar_buffer_with_value(&value).unwrap();
+    assert_eq!(a.backend().read(v, 8, S0).unwrap(), value);
+    a.free(v).unwrap();
+    shared.delete(s).unwrap();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.backend().live(), (0, 0));
+}
+
+#[test]
+fn randomized_multi_stream_integrity_of_the_mps_heap() {
+    let _serial = serial();
+    // The heap allocator over real OpenCL queues: every piece of work is
+    // recorded on its buffers (recordEvents), a buffer freed while work
+    // runs waits in the pending set, real fills and checksums.
+    let Some(dev) = default_device() else { return };
+    let a = HeapAllocator::new(dev, HeapSettings::new(true)).unwrap();
+    let cfg = IntegrityConfig {
+        ops: 10_000,
+        streams: 4,
+        seed: 42,
+        ..IntegrityConfig::default()
+    };
+    let rep = integrity_run(&a, &cfg).unwrap();
+    a.check_invariants().unwrap();
+    super::report(&format!(
+        "opencl integrity (mps heap): {} ops, {} streams, {} corruptions ({} read-backs, {} copies, \
+         {} frees, {} empty_cache, peak reserved {} bytes)",
+        rep.ops,
+        rep.streams,
+        rep.corruptions.len(),
+        rep.verified,
+        rep.copies,
+        rep.frees,
+        rep.empty_caches,
+        rep.peak_reserved,
+    ));
+    assert!(rep.corruptions.is_empty(), "{:?}", rep.corruptions);
+    assert!(rep.verified > 1000 && rep.copies > 500, "{rep:?}");
+    assert_eq!(a.stats().allocated_bytes.all().current, 0);
 }

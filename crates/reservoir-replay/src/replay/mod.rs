@@ -1138,6 +1138,35 @@ pub fn run_setting(
     }
 }
 
+/// The segments of the allocator of `setting` after replaying `trace` (from
+/// `start` when given) up to op `op` included (to the end when `None`):
+/// the segment map at a peak.
+pub fn segments_at(
+    trace: &Trace,
+    start: Option<&StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+    op: Option<u64>,
+) -> Result<Vec<reservoir::snapshot::Segment>, ReplayError> {
+    fn run<T: ReplayTarget>(
+        mut r: Replay<'_, T>,
+        op: Option<u64>,
+    ) -> Result<Vec<reservoir::snapshot::Segment>, ReplayError> {
+        while !matches!(op, Some(op) if r.position() as u64 > op) && r.step()? {}
+        Ok(r.allocator().segments())
+    }
+    match setting.allocator {
+        AllocatorKind::Caching => run(
+            Replay::<CachingAllocator<SimDevice>>::build(trace, start, setting, options)?,
+            op,
+        ),
+        AllocatorKind::MpsHeap => run(
+            Replay::<HeapAllocator<SimDevice>>::build(trace, start, setting, options)?,
+            op,
+        ),
+    }
+}
+
 /// Replay `trace` with each setting in turn; `progress` gets the number of
 /// ops done over all settings so far (out of `trace.ops.len() * settings.len()`).
 pub fn replay_all(

@@ -191,7 +191,12 @@ impl<B: Backend> HeapAllocator<B> {
     pub fn malloc(&self, size: u64, usage: UsageFlags) -> Result<DevicePtr, AllocError> {
         let mut g = self.state.lock();
         let b = self.alloc_buffer_block(&mut g, size, usage)?;
-        Ok(DevicePtr(g.addr(b)))
+        let ptr = DevicePtr(g.addr(b));
+        // A buffer has no stream: it is handed out for the default one (a
+        // checking device reports work of any other stream still on it).
+        self.backend
+            .on_block_handed_out(ptr, g.size(b), StreamId::DEFAULT);
+        Ok(ptr)
     }
 
     /// `alloc_buffer_block` (spec 4.2).
@@ -261,6 +266,7 @@ impl<B: Backend> HeapAllocator<B> {
             None => {
                 g.stats.num_ooms += 1;
                 let info = dev.mem_info().unwrap_or_default();
+                g.trace(crate::trace::TraceAction::Oom, info.free, alloc_size);
                 let allowed = (g.high_ratio > 0.0).then_some(g.max_total_allowed);
                 Err(AllocError::OutOfMemory(Box::new(OutOfMemoryError {
                     message: g.oom_message(dev, alloc_size, pool),
@@ -569,9 +575,30 @@ impl<B: Backend> HeapAllocator<B> {
         self.state.lock().stats.reset_peak();
     }
 
-    /// The heaps and buffers as a [`Snapshot`] (heaps as segments).
+    /// Record the allocation history, keeping the newest `max_entries`
+    /// entries (`Some`), or stop and forget it (`None`), as
+    /// `torch.cuda.memory._record_memory_history` does: `alloc`,
+    /// `free_requested` and `free_completed` of buffers (their requested
+    /// sizes), `segment_alloc` / `segment_free` of heaps and `oom` (the
+    /// device's free bytes, the aligned size), on the default stream.
+    pub fn record_history(&self, max_entries: Option<usize>) {
+        let mut g = self.state.lock();
+        match (max_entries, g.history.as_mut()) {
+            (None, _) => g.history = None,
+            (Some(n), Some(h)) => h.set_max_entries(n),
+            (Some(n), None) => g.history = Some(crate::trace::RingBuffer::new(n)),
+        }
+    }
+
+    /// The heaps and buffers as a [`Snapshot`] (heaps as segments), with
+    /// the history when it is recorded ([`record_history`](Self::record_history)).
     pub fn snapshot(&self) -> Snapshot {
-        self.state.lock().snapshot()
+        let g = self.state.lock();
+        let mut snap = g.snapshot();
+        if let Some(h) = &g.history {
+            snap.device_traces = vec![h.entries().cloned().collect()];
+        }
+        snap
     }
 
     /// Check every invariant; the message says which broke.

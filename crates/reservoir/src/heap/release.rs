@@ -12,6 +12,7 @@ use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
 use crate::stats::StatType;
 use crate::store::{BlockId, SegmentId, NIL};
+use crate::trace::TraceAction;
 
 impl State {
     /// `free_buffer`: an in-use or pending buffer goes back to its pool's
@@ -31,6 +32,7 @@ impl State {
         self.stats.active.decrease(st, 1);
         self.stats.active_bytes.decrease(st, size);
         self.stats.requested_bytes.decrease(st, requested);
+        self.trace(TraceAction::FreeCompleted, self.addr(b), requested);
         self.fire(EventType::Freed, self.addr(b), size);
     }
 
@@ -46,6 +48,8 @@ impl State {
             self.bufs.get_mut(&b).expect("a buffer").events.push(event);
         }
         let busy = self.retain_count(dev, b)? > 1;
+        let requested = self.bufs[&b].requested;
+        self.trace(TraceAction::FreeRequested, self.addr(b), requested);
         self.stats.allocation.decrease(st, 1);
         self.stats.allocated_bytes.decrease(st, size);
         if busy && (self.free_waits_for_events || self.pool_of(b) == PoolKind::Scalar) {
@@ -174,6 +178,7 @@ impl State {
         self.store.remove_segment(h);
         self.heaps.remove(&h);
         self.stats.num_device_free += 1;
+        self.trace(TraceAction::SegmentFree, addr, size);
         dev.free(crate::backend::DevicePtr(addr), size)?;
         Ok(())
     }

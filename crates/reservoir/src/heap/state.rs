@@ -24,6 +24,7 @@ use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
 use crate::stats::{DeviceStats, StatType};
 use crate::store::{BlockId, BlockStore, FreeList, Segment, SegmentId, NIL};
+use crate::trace::{RingBuffer, TraceAction, TraceEntry};
 
 /// Where a buffer is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +125,8 @@ pub(crate) struct State {
     pub alignment: u64,
     pub free_waits_for_events: bool,
     pub callbacks: Arc<CallbackRegistry>,
+    /// The allocation history when recording (`record_history`).
+    pub history: Option<RingBuffer<TraceEntry>>,
 }
 
 pub(crate) fn align_up(n: u64, a: u64) -> u64 {
@@ -162,6 +165,7 @@ impl State {
             alignment,
             free_waits_for_events: settings.free_waits_for_events,
             callbacks,
+            history: None,
         };
         s.set_high_ratio(settings.high_watermark_ratio);
         s.set_low_ratio(settings.low_watermark_ratio);
@@ -223,6 +227,19 @@ impl State {
     /// (`LARGE_ONLY` restricts 2/4/8 to the large pools)?
     pub fn logs(&self, level: DebugVerbosity, pool: PoolKind) -> bool {
         self.debug.logs(level, pool.is_small())
+    }
+
+    /// Append a history entry when recording (the default stream: heaps
+    /// and buffers have no stream).
+    pub fn trace(&mut self, action: TraceAction, addr: u64, size: u64) {
+        if let Some(h) = self.history.as_mut() {
+            let mut e = TraceEntry::new(action, addr, size, StreamId::DEFAULT);
+            e.time_us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .and_then(|d| i64::try_from(d.as_micros()).ok());
+            h.push(e);
+        }
     }
 
     pub fn fire(&self, event: EventType, ptr: u64, size: u64) {
@@ -477,6 +494,7 @@ impl State {
         self.stats.segment.increase(st, 1);
         self.stats.reserved_bytes.increase(st, size);
         self.stats.num_device_alloc += 1;
+        self.trace(TraceAction::SegmentAlloc, ptr.0, size);
         if self.debug.contains(DebugVerbosity::ALLOCATIONS) {
             tracing::info!(
                 target: TARGET,
@@ -571,6 +589,7 @@ impl State {
         self.stats.active.increase(st, 1);
         self.stats.active_bytes.increase(st, size);
         self.stats.requested_bytes.increase(st, requested);
+        self.trace(TraceAction::Alloc, self.addr(b), requested);
         DevicePtr(self.addr(b))
     }
 

@@ -1238,3 +1238,48 @@ fn stats_resets_keep_current_values() {
     assert_eq!(st.segment.all().current, 1);
     h.free(a);
 }
+
+#[test]
+fn the_history_records_buffers_and_heaps() {
+    // The snapshot's device_traces (spec 2.4's actions) for the heap
+    // allocator: buffers as blocks, heaps as segments.
+    use reservoir::trace::TraceAction as A;
+    let h = heap(128 * MIB, true, |_| {});
+    h.a.record_history(Some(100));
+    let p = h.malloc(3 * MIB + 1);
+    h.free(p);
+    // 100 MiB wants a 1 GiB heap (spec 4.2 step 7) the device cannot give.
+    assert!(matches!(
+        h.try_malloc(100 * MIB, UsageFlags::PRIVATE),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    h.empty();
+    let snap = h.a.snapshot();
+    let got: Vec<(A, u64, u64)> = snap.device_traces[0]
+        .iter()
+        .map(|e| (e.action, e.addr, e.size))
+        .collect();
+    let heap_base = got[0].1;
+    assert_eq!(
+        got[..4],
+        [
+            (A::SegmentAlloc, heap_base, 32 * MIB),
+            (A::Alloc, p.0, 3 * MIB + 1),
+            (A::FreeRequested, p.0, 3 * MIB + 1),
+            (A::FreeCompleted, p.0, 3 * MIB + 1),
+        ]
+    );
+    // The failed request: the failure chain released the cached heap,
+    // then the OOM entry (the device's free bytes, the aligned size).
+    assert_eq!(got[4], (A::SegmentFree, heap_base, 32 * MIB));
+    assert_eq!(got[5], (A::Oom, 128 * MIB, 100 * MIB));
+    assert_eq!(got.len(), 6);
+    assert!(snap.device_traces[0].iter().all(|e| e.time_us.is_some()));
+    // A ring of 2 keeps the newest; None stops and forgets.
+    h.a.record_history(Some(2));
+    let q = h.malloc(MIB);
+    assert_eq!(h.a.snapshot().device_traces[0].len(), 2);
+    h.a.record_history(None);
+    h.free(q);
+    assert!(h.a.snapshot().device_traces.is_empty());
+}
