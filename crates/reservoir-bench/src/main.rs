@@ -19,7 +19,8 @@ use std::process::ExitCode;
 
 use run::{median, Impl};
 
-const USAGE: &str = "usage: reservoir-bench [--quick] [--no-callgrind] [--json FILE]\n\
+const USAGE: &str =
+    "usage: reservoir-bench [--quick] [--no-callgrind] [--json FILE] [--write-traces DIR]\n\
                      (internal: reservoir-bench --child IMPL TRACE REPS)";
 
 struct Row {
@@ -40,11 +41,16 @@ fn main() -> ExitCode {
     let mut quick = false;
     let mut callgrind = true;
     let mut json = None;
+    let mut write_traces = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => quick = true,
             "--no-callgrind" => callgrind = false,
+            "--write-traces" => match it.next() {
+                Some(d) => write_traces = Some(d.clone()),
+                None => return usage("--write-traces needs a folder"),
+            },
             "--json" => match it.next() {
                 Some(f) => json = Some(f.clone()),
                 None => return usage("--json needs a file name"),
@@ -68,6 +74,9 @@ fn main() -> ExitCode {
             "SKIPPED-BACKEND PyTorch: ../shared/oracle/oracle_bench or its allocbench is missing \
              (run ../shared/oracle/setup-torch.sh); PyTorch columns are empty"
         );
+    }
+    if let Some(dir) = write_traces {
+        return write_sequences(Path::new(&dir), quick);
     }
     let dir = std::env::temp_dir().join(format!("reservoir-bench-seq-{}", std::process::id()));
     if let Err(e) = std::fs::create_dir_all(&dir) {
@@ -133,6 +142,29 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// `--write-traces DIR`: write every sequence as an oracle trace file
+/// (for `oracle_bench replay` or `reservoir replay` by hand).
+fn write_sequences(dir: &Path, quick: bool) -> ExitCode {
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("cannot create {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    for seq in sequences::all(quick) {
+        let name: String = seq
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let file = dir.join(format!("{name}.txt"));
+        if let Err(e) = std::fs::write(&file, &seq.text) {
+            eprintln!("cannot write {}: {e}", file.display());
+            return ExitCode::FAILURE;
+        }
+        println!("{}", file.display());
+    }
+    ExitCode::SUCCESS
 }
 
 fn usage(msg: &str) -> ExitCode {

@@ -27,6 +27,15 @@ pub fn oracle_bench() -> Option<PathBuf> {
     home.join("bin/allocbench").is_file().then_some(script)
 }
 
+/// The fake driver's capacity for PyTorch's runs, in bytes: the fake
+/// driver's default, which `SimConfig::like_fake_driver` gives Reservoir,
+/// also under callgrind, where `oracle_bench` would lower it to 16 GiB and
+/// the larger sequences would run out of memory (only expandable segments
+/// need the lower value, and these runs use none).
+fn capacity() -> String {
+    reservoir::sim::FAKE_DRIVER_CAPACITY.to_string()
+}
+
 fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
@@ -60,6 +69,7 @@ pub fn pytorch_ns(bench: &Path, trace: &Path, reps: usize) -> Result<f64, String
 /// PyTorch's instructions per allocator call over `reps` replays.
 pub fn pytorch_instructions(bench: &Path, trace: &Path, reps: usize) -> Result<f64, String> {
     let out = run(Command::new(bench)
+        .env("FAKECUDA_TOTAL_MEM", capacity())
         .arg("--callgrind")
         .arg("replay")
         .arg(trace)

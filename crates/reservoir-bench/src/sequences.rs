@@ -35,17 +35,17 @@ pub fn all(quick: bool) -> Vec<Sequence> {
         workload("llm-infer"),
         Sequence {
             name: "random, 64 live".into(),
-            text: random(n, 64, &["0"], 1),
+            text: random(n, 64, 26, &["0"], 1),
         },
         Sequence {
             name: "random, 10k live".into(),
             // Long enough to reach the bound (about a third of the
             // allocations stay live) and then churn at it.
-            text: random(40_000, 10_000, &["0"], 2),
+            text: random(40_000, 10_000, 22, &["0"], 2),
         },
         Sequence {
             name: "two streams".into(),
-            text: random(n, 64, &["s1", "s2"], 3),
+            text: random(n, 64, 26, &["s1", "s2"], 3),
         },
     ];
     if !quick {
@@ -69,9 +69,9 @@ fn churn(n: usize) -> String {
 }
 
 /// `n` operations over a bounded live set: sizes log-uniform from 512 B to
-/// 64 MiB; at `live` blocks a random one is freed before the next
-/// allocation, and streams take turns.
-fn random(n: usize, live: usize, streams: &[&str], seed: u64) -> String {
+/// `2^max_log2` bytes; at `live` blocks a random one is freed before the
+/// next allocation, and streams take turns.
+fn random(n: usize, live: usize, max_log2: u32, streams: &[&str], seed: u64) -> String {
     let mut rng = SplitMix64::new(seed);
     let mut s = String::new();
     let mut names: Vec<usize> = Vec::new();
@@ -82,8 +82,9 @@ fn random(n: usize, live: usize, streams: &[&str], seed: u64) -> String {
             let id = names.swap_remove(at);
             writeln!(s, "f {id}").unwrap();
         }
-        // log2 size uniform in [9, 26).
-        let bits = 9.0 + (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 17.0;
+        // log2 of the size uniform in [9, max_log2).
+        let unit = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let bits = 9.0 + unit * f64::from(max_log2 - 9);
         let bytes = 2f64.powf(bits) as u64;
         let stream = streams[i % streams.len()];
         writeln!(s, "a {next} {bytes} {stream}").unwrap();

@@ -83,14 +83,14 @@ impl<K: Ord + Copy> Class<K> {
 
     fn remove(&mut self, key: &K) -> bool {
         match self {
+            // The last key (often the only one) needs no search and moves nothing.
+            Class::Sorted(v) if v.last() == Some(key) => {
+                v.pop();
+                true
+            }
             Class::Sorted(v) => match v.binary_search(key) {
                 Ok(at) => {
-                    // The last key (often the only one) moves nothing.
-                    if at + 1 == v.len() {
-                        v.pop();
-                    } else {
-                        v.remove(at);
-                    }
+                    v.remove(at);
                     true
                 }
                 Err(_) => false,
