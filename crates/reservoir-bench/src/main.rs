@@ -12,6 +12,7 @@ mod measure;
 mod ops;
 mod run;
 mod sequences;
+mod threads;
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 use run::{median, Impl};
 
 const USAGE: &str =
-    "usage: reservoir-bench [--quick] [--no-callgrind] [--json FILE] [--write-traces DIR]\n\
+    "usage: reservoir-bench [--quick] [--no-callgrind] [--json FILE] [--write-traces DIR] [--threads]\n\
                      (internal: reservoir-bench --child IMPL TRACE REPS)";
 
 struct Row {
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => quick = true,
+            "--threads" => return threads_table(),
             "--no-callgrind" => callgrind = false,
             "--write-traces" => match it.next() {
                 Some(d) => write_traces = Some(d.clone()),
@@ -163,6 +165,22 @@ fn write_sequences(dir: &Path, quick: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
         println!("{}", file.display());
+    }
+    ExitCode::SUCCESS
+}
+
+/// `--threads`: throughput of one shared allocator with 1, 2 and 4 threads,
+/// each on its own stream.
+fn threads_table() -> ExitCode {
+    println!("| threads (one stream each) | M ops/s | vs 1 thread |\n|---|---|---|");
+    let one = threads::ops_per_second(1, 5);
+    for n in [1, 2, 4] {
+        let r = if n == 1 {
+            one
+        } else {
+            threads::ops_per_second(n, 5)
+        };
+        println!("| {n} | {r:.2} | {:.2}x |", r / one);
     }
     ExitCode::SUCCESS
 }
