@@ -61,6 +61,7 @@ enum Class<K: Ord> {
 }
 
 impl<K: Ord + Copy> Class<K> {
+    #[inline]
     fn insert(&mut self, key: K) -> bool {
         match self {
             Class::Sorted(v) if v.is_empty() => {
@@ -81,6 +82,7 @@ impl<K: Ord + Copy> Class<K> {
         }
     }
 
+    #[inline]
     fn remove(&mut self, key: &K) -> bool {
         match self {
             // The last key (often the only one) needs no search and moves nothing.
@@ -405,7 +407,11 @@ impl<K: SizeClassed> SizeClassList<K> {
         if let Some(g) = self.groups.get_mut(gi) {
             if let Some(Class::Sorted(v)) = g.classes.get_mut(c) {
                 if v.get(at) == Some(key) {
-                    v.remove(at);
+                    if at + 1 == v.len() {
+                        v.pop();
+                    } else {
+                        v.remove(at);
+                    }
                     if v.is_empty() {
                         g.mark(c, false);
                     }
