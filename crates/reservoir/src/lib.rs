@@ -28,7 +28,8 @@
 //!                                       HostMapping)
 //! sim                                   the simulated devices (no allocator inside)
 //! store (crate-private)                 BlockStore: blocks, segments, split/merge,
-//!                                       FreeList<K>; pure mechanism
+//!                                       FreeList<K>, SizeClassList<K>;
+//!                                       pure mechanism
 //! config, stats, trace, callbacks,      settings, statistics, history entries,
 //! debug, snapshot, pickle (writer)      callbacks, debug output, the report model
 //! caching | heap | pluggable            the three allocators of PyTorch's headers;

@@ -116,8 +116,8 @@ impl DeviceState {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut candidates = pool.blocks.from(&FreeKey::search(p.stream, p.size));
-        let Some(&first) = candidates.next() else {
+        let search = FreeKey::search(p.stream, p.size);
+        let Some((first, slot)) = pool.blocks.first_from(&search) else {
             return false;
         };
         let mut hit = first;
@@ -125,6 +125,8 @@ impl DeviceState {
             return false;
         }
         if self.store.blocks[hit.id].expandable {
+            let mut candidates = self.pools[p.pool as usize].blocks.from(&search);
+            candidates.next();
             if self.config.expandable_segments {
                 // Best fit by the size a block can grow to: a block followed by
                 // unmapped space counts as that much larger (spec 1.6).
@@ -161,7 +163,8 @@ impl DeviceState {
         if rules::oversize_misfit(p.size, hit.size, &self.config) {
             return false;
         }
-        pool.blocks.remove(&hit);
+        let removed = pool.blocks.remove_at(slot, &hit);
+        debug_assert!(removed, "the hit is in its pool");
         p.block = hit.id;
         true
     }

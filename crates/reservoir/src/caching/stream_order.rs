@@ -332,6 +332,10 @@ impl<K: Copy + Eq, V> FlatHashTable<K, V> {
 
     /// The first occupied slot (`begin()`).
     pub fn first(&self) -> Option<usize> {
+        if self.len == 0 {
+            // Nothing to scan for (every malloc asks, usually of an empty map).
+            return None;
+        }
         self.occupied_from(0)
     }
 

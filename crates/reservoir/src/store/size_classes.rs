@@ -61,6 +61,7 @@ enum Class<K: Ord> {
 }
 
 impl<K: Ord + Copy> Class<K> {
+    #[inline]
     fn insert(&mut self, key: K) -> bool {
         match self {
             Class::Sorted(v) if v.is_empty() => {
@@ -81,16 +82,17 @@ impl<K: Ord + Copy> Class<K> {
         }
     }
 
+    #[inline]
     fn remove(&mut self, key: &K) -> bool {
         match self {
+            // The last key (often the only one) needs no search and moves nothing.
+            Class::Sorted(v) if v.last() == Some(key) => {
+                v.pop();
+                true
+            }
             Class::Sorted(v) => match v.binary_search(key) {
                 Ok(at) => {
-                    // The last key (often the only one) moves nothing.
-                    if at + 1 == v.len() {
-                        v.pop();
-                    } else {
-                        v.remove(at);
-                    }
+                    v.remove(at);
                     true
                 }
                 Err(_) => false,
@@ -231,6 +233,25 @@ impl<K: Ord + Copy> Group<K> {
     }
 }
 
+/// Where [`SizeClassList::first_from`] found a key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    group: u32,
+    class: u32,
+    /// Index in a sorted class (`u32::MAX` in a tree class).
+    index: u32,
+}
+
+impl Slot {
+    fn new(group: usize, class: usize, index: usize) -> Slot {
+        Slot {
+            group: group as u32,
+            class: class as u32,
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+        }
+    }
+}
+
 /// Keys of type `K` in `K`'s order, indexed by group and size class; see
 /// the module documentation. Invariant: `groups` is sorted by id with
 /// distinct ids; `len` is the number of keys in all classes.
@@ -335,6 +356,71 @@ impl<K: SizeClassed> SizeClassList<K> {
             keys,
             forward: true,
         }
+    }
+
+    /// The first key at or after `key`, with where it is, for
+    /// [`remove_at`](Self::remove_at): a best-fit hit removed without a
+    /// second search.
+    #[inline]
+    pub fn first_from(&self, key: &K) -> Option<(K, Slot)> {
+        let (mut gi, mut from) = match self.group_index(key.group()) {
+            Ok(gi) => {
+                let c = class_of(key.size());
+                let hit = match &self.groups[gi].classes[c] {
+                    Class::Sorted(v) => {
+                        let at = v.partition_point(|k| k < key);
+                        v.get(at).map(|k| (*k, at))
+                    }
+                    Class::Tree(t) => t.range(key..).next().map(|k| (*k, usize::MAX)),
+                };
+                if let Some((k, index)) = hit {
+                    return Some((k, Slot::new(gi, c, index)));
+                }
+                (gi, c + 1)
+            }
+            Err(gi) => (gi, 0),
+        };
+        while let Some(g) = self.groups.get(gi) {
+            if let Some(c) = g.first_at_or_after(from) {
+                let k = match &g.classes[c] {
+                    Class::Sorted(v) => (v[0], 0),
+                    Class::Tree(t) => (*t.first().expect("a marked class"), usize::MAX),
+                };
+                return Some((k.0, Slot::new(gi, c, k.1)));
+            }
+            gi += 1;
+            from = 0;
+        }
+        None
+    }
+
+    /// Remove `key`, found at `slot` by [`first_from`](Self::first_from)
+    /// with no change to the list since (else it is searched for as
+    /// [`remove`](Self::remove) does); false if it was not there.
+    #[inline]
+    pub fn remove_at(&mut self, slot: Slot, key: &K) -> bool {
+        let (gi, c, at) = (
+            slot.group as usize,
+            slot.class as usize,
+            slot.index as usize,
+        );
+        if let Some(g) = self.groups.get_mut(gi) {
+            if let Some(Class::Sorted(v)) = g.classes.get_mut(c) {
+                if v.get(at) == Some(key) {
+                    if at + 1 == v.len() {
+                        v.pop();
+                    } else {
+                        v.remove(at);
+                    }
+                    if v.is_empty() {
+                        g.mark(c, false);
+                    }
+                    self.len -= 1;
+                    return true;
+                }
+            }
+        }
+        self.remove(key)
     }
 
     /// The keys strictly before `key`, in descending order.
@@ -466,6 +552,7 @@ mod tests {
     #[test]
     fn a_class_switches_to_a_tree_and_back_keeping_order() {
         let mut l = SizeClassList::default();
+        assert!(l.first_from(&Key(0, 0, 0)).is_none());
         for i in 0..(PROMOTE as u32 * 3) {
             assert!(l.insert(Key(0, 4096, i * 7 % 1000)));
         }
@@ -491,7 +578,7 @@ mod tests {
         #[test]
         fn same_answers_as_an_ordered_set(
             ops in prop::collection::vec(
-                (0u8..4, 0u64..3, prop_oneof![0u64..40, 0u64..5_000_000, any::<u64>()], 0u32..4),
+                (0u8..5, 0u64..3, prop_oneof![0u64..40, 0u64..5_000_000, any::<u64>()], 0u32..4),
                 1..400,
             )
         ) {
@@ -502,6 +589,15 @@ mod tests {
                 match op {
                     0 | 1 => prop_assert_eq!(l.insert(k), set.insert(k)),
                     2 => prop_assert_eq!(l.remove(&k), set.remove(&k)),
+                    4 => {
+                        let found = l.first_from(&k);
+                        let expected = set.range(k..).next().copied();
+                        prop_assert_eq!(found.map(|f| f.0), expected);
+                        if let Some((hit, slot)) = found {
+                            prop_assert!(l.remove_at(slot, &hit));
+                            set.remove(&hit);
+                        }
+                    }
                     _ => {
                         prop_assert_eq!(l.contains(&k), set.contains(&k));
                         let a: Vec<_> = l.from(&k).take(5).copied().collect();

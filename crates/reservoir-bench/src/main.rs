@@ -1,0 +1,269 @@
+//! `reservoir-bench`: the same allocation sequences through Reservoir in
+//! PyTorch mode, PyTorch's own caching allocator (`oracle_bench`, when set
+//! up) and a no-cache baseline; prints ns per op (median of repetitions, as
+//! a ratio to PyTorch measured in the same run) and instructions per
+//! allocator call under callgrind. See README.md.
+//!
+//! ```text
+//! cargo run --release -p reservoir-bench [-- --quick] [--no-callgrind] [--json FILE]
+//! ```
+
+mod measure;
+mod ops;
+mod run;
+mod sequences;
+mod threads;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::ExitCode;
+
+use run::{median, Impl};
+
+const USAGE: &str =
+    "usage: reservoir-bench [--quick] [--no-callgrind] [--json FILE] [--write-traces DIR] [--threads]\n\
+                     (internal: reservoir-bench --child IMPL TRACE REPS)";
+
+struct Row {
+    name: String,
+    ops: usize,
+    pytorch_ns: Option<f64>,
+    reservoir_ns: f64,
+    no_cache_ns: f64,
+    pytorch_ir: Option<f64>,
+    reservoir_ir: Option<f64>,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        return child(&args[1..]);
+    }
+    let mut quick = false;
+    let mut callgrind = true;
+    let mut json = None;
+    let mut write_traces = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--threads" => return threads_table(),
+            "--no-callgrind" => callgrind = false,
+            "--write-traces" => match it.next() {
+                Some(d) => write_traces = Some(d.clone()),
+                None => return usage("--write-traces needs a folder"),
+            },
+            "--json" => match it.next() {
+                Some(f) => json = Some(f.clone()),
+                None => return usage("--json needs a file name"),
+            },
+            other => return usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    if callgrind
+        && std::process::Command::new("valgrind")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("valgrind is not installed: instruction counts skipped (apt-get install valgrind, or pass --no-callgrind)");
+        callgrind = false;
+    }
+    let reps = if quick { 5 } else { 11 };
+    let oracle = measure::oracle_bench();
+    if oracle.is_none() {
+        eprintln!(
+            "SKIPPED-BACKEND PyTorch: ../shared/oracle/oracle_bench or its allocbench is missing \
+             (run ../shared/oracle/setup-torch.sh); PyTorch columns are empty"
+        );
+    }
+    if let Some(dir) = write_traces {
+        return write_sequences(Path::new(&dir), quick);
+    }
+    let dir = std::env::temp_dir().join(format!("reservoir-bench-seq-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("cannot create {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let seqs = sequences::all(quick);
+    let mut rows = Vec::new();
+    let mut failed = false;
+    for (i, seq) in seqs.iter().enumerate() {
+        eprintln!("[{}/{}] {}", i + 1, seqs.len(), seq.name);
+        let file = dir.join(format!("seq{i}.txt"));
+        if let Err(e) = std::fs::write(&file, &seq.text) {
+            eprintln!("cannot write {}: {e}", file.display());
+            return ExitCode::FAILURE;
+        }
+        let ops = ops::parse(&seq.text);
+        let (t, _) = run::run(Impl::Reservoir, &ops, reps);
+        let reservoir_ns = median(t);
+        let (t, _) = run::run(Impl::NoCache, &ops, reps);
+        let no_cache_ns = median(t);
+        let mut note = |r: Result<f64, String>| match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("  {e}");
+                failed = true;
+                None
+            }
+        };
+        let pytorch_ns = oracle
+            .as_deref()
+            .and_then(|b| note(measure::pytorch_ns(b, &file, reps)));
+        let (pytorch_ir, reservoir_ir) = if callgrind {
+            (
+                oracle
+                    .as_deref()
+                    .and_then(|b| note(measure::pytorch_instructions(b, &file, 2))),
+                note(measure::own_instructions("reservoir", &file, 2)),
+            )
+        } else {
+            (None, None)
+        };
+        rows.push(Row {
+            name: seq.name.clone(),
+            ops: ops.ops.len(),
+            pytorch_ns,
+            reservoir_ns,
+            no_cache_ns,
+            pytorch_ir,
+            reservoir_ir,
+        });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    print!("{}", table(&rows));
+    if let Some(f) = json {
+        if let Err(e) = std::fs::write(&f, to_json(&rows)) {
+            eprintln!("cannot write {f}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `--write-traces DIR`: write every sequence as an oracle trace file
+/// (for `oracle_bench replay` or `reservoir replay` by hand).
+fn write_sequences(dir: &Path, quick: bool) -> ExitCode {
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("cannot create {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    for seq in sequences::all(quick) {
+        let name: String = seq
+            .name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let file = dir.join(format!("{name}.txt"));
+        if let Err(e) = std::fs::write(&file, &seq.text) {
+            eprintln!("cannot write {}: {e}", file.display());
+            return ExitCode::FAILURE;
+        }
+        println!("{}", file.display());
+    }
+    ExitCode::SUCCESS
+}
+
+/// `--threads`: throughput of one shared allocator with 1, 2 and 4 threads,
+/// each on its own stream.
+fn threads_table() -> ExitCode {
+    println!("| threads (one stream each) | M ops/s | vs 1 thread |\n|---|---|---|");
+    let one = threads::ops_per_second(1, 5);
+    for n in [1, 2, 4] {
+        let r = if n == 1 {
+            one
+        } else {
+            threads::ops_per_second(n, 5)
+        };
+        println!("| {n} | {r:.2} | {:.2}x |", r / one);
+    }
+    ExitCode::SUCCESS
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("reservoir-bench: {msg}\n{USAGE}");
+    ExitCode::from(2)
+}
+
+/// `--child IMPL TRACE REPS`: run under callgrind by the parent; prints
+/// `counted_ops=N` like allocbench.
+fn child(args: &[String]) -> ExitCode {
+    let (Some(imp), Some(file), Some(reps)) = (
+        args.first().and_then(|a| Impl::parse(a)),
+        args.get(1),
+        args.get(2).and_then(|r| r.parse::<usize>().ok()),
+    ) else {
+        return usage("bad --child arguments");
+    };
+    let text = match std::fs::read_to_string(Path::new(file)) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cannot read {file}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (_, calls) = run::run(imp, &ops::parse(&text), reps);
+    println!("counted_ops={calls}");
+    ExitCode::SUCCESS
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| sequence | ops | PyTorch ns/op | Reservoir ns/op | ratio | no-cache ns/op | \
+         PyTorch instr/call | Reservoir instr/call | ratio |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {} | {:.1} | {} | {} | {} |",
+            r.name,
+            r.ops,
+            opt(r.pytorch_ns, 1),
+            r.reservoir_ns,
+            ratio(Some(r.reservoir_ns), r.pytorch_ns),
+            r.no_cache_ns,
+            opt(r.pytorch_ir, 0),
+            opt(r.reservoir_ir, 0),
+            ratio(r.reservoir_ir, r.pytorch_ir),
+        )
+        .unwrap();
+    }
+    s
+}
+
+fn to_json(rows: &[Row]) -> String {
+    let num = |v: Option<f64>| v.map_or("null".into(), |v| format!("{v:.2}"));
+    let items: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"sequence\":{:?},\"ops\":{},\"pytorch_ns\":{},\"reservoir_ns\":{:.2},\
+                 \"no_cache_ns\":{:.2},\"pytorch_instructions\":{},\"reservoir_instructions\":{}}}",
+                r.name,
+                r.ops,
+                num(r.pytorch_ns),
+                r.reservoir_ns,
+                r.no_cache_ns,
+                num(r.pytorch_ir),
+                num(r.reservoir_ir)
+            )
+        })
+        .collect();
+    format!("[{}]\n", items.join(","))
+}

@@ -1,0 +1,165 @@
+//! Running one sequence through one implementation: the measured loops
+//! (`run_*`, `#[inline(never)]` so callgrind's `--toggle-collect` counts
+//! only them) mirror allocbench's `run_replay` call for call.
+
+use std::time::Instant;
+
+use reservoir::sim::{SimConfig, SimDevice};
+use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
+use reservoir::{Backend, DevicePtr};
+
+use crate::ops::{BenchOp, Ops};
+
+/// The implementations measured in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Impl {
+    /// `CachingAllocator<SimDevice>` in PyTorch mode (default settings).
+    Reservoir,
+    /// No cache: every allocation is a device allocation (`SimDevice`).
+    NoCache,
+}
+
+impl Impl {
+    /// Name on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Impl::Reservoir => "reservoir",
+            Impl::NoCache => "no-cache",
+        }
+    }
+
+    /// The implementation called `name`.
+    pub fn parse(name: &str) -> Option<Impl> {
+        [Impl::Reservoir, Impl::NoCache]
+            .into_iter()
+            .find(|i| i.name() == name)
+    }
+}
+
+/// Run `ops` `reps` times on one fresh instance of `imp` (warm after the
+/// first repetition, as allocbench). Returns the nanoseconds per op of each
+/// repetition and the number of allocator calls made.
+pub fn run(imp: Impl, ops: &Ops, reps: usize) -> (Vec<f64>, usize) {
+    let dev = SimDevice::new(SimConfig::like_fake_driver());
+    let mut streams = vec![StreamId::DEFAULT];
+    for _ in 1..ops.streams {
+        streams.push(
+            dev.create_stream()
+                .expect("the simulated device creates streams"),
+        );
+    }
+    let mut times = Vec::with_capacity(reps);
+    let mut calls = 0;
+    match imp {
+        Impl::Reservoir => {
+            let alloc = CachingAllocator::new(dev, AllocatorConfig::default());
+            let mut ptr = vec![None; ops.ids];
+            for _ in 0..reps {
+                let t = Instant::now();
+                calls += run_reservoir(&alloc, &ops.ops, &streams, &mut ptr);
+                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
+            }
+        }
+        Impl::NoCache => {
+            let mut ptr = vec![None; ops.ids];
+            for _ in 0..reps {
+                let t = Instant::now();
+                calls += run_no_cache(&dev, &ops.ops, &streams, &mut ptr);
+                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
+            }
+        }
+    }
+    (times, calls)
+}
+
+/// allocbench's `run_replay` over Reservoir: an allocation whose name is
+/// live frees it first; a failed allocation leaves the name empty; the
+/// leftovers are freed at the end. Returns the allocator calls made.
+#[inline(never)]
+pub fn run_reservoir(
+    alloc: &CachingAllocator<SimDevice>,
+    ops: &[BenchOp],
+    streams: &[StreamId],
+    ptr: &mut [Option<DevicePtr>],
+) -> usize {
+    let mut calls = 0;
+    for op in ops {
+        match *op {
+            BenchOp::Alloc { id, bytes, stream } => {
+                let slot = &mut ptr[id as usize];
+                if let Some(p) = slot.take() {
+                    let _ = alloc.raw_free(p);
+                    calls += 1;
+                }
+                *slot = alloc.raw_alloc(bytes, streams[stream as usize]).ok();
+                calls += 1;
+            }
+            BenchOp::Free { id } => {
+                if let Some(p) = ptr[id as usize].take() {
+                    let _ = alloc.raw_free(p);
+                    calls += 1;
+                }
+            }
+            BenchOp::EmptyCache => {
+                let _ = alloc.empty_cache();
+                calls += 1;
+            }
+        }
+    }
+    for slot in ptr.iter_mut() {
+        if let Some(p) = slot.take() {
+            let _ = alloc.raw_free(p);
+            calls += 1;
+        }
+    }
+    calls
+}
+
+/// The same calls straight to the device: `cudaMalloc`/`cudaFree` of the
+/// size rounded to 512 bytes, no cache.
+#[inline(never)]
+pub fn run_no_cache(
+    dev: &SimDevice,
+    ops: &[BenchOp],
+    streams: &[StreamId],
+    ptr: &mut [Option<(DevicePtr, u64)>],
+) -> usize {
+    let mut calls = 0;
+    for op in ops {
+        match *op {
+            BenchOp::Alloc { id, bytes, stream } => {
+                let slot = &mut ptr[id as usize];
+                if let Some((p, size)) = slot.take() {
+                    let _ = dev.free(p, size);
+                    calls += 1;
+                }
+                let size = bytes.max(1).div_ceil(512) * 512;
+                *slot = dev
+                    .allocate(size, streams[stream as usize])
+                    .ok()
+                    .map(|p| (p, size));
+                calls += 1;
+            }
+            BenchOp::Free { id } => {
+                if let Some((p, size)) = ptr[id as usize].take() {
+                    let _ = dev.free(p, size);
+                    calls += 1;
+                }
+            }
+            BenchOp::EmptyCache => calls += 1,
+        }
+    }
+    for slot in ptr.iter_mut() {
+        if let Some((p, size)) = slot.take() {
+            let _ = dev.free(p, size);
+            calls += 1;
+        }
+    }
+    calls
+}
+
+/// The median of `v` (upper median for an even count, as allocbench).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

@@ -1,0 +1,119 @@
+//! The sequences every implementation runs, as oracle trace text.
+
+use std::fmt::Write;
+
+use reservoir::rng::SplitMix64;
+use reservoir_replay::replay::snapshot::{convert, oracle_trace, recorded_setting};
+use reservoir_replay::snapshot;
+use reservoir_replay::workload::Workload;
+
+/// A named sequence.
+pub struct Sequence {
+    /// Short name for the table.
+    pub name: String,
+    /// Oracle trace text.
+    pub text: String,
+}
+
+/// The three largest recorded traces in `../shared/traces` (by file size).
+pub const TRACES: [&str; 3] = [
+    "cs336-wedsonlin/61dcd14d_medium_512_training_memory_snapshot.pickle",
+    "cs336-nothanmin/96f7f9d4_memory_snapshot.pickle",
+    "cs336-wedsonlin/83e7cb0c_medium_1024_training_memory_snapshot.pickle",
+];
+
+/// Every sequence; `quick` makes the synthetic ones 10x shorter and skips
+/// the recorded traces.
+pub fn all(quick: bool) -> Vec<Sequence> {
+    let n = if quick { 2_000 } else { 20_000 };
+    let mut v = vec![
+        Sequence {
+            name: "churn 1 KiB".into(),
+            text: churn(n),
+        },
+        workload("gpt-train"),
+        workload("llm-infer"),
+        Sequence {
+            name: "random, 64 live".into(),
+            text: random(n, 64, 26, &["0"], 1),
+        },
+        Sequence {
+            name: "random, 10k live".into(),
+            // Long enough to reach the bound (about a third of the
+            // allocations stay live) and then churn at it.
+            text: random(40_000, 10_000, 22, &["0"], 2),
+        },
+        Sequence {
+            name: "two streams".into(),
+            text: random(n, 64, 26, &["s1", "s2"], 3),
+        },
+    ];
+    if !quick {
+        for file in TRACES {
+            match recorded(file) {
+                Some(s) => v.push(s),
+                None => eprintln!("SKIPPED-BACKEND trace {file}: not found beside the repository"),
+            }
+        }
+    }
+    v
+}
+
+/// Same-size churn: `n` pairs of a 1 KiB alloc and its free.
+fn churn(n: usize) -> String {
+    let mut s = String::new();
+    for _ in 0..n {
+        s.push_str("a 1 1024\nf 1\n");
+    }
+    s
+}
+
+/// `n` operations over a bounded live set: sizes log-uniform from 512 B to
+/// `2^max_log2` bytes; at `live` blocks a random one is freed before the
+/// next allocation, and streams take turns.
+fn random(n: usize, live: usize, max_log2: u32, streams: &[&str], seed: u64) -> String {
+    let mut rng = SplitMix64::new(seed);
+    let mut s = String::new();
+    let mut names: Vec<usize> = Vec::new();
+    for i in 0..n {
+        let next = i + 1;
+        if names.len() >= live || (!names.is_empty() && rng.next_u64() % 3 == 0) {
+            let at = (rng.next_u64() % names.len() as u64) as usize;
+            let id = names.swap_remove(at);
+            writeln!(s, "f {id}").unwrap();
+        }
+        // log2 of the size uniform in [9, max_log2).
+        let unit = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let bits = 9.0 + unit * f64::from(max_log2 - 9);
+        let bytes = 2f64.powf(bits) as u64;
+        let stream = streams[i % streams.len()];
+        writeln!(s, "a {next} {bytes} {stream}").unwrap();
+        names.push(next);
+    }
+    s
+}
+
+fn workload(name: &str) -> Sequence {
+    let w = Workload::parse(name).expect("built-in preset");
+    Sequence {
+        name: name.into(),
+        text: w.trace().to_text(),
+    }
+}
+
+/// A recorded trace, converted and laid out for the real allocator (the
+/// prelude rebuilding its start state included).
+fn recorded(file: &str) -> Option<Sequence> {
+    let path = reservoir_testkit::traces::shared_trace(file)?;
+    let mut input = snapshot::load(&path).ok()?.to_trace_input();
+    let setting = recorded_setting(input.allocator_settings.as_ref());
+    let config = setting.allocator_config().ok()?;
+    let dev = input.devices.swap_remove(0);
+    let rec = convert(&dev, &config, false).ok()?;
+    let (trace, _) = oracle_trace(&rec);
+    let short = file.split('/').next_back().unwrap_or(file);
+    Some(Sequence {
+        name: format!("trace {}", &short[..8.min(short.len())]),
+        text: trace.to_text(),
+    })
+}
