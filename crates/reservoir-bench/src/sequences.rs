@@ -22,6 +22,11 @@ pub const TRACES: [&str; 3] = [
     "cs336-wedsonlin/83e7cb0c_medium_1024_training_memory_snapshot.pickle",
 ];
 
+/// Live-set bounds of the flatness sequences ("flat, N live": the random
+/// sequence with sizes from 512 B to 1 MiB at every bound, so only the
+/// number of live and cached blocks changes); `--quick` runs the first two.
+pub const FLAT_LIVE: [usize; 4] = [100, 1_000, 10_000, 100_000];
+
 /// Every sequence; `quick` makes the synthetic ones 10x shorter and skips
 /// the recorded traces.
 pub fn all(quick: bool) -> Vec<Sequence> {
@@ -48,6 +53,15 @@ pub fn all(quick: bool) -> Vec<Sequence> {
             text: random(n, 64, 26, &["s1", "s2"], 3),
         },
     ];
+    let flat: &[usize] = if quick { &FLAT_LIVE[..2] } else { &FLAT_LIVE };
+    for (i, &live) in flat.iter().enumerate() {
+        v.push(Sequence {
+            name: format!("flat, {live} live"),
+            // About 1.5 ops per live block to reach the bound, then at
+            // least 20,000 allocations churning at it.
+            text: random(20_000 + 2 * live, live, 20, &["0"], 10 + i as u64),
+        });
+    }
     if !quick {
         for file in TRACES {
             match recorded(file) {
