@@ -35,6 +35,8 @@ struct Row {
     ns: [f64; 4],
     /// Instructions per call of each of [`Impl::ALL`] (never for no-cache).
     ir: [Option<f64>; 4],
+    /// Failed allocations of each of [`Impl::ALL`] over all repetitions.
+    failed_allocs: [usize; 4],
 }
 
 impl Row {
@@ -44,6 +46,14 @@ impl Row {
 
     fn ir(&self, imp: Impl) -> Option<f64> {
         self.ir[index(imp)]
+    }
+
+    /// ns per op, marked when allocations failed (a failed call is cheap).
+    fn ns_cell(&self, imp: Impl) -> String {
+        match self.failed_allocs[index(imp)] {
+            0 => format!("{:.1}", self.ns(imp)),
+            n => format!("{:.1} ({n} failed)", self.ns(imp)),
+        }
     }
 }
 
@@ -116,7 +126,20 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         let ops = ops::parse(&seq.text);
-        let ns = Impl::ALL.map(|imp| median(run::run(imp, &ops, reps).0));
+        let expected = ops::calls_without_failures(&ops) * reps;
+        let mut failed_allocs = [0; 4];
+        let ns = Impl::ALL.map(|imp| {
+            let (t, calls) = run::run(imp, &ops, reps);
+            failed_allocs[index(imp)] = expected.saturating_sub(calls);
+            if calls < expected {
+                eprintln!(
+                    "  {}: {} of the allocations failed (out of device memory); its ns/op is marked",
+                    imp.name(),
+                    expected - calls
+                );
+            }
+            median(t)
+        });
         let mut note = |r: Result<f64, String>| match r {
             Ok(v) => Some(v),
             Err(e) => {
@@ -147,6 +170,7 @@ fn main() -> ExitCode {
             pytorch_ir,
             ns,
             ir,
+            failed_allocs,
         });
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -252,16 +276,16 @@ fn table(rows: &[Row]) -> String {
         let (res, fast) = (Impl::Reservoir, Impl::Fastest);
         writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {} | {:.1} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.name,
             r.ops,
             opt(r.pytorch_ns, 1),
-            r.ns(res),
+            r.ns_cell(res),
             ratio(Some(r.ns(res)), r.pytorch_ns),
-            r.ns(fast),
+            r.ns_cell(fast),
             ratio(Some(r.ns(fast)), r.pytorch_ns),
-            r.ns(Impl::Offset),
-            r.ns(Impl::NoCache),
+            r.ns_cell(Impl::Offset),
+            r.ns_cell(Impl::NoCache),
             opt(r.pytorch_ir, 0),
             opt(r.ir(res), 0),
             ratio(r.ir(res), r.pytorch_ir),
@@ -283,10 +307,11 @@ fn to_json(rows: &[Row]) -> String {
                 .iter()
                 .map(|&imp| {
                     format!(
-                        "{:?}:{{\"ns\":{:.2},\"instructions\":{}}}",
+                        "{:?}:{{\"ns\":{:.2},\"instructions\":{},\"failed_allocations\":{}}}",
                         imp.name(),
                         r.ns(imp),
-                        num(r.ir(imp))
+                        num(r.ir(imp)),
+                        r.failed_allocs[index(imp)]
                     )
                 })
                 .collect();

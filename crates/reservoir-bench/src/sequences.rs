@@ -131,3 +131,66 @@ fn recorded(file: &str) -> Option<Sequence> {
         text: trace.to_text(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{calls_without_failures, parse, BenchOp, Ops};
+    use crate::run::{run, Impl};
+
+    /// The most blocks live at once.
+    fn peak_live(ops: &Ops) -> usize {
+        let mut live = vec![false; ops.ids];
+        let (mut now, mut peak) = (0usize, 0);
+        for op in &ops.ops {
+            match *op {
+                BenchOp::Alloc { id, .. } => {
+                    now += usize::from(!live[id as usize]);
+                    live[id as usize] = true;
+                }
+                BenchOp::Free { id } => {
+                    now -= usize::from(live[id as usize]);
+                    live[id as usize] = false;
+                }
+                BenchOp::EmptyCache => {}
+            }
+            peak = peak.max(now);
+        }
+        peak
+    }
+
+    #[test]
+    fn flat_sequences_reach_their_bound() {
+        for seq in all(true).into_iter().chain(all(false)) {
+            let Some(bound) = seq.name.strip_prefix("flat, ") else {
+                continue;
+            };
+            let bound: usize = bound.trim_end_matches(" live").parse().unwrap();
+            assert_eq!(peak_live(&parse(&seq.text)), bound, "{}", seq.name);
+        }
+    }
+
+    /// A failed allocation would make a column look cheaper (fewer, failed
+    /// calls): every synthetic sequence fits every implementation, except
+    /// 100,000 live blocks without a cache (each simulated device
+    /// allocation counts at least `SimConfig::accounting_granularity`,
+    /// 2 MiB: 200 GB), which the table marks.
+    #[test]
+    fn no_allocation_fails_in_the_synthetic_sequences() {
+        for seq in all(false) {
+            if seq.name.starts_with("trace") {
+                continue;
+            }
+            let ops = parse(&seq.text);
+            let expected = calls_without_failures(&ops);
+            for imp in Impl::ALL {
+                let calls = run(imp, &ops, 1).1;
+                if imp == Impl::NoCache && seq.name == "flat, 100000 live" {
+                    assert!(calls < expected, "the no-cache device held 100,000 blocks");
+                } else {
+                    assert_eq!(calls, expected, "{} on {}", imp.name(), seq.name);
+                }
+            }
+        }
+    }
+}
