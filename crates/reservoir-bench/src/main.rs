@@ -8,7 +8,9 @@
 //! cargo run --release -p reservoir-bench [-- --quick] [--no-callgrind] [--json FILE]
 //! ```
 
+mod fastest;
 mod measure;
+mod offset;
 mod ops;
 mod run;
 mod sequences;
@@ -28,10 +30,38 @@ struct Row {
     name: String,
     ops: usize,
     pytorch_ns: Option<f64>,
-    reservoir_ns: f64,
-    no_cache_ns: f64,
     pytorch_ir: Option<f64>,
-    reservoir_ir: Option<f64>,
+    /// ns per op of each of [`Impl::ALL`], in that order.
+    ns: [f64; 4],
+    /// Instructions per call of each of [`Impl::ALL`] (never for no-cache).
+    ir: [Option<f64>; 4],
+    /// Failed allocations of each of [`Impl::ALL`] over all repetitions.
+    failed_allocs: [usize; 4],
+}
+
+impl Row {
+    fn ns(&self, imp: Impl) -> f64 {
+        self.ns[index(imp)]
+    }
+
+    fn ir(&self, imp: Impl) -> Option<f64> {
+        self.ir[index(imp)]
+    }
+
+    /// ns per op, marked when allocations failed (a failed call is cheap).
+    fn ns_cell(&self, imp: Impl) -> String {
+        match self.failed_allocs[index(imp)] {
+            0 => format!("{:.1}", self.ns(imp)),
+            n => format!("{:.1} ({n} failed)", self.ns(imp)),
+        }
+    }
+}
+
+fn index(imp: Impl) -> usize {
+    Impl::ALL
+        .iter()
+        .position(|&i| i == imp)
+        .expect("every Impl is in Impl::ALL")
 }
 
 fn main() -> ExitCode {
@@ -96,10 +126,20 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         let ops = ops::parse(&seq.text);
-        let (t, _) = run::run(Impl::Reservoir, &ops, reps);
-        let reservoir_ns = median(t);
-        let (t, _) = run::run(Impl::NoCache, &ops, reps);
-        let no_cache_ns = median(t);
+        let expected = ops::calls_without_failures(&ops) * reps;
+        let mut failed_allocs = [0; 4];
+        let ns = Impl::ALL.map(|imp| {
+            let (t, calls) = run::run(imp, &ops, reps);
+            failed_allocs[index(imp)] = expected.saturating_sub(calls);
+            if calls < expected {
+                eprintln!(
+                    "  {}: {} of the allocations failed (out of device memory); its ns/op is marked",
+                    imp.name(),
+                    expected - calls
+                );
+            }
+            median(t)
+        });
         let mut note = |r: Result<f64, String>| match r {
             Ok(v) => Some(v),
             Err(e) => {
@@ -111,24 +151,26 @@ fn main() -> ExitCode {
         let pytorch_ns = oracle
             .as_deref()
             .and_then(|b| note(measure::pytorch_ns(b, &file, reps)));
-        let (pytorch_ir, reservoir_ir) = if callgrind {
-            (
-                oracle
-                    .as_deref()
-                    .and_then(|b| note(measure::pytorch_instructions(b, &file, 2))),
-                note(measure::own_instructions("reservoir", &file, 2)),
-            )
-        } else {
-            (None, None)
-        };
+        let mut pytorch_ir = None;
+        let mut ir = [None; 4];
+        if callgrind {
+            pytorch_ir = oracle
+                .as_deref()
+                .and_then(|b| note(measure::pytorch_instructions(b, &file, 2)));
+            for imp in Impl::ALL {
+                if imp != Impl::NoCache {
+                    ir[index(imp)] = note(measure::own_instructions(imp, &file, 2));
+                }
+            }
+        }
         rows.push(Row {
             name: seq.name.clone(),
             ops: ops.ops.len(),
             pytorch_ns,
-            reservoir_ns,
-            no_cache_ns,
             pytorch_ir,
-            reservoir_ir,
+            ns,
+            ir,
+            failed_allocs,
         });
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -225,22 +267,31 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 
 fn table(rows: &[Row]) -> String {
     let mut s = String::from(
-        "| sequence | ops | PyTorch ns/op | Reservoir ns/op | ratio | no-cache ns/op | \
-         PyTorch instr/call | Reservoir instr/call | ratio |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| sequence | ops | PyTorch ns/op | Reservoir ns/op | ratio | fastest ns/op | ratio | \
+         offset-allocator ns/op | no-cache ns/op | PyTorch instr/call | Reservoir instr/call | \
+         ratio | fastest instr/call | ratio | offset-allocator instr/call |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
+        let (res, fast) = (Impl::Reservoir, Impl::Fastest);
         writeln!(
             s,
-            "| {} | {} | {} | {:.1} | {} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.name,
             r.ops,
             opt(r.pytorch_ns, 1),
-            r.reservoir_ns,
-            ratio(Some(r.reservoir_ns), r.pytorch_ns),
-            r.no_cache_ns,
+            r.ns_cell(res),
+            ratio(Some(r.ns(res)), r.pytorch_ns),
+            r.ns_cell(fast),
+            ratio(Some(r.ns(fast)), r.pytorch_ns),
+            r.ns_cell(Impl::Offset),
+            r.ns_cell(Impl::NoCache),
             opt(r.pytorch_ir, 0),
-            opt(r.reservoir_ir, 0),
-            ratio(r.reservoir_ir, r.pytorch_ir),
+            opt(r.ir(res), 0),
+            ratio(r.ir(res), r.pytorch_ir),
+            opt(r.ir(fast), 0),
+            ratio(r.ir(fast), r.pytorch_ir),
+            opt(r.ir(Impl::Offset), 0),
         )
         .unwrap();
     }
@@ -252,16 +303,25 @@ fn to_json(rows: &[Row]) -> String {
     let items: Vec<String> = rows
         .iter()
         .map(|r| {
+            let own: Vec<String> = Impl::ALL
+                .iter()
+                .map(|&imp| {
+                    format!(
+                        "{:?}:{{\"ns\":{:.2},\"instructions\":{},\"failed_allocations\":{}}}",
+                        imp.name(),
+                        r.ns(imp),
+                        num(r.ir(imp)),
+                        r.failed_allocs[index(imp)]
+                    )
+                })
+                .collect();
             format!(
-                "{{\"sequence\":{:?},\"ops\":{},\"pytorch_ns\":{},\"reservoir_ns\":{:.2},\
-                 \"no_cache_ns\":{:.2},\"pytorch_instructions\":{},\"reservoir_instructions\":{}}}",
+                "{{\"sequence\":{:?},\"ops\":{},\"pytorch_ns\":{},\"pytorch_instructions\":{},{}}}",
                 r.name,
                 r.ops,
                 num(r.pytorch_ns),
-                r.reservoir_ns,
-                r.no_cache_ns,
                 num(r.pytorch_ir),
-                num(r.reservoir_ir)
+                own.join(",")
             )
         })
         .collect();

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::run::Impl;
+
 /// `../shared/oracle/oracle_bench` beside the repository (or a worktree one
 /// level deeper), when PyTorch's allocator has been set up
 /// (`setup-torch.sh` built `allocbench`); `RESERVOIR_ORACLE_BENCH` overrides.
@@ -81,21 +83,17 @@ pub fn pytorch_instructions(bench: &Path, trace: &Path, reps: usize) -> Result<f
 /// Instructions per allocator call of `imp` over `reps` replays of the
 /// trace file: this binary re-run under callgrind with `--child`, counting
 /// only its measured loop.
-pub fn own_instructions(imp: &str, trace: &Path, reps: usize) -> Result<f64, String> {
+pub fn own_instructions(imp: Impl, trace: &Path, reps: usize) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!("reservoir-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let cg = dir.join(format!("{imp}.cg"));
-    let toggle = match imp {
-        "reservoir" => "reservoir_bench::run::run_reservoir*",
-        _ => "reservoir_bench::run::run_no_cache*",
-    };
+    let cg = dir.join(format!("{}.cg", imp.name()));
     let out = run(Command::new("valgrind")
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", cg.display()))
-        .arg(format!("--toggle-collect={toggle}"))
+        .arg(format!("--toggle-collect={}", imp.loop_symbol()))
         .arg(&exe)
-        .args(["--child", imp])
+        .args(["--child", imp.name()])
         .arg(trace)
         .arg(reps.to_string()))?;
     let calls: f64 = out

@@ -86,6 +86,29 @@ pub fn parse(text: &str) -> Ops {
     out
 }
 
+/// The allocator calls a replay of `ops` makes (as the `run_*` loops count
+/// them) when no allocation fails. Each failed allocation makes exactly one
+/// call fewer (the free, free-before-reuse or final free of its name), so
+/// this minus the calls made is the number of failed allocations.
+pub fn calls_without_failures(ops: &Ops) -> usize {
+    let mut live = vec![false; ops.ids];
+    let mut calls = 0;
+    for op in &ops.ops {
+        match *op {
+            BenchOp::Alloc { id, .. } => {
+                calls += 1 + usize::from(live[id as usize]);
+                live[id as usize] = true;
+            }
+            BenchOp::Free { id } => {
+                calls += usize::from(live[id as usize]);
+                live[id as usize] = false;
+            }
+            BenchOp::EmptyCache => calls += 1,
+        }
+    }
+    calls + live.iter().filter(|&&l| l).count()
+}
+
 /// `1024`, `1.5M`, `4k`: allocbench's `parse_size`.
 fn parse_size(s: &str) -> u64 {
     let split = s

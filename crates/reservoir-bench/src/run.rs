@@ -8,6 +8,8 @@ use reservoir::sim::{SimConfig, SimDevice};
 use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
 use reservoir::{Backend, DevicePtr};
 
+use crate::fastest::fastest_config;
+use crate::offset;
 use crate::ops::{BenchOp, Ops};
 
 /// The implementations measured in this process.
@@ -15,24 +17,41 @@ use crate::ops::{BenchOp, Ops};
 pub enum Impl {
     /// `CachingAllocator<SimDevice>` in PyTorch mode (default settings).
     Reservoir,
+    /// `CachingAllocator<SimDevice>` in its fastest configuration
+    /// ([`fastest_config`]).
+    Fastest,
+    /// The `offset-allocator` crate over one arena (no streams, no cache).
+    Offset,
     /// No cache: every allocation is a device allocation (`SimDevice`).
     NoCache,
 }
 
 impl Impl {
+    /// Every implementation measured in this process, in table order.
+    pub const ALL: [Impl; 4] = [Impl::Reservoir, Impl::Fastest, Impl::Offset, Impl::NoCache];
+
     /// Name on the command line and in tables.
     pub fn name(self) -> &'static str {
         match self {
             Impl::Reservoir => "reservoir",
+            Impl::Fastest => "fastest",
+            Impl::Offset => "offset-allocator",
             Impl::NoCache => "no-cache",
+        }
+    }
+
+    /// The measured loop, for callgrind's `--toggle-collect`.
+    pub fn loop_symbol(self) -> &'static str {
+        match self {
+            Impl::Reservoir | Impl::Fastest => "reservoir_bench::run::run_reservoir*",
+            Impl::Offset => "reservoir_bench::offset::run_offset*",
+            Impl::NoCache => "reservoir_bench::run::run_no_cache*",
         }
     }
 
     /// The implementation called `name`.
     pub fn parse(name: &str) -> Option<Impl> {
-        [Impl::Reservoir, Impl::NoCache]
-            .into_iter()
-            .find(|i| i.name() == name)
+        Impl::ALL.into_iter().find(|i| i.name() == name)
     }
 }
 
@@ -51,12 +70,26 @@ pub fn run(imp: Impl, ops: &Ops, reps: usize) -> (Vec<f64>, usize) {
     let mut times = Vec::with_capacity(reps);
     let mut calls = 0;
     match imp {
-        Impl::Reservoir => {
-            let alloc = CachingAllocator::new(dev, AllocatorConfig::default());
+        Impl::Reservoir | Impl::Fastest => {
+            let config = if imp == Impl::Fastest {
+                fastest_config()
+            } else {
+                AllocatorConfig::default()
+            };
+            let alloc = CachingAllocator::new(dev, config);
             let mut ptr = vec![None; ops.ids];
             for _ in 0..reps {
                 let t = Instant::now();
                 calls += run_reservoir(&alloc, &ops.ops, &streams, &mut ptr);
+                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
+            }
+        }
+        Impl::Offset => {
+            let mut arena = offset::arena(reservoir::sim::FAKE_DRIVER_CAPACITY);
+            let mut live = vec![None; ops.ids];
+            for _ in 0..reps {
+                let t = Instant::now();
+                calls += offset::run_offset(&mut arena, &ops.ops, &mut live);
                 times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
             }
         }

@@ -22,6 +22,11 @@ pub const TRACES: [&str; 3] = [
     "cs336-wedsonlin/83e7cb0c_medium_1024_training_memory_snapshot.pickle",
 ];
 
+/// Live-set bounds of the flatness sequences ("flat, N live": the random
+/// sequence with sizes from 512 B to 1 MiB at every bound, so only the
+/// number of live and cached blocks changes); `--quick` runs the first two.
+pub const FLAT_LIVE: [usize; 4] = [100, 1_000, 10_000, 100_000];
+
 /// Every sequence; `quick` makes the synthetic ones 10x shorter and skips
 /// the recorded traces.
 pub fn all(quick: bool) -> Vec<Sequence> {
@@ -48,6 +53,15 @@ pub fn all(quick: bool) -> Vec<Sequence> {
             text: random(n, 64, 26, &["s1", "s2"], 3),
         },
     ];
+    let flat: &[usize] = if quick { &FLAT_LIVE[..2] } else { &FLAT_LIVE };
+    for (i, &live) in flat.iter().enumerate() {
+        v.push(Sequence {
+            name: format!("flat, {live} live"),
+            // About 1.5 ops per live block to reach the bound, then at
+            // least 20,000 allocations churning at it.
+            text: random(20_000 + 2 * live, live, 20, &["0"], 10 + i as u64),
+        });
+    }
     if !quick {
         for file in TRACES {
             match recorded(file) {
@@ -116,4 +130,67 @@ fn recorded(file: &str) -> Option<Sequence> {
         name: format!("trace {}", &short[..8.min(short.len())]),
         text: trace.to_text(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{calls_without_failures, parse, BenchOp, Ops};
+    use crate::run::{run, Impl};
+
+    /// The most blocks live at once.
+    fn peak_live(ops: &Ops) -> usize {
+        let mut live = vec![false; ops.ids];
+        let (mut now, mut peak) = (0usize, 0);
+        for op in &ops.ops {
+            match *op {
+                BenchOp::Alloc { id, .. } => {
+                    now += usize::from(!live[id as usize]);
+                    live[id as usize] = true;
+                }
+                BenchOp::Free { id } => {
+                    now -= usize::from(live[id as usize]);
+                    live[id as usize] = false;
+                }
+                BenchOp::EmptyCache => {}
+            }
+            peak = peak.max(now);
+        }
+        peak
+    }
+
+    #[test]
+    fn flat_sequences_reach_their_bound() {
+        for seq in all(true).into_iter().chain(all(false)) {
+            let Some(bound) = seq.name.strip_prefix("flat, ") else {
+                continue;
+            };
+            let bound: usize = bound.trim_end_matches(" live").parse().unwrap();
+            assert_eq!(peak_live(&parse(&seq.text)), bound, "{}", seq.name);
+        }
+    }
+
+    /// A failed allocation would make a column look cheaper (fewer, failed
+    /// calls): every synthetic sequence fits every implementation, except
+    /// 100,000 live blocks without a cache (each simulated device
+    /// allocation counts at least `SimConfig::accounting_granularity`,
+    /// 2 MiB: 200 GB), which the table marks.
+    #[test]
+    fn no_allocation_fails_in_the_synthetic_sequences() {
+        for seq in all(false) {
+            if seq.name.starts_with("trace") {
+                continue;
+            }
+            let ops = parse(&seq.text);
+            let expected = calls_without_failures(&ops);
+            for imp in Impl::ALL {
+                let calls = run(imp, &ops, 1).1;
+                if imp == Impl::NoCache && seq.name == "flat, 100000 live" {
+                    assert!(calls < expected, "the no-cache device held 100,000 blocks");
+                } else {
+                    assert_eq!(calls, expected, "{} on {}", imp.name(), seq.name);
+                }
+            }
+        }
+    }
 }
