@@ -13,11 +13,13 @@
 //! 2. on a cache miss, before the driver is asked for `size` more bytes,
 //!    compares the reserved bytes plus `size` with a target: the larger of
 //!    the peak of allocated bytes so far and the bytes allocated once this
-//!    request is served, plus 1/64 and 2 MiB. Over the target, every free
-//!    page of the default pools' expandable segments is unmapped
-//!    (`unmap_block`, spec 1.11), so the request is served by remapping
-//!    pages that held nothing. Under it, nothing happens: a program whose
-//!    cache fits under the target makes no unmap calls (hysteresis).
+//!    request is served, plus 1/64 and 2 MiB. Over the target, the free
+//!    pages of the default pools' expandable segments are unmapped
+//!    (`unmap_block`, spec 1.11), largest free block first, until the
+//!    request fits under the target (or nothing is left), so it is served
+//!    by remapping pages that held nothing. Under the target nothing
+//!    happens: a program whose cache fits makes no unmap calls
+//!    (hysteresis).
 //!
 //! Online only: the target uses the allocation history, never the future.
 #![forbid(unsafe_code)]
@@ -26,6 +28,7 @@ use crate::backend::{Backend, BackendError};
 use crate::caching::pools::{POOL_LARGE, POOL_SMALL};
 use crate::caching::rules::SMALL_BUFFER;
 use crate::caching::state::DeviceState;
+use crate::store::BlockId;
 
 impl DeviceState {
     /// The reserved bytes the `reservoir` policy lets the cache reach
@@ -36,29 +39,33 @@ impl DeviceState {
         peak + peak / 64 + SMALL_BUFFER
     }
 
-    /// Before the cache grows by `size` bytes: unmap the free pages of the
-    /// default pools' expandable segments if growing would pass
-    /// [`reservoir_target`](Self::reservoir_target). Returns whether any
+    /// Before the cache grows for a request of `size` bytes: if reserved
+    /// plus `size` would pass [`reservoir_target`](Self::reservoir_target),
+    /// unmap the free pages of the default pools' expandable segments,
+    /// largest free block first, until it would not. Returns whether any
     /// page was unmapped.
     pub(crate) fn trim_before_growth<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
         size: u64,
     ) -> Result<bool, BackendError> {
-        if self.total_allocated_memory + size <= self.reservoir_target(size) {
+        let target = self.reservoir_target(size);
+        if self.total_allocated_memory + size <= target {
             return Ok(false);
         }
         let before = self.total_allocated_memory;
-        for pool in [POOL_LARGE, POOL_SMALL] {
-            let free: Vec<_> = self.pools[pool as usize]
-                .blocks
-                .iter()
-                .filter(|k| self.store.blocks[k.id].expandable)
-                .map(|k| k.id)
-                .collect();
-            for id in free {
-                self.unmap_block(backend, id)?;
+        let mut free: Vec<(u64, BlockId)> = [POOL_LARGE, POOL_SMALL]
+            .iter()
+            .flat_map(|&pool| self.pools[pool as usize].blocks.iter())
+            .filter(|k| self.store.blocks[k.id].expandable)
+            .map(|k| (k.size, k.id))
+            .collect();
+        free.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, id) in free {
+            if self.total_allocated_memory + size <= target {
+                break;
             }
+            self.unmap_block(backend, id)?;
         }
         Ok(self.total_allocated_memory < before)
     }
