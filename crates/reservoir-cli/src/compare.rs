@@ -21,7 +21,7 @@ use crate::table::format_ns;
 use crate::{convert_file, policy_setting, Converted};
 
 /// The policies compared when none is named.
-const DEFAULT_POLICIES: [&str; 2] = ["pytorch", "expandable"];
+const DEFAULT_POLICIES: [&str; 3] = ["pytorch", "expandable", "reservoir"];
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
@@ -31,7 +31,7 @@ pub struct CompareArgs {
     traces: Option<PathBuf>,
 
     /// A policy to compare (repeatable; the names of `reservoir replay
-    /// --policy`). Default: pytorch and expandable.
+    /// --policy`). Default: pytorch, expandable and reservoir.
     #[arg(long = "policy", short = 'p', value_name = "NAME")]
     policies: Vec<String>,
 

@@ -212,9 +212,10 @@ fn error_chain(e: &anyhow::Error) -> String {
 }
 
 /// The what-if policies replayed on a recorded trace when none is named.
-const DEFAULT_POLICIES: [&str; 5] = [
+const DEFAULT_POLICIES: [&str; 6] = [
     "pytorch",
     "expandable",
+    "reservoir",
     "max-split-128",
     "roundup-4",
     "gc-0.8",
@@ -229,6 +230,8 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
         return Ok(ReplaySetting::mps_heap());
     } else if name == "expandable" {
         "expandable_segments:True".to_string()
+    } else if name == "reservoir" {
+        "policy:reservoir".to_string()
     } else if let Some(n) = param("max-split") {
         format!("max_split_size_mb:{}", if n.is_empty() { "128" } else { n })
     } else if let Some(n) = param("roundup") {
@@ -248,7 +251,7 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
         )
     } else {
         bail!(
-            "unknown policy {name:?}; known: pytorch, expandable, max-split-N, roundup-N, \
+            "unknown policy {name:?}; known: pytorch, expandable, reservoir, max-split-N, roundup-N, \
              gc-T, large-segment-N, mps-heap (or use --setting NAME=CONF)"
         );
     };

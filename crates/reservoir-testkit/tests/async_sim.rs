@@ -77,3 +77,22 @@ fn cross_stream_reuse_integrity_run_has_no_races_and_reserves_less() {
         base.peak_reserved
     );
 }
+
+#[test]
+fn reservoir_policy_without_virtual_memory_runs_pytorchs_segments_race_free() {
+    // The asynchronous sim has no virtual memory: the `reservoir` policy
+    // falls back to PyTorch's segments (expandable segments are dropped,
+    // there is nothing to unmap), so it reserves what PyTorch mode does.
+    let cfg = IntegrityConfig {
+        seed: 11,
+        ..IntegrityConfig::default()
+    };
+    let pytorch = allocator(AllocatorConfig::default());
+    let base = integrity_run(&pytorch, &cfg).unwrap();
+    let reservoir = allocator(AllocatorConfig::parse_with_policy("policy:reservoir").unwrap());
+    let rep = integrity_run(&reservoir, &cfg).unwrap();
+    reservoir.backend().assert_no_races();
+    reservoir.check_invariants().unwrap();
+    assert_eq!(rep.peak_reserved, base.peak_reserved);
+    assert_eq!(rep.ops, base.ops);
+}

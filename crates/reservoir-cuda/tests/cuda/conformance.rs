@@ -124,6 +124,18 @@ fn randomized_multi_stream_integrity_cross_stream_reuse_async_sanitized() {
     );
 }
 
+#[test]
+fn randomized_multi_stream_integrity_reservoir_policy_async_sanitized() {
+    // The Reservoir-only `reservoir` policy: expandable segments in 2 MiB
+    // pages whose free pages are unmapped (after a stream sync) before the
+    // cache grows past its target.
+    integrity(
+        Mode::AsyncSanitized,
+        AllocatorConfig::parse_with_policy("policy:reservoir").unwrap(),
+        " (reservoir policy, async, sanitizer)",
+    );
+}
+
 /// The negative control: the proof scenario without `record_stream`. The
 /// block is handed out again while the held stream's write to it is still
 /// pending, and the new owner's write is a cross-stream hazard.

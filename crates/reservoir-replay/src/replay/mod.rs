@@ -179,7 +179,7 @@ impl ReplaySetting {
         if self.config.trim().is_empty() {
             return Ok(AllocatorConfig::default());
         }
-        AllocatorConfig::parse(&self.config).map_err(|e| ReplayError::Config {
+        AllocatorConfig::parse_with_policy(&self.config).map_err(|e| ReplayError::Config {
             setting: self.name.clone(),
             config: self.config.clone(),
             message: e.to_string(),

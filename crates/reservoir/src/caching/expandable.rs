@@ -4,7 +4,6 @@
 
 use super::malloc::MallocError;
 use super::pools::UnmappedKey;
-use super::rules;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
 use crate::store::{BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
@@ -83,11 +82,7 @@ impl DeviceState {
                 backend: backend.name(),
                 what: "virtual memory (needed by expandable segments)",
             })?;
-        let page_size = if self.pools[pool as usize].is_small {
-            rules::SMALL_BUFFER
-        } else {
-            self.config.large_segment_size
-        };
+        let page_size = self.expandable_page_size(self.pools[pool as usize].is_small);
         // Address space for 1 1/8 of the device, so unmapped holes early in
         // the segment can be refilled at its end.
         let total = backend.mem_info()?.total;

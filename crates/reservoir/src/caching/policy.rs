@@ -11,11 +11,14 @@
 //! * [`DeviceState::policy_on_cache_miss`]: the request's own pool has no
 //!   fitting block, even after the free-memory callbacks (spec 1.5 step 4);
 //!   it runs before garbage collection and the driver.
+//! * [`DeviceState::expandable_page_size`]: the mapping granularity of a new
+//!   expandable segment (spec 1.11).
 //!
 //! To add a policy: a variant of [`Policy`], chosen in [`Policy::of`], an
 //! arm in the hooks it needs, and its code in a file under `policy/`.
 
 mod cross_stream;
+mod reservoir;
 
 use super::malloc::{AllocParams, MallocError};
 use super::state::DeviceState;
@@ -30,13 +33,19 @@ pub(crate) enum Policy {
     /// Borrow a block cached on another stream when the request's stream
     /// has none (`policy/cross_stream.rs`).
     CrossStreamReuse,
+    /// The `reservoir` policy: expandable segments mapped in 2 MiB pages,
+    /// whose free pages are unmapped before the cache grows past a target
+    /// set by the peak of allocated bytes (`policy/reservoir.rs`).
+    Reservoir,
 }
 
 impl Policy {
     /// The policy the settings ask for.
     #[inline]
     pub fn of(config: &AllocatorConfig) -> Policy {
-        if config.policy.cross_stream_reuse {
+        if config.policy.reservoir {
+            Policy::Reservoir
+        } else if config.policy.cross_stream_reuse {
             Policy::CrossStreamReuse
         } else {
             Policy::PyTorch
@@ -57,6 +66,14 @@ impl DeviceState {
         match Policy::of(&self.config) {
             Policy::PyTorch => Ok(false),
             // Off while allocations go to a private pool.
+            Policy::Reservoir if !self.private.captures_underway.is_empty() => Ok(false),
+            Policy::Reservoir => {
+                // Never serves the request itself: it makes room so that
+                // the driver path below maps as little as possible.
+                self.trim_before_growth(backend, p.size)?;
+                Ok(false)
+            }
+            // Off while allocations go to a private pool.
             Policy::CrossStreamReuse if !self.private.captures_underway.is_empty() => Ok(false),
             Policy::CrossStreamReuse => {
                 // Borrow a block cached on another stream; it is handed out
@@ -70,6 +87,19 @@ impl DeviceState {
                     None => Ok(false),
                 }
             }
+        }
+    }
+
+    /// Hook: the page size of a new expandable segment of a small or large
+    /// pool. PyTorch maps the large pool in `large_segment_size` pages
+    /// (20 MiB by default); the `reservoir` policy maps both pools in
+    /// 2 MiB pages (the device's virtual-memory granularity).
+    #[inline]
+    pub(super) fn expandable_page_size(&self, small: bool) -> u64 {
+        if small || Policy::of(&self.config) == Policy::Reservoir {
+            super::rules::SMALL_BUFFER
+        } else {
+            self.config.large_segment_size
         }
     }
 }

@@ -278,11 +278,7 @@ impl<B: Backend> Seeder<'_, B> {
     /// allocated blocks as in [`seed_segment`](Self::seed_segment).
     pub fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
         let layout = |m: String| Err(SeedError::Layout(m));
-        let page = if seg.small {
-            super::rules::SMALL_BUFFER
-        } else {
-            self.alloc.state.lock().config.large_segment_size
-        };
+        let page = self.alloc.state.lock().expandable_page_size(seg.small);
         let total = self
             .alloc
             .backend

@@ -209,6 +209,14 @@ pub enum ConfigError {
         /// The parser that rejected it (decides PyTorch's wording).
         parser: KeyParser,
     },
+    /// A Reservoir policy name (`policy:NAME`) that does not exist.
+    #[error(
+        "unknown Reservoir policy `{name}` in `policy:{name}`; known: pytorch, reservoir, cross_stream_reuse"
+    )]
+    UnknownPolicy {
+        /// The name as written (whitespace removed).
+        name: String,
+    },
     /// A value that breaks the key's rule.
     #[error("invalid value `{value}` for `{key}` (token {index}, byte {offset}): {rule}")]
     InvalidValue {
@@ -376,13 +384,19 @@ impl ConfigError {
                 "tokenizer[i] == get()->name() INTERNAL ASSERT FAILED at \"{CUDA_CPP_FILE}\":64, please report a bug to PyTorch. Allocator backend parsed at runtime != allocator backend parsed at load time, {requested} != {loaded}"
             ),
             ConfigError::Env { error, .. } => error.pytorch_message(),
+            // PyTorch knows no `policy` key at all.
+            ConfigError::UnknownPolicy { .. } => {
+                "Unrecognized key 'policy' in Accelerator allocator config.".to_owned()
+            }
         }
     }
 
     /// The exception PyTorch 2.15 raises for this error.
     pub fn pytorch_exception(&self) -> PyTorchException {
         match self {
-            ConfigError::UnknownKey { .. } => PyTorchException::ValueError,
+            ConfigError::UnknownKey { .. } | ConfigError::UnknownPolicy { .. } => {
+                PyTorchException::ValueError
+            }
             ConfigError::InvalidValue { rule, .. } => match rule {
                 ValueRule::Integer | ValueRule::Number => PyTorchException::InvalidArgument,
                 ValueRule::IntegerInRange | ValueRule::NumberInRange => {

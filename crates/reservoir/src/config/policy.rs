@@ -1,7 +1,11 @@
 //! Reservoir's own policies: knobs PyTorch does not have. They live beside
 //! PyTorch's settings (in [`AllocatorConfig::policy`](super::AllocatorConfig::policy)),
-//! never in a settings string, and their defaults leave the allocator
-//! PyTorch-exact.
+//! and their defaults leave the allocator PyTorch-exact. PyTorch's parser
+//! ([`AllocatorConfig::parse`]) never reads them; the Reservoir-only
+//! [`AllocatorConfig::parse_with_policy`] also accepts `policy:NAME` entries.
+
+use super::error::ConfigError;
+use super::AllocatorConfig;
 
 /// Reservoir-only policies, all off by default.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,4 +20,69 @@ pub struct ReservoirPolicy {
     /// Needs [`Backend::stream_wait_event`](crate::backend::Backend::stream_wait_event);
     /// on backends without it the policy does nothing.
     pub cross_stream_reuse: bool,
+    /// The `reservoir` policy (settings string `policy:reservoir`):
+    /// expandable segments in 2 MiB pages for both pools, and, when the
+    /// cache must grow past a target (the peak of allocated bytes so far,
+    /// or the bytes allocated with this request if more, plus 1/64 and
+    /// 2 MiB), the free pages of the expandable segments are unmapped
+    /// first (release with hysteresis: nothing is given back while the
+    /// cache stays under the target). Implies
+    /// [`expandable_segments`](super::AllocatorConfig::expandable_segments);
+    /// on a backend without virtual memory it does nothing.
+    pub reservoir: bool,
+}
+
+/// The Reservoir-only settings key naming a policy.
+pub const POLICY_KEY: &str = "policy";
+
+impl ReservoirPolicy {
+    /// The policy named `name` in `policy:NAME`: `pytorch` (none),
+    /// `reservoir` or `cross_stream_reuse`.
+    pub fn named(name: &str) -> Result<ReservoirPolicy, ConfigError> {
+        let mut p = ReservoirPolicy::default();
+        match name {
+            "pytorch" => {}
+            "reservoir" => p.reservoir = true,
+            "cross_stream_reuse" => p.cross_stream_reuse = true,
+            _ => {
+                return Err(ConfigError::UnknownPolicy {
+                    name: name.to_owned(),
+                })
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl AllocatorConfig {
+    /// A settings string with, besides PyTorch's keys, Reservoir-only
+    /// `policy:NAME` entries (see [`ReservoirPolicy::named`]; the last one
+    /// wins). The entries are taken out and the rest is read by
+    /// [`AllocatorConfig::parse`], so a string without them reads exactly
+    /// as in PyTorch. `policy:reservoir` also turns on expandable segments.
+    pub fn parse_with_policy(s: &str) -> Result<AllocatorConfig, ConfigError> {
+        let mut policy = None;
+        let mut rest = Vec::new();
+        for entry in s.split(',') {
+            let named = entry
+                .split_once(':')
+                .filter(|(k, _)| k.trim() == POLICY_KEY)
+                .map(|(_, v)| v.trim());
+            match named {
+                Some(name) => policy = Some(ReservoirPolicy::named(name)?),
+                None => rest.push(entry),
+            }
+        }
+        let rest = rest.join(",");
+        let mut cfg = if rest.trim().is_empty() {
+            AllocatorConfig::default()
+        } else {
+            AllocatorConfig::parse(&rest)?
+        };
+        if let Some(p) = policy {
+            cfg.expandable_segments |= p.reservoir;
+            cfg.policy = p;
+        }
+        Ok(cfg)
+    }
 }

@@ -21,7 +21,8 @@ impl Checked {
         let config = if conf.is_empty() {
             AllocatorConfig::default()
         } else {
-            AllocatorConfig::parse(conf).expect("valid config")
+            // Reads PyTorch's strings exactly as `parse`, plus `policy:NAME`.
+            AllocatorConfig::parse_with_policy(conf).expect("valid config")
         };
         let dev = SimDevice::new(SimConfig {
             capacity,

@@ -8,6 +8,7 @@ mod heap;
 mod heap_model;
 mod model;
 mod observe;
+mod policy_reservoir;
 mod pools;
 mod registry;
 mod rules;

@@ -25,7 +25,7 @@ const MAX_OPS: usize = 600;
 const CAPACITY: u64 = 768 * MIB;
 const STREAMS: u64 = 3;
 
-const CONFIGS: [&str; 7] = [
+const CONFIGS: [&str; 9] = [
     "",
     "max_split_size_mb:64",
     "roundup_power2_divisions:4",
@@ -33,6 +33,9 @@ const CONFIGS: [&str; 7] = [
     "roundup_power2_divisions:[1:2,64:8,>:1],max_split_size_mb:40",
     "expandable_segments:True",
     "expandable_segments:True,max_split_size_mb:64",
+    // The Reservoir-only `reservoir` policy (policy/reservoir.rs).
+    "policy:reservoir",
+    "policy:reservoir,max_split_size_mb:64",
 ];
 
 #[derive(Clone, Debug)]
@@ -230,8 +233,9 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 a.set_memory_fraction(tenths as f64 / 10.0).unwrap();
             }
             Op::SetConfig { which } => {
-                a.set_config(AllocatorConfig::parse(CONFIGS[which]).unwrap());
-                expandable = CONFIGS[which].contains("expandable_segments:True");
+                a.set_config(AllocatorConfig::parse_with_policy(CONFIGS[which]).unwrap());
+                expandable = CONFIGS[which].contains("expandable_segments:True")
+                    || CONFIGS[which].contains("policy:reservoir");
             }
             // Pool calls may be refused (already recording, not recording,
             // released): a refusal must change nothing, which the checks

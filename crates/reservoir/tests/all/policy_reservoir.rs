@@ -1,0 +1,117 @@
+//! The Reservoir-only `reservoir` policy (`caching/policy/reservoir.rs`):
+//! expandable segments (spec 1.11) in 2 MiB pages, whose free pages are
+//! unmapped (spec 1.11 `unmap_block`) before the cache grows past its
+//! target. PyTorch mode is untouched (every other test of this binary).
+
+use reservoir::config::ConfigError;
+use reservoir::AllocatorConfig;
+
+use crate::common::*;
+
+fn reservoir_policy() -> Checked {
+    Checked::new("policy:reservoir", 80 * GIB)
+}
+
+#[test]
+fn the_settings_string_names_the_policy_and_pytorchs_parser_still_rejects_it() {
+    let c = AllocatorConfig::parse_with_policy("policy:reservoir").unwrap();
+    assert!(c.policy.reservoir && c.expandable_segments);
+    let c = AllocatorConfig::parse_with_policy("max_split_size_mb:64, policy : reservoir").unwrap();
+    assert!(c.policy.reservoir);
+    assert_eq!(c.max_split_size, 64 * MIB);
+    let c = AllocatorConfig::parse_with_policy("policy:cross_stream_reuse").unwrap();
+    assert!(c.policy.cross_stream_reuse && !c.policy.reservoir && !c.expandable_segments);
+    // Without `policy:` entries it reads exactly as PyTorch's parser.
+    for s in [
+        "",
+        "expandable_segments:True",
+        "roundup_power2_divisions:[1:2,64:8,>:1]",
+    ] {
+        assert_eq!(
+            AllocatorConfig::parse_with_policy(s).unwrap(),
+            if s.is_empty() {
+                AllocatorConfig::default()
+            } else {
+                AllocatorConfig::parse(s).unwrap()
+            }
+        );
+    }
+    assert!(AllocatorConfig::parse_with_policy("bogus:1").is_err());
+    let e = AllocatorConfig::parse_with_policy("policy:fastest").unwrap_err();
+    assert!(matches!(&e, ConfigError::UnknownPolicy { name } if name == "fastest"));
+    assert!(e.to_string().contains("fastest") && e.to_string().contains("reservoir"));
+    // PyTorch knows no `policy` key.
+    assert!(matches!(
+        AllocatorConfig::parse("policy:reservoir"),
+        Err(ConfigError::UnknownKey { .. })
+    ));
+}
+
+#[test]
+fn large_pool_pages_are_2mib() {
+    // spec 1.11 maps the large pool in 20 MiB pages; the policy in 2 MiB.
+    let c = reservoir_policy();
+    c.alloc(512);
+    c.alloc(3 * MIB);
+    assert_eq!(
+        c.segment_events(),
+        vec![
+            ("segment_map".into(), 2 * MIB),
+            ("segment_map".into(), 4 * MIB)
+        ]
+    );
+    assert_eq!(c.reserved(), 6 * MIB as i64);
+    c.check();
+}
+
+#[test]
+fn free_pages_are_unmapped_before_the_cache_grows_past_the_target() {
+    let c = reservoir_policy();
+    let a = c.alloc(30 * MIB);
+    let _b = c.alloc(30 * MIB);
+    c.free(a);
+    // 40 MiB fit nowhere: reserved 60 + 40 would pass the target (peak
+    // allocated 60 MiB + 1/64 + 2 MiB), so A's free 30 MiB are unmapped first.
+    c.alloc(40 * MIB);
+    c.check();
+    let events = c.segment_events();
+    assert!(
+        events.contains(&("segment_unmap".to_string(), 30 * MIB)),
+        "{events:?}"
+    );
+    assert_eq!(c.reserved(), 70 * MIB as i64);
+    assert_eq!(c.allocated_now(), 70 * MIB as i64);
+
+    // expandable segments alone keep A mapped and grow to 100 MiB.
+    let e = Checked::new("expandable_segments:True", 80 * GIB);
+    let a = e.alloc(30 * MIB);
+    let _b = e.alloc(30 * MIB);
+    e.free(a);
+    e.alloc(40 * MIB);
+    assert!(e.reserved() >= 100 * MIB as i64);
+}
+
+#[test]
+fn under_the_target_nothing_is_unmapped() {
+    // Hysteresis: after a 200 MiB peak, growing to 140 MiB keeps the free
+    // pages mapped.
+    let c = reservoir_policy();
+    let x = c.alloc(200 * MIB);
+    c.free(x);
+    c.empty_cache();
+    assert_eq!(c.reserved(), 0);
+    let a = c.alloc(60 * MIB);
+    let _b = c.alloc(10 * MIB);
+    c.free(a);
+    let before = c.segment_events().len();
+    c.alloc(70 * MIB);
+    c.check();
+    let events = c.segment_events();
+    assert!(
+        events[before..]
+            .iter()
+            .all(|(kind, _)| kind == "segment_map"),
+        "{events:?}"
+    );
+    assert_eq!(c.reserved(), 140 * MIB as i64);
+}
