@@ -28,6 +28,8 @@ fn default_replay_prints_the_table() {
     assert!(out.starts_with("workload gpt-train:"), "{out}");
     for needle in [
         "pytorch",
+        "expandable",
+        "reservoir",
         "max-split-128",
         "roundup-4",
         "gc-0.8",
@@ -57,12 +59,22 @@ fn json_output_parses_and_has_the_keys() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
     let reports = v.as_array().expect("an array");
-    assert_eq!(reports.len(), 4);
+    assert_eq!(reports.len(), 6);
     let names: Vec<&str> = reports
         .iter()
         .map(|r| r["setting"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["pytorch", "max-split-128", "roundup-4", "gc-0.8"]);
+    assert_eq!(
+        names,
+        [
+            "pytorch",
+            "expandable",
+            "reservoir",
+            "max-split-128",
+            "roundup-4",
+            "gc-0.8"
+        ]
+    );
     for r in reports {
         for key in [
             "setting",

@@ -158,13 +158,18 @@ impl ReplaySetting {
         Ok(setting)
     }
 
-    /// The default comparison: `pytorch` (PyTorch's defaults),
-    /// `max-split-128` (`max_split_size_mb:128`), `roundup-4`
-    /// (`roundup_power2_divisions:4`) and `gc-0.8`
-    /// (`garbage_collection_threshold:0.8,per_process_memory_fraction:0.95`).
+    /// The default comparison: `pytorch` (PyTorch's defaults), `expandable`
+    /// (`expandable_segments:True`), `reservoir` (`policy:reservoir`, the
+    /// policy that keeps peak reserved near peak live), `max-split-128`
+    /// (`max_split_size_mb:128`), `roundup-4` (`roundup_power2_divisions:4`)
+    /// and `gc-0.8`
+    /// (`garbage_collection_threshold:0.8,per_process_memory_fraction:0.95`):
+    /// the same policies `reservoir replay` compares on a recorded trace.
     pub fn defaults() -> Vec<ReplaySetting> {
         vec![
             ReplaySetting::new("pytorch", ""),
+            ReplaySetting::new("expandable", "expandable_segments:True"),
+            ReplaySetting::new("reservoir", "policy:reservoir"),
             ReplaySetting::new("max-split-128", "max_split_size_mb:128"),
             ReplaySetting::new("roundup-4", "roundup_power2_divisions:4"),
             ReplaySetting::new(
