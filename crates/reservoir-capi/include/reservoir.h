@@ -72,7 +72,8 @@ extern "C" {
 // Create an allocator on `backend` (a [`ReservoirBackend`] value) for
 // device `device` (0..=127; the CUDA ordinal), with `capacity` bytes for
 // the simulated and host devices (0: their default), configured by
-// `config` in `PYTORCH_CUDA_ALLOC_CONF` syntax (null or `""`: defaults).
+// `config` in `PYTORCH_CUDA_ALLOC_CONF` syntax, plus Reservoir's
+// `policy:NAME` entries such as `policy:reservoir` (null or `""`: defaults).
 // On success `*out` is the new handle; on failure it is null.
 //
 // # Safety

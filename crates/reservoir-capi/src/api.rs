@@ -130,11 +130,13 @@ fn build(
     })
 }
 
-/// Parse a `PYTORCH_CUDA_ALLOC_CONF`-style string (null or empty: defaults).
+/// Parse a `PYTORCH_CUDA_ALLOC_CONF`-style string, plus Reservoir's
+/// `policy:NAME` entries ([`AllocatorConfig::parse_with_policy`]; null or
+/// empty: defaults).
 pub(crate) fn parse_config(config: Option<&str>) -> Result<AllocatorConfig, Failure> {
     match config {
         None => Ok(AllocatorConfig::default()),
-        Some(s) => AllocatorConfig::parse(s)
+        Some(s) => AllocatorConfig::parse_with_policy(s)
             .map_err(|e| Failure::new(RESERVOIR_ERR_INVALID_CONFIG, format!("config {s:?}: {e}"))),
     }
 }
@@ -142,7 +144,8 @@ pub(crate) fn parse_config(config: Option<&str>) -> Result<AllocatorConfig, Fail
 /// Create an allocator on `backend` (a [`ReservoirBackend`] value) for
 /// device `device` (0..=127; the CUDA ordinal), with `capacity` bytes for
 /// the simulated and host devices (0: their default), configured by
-/// `config` in `PYTORCH_CUDA_ALLOC_CONF` syntax (null or `""`: defaults).
+/// `config` in `PYTORCH_CUDA_ALLOC_CONF` syntax, plus Reservoir's
+/// `policy:NAME` entries such as `policy:reservoir` (null or `""`: defaults).
 /// On success `*out` is the new handle; on failure it is null.
 ///
 /// # Safety

@@ -299,6 +299,16 @@ static void bad_inputs(const char *dir) {
     CHECK(bad == NULL, "failed create writes null");
     EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, "no_such_key:1", &bad),
                RESERVOIR_ERR_INVALID_CONFIG, "no_such_key");
+    EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, "policy:frugal", &bad),
+               RESERVOIR_ERR_INVALID_CONFIG, "frugal");
+    CHECK(bad == NULL, "failed create writes null");
+    /* Reservoir's own policies are named in the same string. */
+    ReservoirAllocator *frugal = NULL;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 1024 * MiB, "max_split_size_mb:64,policy:reservoir",
+                                  &frugal));
+    OK(reservoir_allocator_alloc(frugal, 3 * MiB, 0, &p));
+    OK(reservoir_allocator_free(frugal, p));
+    OK(reservoir_allocator_destroy(frugal));
     EXPECT_ERR(reservoir_allocator_create(7, 0, 0, NULL, &bad), RESERVOIR_ERR_INVALID_ARGUMENT,
                "backend 7");
     EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 300, 0, NULL, &bad),
