@@ -66,15 +66,13 @@ impl DeviceState {
         match Policy::of(&self.config) {
             Policy::PyTorch => Ok(false),
             // Off while allocations go to a private pool.
-            Policy::Reservoir if !self.private.captures_underway.is_empty() => Ok(false),
+            _ if !self.private.captures_underway.is_empty() => Ok(false),
             Policy::Reservoir => {
                 // Never serves the request itself: it makes room so that
                 // the driver path below maps as little as possible.
                 self.trim_before_growth(backend, p.size)?;
                 Ok(false)
             }
-            // Off while allocations go to a private pool.
-            Policy::CrossStreamReuse if !self.private.captures_underway.is_empty() => Ok(false),
             Policy::CrossStreamReuse => {
                 // Borrow a block cached on another stream; it is handed out
                 // on its own stream (see `policy/cross_stream.rs`).

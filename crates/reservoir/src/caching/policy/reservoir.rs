@@ -42,18 +42,16 @@ impl DeviceState {
     /// Before the cache grows for a request of `size` bytes: if reserved
     /// plus `size` would pass [`reservoir_target`](Self::reservoir_target),
     /// unmap the free pages of the default pools' expandable segments,
-    /// largest free block first, until it would not. Returns whether any
-    /// page was unmapped.
+    /// largest free block first, until it would not.
     pub(crate) fn trim_before_growth<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
         size: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<(), BackendError> {
         let target = self.reservoir_target(size);
         if self.total_allocated_memory + size <= target {
-            return Ok(false);
+            return Ok(());
         }
-        let before = self.total_allocated_memory;
         let mut free: Vec<(u64, BlockId)> = [POOL_LARGE, POOL_SMALL]
             .iter()
             .flat_map(|&pool| self.pools[pool as usize].blocks.iter())
@@ -67,6 +65,6 @@ impl DeviceState {
             }
             self.unmap_block(backend, id)?;
         }
-        Ok(self.total_allocated_memory < before)
+        Ok(())
     }
 }
