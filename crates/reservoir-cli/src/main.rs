@@ -31,6 +31,8 @@ use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
+use reservoir_replay::replay::explain::Explanation;
+use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::snapshot::{
     convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
     StartMode,
@@ -477,16 +479,16 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             fids.push((s.name.clone(), rr.fidelity.clone()));
             reports.push(rr.report);
         }
-        let explanations = explain::explain_all(
-            &input.rec.trace,
-            Some(&input.rec.start),
-            &input.settings,
-            &reports,
-            input.capacity,
-            &input.rec.sites,
-        )?;
-        add_explanations(&mut json[first_json..], &explanations)?;
         let title = format!("{} (device {})", input.file, input.rec.device);
+        let (explanations, analysis) = Analysed {
+            label: &title,
+            trace: &input.rec.trace,
+            start: Some(&input.rec.start),
+            sites: &input.rec.sites,
+            settings: &input.settings,
+            capacity: input.capacity,
+        }
+        .analyse(&reports, args.min_capacity, &mut json[first_json..])?;
         let start = match args.start {
             StartMode::Recorded => format!(
                 "from a start state of {} segments and {} expandable segments",
@@ -510,21 +512,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                 ""
             }
         );
-        let mins = if args.min_capacity {
-            let label = format!("{} (device {})", input.file, input.rec.device);
-            let mins = min_capacities(
-                &input.rec.trace,
-                Some(&input.rec.start),
-                &input.settings,
-                &label,
-            )?;
-            add_min_capacity(&mut json[first_json..], &mins);
-            Some(mins)
-        } else {
-            None
-        };
-        text.push_str(&render_table(&reports, mins.as_deref()));
-        text.push_str(&explain::render_text(&explanations));
+        text.push_str(&analysis);
         for (name, f) in &fids {
             if let Some(f) = f {
                 let _ = writeln!(
@@ -586,23 +574,17 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
         for r in &reports {
             json.push(serde_json::to_value(r).context("serializing a report")?);
         }
-        let explanations = explain::explain_all(
+        let title = format!("workload {}", w.spec());
+        let (explanations, analysis) = Analysed {
+            label: &title,
             trace,
-            None,
+            start: None,
+            sites: &Sites::default(),
             settings,
-            &reports,
-            options.capacity,
-            &Default::default(),
-        )?;
-        add_explanations(&mut json[first_json..], &explanations)?;
-        let mins = if args.min_capacity {
-            let mins = min_capacities(trace, None, settings, &format!("workload {}", w.spec()))?;
-            add_min_capacity(&mut json[first_json..], &mins);
-            Some(mins)
-        } else {
-            None
-        };
-        let _ = writeln!(text, "workload {}", w.spec());
+            capacity: options.capacity,
+        }
+        .analyse(&reports, args.min_capacity, &mut json[first_json..])?;
+        let _ = writeln!(text, "{title}");
         let _ = writeln!(
             text,
             "{} ops replayed on a simulated {} device ({} settings) in {:.2} s\n",
@@ -611,18 +593,11 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             settings.len(),
             start.elapsed().as_secs_f64()
         );
-        text.push_str(&render_table(&reports, mins.as_deref()));
-        text.push_str(&explain::render_text(&explanations));
+        text.push_str(&analysis);
         if args.html.is_some() {
             sections.push(
-                html::Section::workload(
-                    format!("workload {}", w.spec()),
-                    trace,
-                    settings,
-                    options.capacity,
-                    &reports,
-                )?
-                .with_explanations(explanations),
+                html::Section::workload(title, trace, settings, options.capacity, &reports)?
+                    .with_explanations(explanations),
             );
         }
     }
@@ -643,6 +618,51 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// One replayed input (a recorded device trace or a workload), for what
+/// `reservoir replay` adds to its reports.
+struct Analysed<'a> {
+    /// The input's name in messages and progress bars.
+    label: &'a str,
+    trace: &'a Trace,
+    start: Option<&'a StartState>,
+    sites: &'a Sites,
+    settings: &'a [ReplaySetting],
+    capacity: u64,
+}
+
+impl Analysed<'_> {
+    /// Explain each setting's reserved peak and first OOM and, with
+    /// `min_capacity`, find each setting's smallest device; add both to the
+    /// input's JSON reports (`json`, one per setting) and return the
+    /// explanations with the text of the table and the explanations.
+    fn analyse(
+        &self,
+        reports: &[ReplayReport],
+        min_capacity: bool,
+        json: &mut [serde_json::Value],
+    ) -> Result<(Vec<Explanation>, String)> {
+        let explanations = explain::explain_all(
+            self.trace,
+            self.start,
+            self.settings,
+            reports,
+            self.capacity,
+            self.sites,
+        )?;
+        add_explanations(json, &explanations)?;
+        let mins = if min_capacity {
+            let mins = min_capacities(self.trace, self.start, self.settings, self.label)?;
+            add_min_capacity(json, &mins);
+            Some(mins)
+        } else {
+            None
+        };
+        let mut text = render_table(reports, mins.as_deref());
+        text.push_str(&explain::render_text(&explanations));
+        Ok((explanations, text))
+    }
 }
 
 /// The smallest capacity of each setting (`--min-capacity`), with a
@@ -695,10 +715,7 @@ fn file_name(path: &str) -> String {
 
 /// Add `explain` (the peak and first OOM, see
 /// `reservoir_replay::replay::explain::Explanation`) to each JSON report.
-fn add_explanations(
-    json: &mut [serde_json::Value],
-    ex: &[reservoir_replay::replay::explain::Explanation],
-) -> Result<()> {
+fn add_explanations(json: &mut [serde_json::Value], ex: &[Explanation]) -> Result<()> {
     for (v, e) in json.iter_mut().zip(ex) {
         if let Some(obj) = v.as_object_mut() {
             obj.insert(
