@@ -279,6 +279,19 @@ pub struct IntegrityConfig {
     pub max_live: usize,
 }
 
+impl IntegrityConfig {
+    /// The run each real backend's integrity test reports (the `opencl
+    /// integrity` and `cuda integrity` lines CI looks for): the defaults,
+    /// 10,000 operations on 4 streams, with seed 42, so the lines of
+    /// different backends and allocators describe the same operations.
+    pub fn backend_run() -> Self {
+        IntegrityConfig {
+            seed: 42,
+            ..IntegrityConfig::default()
+        }
+    }
+}
+
 impl Default for IntegrityConfig {
     fn default() -> Self {
         IntegrityConfig {

@@ -54,12 +54,7 @@ fn integrity(mode: Mode, config: AllocatorConfig, label: &str) {
     let Some((_turn, a)) = allocator(mode, config) else {
         return;
     };
-    let cfg = IntegrityConfig {
-        ops: 10_000,
-        streams: 4,
-        seed: 42,
-        ..IntegrityConfig::default()
-    };
+    let cfg = IntegrityConfig::backend_run();
     let rep = integrity_run(&a, &cfg).unwrap();
     a.check_invariants().unwrap();
     let h = hooks(a.backend());
@@ -190,12 +185,7 @@ fn randomized_multi_stream_integrity_of_the_mps_heap_async_sanitized() {
         return;
     };
     let a = HeapAllocator::new(dev, HeapSettings::new(false)).unwrap();
-    let cfg = IntegrityConfig {
-        ops: 10_000,
-        streams: 4,
-        seed: 42,
-        ..IntegrityConfig::default()
-    };
+    let cfg = IntegrityConfig::backend_run();
     let rep = integrity_run(&a, &cfg).unwrap();
     a.check_invariants().unwrap();
     let h = hooks(a.backend());

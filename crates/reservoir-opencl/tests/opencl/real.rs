@@ -128,12 +128,7 @@ fn block_of_a_busy_queue_is_not_reused_until_the_queue_completes() {
 fn integrity(config: AllocatorConfig, label: &str) {
     let Some(dev) = default_device() else { return };
     let a = CachingAllocator::new(dev, config);
-    let cfg = IntegrityConfig {
-        ops: 10_000,
-        streams: 4,
-        seed: 42,
-        ..IntegrityConfig::default()
-    };
+    let cfg = IntegrityConfig::backend_run();
     let rep = integrity_run(&a, &cfg).unwrap();
     a.check_invariants().unwrap();
     super::report(&format!(
@@ -261,12 +256,7 @@ fn randomized_multi_stream_integrity_of_the_mps_heap() {
     // runs waits in the pending set, real fills and checksums.
     let Some(dev) = default_device() else { return };
     let a = HeapAllocator::new(dev, HeapSettings::new(true)).unwrap();
-    let cfg = IntegrityConfig {
-        ops: 10_000,
-        streams: 4,
-        seed: 42,
-        ..IntegrityConfig::default()
-    };
+    let cfg = IntegrityConfig::backend_run();
     let rep = integrity_run(&a, &cfg).unwrap();
     a.check_invariants().unwrap();
     super::report(&format!(
