@@ -211,6 +211,7 @@ fn rows_table(rows: &[CompareRow]) -> String {
         "min capacity",
         "driver calls",
         "driver time",
+        "steady time",
         "ns/op",
     ];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
@@ -230,6 +231,7 @@ fn rows_table(rows: &[CompareRow]) -> String {
                 p.min_capacity.map_or("> 16 TiB".into(), format_size),
                 p.driver_calls.to_string(),
                 format_ns(p.driver_time_ns as f64),
+                format_ns(p.steady_driver_time_ns as f64),
                 format!("{:.0}", p.allocator_ns_per_op),
             ]);
         }
@@ -261,19 +263,28 @@ fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "{:12} {:>8} {:>8} {:>8}  {:>14}  {:>18}  worst input",
-        "policy", "median", "p90", "worst", "within bound", "sum of min capacity"
+        "{:12} {:>8} {:>8} {:>8}  {:>14}  {:>18}  {:>12}  {:>12}  worst input",
+        "policy",
+        "median",
+        "p90",
+        "worst",
+        "within bound",
+        "sum of min capacity",
+        "driver time",
+        "steady time"
     );
     for s in summary {
         let _ = writeln!(
             out,
-            "{:12} {:>8.3} {:>8.3} {:>8.3}  {:>14}  {:>18}  {}",
+            "{:12} {:>8.3} {:>8.3} {:>8.3}  {:>14}  {:>18}  {:>12}  {:>12}  {}",
             s.policy,
             s.median_ratio,
             s.p90_ratio,
             s.worst_ratio,
             format!("{}/{}", s.within_bound, s.inputs),
             format_size(s.total_min_capacity),
+            format_ns(s.total_driver_time_ns as f64),
+            format_ns(s.total_steady_driver_time_ns as f64),
             s.worst_input
         );
     }
