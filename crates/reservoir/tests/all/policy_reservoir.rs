@@ -138,3 +138,48 @@ fn a_segment_grows_where_it_maps_the_fewest_pages() {
     );
     assert_eq!(c.reserved(), 70 * MIB as i64);
 }
+
+#[test]
+fn the_default_outside_pytorch_mode_is_the_reservoir_policy() {
+    // AllocatorConfig::reservoir / CachingAllocator::reservoir: the policy;
+    // AllocatorConfig::default (PyTorch mode) stays PyTorch's.
+    assert_eq!(
+        AllocatorConfig::reservoir(),
+        AllocatorConfig::parse_with_policy("policy:reservoir").unwrap()
+    );
+    let pytorch = AllocatorConfig::default();
+    assert!(!pytorch.policy.reservoir && !pytorch.expandable_segments);
+    let run = |a: &reservoir::CachingAllocator<reservoir::sim::SimDevice>| {
+        let mut live = Vec::new();
+        for (i, size) in [30 * MIB, 3 * MIB, 512, 30 * MIB, 45 * MIB, 7 * MIB]
+            .into_iter()
+            .enumerate()
+        {
+            live.push(a.raw_alloc(size, S0).unwrap());
+            if i % 2 == 1 {
+                a.raw_free(live.remove(0)).unwrap();
+            }
+            a.check_invariants().unwrap();
+        }
+        let s = a.memory_stats();
+        (
+            s["reserved_bytes.all.peak"],
+            s["reserved_bytes.all.current"],
+            a.backend().counters().maps,
+            a.backend().counters().unmaps,
+        )
+    };
+    let dev = || reservoir::sim::SimDevice::default();
+    let default = run(&reservoir::CachingAllocator::reservoir(dev()));
+    let named = run(&reservoir::CachingAllocator::new(
+        dev(),
+        AllocatorConfig::parse_with_policy("policy:reservoir").unwrap(),
+    ));
+    assert_eq!(default, named);
+    let pytorch = run(&reservoir::CachingAllocator::new(
+        dev(),
+        AllocatorConfig::default(),
+    ));
+    assert_ne!(default, pytorch);
+    assert!(default.0 < pytorch.0, "{default:?} vs {pytorch:?}");
+}
