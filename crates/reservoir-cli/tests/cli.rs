@@ -714,6 +714,29 @@ fn compare_require_fails_on_a_policy_over_the_bound_or_worse_than_another() {
         // the output is printed either way
         assert!(out.contains("within bound"), "{out}");
     }
+    // --require-steady: steady-state driver time at most pytorch's
+    let steady: Vec<u64> = p
+        .iter()
+        .map(|x| x["steady_driver_time_ns"].as_u64().unwrap())
+        .collect();
+    for (i, x) in p.iter().enumerate() {
+        let name = x["policy"].as_str().unwrap();
+        let ok = steady[i] <= steady[0];
+        let o = reservoir(&[&base[..], &["--require-steady", name]].concat());
+        let err = stderr(&o);
+        assert_eq!(o.status.success(), ok, "{name}: {err}");
+        if !ok {
+            assert!(err.contains("steady-state driver time"), "{err}");
+        }
+    }
+    let o = reservoir(
+        &[
+            &base[..],
+            &["--policy", "reservoir", "--require-steady", "reservoir"],
+        ]
+        .concat(),
+    );
+    assert!(stderr(&o).contains("\"pytorch\" is not a compared policy"));
     // an unknown policy is refused before any work
     let o = reservoir(&[&base[..], &["--require", "max-split-128"]].concat());
     assert!(!o.status.success());
