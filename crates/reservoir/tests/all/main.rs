@@ -12,5 +12,6 @@ mod policy_reservoir;
 mod pools;
 mod registry;
 mod rules;
+mod shards;
 mod streams;
 mod teardown;
