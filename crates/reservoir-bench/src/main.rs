@@ -211,18 +211,24 @@ fn write_sequences(dir: &Path, quick: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `--threads`: throughput of one shared allocator with 1, 2 and 4 threads,
-/// each on its own stream.
+/// `--threads`: throughput with 1, 2 and 4 threads, each on its own
+/// stream, sharing one `CachingAllocator` (one lock per device) or one
+/// `StreamShards` (one lock per stream); median of 5 runs each.
 fn threads_table() -> ExitCode {
-    println!("| threads (one stream each) | M ops/s | vs 1 thread |\n|---|---|---|");
-    let one = threads::ops_per_second(1, 5);
-    for n in [1, 2, 4] {
-        let r = if n == 1 {
-            one
-        } else {
-            threads::ops_per_second(n, 5)
-        };
-        println!("| {n} | {r:.2} | {:.2}x |", r / one);
+    use threads::Shared;
+    println!(
+        "| allocator | threads (one stream each) | M ops/s | vs 1 thread |\n|---|---|---|---|"
+    );
+    for shared in [Shared::DeviceLock, Shared::StreamShards, Shared::Unshared] {
+        let one = threads::ops_per_second(shared, 1, 5);
+        for n in [1, 2, 4] {
+            let r = if n == 1 {
+                one
+            } else {
+                threads::ops_per_second(shared, n, 5)
+            };
+            println!("| {} | {n} | {r:.2} | {:.2}x |", shared.name(), r / one);
+        }
     }
     ExitCode::SUCCESS
 }

@@ -34,6 +34,10 @@ pub enum StreamShardsError {
 }
 
 /// One stream's shard: a PyTorch-mode allocator serving only `stream`.
+/// Aligned to 128 bytes (two cache lines, what adjacent-line prefetchers
+/// pair) so that shards in neighbouring slots share no cache line: each
+/// call writes its shard's lock and statistics.
+#[repr(align(128))]
 struct Shard<B: Backend> {
     stream: StreamId,
     alloc: CachingAllocator<Arc<B>>,
