@@ -43,9 +43,16 @@ struct Shard<B: Backend> {
     alloc: CachingAllocator<Arc<B>>,
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// The slot this thread allocated from last: where its frees look first.
     static LAST_SHARD: Cell<usize> = const { Cell::new(0) };
+}
+
+#[cfg(loom)]
+thread_local! {
+    /// The slot this thread allocated from last (loom's macro takes no `const`).
+    static LAST_SHARD: Cell<usize> = Cell::new(0);
 }
 
 /// A caching allocator with one lock per stream: `Send + Sync`, share it
