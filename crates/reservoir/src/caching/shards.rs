@@ -414,6 +414,20 @@ impl<B: Backend> StreamShards<B> {
         snap
     }
 
+    /// Check the invariants of `stream`'s shard alone (see
+    /// [`CachingAllocator::check_invariants`]), taking no other shard's
+    /// lock: what a thread can check after each of its own operations
+    /// while other threads work. A stream without a shard has nothing to
+    /// check.
+    pub fn check_stream_invariants(&self, stream: StreamId) -> Result<(), InvariantViolation> {
+        for shard in self.shards() {
+            if shard.stream == stream {
+                return shard.alloc.check_invariants();
+            }
+        }
+        Ok(())
+    }
+
     /// Check every shard's invariants (see
     /// [`CachingAllocator::check_invariants`]), that each shard serves only
     /// its own stream, and that no two shards' segments overlap.

@@ -13,5 +13,6 @@ mod pools;
 mod registry;
 mod rules;
 mod shards;
+mod shards_stress;
 mod streams;
 mod teardown;
