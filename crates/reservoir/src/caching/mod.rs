@@ -424,6 +424,24 @@ impl<B: Backend> CachingAllocator<B> {
         })
     }
 
+    /// One half of [`empty_cache`](Self::empty_cache): with `large`, wait
+    /// for outstanding events and release the large pool's free segments;
+    /// without, the small pool's and the freeable private pools'.
+    /// [`StreamShards`] runs the first half on every shard, then the second,
+    /// in PyTorch's order (spec 1.9: one large pool keyed by stream, then
+    /// the small pool).
+    pub(crate) fn empty_cache_half(&self, large: bool) -> Result<(), AllocError> {
+        let ctx = self.gather(RecordContext::All);
+        self.with_context(ctx, |state| {
+            if large {
+                state.release_cached_large_blocks(&self.backend)?;
+            } else {
+                state.release_cached_small_and_private_blocks(&self.backend)?;
+            }
+            Ok(())
+        })
+    }
+
     /// Route allocations accepted by `filter` to the private pool `pool`,
     /// creating it (use count 1) or adding a use (PyTorch's
     /// `beginAllocateToPool`). Blocks of a private pool never serve other

@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::{CachingAllocator, HistoryConfig, InvariantViolation};
@@ -129,6 +130,9 @@ pub struct StreamShards<B: Backend> {
     /// Locked only to change them and to create a shard (lock order: this,
     /// then a shard's own lock).
     history: Mutex<HistoryConfig>,
+    /// Given to every shard at creation (see
+    /// [`rank_segments_by_address`](Self::rank_segments_by_address)).
+    rank_by_address: AtomicBool,
 }
 
 impl<B: Backend> StreamShards<B> {
@@ -158,6 +162,7 @@ impl<B: Backend> StreamShards<B> {
             device,
             slots: (0..max_streams).map(|_| OnceSlot::new()).collect(),
             history: Mutex::new(HistoryConfig::off()),
+            rank_by_address: AtomicBool::new(false),
         })
     }
 
@@ -194,14 +199,7 @@ impl<B: Backend> StreamShards<B> {
         size: u64,
         stream: StreamId,
     ) -> Result<DevicePtr, AllocError> {
-        for (i, other) in self.slots.iter().enumerate() {
-            if i == slot {
-                continue;
-            }
-            if let Some(other) = other.get() {
-                other.alloc.empty_cache()?;
-            }
-        }
+        self.release_caches(Some(slot))?;
         shard.alloc.raw_alloc(size, stream)
     }
 
@@ -288,7 +286,41 @@ impl<B: Backend> StreamShards<B> {
         let alloc =
             CachingAllocator::with_device(self.backend.clone(), self.config.clone(), self.device);
         alloc.record_memory_history(history.clone());
+        if self.rank_by_address.load(Ordering::Relaxed) {
+            alloc.seeder().rank_segments_by_address(true);
+        }
         Shard { stream, alloc }
+    }
+
+    /// Run `f` on `stream`'s shard (created if it has none yet): for what
+    /// only a [`CachingAllocator`] offers, such as seeding a recorded
+    /// segment of that stream with [`CachingAllocator::seeder`].
+    pub fn with_shard<R>(
+        &self,
+        stream: StreamId,
+        f: impl FnOnce(&CachingAllocator<Arc<B>>) -> R,
+    ) -> Result<R, AllocError> {
+        let (_, shard) = self.shard_for(stream)?;
+        Ok(f(&shard.alloc))
+    }
+
+    /// Among free blocks of equal size, prefer the lowest address, in every
+    /// shard and those created later (see
+    /// [`Seeder::rank_segments_by_address`](super::Seeder::rank_segments_by_address);
+    /// for replays of recorded traces).
+    pub fn rank_segments_by_address(&self, on: bool) {
+        self.rank_by_address.store(on, Ordering::Relaxed);
+        for shard in self.shards() {
+            shard.alloc.seeder().rank_segments_by_address(on);
+        }
+    }
+
+    /// Allocated and reserved bytes now, summed over the shards (see
+    /// [`Seeder::allocated_and_reserved`](super::Seeder::allocated_and_reserved)).
+    pub fn allocated_and_reserved(&self) -> (u64, u64) {
+        self.shards()
+            .map(|s| s.alloc.seeder().allocated_and_reserved())
+            .fold((0, 0), |(a, r), (sa, sr)| (a + sa, r + sr))
     }
 
     /// The shards created so far, in slot order.
@@ -304,11 +336,30 @@ impl<B: Backend> StreamShards<B> {
     }
 
     /// Release every shard's cached segments that are entirely free, after
-    /// waiting for their outstanding events (`torch.cuda.empty_cache`), one
-    /// shard at a time.
+    /// waiting for their outstanding events (`torch.cuda.empty_cache`), in
+    /// PyTorch's order: large segments of every stream (by stream id), then
+    /// small ones. Each shard counts one `num_sync_all_streams`.
     pub fn empty_cache(&self) -> Result<(), AllocError> {
-        for shard in self.shards() {
-            shard.alloc.empty_cache()?;
+        self.release_caches(None)
+    }
+
+    /// Release the cached segments of every shard but `except`, in
+    /// PyTorch's order (spec 1.9 `release_cached_blocks`): the large pool's
+    /// segments of every stream in stream order, then the small pool's and
+    /// the private pools'. Each step takes one shard's lock alone.
+    fn release_caches(&self, except: Option<usize>) -> Result<(), AllocError> {
+        let mut shards: Vec<_> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| Some(i) != except)
+            .filter_map(|(_, slot)| slot.get())
+            .collect();
+        shards.sort_by_key(|s| s.stream.0);
+        for large in [true, false] {
+            for shard in &shards {
+                shard.alloc.empty_cache_half(large)?;
+            }
         }
         Ok(())
     }
