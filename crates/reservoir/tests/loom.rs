@@ -1,7 +1,8 @@
 //! loom models of every hand-off point of `StreamShards` (issue 16
 //! deliverable 3): shard creation, a free from another thread into a
 //! thread's shard, the out-of-memory reclaim of other shards while they
-//! allocate, and `empty_cache` concurrent with allocation. loom explores
+//! allocate, `empty_cache` concurrent with allocation, and history
+//! settings handed to a shard being created. loom explores
 //! every interleaving of the shards' locks and slots (see `src/sync.rs`);
 //! each model ends by checking every shard's invariants and the counters.
 //!
@@ -11,8 +12,9 @@
 use std::sync::Arc;
 
 use loom::thread;
-use reservoir::caching::StreamShards;
+use reservoir::caching::{HistoryConfig, StreamShards};
 use reservoir::sim::{SimConfig, SimDevice};
+use reservoir::trace::TraceAction;
 use reservoir::{AllocError, AllocatorConfig, DevicePtr, StreamId};
 
 const MIB: u64 = 1 << 20;
@@ -191,6 +193,32 @@ fn empty_cache_concurrent_with_allocation() {
         s.raw_free(r).unwrap();
         s.empty_cache().unwrap();
         assert_eq!(s.stats().reserved_bytes.all().current, 0);
+        check_all_freed(&s);
+    });
+}
+
+#[test]
+fn history_turned_on_while_a_shard_is_created_reaches_it() {
+    // The history settings are handed to shards created later: whichever
+    // comes first, the new stream's shard records once recording is on.
+    loom::model(|| {
+        let s = shards(1 << 30, 4);
+        let t = {
+            let s = s.clone();
+            thread::spawn(move || {
+                let p = s.raw_alloc(512, StreamId(3)).unwrap();
+                s.raw_free(p).unwrap();
+            })
+        };
+        s.record_memory_history(HistoryConfig::events_only(1000));
+        t.join().unwrap();
+        let p = s.raw_alloc(512, StreamId(3)).unwrap();
+        let recorded = s
+            .history()
+            .iter()
+            .any(|e| e.action == TraceAction::Alloc && e.addr == p.0);
+        assert!(recorded, "the shard of stream 3 records");
+        s.raw_free(p).unwrap();
         check_all_freed(&s);
     });
 }

@@ -3,7 +3,6 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::{CachingAllocator, HistoryConfig, InvariantViolation};
@@ -85,7 +84,8 @@ thread_local! {
 ///   so `peak` is the **sum of the shards' peaks**: an upper bound of the
 ///   device-wide peak, exact with one stream, and exact whenever the
 ///   streams peak together. [`StreamShards::shard_stats`] gives each shard's
-///   own exact numbers.
+///   own exact numbers. `num_sync_all_streams` counts one per shard for
+///   each `empty_cache` (each shard waits for its own events).
 /// * **Cross-stream frees** (`record_stream`): a block's shard is the stream
 ///   it was allocated on; its pending events are polled when that shard
 ///   allocates (PyTorch polls them on any stream's allocation). The block
@@ -126,13 +126,19 @@ pub struct StreamShards<B: Backend> {
     /// from `home_slot(stream)` that holds it, and no empty slot comes
     /// before it (slots are only ever filled, never emptied).
     slots: Box<[OnceSlot<Shard<B>>]>,
-    /// The history settings every shard gets, also those created later.
-    /// Locked only to change them and to create a shard (lock order: this,
-    /// then a shard's own lock).
-    history: Mutex<HistoryConfig>,
-    /// Given to every shard at creation (see
-    /// [`rank_segments_by_address`](Self::rank_segments_by_address)).
-    rank_by_address: AtomicBool,
+    /// What every shard is given, also those created later. Locked only to
+    /// change it and to create a shard, until the new shard is published in
+    /// its slot (lock order: this, then a shard's own lock).
+    settings: Mutex<ShardSettings>,
+}
+
+/// The run-time settings [`StreamShards`] hands to each shard.
+#[derive(Clone)]
+struct ShardSettings {
+    /// See [`StreamShards::record_memory_history`].
+    history: HistoryConfig,
+    /// See [`StreamShards::rank_segments_by_address`].
+    rank_by_address: bool,
 }
 
 impl<B: Backend> StreamShards<B> {
@@ -161,8 +167,10 @@ impl<B: Backend> StreamShards<B> {
             config,
             device,
             slots: (0..max_streams).map(|_| OnceSlot::new()).collect(),
-            history: Mutex::new(HistoryConfig::off()),
-            rank_by_address: AtomicBool::new(false),
+            settings: Mutex::new(ShardSettings {
+                history: HistoryConfig::off(),
+                rank_by_address: false,
+            }),
         })
     }
 
@@ -267,7 +275,13 @@ impl<B: Backend> StreamShards<B> {
             let slot = &self.slots[i];
             let shard = match slot.get() {
                 Some(shard) => shard,
-                None => slot.get_or_init(|| self.new_shard(stream)),
+                None => {
+                    // Held until the shard is published, so that a concurrent
+                    // `record_memory_history` either sees the shard or has
+                    // already set what the shard is created with.
+                    let settings = self.settings.lock();
+                    slot.get_or_init(|| self.new_shard(stream, &settings))
+                }
             };
             if shard.stream == stream {
                 return Ok((i, shard));
@@ -281,12 +295,11 @@ impl<B: Backend> StreamShards<B> {
     }
 
     #[cold]
-    fn new_shard(&self, stream: StreamId) -> Shard<B> {
-        let history = self.history.lock();
+    fn new_shard(&self, stream: StreamId, settings: &ShardSettings) -> Shard<B> {
         let alloc =
             CachingAllocator::with_device(self.backend.clone(), self.config.clone(), self.device);
-        alloc.record_memory_history(history.clone());
-        if self.rank_by_address.load(Ordering::Relaxed) {
+        alloc.record_memory_history(settings.history.clone());
+        if settings.rank_by_address {
             alloc.seeder().rank_segments_by_address(true);
         }
         Shard { stream, alloc }
@@ -309,10 +322,11 @@ impl<B: Backend> StreamShards<B> {
     /// [`Seeder::rank_segments_by_address`](super::Seeder::rank_segments_by_address);
     /// for replays of recorded traces).
     pub fn rank_segments_by_address(&self, on: bool) {
-        self.rank_by_address.store(on, Ordering::Relaxed);
+        let mut settings = self.settings.lock();
         for shard in self.shards() {
             shard.alloc.seeder().rank_segments_by_address(on);
         }
+        settings.rank_by_address = on;
     }
 
     /// Allocated and reserved bytes now, summed over the shards (see
@@ -411,11 +425,11 @@ impl<B: Backend> StreamShards<B> {
     /// Configure history recording on every shard, and on shards created
     /// later (see [`CachingAllocator::record_memory_history`]).
     pub fn record_memory_history(&self, config: HistoryConfig) {
-        let mut history = self.history.lock();
+        let mut settings = self.settings.lock();
         for shard in self.shards() {
             shard.alloc.record_memory_history(config.clone());
         }
-        *history = config;
+        settings.history = config;
     }
 
     /// The shards' histories merged, oldest first (by time stamp; each
