@@ -100,9 +100,11 @@ impl ThreadedAlloc for PerThread {
 }
 
 /// Millions of operations per second with `threads` threads sharing one
-/// `shared` allocator, median of `reps`.
-pub fn ops_per_second(shared: Shared, threads: usize, reps: usize) -> f64 {
-    let mut rates = Vec::new();
+/// `shared` allocator: the median and the best of `reps` runs. On a machine
+/// shared with other work the best run is the one least disturbed by it
+/// (all threads had a core), the median what a run typically gets.
+pub fn ops_per_second(shared: Shared, threads: usize, reps: usize) -> Rate {
+    let (mut rates, mut projected) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         let dev = SimDevice::new(SimConfig::like_fake_driver());
         let streams: Vec<StreamId> = (0..threads)
@@ -111,7 +113,7 @@ pub fn ops_per_second(shared: Shared, threads: usize, reps: usize) -> f64 {
                     .expect("the simulated device creates streams")
             })
             .collect();
-        let seconds = match shared {
+        let timing = match shared {
             Shared::DeviceLock => measure(
                 &CachingAllocator::new(dev, AllocatorConfig::default()),
                 &streams,
@@ -123,33 +125,86 @@ pub fn ops_per_second(shared: Shared, threads: usize, reps: usize) -> f64 {
             ),
             Shared::Unshared => measure(&PerThread::new(threads), &streams),
         };
-        rates.push((threads * OPS_PER_THREAD) as f64 / seconds / 1e6);
+        let ops = (threads * OPS_PER_THREAD) as f64;
+        rates.push(ops / timing.wall / 1e6);
+        if let Some(cpu) = timing.busiest_thread_cpu {
+            projected.push(ops / cpu / 1e6);
+        }
     }
-    crate::run::median(rates)
+    let best = rates.iter().copied().fold(0.0, f64::max);
+    Rate {
+        median: crate::run::median(rates),
+        best,
+        core_per_thread: (projected.len() == reps).then(|| crate::run::median(projected)),
+    }
+}
+
+/// Millions of operations per second over repeated runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Rate {
+    /// The median run.
+    pub median: f64,
+    /// The fastest run.
+    pub best: f64,
+    /// With a core for each thread (median): the operations over the CPU
+    /// time of the busiest thread. What the threads reach on an otherwise
+    /// idle machine when they never wait for each other (true without a
+    /// shared lock; a thread parked on a lock uses no CPU, so for one lock
+    /// per device it says nothing). `None` without per-thread CPU times.
+    pub core_per_thread: Option<f64>,
 }
 
 /// Seconds for one thread per stream to make `OPS_PER_THREAD` operations,
 /// all starting together after a warm-up.
-fn measure(alloc: &impl ThreadedAlloc, streams: &[StreamId]) -> f64 {
+fn measure(alloc: &impl ThreadedAlloc, streams: &[StreamId]) -> Timing {
     let barrier = Barrier::new(streams.len() + 1);
-    let elapsed = std::thread::scope(|s| {
-        for (i, &stream) in streams.iter().enumerate() {
-            let barrier = &barrier;
-            s.spawn(move || {
-                let mut rng = SplitMix64::new(i as u64 + 1);
-                // Warm the thread's cache, then measure from the barrier.
-                churn(alloc, stream, &mut rng, OPS_PER_THREAD / 4);
-                barrier.wait();
-                churn(alloc, stream, &mut rng, OPS_PER_THREAD);
-                barrier.wait();
-            });
-        }
+    std::thread::scope(|s| {
+        let threads: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(i, &stream)| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut rng = SplitMix64::new(i as u64 + 1);
+                    // Warm the thread's cache, then measure from the barrier.
+                    churn(alloc, stream, &mut rng, OPS_PER_THREAD / 4);
+                    barrier.wait();
+                    let cpu = thread_cpu_ns();
+                    churn(alloc, stream, &mut rng, OPS_PER_THREAD);
+                    let cpu = thread_cpu_ns().zip(cpu).map(|(end, start)| end - start);
+                    barrier.wait();
+                    cpu
+                })
+            })
+            .collect();
         barrier.wait();
         let t = Instant::now();
         barrier.wait();
-        t.elapsed()
-    });
-    elapsed.as_secs_f64()
+        let wall = t.elapsed().as_secs_f64();
+        let cpu: Option<Vec<u64>> = threads
+            .into_iter()
+            .map(|t| t.join().expect("a measuring thread"))
+            .collect();
+        Timing {
+            wall,
+            busiest_thread_cpu: cpu
+                .and_then(|c| c.into_iter().max())
+                .map(|ns| ns as f64 / 1e9),
+        }
+    })
+}
+
+/// One measurement: wall seconds, and the CPU seconds of the busiest thread.
+struct Timing {
+    wall: f64,
+    busiest_thread_cpu: Option<f64>,
+}
+
+/// Nanoseconds the calling thread has run on a CPU (Linux's
+/// `/proc/thread-self/schedstat`), or `None` where that is not available.
+fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// `ops` operations on `stream`: allocate sizes log-uniform from 512 B to
