@@ -12,7 +12,7 @@ use crate::error::AllocError;
 use crate::snapshot::{Segment, Snapshot};
 use crate::stats::{DeviceStats, Stat, StatArray};
 use crate::sync::{thread_local, Mutex, OnceSlot, SlotRef};
-use crate::trace::{TraceAction, TraceEntry};
+use crate::trace::TraceEntry;
 
 /// Streams a [`StreamShards`] serves unless told otherwise.
 pub const DEFAULT_MAX_STREAMS: usize = 64;
@@ -449,29 +449,22 @@ impl<B: Backend> StreamShards<B> {
 
     /// A snapshot of every shard as one device's (see
     /// [`CachingAllocator::snapshot`]): segments in address order, the
-    /// histories merged by time, one `snapshot` entry for this call.
+    /// histories merged by time. The call's `snapshot` history entry is
+    /// recorded once, in the first shard (in slot order).
     pub fn snapshot(&self) -> Snapshot {
-        let mut merged: Option<Snapshot> = None;
-        for (n, shard) in self.shards().enumerate() {
-            let mut snap = shard.alloc.snapshot(None);
-            let Some(into) = merged.as_mut() else {
-                merged = Some(snap);
-                continue;
-            };
-            into.segments.append(&mut snap.segments);
-            for (d, trace) in snap.device_traces.into_iter().enumerate() {
-                if into.device_traces.len() <= d {
-                    into.device_traces.resize_with(d + 1, Vec::new);
-                }
-                // The first shard's `snapshot` entries stand for each call.
-                into.device_traces[d].extend(
-                    trace
-                        .into_iter()
-                        .filter(|e| n == 0 || e.action != TraceAction::Snapshot),
-                );
+        let mut shards = self.shards();
+        let Some(first) = shards.next() else {
+            return Snapshot::default();
+        };
+        let mut snap = first.alloc.snapshot(None);
+        for shard in shards {
+            snap.segments.extend(shard.alloc.segments());
+            let d = usize::try_from(self.device).unwrap_or(0);
+            if snap.device_traces.len() <= d {
+                snap.device_traces.resize_with(d + 1, Vec::new);
             }
+            snap.device_traces[d].extend(shard.alloc.history());
         }
-        let mut snap = merged.unwrap_or_default();
         snap.segments.sort_by_key(|s| s.address);
         for trace in &mut snap.device_traces {
             trace.sort_by_key(|e| e.time_us);

@@ -153,3 +153,45 @@ fn cross_stream_frees_wait_for_the_using_stream() {
     assert_eq!(s.stats().reserved_bytes.all().current, 0);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn history_and_snapshots_cover_every_shard() {
+    // spec 2.2-2.5: one snapshot of the device lists every segment in
+    // address order and the whole history, with one `snapshot` entry per call.
+    use reservoir::caching::HistoryConfig;
+    use reservoir::trace::TraceAction;
+    let s = shards_with_capacity(1 << 30);
+    let a = s.raw_alloc(MIB, StreamId(1)).unwrap(); // shard created before recording
+    s.record_memory_history(HistoryConfig::events_only(1000));
+    let b = s.raw_alloc(3 * MIB, StreamId(1)).unwrap();
+    let c = s.raw_alloc(512, StreamId(2)).unwrap(); // shard created while recording
+    s.raw_free(b).unwrap();
+    let snap = s.snapshot();
+    snap.check_consistency().unwrap();
+    let addrs: Vec<u64> = snap.segments.iter().map(|g| g.address).collect();
+    let mut sorted = addrs.clone();
+    sorted.sort_unstable();
+    assert_eq!(addrs, sorted, "segments in address order");
+    assert_eq!(snap.segments.len(), 3, "{addrs:x?}");
+    let trace = &snap.device_traces[0];
+    let allocs: Vec<u64> = trace
+        .iter()
+        .filter(|e| e.action == TraceAction::Alloc)
+        .map(|e| e.addr)
+        .collect();
+    assert_eq!(allocs, [b.0, c.0], "both shards' allocations, in order");
+    // Each call's `snapshot` entry shows from the next snapshot on, once.
+    let snapshots = |trace: &[reservoir::trace::TraceEntry]| {
+        trace
+            .iter()
+            .filter(|e| e.action == TraceAction::Snapshot)
+            .count()
+    };
+    assert_eq!(snapshots(trace), 0);
+    assert_eq!(snapshots(&s.history()), 1, "one entry for one call");
+    assert_eq!(s.history().len(), trace.len() + 1);
+    assert_eq!(snapshots(&s.snapshot().device_traces[0]), 1);
+    s.raw_free(a).unwrap();
+    s.raw_free(c).unwrap();
+    s.check_invariants().unwrap();
+}
