@@ -96,6 +96,12 @@ thread_local! {
 ///   ([`StreamShardsError::MemoryFraction`]): a limit shared by shards would
 ///   need a budget shared on the driver path, not built yet.
 ///
+/// * **Not offered** (use [`with_shard`](StreamShards::with_shard) for one
+///   stream, or [`CachingAllocator`]): private pools and checkpoints, IPC,
+///   free-memory callbacks, out-of-memory observers, the callback registry,
+///   run-time settings changes. They are device-wide in PyTorch and would
+///   have to be handed to every shard.
+///
 /// Lookups on the hot path write no shared memory: the stream's slot is a
 /// `OnceLock` read (one acquire load), and a free first tries the shard the
 /// calling thread allocated from last (a thread-local hint) before the
