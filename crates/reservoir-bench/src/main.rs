@@ -213,18 +213,39 @@ fn write_sequences(dir: &Path, quick: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `--threads`: throughput of one shared allocator with 1, 2 and 4 threads,
-/// each on its own stream.
+/// `--threads`: throughput with 1, 2 and 4 threads, each on its own
+/// stream, sharing one `CachingAllocator` (one lock per device) or one
+/// `StreamShards` (one lock per stream), or each with its own allocator;
+/// median and best of 11 runs each, and the rate with a core per thread
+/// (from the busiest thread's CPU time) where threads never wait.
 fn threads_table() -> ExitCode {
-    println!("| threads (one stream each) | M ops/s | vs 1 thread |\n|---|---|---|");
-    let one = threads::ops_per_second(1, 5);
-    for n in [1, 2, 4] {
-        let r = if n == 1 {
-            one
-        } else {
-            threads::ops_per_second(n, 5)
-        };
-        println!("| {n} | {r:.2} | {:.2}x |", r / one);
+    use threads::Shared;
+    const REPS: usize = 11;
+    println!(
+        "| allocator | threads (one stream each) | M ops/s median | vs 1 thread | M ops/s best | vs 1 thread | M ops/s with a core per thread | vs 1 thread |\n|---|---|---|---|---|---|---|---|"
+    );
+    for shared in [Shared::DeviceLock, Shared::StreamShards, Shared::Unshared] {
+        let one = threads::ops_per_second(shared, 1, REPS);
+        for n in [1, 2, 4] {
+            let r = if n == 1 {
+                one
+            } else {
+                threads::ops_per_second(shared, n, REPS)
+            };
+            let projected = match (shared, r.core_per_thread, one.core_per_thread) {
+                (Shared::DeviceLock, _, _) => "n/a (threads wait on the lock) | n/a".to_string(),
+                (_, Some(p), Some(p1)) => format!("{p:.2} | {:.2}x", p / p1),
+                _ => "n/a (no per-thread CPU time) | n/a".to_string(),
+            };
+            println!(
+                "| {} | {n} | {:.2} | {:.2}x | {:.2} | {:.2}x | {projected} |",
+                shared.name(),
+                r.median,
+                r.median / one.median,
+                r.best,
+                r.best / one.best
+            );
+        }
     }
     ExitCode::SUCCESS
 }

@@ -75,6 +75,7 @@ pub mod sim;
 pub mod snapshot;
 pub mod stats;
 pub(crate) mod store;
+pub(crate) mod sync;
 pub mod trace;
 
 pub use backend::{Backend, BackendError, MemInfo};

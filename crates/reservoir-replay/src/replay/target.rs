@@ -9,10 +9,13 @@
 //! allocator's seeding methods, which exist for replay alone. The MPS heap
 //! allocator's follows it: it places buffers itself, so a recorded start
 //! state is rebuilt by allocating its live blocks
-//! ([`ReplayTarget::seed_segment_blocks`]).
+//! ([`ReplayTarget::seed_segment_blocks`]). [`StreamShards`] (one lock
+//! per stream) seeds each segment into its stream's shard.
 
 use reservoir::backend::{DevicePtr, StreamId};
-use reservoir::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSegment};
+use reservoir::caching::{
+    CachingAllocator, SeedError, SeededExpandable, SeededSegment, StreamShards,
+};
 use reservoir::config::heap::HeapSettings;
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
@@ -165,6 +168,71 @@ impl ReplayTarget for CachingAllocator<SimDevice> {
 
     fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
         self.seeder().seed_expandable(seg)
+    }
+}
+
+/// One lock per stream ([`StreamShards`]): each stream's shard is PyTorch
+/// mode for that stream. Seeded segments go to their stream's shard.
+impl ReplayTarget for StreamShards<SimDevice> {
+    /// Panics on a per-process memory fraction below 1, which
+    /// [`StreamShards`] refuses.
+    fn on_device(device: SimDevice, config: AllocatorConfig) -> Self {
+        StreamShards::new(device, config)
+            .expect("recorded settings have no per-process memory fraction below 1")
+    }
+
+    fn device(&self) -> &SimDevice {
+        self.backend()
+    }
+
+    fn alloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        self.raw_alloc(size, stream)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        self.raw_free(ptr)
+    }
+
+    fn empty_cache(&self) -> Result<(), AllocError> {
+        StreamShards::empty_cache(self)
+    }
+
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        StreamShards::record_stream(self, ptr, stream)
+    }
+
+    fn stats(&self) -> DeviceStats {
+        StreamShards::stats(self)
+    }
+
+    fn allocated_and_reserved(&self) -> (u64, u64) {
+        StreamShards::allocated_and_reserved(self)
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        StreamShards::segments(self)
+    }
+
+    fn reset_accumulated_stats(&self) {
+        StreamShards::reset_accumulated_stats(self)
+    }
+
+    fn reset_peak_stats(&self) {
+        StreamShards::reset_peak_stats(self)
+    }
+
+    fn rank_segments_by_address(&self, on: bool) {
+        StreamShards::rank_segments_by_address(self, on)
+    }
+
+    fn seed_segment(&self, seg: &SeededSegment) -> Result<DevicePtr, SeedError> {
+        self.with_shard(seg.stream, |a| a.seeder().seed_segment(seg))
+            .map_err(|e| SeedError::Layout(e.to_string()))?
+    }
+
+    fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
+        self.with_shard(seg.stream, |a| a.seeder().seed_expandable(seg))
+            .map_err(|e| SeedError::Layout(e.to_string()))?
     }
 }
 

@@ -22,6 +22,9 @@ pub type FreeMemoryCallback = Box<dyn FnMut() -> Vec<DevicePtr> + Send>;
 
 pub(crate) enum MallocError {
     Oom(Box<OomReport>),
+    /// Every attempt failed and the caller asked not to report it yet
+    /// ([`DeviceState::malloc_or_would_oom`]): nothing counted or recorded.
+    WouldOom,
     Other(AllocError),
 }
 
@@ -43,11 +46,36 @@ pub(super) struct AllocParams {
 
 impl DeviceState {
     /// spec 1.5: malloc. Returns the allocated block.
+    #[inline]
     pub fn malloc<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
         orig_size: u64,
         stream: StreamId,
+    ) -> Result<BlockId, MallocError> {
+        self.malloc_reporting(backend, orig_size, stream, true)
+    }
+
+    /// [`malloc`](Self::malloc) whose out-of-memory failure is
+    /// [`MallocError::WouldOom`]: no `num_ooms`, no `oom` trace entry, no
+    /// observers. The stream shards try this first, then empty the other
+    /// shards' caches and call [`malloc`](Self::malloc) (which reports).
+    pub fn malloc_or_would_oom<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        orig_size: u64,
+        stream: StreamId,
+    ) -> Result<BlockId, MallocError> {
+        self.malloc_reporting(backend, orig_size, stream, false)
+    }
+
+    #[inline]
+    fn malloc_reporting<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        orig_size: u64,
+        stream: StreamId,
+        report_oom: bool,
     ) -> Result<BlockId, MallocError> {
         if orig_size >= ONE_EXABYTE {
             return Err(self.too_large(backend.device_kind(), orig_size, stream));
@@ -89,6 +117,9 @@ impl DeviceState {
         }
 
         if !found {
+            if !report_oom {
+                return Err(MallocError::WouldOom);
+            }
             return Err(MallocError::Oom(Box::new(
                 self.out_of_memory(backend, &p, orig_size)?,
             )));

@@ -73,6 +73,7 @@ mod pools;
 mod release;
 pub mod rules;
 mod seed;
+mod shards;
 mod snapshot;
 mod state;
 pub mod stream_order;
@@ -82,8 +83,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
-
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
 use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::config::AllocatorConfig;
@@ -92,6 +91,7 @@ use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::snapshot::{LayoutSummary, Segment, Snapshot};
 use crate::stats::DeviceStats;
+use crate::sync::{Mutex, RwLock};
 use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
 pub use check::InvariantViolation;
@@ -102,6 +102,7 @@ use malloc::MallocError;
 pub use oom::OomObserver;
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
 pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment, Seeder};
+pub use shards::{StreamShards, StreamShardsError, DEFAULT_MAX_STREAMS};
 pub use snapshot::StreamSegmentSize;
 use state::DeviceState;
 pub use teardown::TeardownReport;
@@ -293,12 +294,38 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
+    /// [`raw_alloc`](Self::raw_alloc) that returns `Ok(None)` instead of
+    /// reporting an out-of-memory failure (nothing is counted, recorded or
+    /// observed for it), for [`StreamShards`] to reclaim other shards'
+    /// caches first.
+    pub(crate) fn raw_alloc_or_would_oom(
+        &self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<DevicePtr>, AllocError> {
+        if size == 0 {
+            return Ok(Some(DevicePtr::NULL));
+        }
+        let ctx = self.gather(RecordContext::State);
+        let r = self.with_context(ctx, |state| {
+            state
+                .malloc_or_would_oom(&self.backend, size, stream)
+                .map(|id| DevicePtr(state.store.blocks[id].addr))
+        });
+        match r {
+            Ok(ptr) => Ok(Some(ptr)),
+            Err(MallocError::WouldOom) => Ok(None),
+            Err(e) => self.malloc_failed(e).map(Some),
+        }
+    }
+
     /// A failed malloc, after the lock is released: out-of-memory
     /// observers, then `AllocationFailed` callbacks.
     #[cold]
     fn malloc_failed(&self, e: MallocError) -> Result<DevicePtr, AllocError> {
         match e {
             MallocError::Other(e) => Err(e),
+            MallocError::WouldOom => Err(e.into()),
             MallocError::Oom(report) => {
                 let e = report.error;
                 let limit = e.allowed.unwrap_or(e.device_total);
@@ -416,6 +443,24 @@ impl<B: Backend> CachingAllocator<B> {
                 );
             }
             state.release_cached_blocks(&self.backend, pool)?;
+            Ok(())
+        })
+    }
+
+    /// One half of [`empty_cache`](Self::empty_cache): with `large`, wait
+    /// for outstanding events and release the large pool's free segments;
+    /// without, the small pool's and the freeable private pools'.
+    /// [`StreamShards`] runs the first half on every shard, then the second,
+    /// in PyTorch's order (spec 1.9: one large pool keyed by stream, then
+    /// the small pool).
+    pub(crate) fn empty_cache_half(&self, large: bool) -> Result<(), AllocError> {
+        let ctx = self.gather(RecordContext::All);
+        self.with_context(ctx, |state| {
+            if large {
+                state.release_cached_large_blocks(&self.backend)?;
+            } else {
+                state.release_cached_small_and_private_blocks(&self.backend)?;
+            }
             Ok(())
         })
     }

@@ -543,6 +543,8 @@ impl From<MallocError> for AllocError {
         match e {
             MallocError::Other(e) => e,
             MallocError::Oom(r) => AllocError::OutOfMemory(Box::new(r.error)),
+            // Only `malloc_or_would_oom` returns it, and its callers handle it.
+            MallocError::WouldOom => AllocError::InvalidState("out of memory".into()),
         }
     }
 }

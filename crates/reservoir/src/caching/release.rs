@@ -122,11 +122,22 @@ impl DeviceState {
         backend: &B,
         pool: MempoolId,
     ) -> Result<bool, MallocError> {
-        if pool.is_default() && self.private.captures_underway.is_empty() {
-            self.synchronize_and_free_events(backend, None)?;
-            self.release_blocks(backend, POOL_LARGE)?;
-            self.release_blocks(backend, POOL_SMALL)?;
+        if pool.is_default() {
+            self.release_cached_large_blocks(backend)?;
+            self.release_cached_small_and_private_blocks(backend)?;
+        } else {
+            self.release_private_pools(backend, pool)?;
         }
+        Ok(true)
+    }
+
+    /// Release freeable private pools: all of them for the default id, or
+    /// the one named (after waiting for its events).
+    fn release_private_pools<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        pool: MempoolId,
+    ) -> Result<(), MallocError> {
         // In `graph_pools_freeable`'s hash-map order; erasing the visited entry
         // (below) does not change the order of the rest.
         let freeable: Vec<MempoolId> = self.private.graph_pools_freeable.iter().collect();
@@ -154,7 +165,35 @@ impl DeviceState {
                 self.erase_private_pool(id);
             }
         }
-        Ok(true)
+        Ok(())
+    }
+
+    /// The first half of `release_cached_blocks(DEFAULT)`: wait for every
+    /// outstanding event, then free the large pool's whole free segments.
+    /// [`StreamShards`](super::StreamShards) runs it on every shard before
+    /// the second half, as PyTorch's one large pool keyed by stream comes
+    /// before its small pool.
+    pub fn release_cached_large_blocks<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+    ) -> Result<(), MallocError> {
+        if self.private.captures_underway.is_empty() {
+            self.synchronize_and_free_events(backend, None)?;
+            self.release_blocks(backend, POOL_LARGE)?;
+        }
+        Ok(())
+    }
+
+    /// The second half of `release_cached_blocks(DEFAULT)`: the small
+    /// pool's whole free segments, then every freeable private pool's.
+    pub fn release_cached_small_and_private_blocks<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+    ) -> Result<(), MallocError> {
+        if self.private.captures_underway.is_empty() {
+            self.release_blocks(backend, POOL_SMALL)?;
+        }
+        self.release_private_pools(backend, MempoolId::DEFAULT)
     }
 
     /// Free every whole (unsplit) free segment of a pool, in pool order.

@@ -12,5 +12,7 @@ mod policy_reservoir;
 mod pools;
 mod registry;
 mod rules;
+mod shards;
+mod shards_stress;
 mod streams;
 mod teardown;
