@@ -73,7 +73,7 @@ impl<K: Ord + Copy> Class<K> {
                 Err(at) => {
                     v.insert(at, key);
                     if v.len() > PROMOTE {
-                        *self = Class::Tree(v.drain(..).collect());
+                        self.promote();
                     }
                     true
                 }
@@ -100,10 +100,28 @@ impl<K: Ord + Copy> Class<K> {
             Class::Tree(t) => {
                 let removed = t.remove(key);
                 if t.len() < DEMOTE {
-                    *self = Class::Sorted(std::mem::take(t).into_iter().collect());
+                    self.demote();
                 }
                 removed
             }
+        }
+    }
+
+    /// A sorted class past [`PROMOTE`] keys becomes a tree.
+    #[cold]
+    #[inline(never)]
+    fn promote(&mut self) {
+        if let Class::Sorted(v) = self {
+            *self = Class::Tree(v.drain(..).collect());
+        }
+    }
+
+    /// A tree class below [`DEMOTE`] keys becomes a sorted `Vec`.
+    #[cold]
+    #[inline(never)]
+    fn demote(&mut self) {
+        if let Class::Tree(t) = self {
+            *self = Class::Sorted(std::mem::take(t).into_iter().collect());
         }
     }
 
@@ -288,15 +306,20 @@ impl<K: SizeClassed> SizeClassList<K> {
         Err(self.groups.len())
     }
 
+    /// A new empty group `id` at index `i` (a stream's first free block).
+    #[cold]
+    #[inline(never)]
+    fn add_group(&mut self, i: usize, id: u64) -> usize {
+        self.groups.insert(i, Group::new(id));
+        i
+    }
+
     /// Add a key; false if it was already there.
     #[inline]
     pub fn insert(&mut self, key: K) -> bool {
         let gi = match self.group_index(key.group()) {
             Ok(i) => i,
-            Err(i) => {
-                self.groups.insert(i, Group::new(key.group()));
-                i
-            }
+            Err(i) => self.add_group(i, key.group()),
         };
         let g = &mut self.groups[gi];
         let c = class_of(key.size());
