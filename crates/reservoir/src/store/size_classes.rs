@@ -42,7 +42,10 @@ pub(crate) fn class_of(size: u64) -> usize {
     }
     let e = 63 - size.leading_zeros();
     let mantissa = (size >> (e - SUB_BITS)) & ((1 << SUB_BITS) - 1);
-    ((e - SUB_BITS + 1) as usize) * (1 << SUB_BITS) + mantissa as usize
+    let c = ((e - SUB_BITS + 1) as usize) * (1 << SUB_BITS) + mantissa as usize;
+    // Always true (`u64::MAX` is in the last class); stated so that indexing
+    // a group's classes and bitmap words needs no bounds check.
+    c.min(CLASSES - 1)
 }
 
 /// A key that orders by (group, size, ...).
@@ -184,7 +187,7 @@ struct Group<K: Ord> {
     id: u64,
     words: [u64; WORDS],
     summary: u32,
-    classes: Vec<Class<K>>,
+    classes: Box<[Class<K>; CLASSES]>,
 }
 
 impl<K: Ord + Copy> Group<K> {
@@ -193,7 +196,7 @@ impl<K: Ord + Copy> Group<K> {
             id,
             words: [0; WORDS],
             summary: 0,
-            classes: (0..CLASSES).map(|_| Class::Sorted(Vec::new())).collect(),
+            classes: Box::new(std::array::from_fn(|_| Class::Sorted(Vec::new()))),
         }
     }
 
