@@ -21,8 +21,9 @@
 //!    Over the target, free pages of the default pools' expandable segments
 //!    that the growth does not use are unmapped (`unmap_block`, spec 1.11),
 //!    from the largest free block first and only as many pages as bring
-//!    the growth under the target, from the end of the block that touches
-//!    unmapped space (so what stays mapped can be extended later). Under
+//!    the growth under the target: at the block's start when the block
+//!    before it is unmapped, else at its end (so the unmapped space grows
+//!    and what stays mapped can be extended later). Under
 //!    the target nothing happens: a program whose cache fits makes no unmap
 //!    calls (hysteresis).
 //!
