@@ -127,6 +127,7 @@ impl DeviceState {
         size
     }
 
+    #[inline]
     pub(super) fn release_block_slot(&mut self, id: BlockId) {
         if !self.events.capture_stream_uses.is_empty() {
             self.events.capture_stream_uses.remove(&id);
