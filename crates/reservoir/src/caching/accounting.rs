@@ -15,6 +15,7 @@ impl DeviceState {
     /// Enters the allocated block `id` (`size` bytes at `addr`, `requested`
     /// of them asked for) in the pointer map and the allocation stats
     /// (spec 1.12), as a hand-out and a seeded allocation both do.
+    #[inline]
     pub(crate) fn note_allocated(
         &mut self,
         id: BlockId,

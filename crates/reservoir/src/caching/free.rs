@@ -11,6 +11,7 @@ use crate::trace::TraceAction;
 impl DeviceState {
     /// spec 1.10: free a block the caller no longer uses. The block has
     /// already been removed from the pointer map.
+    #[inline]
     pub fn free<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
@@ -45,6 +46,7 @@ impl DeviceState {
     }
 
     /// spec 1.10: return a block to its pool, merging free neighbours.
+    #[inline]
     pub(super) fn free_block(&mut self, id: BlockId) {
         let (addr, requested, stream, original_size, prev, next, pool) = {
             let b = &self.store.blocks[id];
@@ -125,6 +127,7 @@ impl DeviceState {
         size
     }
 
+    #[inline]
     pub(super) fn release_block_slot(&mut self, id: BlockId) {
         if !self.events.capture_stream_uses.is_empty() {
             self.events.capture_stream_uses.remove(&id);

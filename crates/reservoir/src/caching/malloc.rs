@@ -159,6 +159,7 @@ impl DeviceState {
     }
 
     /// spec 1.6: best fit keyed by (stream, size, address) with the oversize rules.
+    #[inline]
     pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
         let pool = &mut self.pools[p.pool as usize];
