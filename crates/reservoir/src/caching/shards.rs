@@ -35,13 +35,16 @@ pub enum StreamShardsError {
 
 /// One stream's shard: a PyTorch-mode allocator serving only `stream`.
 /// Aligned to 128 bytes (two cache lines, what adjacent-line prefetchers
-/// pair) so that shards in neighbouring slots share no cache line: each
-/// call writes its shard's lock and statistics.
+/// pair) so that two shards share no cache line: each call writes its
+/// shard's lock and statistics.
 #[repr(align(128))]
 struct Shard<B: Backend> {
     stream: StreamId,
     alloc: CachingAllocator<Arc<B>>,
 }
+
+/// A shard as its slot gives it out.
+type ShardRef<'a, B> = SlotRef<'a, Box<Shard<B>>>;
 
 #[cfg(not(loom))]
 thread_local! {
@@ -130,8 +133,9 @@ pub struct StreamShards<B: Backend> {
     device: i8,
     /// Open addressing by stream id: a stream's shard is in the first slot
     /// from `home_slot(stream)` that holds it, and no empty slot comes
-    /// before it (slots are only ever filled, never emptied).
-    slots: Box<[OnceSlot<Shard<B>>]>,
+    /// before it (slots are only ever filled, never emptied). Shards are
+    /// boxed: an empty slot costs a pointer, not a whole allocator.
+    slots: Box<[OnceSlot<Box<Shard<B>>>]>,
     /// What every shard is given, also those created later. Locked only to
     /// change it and to create a shard, until the new shard is published in
     /// its slot (lock order: this, then a shard's own lock).
@@ -209,7 +213,7 @@ impl<B: Backend> StreamShards<B> {
     fn reclaim_and_retry(
         &self,
         slot: usize,
-        shard: SlotRef<'_, Shard<B>>,
+        shard: ShardRef<'_, B>,
         size: u64,
         stream: StreamId,
     ) -> Result<DevicePtr, AllocError> {
@@ -269,7 +273,7 @@ impl<B: Backend> StreamShards<B> {
 
     /// The slot and shard of `stream`, creating the shard on first use.
     #[inline]
-    fn shard_for(&self, stream: StreamId) -> Result<(usize, SlotRef<'_, Shard<B>>), AllocError> {
+    fn shard_for(&self, stream: StreamId) -> Result<(usize, ShardRef<'_, B>), AllocError> {
         let n = self.slots.len();
         let home = home_slot(stream, n);
         for probe in 0..n {
@@ -301,14 +305,14 @@ impl<B: Backend> StreamShards<B> {
     }
 
     #[cold]
-    fn new_shard(&self, stream: StreamId, settings: &ShardSettings) -> Shard<B> {
+    fn new_shard(&self, stream: StreamId, settings: &ShardSettings) -> Box<Shard<B>> {
         let alloc =
             CachingAllocator::with_device(self.backend.clone(), self.config.clone(), self.device);
         alloc.record_memory_history(settings.history.clone());
         if settings.rank_by_address {
             alloc.seeder().rank_segments_by_address(true);
         }
-        Shard { stream, alloc }
+        Box::new(Shard { stream, alloc })
     }
 
     /// Run `f` on `stream`'s shard (created if it has none yet): for what
@@ -344,7 +348,7 @@ impl<B: Backend> StreamShards<B> {
     }
 
     /// The shards created so far, in slot order.
-    fn shards(&self) -> impl Iterator<Item = SlotRef<'_, Shard<B>>> + '_ {
+    fn shards(&self) -> impl Iterator<Item = ShardRef<'_, B>> + '_ {
         self.slots.iter().filter_map(OnceSlot::get)
     }
 
