@@ -5,6 +5,7 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::device_reserved::DeviceReserved;
 use super::{CachingAllocator, HistoryConfig, InvariantViolation};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::AllocatorConfig;
@@ -86,7 +87,10 @@ thread_local! {
 ///   shared write on every call, exactly the contention this type removes,
 ///   so `peak` is the **sum of the shards' peaks**: an upper bound of the
 ///   device-wide peak, exact with one stream, and exact whenever the
-///   streams peak together. [`StreamShards::shard_stats`] gives each shard's
+///   streams peak together. Reserved memory changes only on driver calls,
+///   so `reserved_bytes` is also kept in one device-wide gauge (one atomic
+///   update per driver call, none on cached allocations) and its peaks are
+///   exact. [`StreamShards::shard_stats`] gives each shard's
 ///   own exact numbers. `num_sync_all_streams` counts one per shard for
 ///   each `empty_cache` (each shard waits for its own events).
 /// * **Cross-stream frees** (`record_stream`): a block's shard is the stream
@@ -94,7 +98,8 @@ thread_local! {
 ///   allocates (PyTorch polls them on any stream's allocation). The block
 ///   can only be reused by its own stream, which polls first, so placements
 ///   are the same; only the moment its `free_completed` history entry is
-///   written can be later.
+///   written can be later, and until then the block still counts in
+///   `active`, `active_bytes` and `requested_bytes`.
 /// * **Per-process memory fraction** is refused at construction
 ///   ([`StreamShardsError::MemoryFraction`]): a limit shared by shards would
 ///   need a budget shared on the driver path, not built yet.
@@ -140,6 +145,8 @@ pub struct StreamShards<B: Backend> {
     /// change it and to create a shard, until the new shard is published in
     /// its slot (lock order: this, then a shard's own lock).
     settings: Mutex<ShardSettings>,
+    /// Reserved bytes of the whole device, exact (updated on driver calls).
+    reserved: Arc<DeviceReserved>,
 }
 
 /// The run-time settings [`StreamShards`] hands to each shard.
@@ -177,6 +184,7 @@ impl<B: Backend> StreamShards<B> {
             config,
             device,
             slots: (0..max_streams).map(|_| OnceSlot::new()).collect(),
+            reserved: Arc::default(),
             settings: Mutex::new(ShardSettings {
                 history: HistoryConfig::off(),
                 rank_by_address: false,
@@ -308,6 +316,7 @@ impl<B: Backend> StreamShards<B> {
     fn new_shard(&self, stream: StreamId, settings: &ShardSettings) -> Box<Shard<B>> {
         let alloc =
             CachingAllocator::with_device(self.backend.clone(), self.config.clone(), self.device);
+        alloc.share_device_reserved(self.reserved.clone());
         alloc.record_memory_history(settings.history.clone());
         if settings.rank_by_address {
             alloc.seeder().rank_segments_by_address(true);
@@ -388,9 +397,11 @@ impl<B: Backend> StreamShards<B> {
         Ok(())
     }
 
-    /// The statistics summed over the shards: every counter exact, every
-    /// `peak` the sum of the shards' peaks (an upper bound of the device's
-    /// peak, exact with one stream; see [`StreamShards`]).
+    /// The statistics summed over the shards: every counter exact; the
+    /// `reserved_bytes` peaks exact (a device-wide gauge updated on driver
+    /// calls); every other `peak` the sum of the shards' peaks (an upper
+    /// bound of the device's peak, exact with one stream; see
+    /// [`StreamShards`]).
     pub fn stats(&self) -> DeviceStats {
         let mut total = DeviceStats {
             max_split_size: if self.config.max_split_size == u64::MAX {
@@ -403,6 +414,7 @@ impl<B: Backend> StreamShards<B> {
         for shard in self.shards() {
             add_stats(&mut total, &shard.alloc.stats());
         }
+        self.reserved.set_peaks(&mut total.reserved_bytes);
         total
     }
 
@@ -423,6 +435,7 @@ impl<B: Backend> StreamShards<B> {
         for shard in self.shards() {
             shard.alloc.reset_peak_stats();
         }
+        self.reserved.reset_peak();
     }
 
     /// Zero every shard's lifetime totals and event counters.
@@ -498,7 +511,9 @@ impl<B: Backend> StreamShards<B> {
 
     /// Check every shard's invariants (see
     /// [`CachingAllocator::check_invariants`]), that each shard serves only
-    /// its own stream, and that no two shards' segments overlap.
+    /// its own stream, that no two shards' segments overlap, and that the
+    /// device-wide reserved gauge equals the shards' sum. Call it while no
+    /// other thread allocates (it reads the shards one after another).
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let mut ranges = Vec::new();
         for shard in self.shards() {
@@ -512,6 +527,13 @@ impl<B: Backend> StreamShards<B> {
                 }
                 ranges.push((seg.address, seg.address + seg.total_size));
             }
+        }
+        let summed = self.stats().reserved_bytes.0.map(|s| s.current);
+        if summed != self.reserved.current() {
+            return Err(InvariantViolation(format!(
+                "the shards reserve {summed:?} bytes but the device-wide gauge says {:?}",
+                self.reserved.current()
+            )));
         }
         ranges.sort_unstable();
         for w in ranges.windows(2) {
