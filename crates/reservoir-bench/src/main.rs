@@ -8,6 +8,8 @@
 //! cargo run --release -p reservoir-bench [-- --quick] [--no-callgrind] [--json FILE]
 //! ```
 
+#[cfg(feature = "cubecl")]
+mod cubecl;
 mod fastest;
 mod measure;
 mod offset;
@@ -32,11 +34,11 @@ struct Row {
     pytorch_ns: Option<f64>,
     pytorch_ir: Option<f64>,
     /// ns per op of each of [`Impl::ALL`], in that order.
-    ns: [f64; 4],
+    ns: Vec<f64>,
     /// Instructions per call of each of [`Impl::ALL`] (never for no-cache).
-    ir: [Option<f64>; 4],
+    ir: Vec<Option<f64>>,
     /// Failed allocations of each of [`Impl::ALL`] over all repetitions.
-    failed_allocs: [usize; 4],
+    failed_allocs: Vec<usize>,
 }
 
 impl Row {
@@ -127,8 +129,8 @@ fn main() -> ExitCode {
         }
         let ops = ops::parse(&seq.text);
         let expected = ops::calls_without_failures(&ops) * reps;
-        let mut failed_allocs = [0; 4];
-        let ns = Impl::ALL.map(|imp| {
+        let mut failed_allocs = vec![0; Impl::ALL.len()];
+        let ns: Vec<f64> = Impl::ALL.iter().map(|&imp| {
             let (t, calls) = run::run(imp, &ops, reps);
             failed_allocs[index(imp)] = expected.saturating_sub(calls);
             if calls < expected {
@@ -139,7 +141,7 @@ fn main() -> ExitCode {
                 );
             }
             median(t)
-        });
+        }).collect();
         let mut note = |r: Result<f64, String>| match r {
             Ok(v) => Some(v),
             Err(e) => {
@@ -152,12 +154,12 @@ fn main() -> ExitCode {
             .as_deref()
             .and_then(|b| note(measure::pytorch_ns(b, &file, reps)));
         let mut pytorch_ir = None;
-        let mut ir = [None; 4];
+        let mut ir = vec![None; Impl::ALL.len()];
         if callgrind {
             pytorch_ir = oracle
                 .as_deref()
                 .and_then(|b| note(measure::pytorch_instructions(b, &file, 2)));
-            for imp in Impl::ALL {
+            for &imp in Impl::ALL {
                 if imp != Impl::NoCache {
                     ir[index(imp)] = note(measure::own_instructions(imp, &file, 2));
                 }
@@ -287,34 +289,57 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 }
 
 fn table(rows: &[Row]) -> String {
-    let mut s = String::from(
-        "| sequence | ops | PyTorch ns/op | Reservoir ns/op | ratio | fastest ns/op | ratio | \
-         offset-allocator ns/op | no-cache ns/op | PyTorch instr/call | Reservoir instr/call | \
-         ratio | fastest instr/call | ratio | offset-allocator instr/call |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    let (res, fast) = (Impl::Reservoir, Impl::Fastest);
+    // The other implementations, after Reservoir's two columns: their ns/op,
+    // and instructions/call for all but the no-cache baseline.
+    let others: Vec<Impl> = Impl::ALL[2..].to_vec();
+    let counted: Vec<Impl> = others
+        .iter()
+        .copied()
+        .filter(|&i| i != Impl::NoCache)
+        .collect();
+    let mut head = vec![
+        "sequence".to_string(),
+        "ops".into(),
+        "PyTorch ns/op".into(),
+        "Reservoir ns/op".into(),
+        "ratio".into(),
+        "fastest ns/op".into(),
+        "ratio".into(),
+    ];
+    head.extend(others.iter().map(|i| format!("{} ns/op", i.name())));
+    head.extend(
+        [
+            "PyTorch instr/call",
+            "Reservoir instr/call",
+            "ratio",
+            "fastest instr/call",
+            "ratio",
+        ]
+        .map(String::from),
     );
+    head.extend(counted.iter().map(|i| format!("{} instr/call", i.name())));
+    let mut s = format!("| {} |\n|{}\n", head.join(" | "), "---|".repeat(head.len()));
     for r in rows {
-        let (res, fast) = (Impl::Reservoir, Impl::Fastest);
-        writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.name,
-            r.ops,
+        let mut cells = vec![
+            r.name.clone(),
+            r.ops.to_string(),
             opt(r.pytorch_ns, 1),
             r.ns_cell(res),
             ratio(Some(r.ns(res)), r.pytorch_ns),
             r.ns_cell(fast),
             ratio(Some(r.ns(fast)), r.pytorch_ns),
-            r.ns_cell(Impl::Offset),
-            r.ns_cell(Impl::NoCache),
+        ];
+        cells.extend(others.iter().map(|&i| r.ns_cell(i)));
+        cells.extend([
             opt(r.pytorch_ir, 0),
             opt(r.ir(res), 0),
             ratio(r.ir(res), r.pytorch_ir),
             opt(r.ir(fast), 0),
             ratio(r.ir(fast), r.pytorch_ir),
-            opt(r.ir(Impl::Offset), 0),
-        )
-        .unwrap();
+        ]);
+        cells.extend(counted.iter().map(|&i| opt(r.ir(i), 0)));
+        writeln!(s, "| {} |", cells.join(" | ")).unwrap();
     }
     s
 }

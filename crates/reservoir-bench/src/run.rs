@@ -24,11 +24,25 @@ pub enum Impl {
     Offset,
     /// No cache: every allocation is a device allocation (`SimDevice`).
     NoCache,
+    /// CubeCL's memory management over a counting storage (feature
+    /// `cubecl`).
+    #[cfg(feature = "cubecl")]
+    Cubecl,
 }
 
 impl Impl {
     /// Every implementation measured in this process, in table order.
-    pub const ALL: [Impl; 4] = [Impl::Reservoir, Impl::Fastest, Impl::Offset, Impl::NoCache];
+    #[cfg(not(feature = "cubecl"))]
+    pub const ALL: &'static [Impl] = &[Impl::Reservoir, Impl::Fastest, Impl::Offset, Impl::NoCache];
+    /// Every implementation measured in this process, in table order.
+    #[cfg(feature = "cubecl")]
+    pub const ALL: &'static [Impl] = &[
+        Impl::Reservoir,
+        Impl::Fastest,
+        Impl::Offset,
+        Impl::Cubecl,
+        Impl::NoCache,
+    ];
 
     /// Name on the command line and in tables.
     pub fn name(self) -> &'static str {
@@ -37,6 +51,8 @@ impl Impl {
             Impl::Fastest => "fastest",
             Impl::Offset => "offset-allocator",
             Impl::NoCache => "no-cache",
+            #[cfg(feature = "cubecl")]
+            Impl::Cubecl => "cubecl",
         }
     }
 
@@ -46,12 +62,14 @@ impl Impl {
             Impl::Reservoir | Impl::Fastest => "reservoir_bench::run::run_reservoir*",
             Impl::Offset => "reservoir_bench::offset::run_offset*",
             Impl::NoCache => "reservoir_bench::run::run_no_cache*",
+            #[cfg(feature = "cubecl")]
+            Impl::Cubecl => "reservoir_bench::cubecl::run_cubecl*",
         }
     }
 
     /// The implementation called `name`.
     pub fn parse(name: &str) -> Option<Impl> {
-        Impl::ALL.into_iter().find(|i| i.name() == name)
+        Impl::ALL.iter().copied().find(|i| i.name() == name)
     }
 }
 
@@ -90,6 +108,16 @@ pub fn run(imp: Impl, ops: &Ops, reps: usize) -> (Vec<f64>, usize) {
             for _ in 0..reps {
                 let t = Instant::now();
                 calls += offset::run_offset(&mut arena, &ops.ops, &mut live);
+                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
+            }
+        }
+        #[cfg(feature = "cubecl")]
+        Impl::Cubecl => {
+            let mut pools = crate::cubecl::CubeclPools::new(ops.streams as usize);
+            let mut live = vec![None; ops.ids];
+            for _ in 0..reps {
+                let t = Instant::now();
+                calls += crate::cubecl::run_cubecl(&mut pools, &ops.ops, &mut live);
                 times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
             }
         }

@@ -183,7 +183,7 @@ mod tests {
             }
             let ops = parse(&seq.text);
             let expected = calls_without_failures(&ops);
-            for imp in Impl::ALL {
+            for &imp in Impl::ALL {
                 let calls = run(imp, &ops, 1).1;
                 if imp == Impl::NoCache && seq.name == "flat, 100000 live" {
                     assert!(calls < expected, "the no-cache device held 100,000 blocks");

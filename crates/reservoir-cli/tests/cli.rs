@@ -568,12 +568,17 @@ fn compare_puts_policies_side_by_side() {
         "p90",
         "worst",
         "within bound",
+        "steady time",
     ] {
         assert!(out.contains(needle), "missing {needle:?} in\n{out}");
     }
     let o = reservoir(&[&args[..], &["--json"]].concat());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 2);
+    // steady state: the second half of the ops, part of the driver time
+    let p = &v["rows"][0]["policies"][0];
+    assert!(p["steady_driver_time_ns"].as_u64().unwrap() <= p["driver_time_ns"].as_u64().unwrap());
+    assert!(v["summary"][0]["total_steady_driver_time_ns"].is_u64());
     assert_eq!(v["summary"].as_array().unwrap().len(), 3);
     assert_eq!(v["summary"][2]["policy"], "reservoir");
     assert_eq!(v["summary"][0]["policy"], "pytorch");
@@ -709,6 +714,29 @@ fn compare_require_fails_on_a_policy_over_the_bound_or_worse_than_another() {
         // the output is printed either way
         assert!(out.contains("within bound"), "{out}");
     }
+    // --require-steady: steady-state driver time at most pytorch's
+    let steady: Vec<u64> = p
+        .iter()
+        .map(|x| x["steady_driver_time_ns"].as_u64().unwrap())
+        .collect();
+    for (i, x) in p.iter().enumerate() {
+        let name = x["policy"].as_str().unwrap();
+        let ok = steady[i] <= steady[0];
+        let o = reservoir(&[&base[..], &["--require-steady", name]].concat());
+        let err = stderr(&o);
+        assert_eq!(o.status.success(), ok, "{name}: {err}");
+        if !ok {
+            assert!(err.contains("steady-state driver time"), "{err}");
+        }
+    }
+    let o = reservoir(
+        &[
+            &base[..],
+            &["--policy", "reservoir", "--require-steady", "reservoir"],
+        ]
+        .concat(),
+    );
+    assert!(stderr(&o).contains("\"pytorch\" is not a compared policy"));
     // an unknown policy is refused before any work
     let o = reservoir(&[&base[..], &["--require", "max-split-128"]].concat());
     assert!(!o.status.success());

@@ -7,6 +7,13 @@
 //! The waste bound of issue 17: peak reserved at most
 //! `1.05 x peak live + 4 MiB per stream` ([`waste_bound`]), counting the
 //! streams that allocate.
+//!
+//! **Steady state** (issue 17: "no more simulated driver time than PyTorch
+//! mode in steady state"): the second half of the input's ops, from op
+//! [`steady_state_start`] to the end. A program that repeats an iteration
+//! (a training step, a decode step) has warmed its cache by then; a single
+//! pass has at least built its first half. The steady-state driver time is
+//! the simulated driver time of the calls made in that half.
 
 use std::collections::BTreeSet;
 
@@ -52,6 +59,9 @@ pub struct PolicyResult {
     pub driver_calls: u64,
     /// Simulated driver time, ns.
     pub driver_time_ns: u64,
+    /// Simulated driver time of the steady state (the ops from
+    /// [`steady_state_start`] on), ns.
+    pub steady_driver_time_ns: u64,
     /// Mean wall time of an allocator call, ns (host-dependent).
     pub allocator_ns_per_op: f64,
     /// Out-of-memory errors on the input's capacity.
@@ -97,6 +107,12 @@ pub fn allocating_streams(trace: &Trace) -> u64 {
     seen.len() as u64
 }
 
+/// The first op of the steady state of a trace of `ops` ops: its second
+/// half (`ops / 2`, so a one-op trace's steady state is that op).
+pub fn steady_state_start(ops: usize) -> usize {
+    ops / 2
+}
+
 /// Replay `input` under each of its settings, and find each one's minimum
 /// capacity. `progress` is called after each setting.
 pub fn compare(
@@ -112,7 +128,13 @@ pub fn compare(
     let mut policies = Vec::with_capacity(input.settings.len());
     for s in &input.settings {
         let mut r: Replay<'_> = Replay::build(&input.trace, input.start.as_ref(), s, &options)?;
+        let steady_start = steady_state_start(input.trace.ops.len());
+        while r.position() < steady_start {
+            r.step()?;
+        }
+        let warm_up_ns = r.device().counters().driver_time_ns;
         r.run()?;
+        let steady_driver_time_ns = r.device().counters().driver_time_ns - warm_up_ns;
         let rep = r.report();
         let min = min_capacity(&input.trace, input.start.as_ref(), s, &mut |_, _| {})?;
         let ratio = if rep.peak_live == 0 {
@@ -129,6 +151,7 @@ pub fn compare(
             min_capacity: min.min_capacity,
             driver_calls: rep.driver_allocs + rep.driver_frees,
             driver_time_ns: rep.driver_time_ns,
+            steady_driver_time_ns,
             allocator_ns_per_op: rep.allocator_ns_per_op,
             ooms: rep.ooms,
         });
@@ -163,6 +186,10 @@ pub struct PolicySummary {
     /// Sum of the minimum capacities over the inputs where every setting
     /// has one, bytes.
     pub total_min_capacity: u64,
+    /// Simulated driver time over every input, ns.
+    pub total_driver_time_ns: u64,
+    /// Steady-state simulated driver time over every input, ns.
+    pub total_steady_driver_time_ns: u64,
 }
 
 fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
@@ -209,6 +236,11 @@ pub fn summarize(rows: &[CompareRow]) -> Vec<PolicySummary> {
                     .iter()
                     .filter(|(r, _)| all_fit(r))
                     .filter_map(|(_, p)| p.min_capacity)
+                    .sum(),
+                total_driver_time_ns: mine.iter().map(|(_, p)| p.driver_time_ns).sum(),
+                total_steady_driver_time_ns: mine
+                    .iter()
+                    .map(|(_, p)| p.steady_driver_time_ns)
                     .sum(),
             }
         })

@@ -1,9 +1,10 @@
 //! `reservoir compare`'s engine: the waste bound of issue 17, the streams
 //! that count for it, each setting's row and the summary per setting.
 
+use reservoir::sim::CostModel;
 use reservoir_replay::compare::{
-    allocating_streams, compare, summarize, waste_bound, CompareInput, CompareRow, PolicyResult,
-    SLACK_PER_STREAM,
+    allocating_streams, compare, steady_state_start, summarize, waste_bound, CompareInput,
+    CompareRow, PolicyResult, SLACK_PER_STREAM,
 };
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::{replay, ReplayOptions, ReplaySetting};
@@ -76,6 +77,7 @@ fn result(policy: &str, ratio: f64, min: Option<u64>) -> PolicyResult {
         min_capacity: min,
         driver_calls: 0,
         driver_time_ns: 0,
+        steady_driver_time_ns: 0,
         allocator_ns_per_op: 0.0,
         ooms: 0,
     }
@@ -107,4 +109,32 @@ fn summary_has_median_p90_worst_and_bound_counts() {
     assert_eq!(a.total_min_capacity, 45 * MIB);
     assert_eq!(s[1].total_min_capacity, 9 * MIB);
     assert_eq!(s[1].within_bound, 10);
+}
+
+#[test]
+fn steady_state_is_the_second_half_of_the_ops() {
+    assert_eq!(steady_state_start(10), 5);
+    assert_eq!(steady_state_start(3), 1);
+    assert_eq!(steady_state_start(1), 0);
+    // op 0 (first half) allocates a 2 MiB small segment; ops 1 and 2 (the
+    // steady state) free it and allocate a new 100 MiB segment.
+    let trace = Trace::parse("a 1 512\nf 1\na 2 104857600\n").unwrap();
+    let input = CompareInput {
+        name: "t".into(),
+        trace: trace.clone(),
+        start: None,
+        capacity: 80 << 30,
+        settings: vec![ReplaySetting::new("pytorch", "")],
+    };
+    let row = compare(&input, &mut |_| {}).unwrap();
+    let p = &row.policies[0];
+    let cost = CostModel::default();
+    assert_eq!(p.steady_driver_time_ns, cost.alloc(100 * MIB));
+    assert_eq!(
+        p.driver_time_ns,
+        cost.alloc(2 * MIB) + cost.alloc(100 * MIB)
+    );
+    let s = summarize(std::slice::from_ref(&row));
+    assert_eq!(s[0].total_driver_time_ns, p.driver_time_ns);
+    assert_eq!(s[0].total_steady_driver_time_ns, p.steady_driver_time_ns);
 }

@@ -2,11 +2,13 @@
 //! allocations grouped by site, the free blocks that could not serve the
 //! failed request and why, and the settings change that avoids the OOM.
 
+use reservoir::caching::{SeededBlock, SeededSegment};
 use reservoir::trace::Frame;
+use reservoir::StreamId;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{explain, Unusable, UnusableFree};
 use reservoir_replay::replay::sites::{Sites, NO_STACK};
-use reservoir_replay::replay::{replay, ReplayOptions, ReplaySetting};
+use reservoir_replay::replay::{replay, Replay, ReplayOptions, ReplaySetting, StartState};
 use reservoir_replay::workload;
 
 const MIB: u64 = 1 << 20;
@@ -154,4 +156,68 @@ fn no_oom_no_oom_explanation() {
         peak.top_sites.iter().map(|s| s.bytes).sum::<u64>(),
         peak.allocated
     );
+}
+
+#[test]
+fn an_oversize_free_block_is_named_as_the_split_limit() {
+    // A recorded start state (split before max_split_size_mb was set): a
+    // 200 MiB segment holding a live 8 MiB block at 190 MiB, with 190 MiB
+    // free before it. Under max_split_size_mb:128, 150 MiB may not use that
+    // block (190 >= 150 + 20 MiB, spec 1.6 oversize rules), the segment
+    // cannot be released (spec 1.10: it holds a live block) and a new
+    // 150 MiB segment does not fit in 256 MiB: out of memory with 190 MiB
+    // free, by the split limit.
+    let seg = SeededSegment {
+        stream: StreamId::DEFAULT,
+        small: false,
+        size: 200 * MIB,
+        blocks: vec![SeededBlock {
+            offset: 190 * MIB,
+            size: 8 * MIB,
+            requested_size: 8 * MIB,
+        }],
+    };
+    let start = StartState {
+        segments: vec![(0x7f00_0000_0000, seg, vec![1])],
+        ..StartState::default()
+    };
+    let trace = Trace::parse("a 4 157286400\n").unwrap();
+    let split = ReplaySetting::new("max-split-128", "max_split_size_mb:128");
+    let mut r: Replay<'_> = Replay::build(&trace, Some(&start), &split, &opts(256 * MIB)).unwrap();
+    r.run().unwrap();
+    let report = r.report();
+    assert_eq!(report.ooms, 1);
+    let candidates = [ReplaySetting::new("pytorch", "")];
+    let ex = explain(
+        &trace,
+        Some(&start),
+        &split,
+        &opts(256 * MIB),
+        &report,
+        &Sites::new(),
+        &candidates,
+    )
+    .unwrap();
+    let oom = ex.oom.expect("an OOM");
+    assert_eq!((oom.op, oom.rounded), (0, 150 * MIB));
+    assert_eq!((oom.reserved, oom.allocated), (200 * MIB, 8 * MIB));
+    assert_eq!(
+        oom.unusable_free,
+        vec![
+            UnusableFree {
+                reason: Unusable::TooSmall,
+                blocks: 1,
+                bytes: 2 * MIB,
+                largest: 2 * MIB
+            },
+            UnusableFree {
+                reason: Unusable::SplitLimit,
+                blocks: 1,
+                bytes: 190 * MIB,
+                largest: 190 * MIB
+            },
+        ]
+    );
+    // Without the limit the 190 MiB block serves 150 MiB.
+    assert_eq!(oom.avoided_by.as_deref(), Some("pytorch"));
 }

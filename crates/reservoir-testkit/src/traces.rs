@@ -22,6 +22,24 @@ pub fn shared_traces() -> Option<PathBuf> {
     .find(|p| p.is_dir())
 }
 
+/// The oracle folder (`../shared/oracle`, the real PyTorch allocator on a
+/// fake CUDA device): `$RESERVOIR_ORACLE` when set, else beside the
+/// repository or beside the folder holding it (as [`shared_traces`]).
+/// `None` when it has no `oracle_replay.py`.
+pub fn shared_oracle() -> Option<PathBuf> {
+    let has_script = |p: &PathBuf| p.join("oracle_replay.py").is_file();
+    if let Some(p) = std::env::var_os("RESERVOIR_ORACLE") {
+        return Some(PathBuf::from(p)).filter(has_script);
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [
+        repo.join("../shared/oracle"),
+        repo.join("../../shared/oracle"),
+    ]
+    .into_iter()
+    .find(has_script)
+}
+
 /// The file `rel` of the real-traces folder ([`shared_traces`]), if present.
 pub fn shared_trace(rel: &str) -> Option<PathBuf> {
     shared_traces().map(|d| d.join(rel)).filter(|p| p.is_file())

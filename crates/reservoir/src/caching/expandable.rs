@@ -17,6 +17,19 @@ fn vm_of<B: Backend + ?Sized>(backend: &B) -> &dyn VirtualMemory {
         .expect("checked when the segment was created")
 }
 
+/// A run of free and unmapped blocks of an expandable segment, up to the
+/// block that completes a request ([`DeviceState::run_bytes`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RunBytes {
+    /// Its bytes.
+    pub bytes: u64,
+    /// The unmapped bytes serving the request from it maps.
+    pub unmapped: u64,
+    /// Whether its last block is mapped (what the request leaves of it
+    /// stays free and mapped).
+    pub ends_mapped: bool,
+}
+
 impl DeviceState {
     /// The mapping state of the expandable segment `seg`.
     fn mapping(&self, seg: SegmentId) -> &Expandable {
@@ -43,6 +56,38 @@ impl DeviceState {
         }
     }
 
+    /// Where a run of free and unmapped blocks through the unmapped block
+    /// `unmapped` starts: the free block before it, if any, else itself.
+    pub(super) fn run_start(&self, unmapped: BlockId) -> BlockId {
+        let prev = self.store.blocks[unmapped].prev;
+        if self.allocatable(prev) {
+            prev
+        } else {
+            unmapped
+        }
+    }
+
+    /// The run of free and unmapped blocks from `start`, up to the first
+    /// block that reaches `size` ([`RunBytes`]).
+    pub(super) fn run_bytes(&self, start: BlockId, size: u64) -> RunBytes {
+        let mut run = RunBytes {
+            bytes: 0,
+            unmapped: 0,
+            ends_mapped: false,
+        };
+        let mut b = start;
+        while run.bytes < size && self.allocatable(b) {
+            let block = &self.store.blocks[b];
+            if !block.mapped {
+                run.unmapped += block.size.min(size - run.bytes);
+            }
+            run.bytes += block.size;
+            run.ends_mapped = block.mapped;
+            b = block.next;
+        }
+        run
+    }
+
     /// spec 1.11 `find_expandable_block`: the lowest address of an expandable
     /// segment of this stream where free and unmapped blocks add up to
     /// `size`, or a new expandable segment.
@@ -58,21 +103,17 @@ impl DeviceState {
             addr: 0,
             id: 0,
         };
+        if self.maps_fewest_pages() {
+            if let Some(run) = self.fewest_pages_run(stream, pool, size) {
+                return Ok(run.start);
+            }
+        }
         for k in self.pools[pool as usize].unmapped.range(start..) {
             if k.stream != stream {
                 break;
             }
-            let mut c = k.id;
-            if self.allocatable(self.store.blocks[c].prev) {
-                c = self.store.blocks[c].prev;
-            }
-            let mut bytes = 0;
-            let mut b = c;
-            while bytes < size && self.allocatable(b) {
-                bytes += self.store.blocks[b].size;
-                b = self.store.blocks[b].next;
-            }
-            if bytes >= size {
+            let c = self.run_start(k.id);
+            if self.run_bytes(c, size).bytes >= size {
                 return Ok(c);
             }
         }
@@ -222,17 +263,32 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), BackendError> {
+        let b = &self.store.blocks[id];
+        self.unmap_block_range(backend, id, b.addr, b.addr + b.size)
+    }
+
+    /// [`unmap_block`](Self::unmap_block) limited to the pages entirely
+    /// inside `[from, to)`, a range of the free block `id`: the free bytes
+    /// of the block before and after them stay mapped.
+    pub(super) fn unmap_block_range<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+        from: u64,
+        to: u64,
+    ) -> Result<(), BackendError> {
         let (addr, size, seg, stream, pool) = {
             let b = &self.store.blocks[id];
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
+        debug_assert!(addr <= from && from <= to && to <= addr + size);
         let (reservation, page) = {
             let e = self.mapping(seg);
             (e.reservation, e.page_size)
         };
         let base = reservation.base.0;
-        let begin = (addr - base).div_ceil(page);
-        let end = (addr + size - base) / page;
+        let begin = (from - base).div_ceil(page);
+        let end = (to - base) / page;
         if begin >= end {
             return Ok(());
         }

@@ -70,6 +70,9 @@ impl DeviceState {
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for candidate in [prev, next] {
+            if candidate == NIL {
+                continue;
+            }
             let subsumed = self.try_merge_blocks(id, candidate);
             if subsumed > 0 {
                 net_blocks -= 1;

@@ -95,34 +95,8 @@ impl DeviceState {
             block: NIL,
         };
 
-        let mut found = self.get_free_block(&mut p)
-            || (self.trigger_free_memory_callbacks(backend)? && self.get_free_block(&mut p));
-        if !found {
-            // The seam of Reservoir-only policies (policy.rs); none in PyTorch mode.
-            found = self.policy_on_cache_miss(backend, &mut p)?;
-        }
-
-        if !found {
-            if self.gc_enabled() {
-                self.garbage_collect_cached_blocks(backend)?;
-            }
-            found = self.alloc_block(backend, &mut p, false)?
-                || (self.release_available_cached_blocks(backend, &p)?
-                    && self.alloc_block(backend, &mut p, false)?)
-                || (self.private.captures_underway.is_empty()
-                    && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
-                    && self.alloc_block(backend, &mut p, true)?);
-            // The block comes from the device (for callbacks and debug output).
-            self.obs.fresh = found;
-        }
-
-        if !found {
-            if !report_oom {
-                return Err(MallocError::WouldOom);
-            }
-            return Err(MallocError::Oom(Box::new(
-                self.out_of_memory(backend, &p, orig_size)?,
-            )));
+        if !self.get_free_block(&mut p) {
+            self.malloc_after_cache_miss(backend, &mut p, orig_size, report_oom)?;
         }
 
         let split = rules::should_split(
@@ -138,6 +112,50 @@ impl DeviceState {
         let b = &self.store.blocks[id];
         backend.on_block_handed_out(DevicePtr(b.addr), b.size, stream);
         Ok(id)
+    }
+
+    /// spec 1.5 after the first free-block search failed: the free-memory
+    /// callbacks, the policy seam, garbage collection, a new segment, and
+    /// the releases and retries before out of memory. Sets `p.block`, or
+    /// returns the out-of-memory error. Kept out of line: a warm cache
+    /// rarely gets here, and the hot path stays small.
+    #[inline(never)]
+    fn malloc_after_cache_miss<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        p: &mut AllocParams,
+        orig_size: u64,
+        report_oom: bool,
+    ) -> Result<(), MallocError> {
+        let mut found = self.trigger_free_memory_callbacks(backend)? && self.get_free_block(p);
+        if !found {
+            // The seam of Reservoir-only policies (policy.rs); none in PyTorch mode.
+            found = self.policy_on_cache_miss(backend, p)?;
+        }
+
+        if !found {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks(backend)?;
+            }
+            found = self.alloc_block(backend, p, false)?
+                || (self.release_available_cached_blocks(backend, p)?
+                    && self.alloc_block(backend, p, false)?)
+                || (self.private.captures_underway.is_empty()
+                    && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
+                    && self.alloc_block(backend, p, true)?);
+            // The block comes from the device (for callbacks and debug output).
+            self.obs.fresh = found;
+        }
+
+        if !found {
+            if !report_oom {
+                return Err(MallocError::WouldOom);
+            }
+            return Err(MallocError::Oom(Box::new(
+                self.out_of_memory(backend, p, orig_size)?,
+            )));
+        }
+        Ok(())
     }
 
     /// spec 1.6: best fit keyed by (stream, size, address) with the oversize rules.

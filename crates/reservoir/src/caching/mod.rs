@@ -136,8 +136,31 @@ fn level_u8(l: RecordContext) -> u8 {
 
 impl<B: Backend> CachingAllocator<B> {
     /// An allocator for device 0 with the given settings.
+    /// `AllocatorConfig::default()` is PyTorch mode: PyTorch's allocator,
+    /// exact.
     pub fn new(backend: B, config: AllocatorConfig) -> Self {
         Self::with_device(backend, config, 0)
+    }
+
+    /// An allocator for device 0 with Reservoir's default settings outside
+    /// PyTorch mode, [`AllocatorConfig::reservoir`]: the `reservoir` policy,
+    /// which reserves less than PyTorch's defaults (within 1.05 x the live
+    /// bytes + 4 MiB per stream on every measured trace) for more simulated
+    /// driver time (BENCHMARKS.md, "The `reservoir` policy"). On a backend
+    /// without virtual memory it is PyTorch mode.
+    ///
+    /// ```
+    /// use reservoir::{CachingAllocator, StreamId};
+    /// use reservoir::sim::SimDevice;
+    ///
+    /// let alloc = CachingAllocator::reservoir(SimDevice::default());
+    /// let p = alloc.raw_alloc(3 << 20, StreamId::DEFAULT).unwrap();
+    /// // 2 MiB pages: 4 MiB reserved (PyTorch mode: a 20 MiB segment)
+    /// assert_eq!(alloc.memory_stats()["reserved_bytes.all.current"], 4 << 20);
+    /// alloc.raw_free(p).unwrap();
+    /// ```
+    pub fn reservoir(backend: B) -> Self {
+        Self::new(backend, AllocatorConfig::reservoir())
     }
 
     /// An allocator for device `device`.

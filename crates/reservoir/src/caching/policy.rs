@@ -13,6 +13,10 @@
 //!   it runs before garbage collection and the driver.
 //! * [`DeviceState::expandable_page_size`]: the mapping granularity of a new
 //!   expandable segment (spec 1.11).
+//! * [`DeviceState::maps_fewest_pages`]: where an expandable segment grows
+//!   (spec 1.11 `find_expandable_block`): PyTorch takes the lowest address
+//!   that holds the request, the `reservoir` policy the place that maps the
+//!   fewest pages.
 //!
 //! To add a policy: a variant of [`Policy`], chosen in [`Policy::of`], an
 //! arm in the hooks it needs, and its code in a file under `policy/`.
@@ -70,7 +74,7 @@ impl DeviceState {
             Policy::Reservoir => {
                 // Never serves the request itself: it makes room so that
                 // the driver path below maps as little as possible.
-                self.trim_before_growth(backend, p.size)?;
+                self.trim_before_growth(backend, p.stream, p.pool, p.size)?;
                 Ok(false)
             }
             Policy::CrossStreamReuse => {
@@ -86,6 +90,15 @@ impl DeviceState {
                 }
             }
         }
+    }
+
+    /// Hook: whether `find_expandable_block` serves a request from the run
+    /// of free and unmapped blocks that maps the fewest pages
+    /// ([`fewest_pages_run`](Self::fewest_pages_run)) instead of the lowest
+    /// address that holds it.
+    #[inline]
+    pub(super) fn maps_fewest_pages(&self) -> bool {
+        Policy::of(&self.config) == Policy::Reservoir && self.private.captures_underway.is_empty()
     }
 
     /// Hook: the page size of a new expandable segment of a small or large

@@ -55,6 +55,37 @@ impl ReservoirPolicy {
 }
 
 impl AllocatorConfig {
+    /// Reservoir's default settings **outside PyTorch mode**: PyTorch's
+    /// defaults plus the `reservoir` policy (and the expandable segments it
+    /// implies), the same as `parse_with_policy("policy:reservoir")`.
+    ///
+    /// PyTorch mode is every way of asking for PyTorch's behaviour, and it
+    /// stays exact: [`AllocatorConfig::default`] and
+    /// [`AllocatorConfig::parse`] (a `PYTORCH_CUDA_ALLOC_CONF` string), the
+    /// C ABI and the torch plugin (they read settings strings, `""` being
+    /// PyTorch's defaults) and `reservoir replay`'s `pytorch` setting (replay
+    /// fidelity). A program that names no PyTorch settings starts here, or
+    /// with [`CachingAllocator::reservoir`](crate::CachingAllocator::reservoir).
+    ///
+    /// ```
+    /// use reservoir::AllocatorConfig;
+    ///
+    /// let c = AllocatorConfig::reservoir();
+    /// assert!(c.policy.reservoir && c.expandable_segments);
+    /// assert_eq!(c, AllocatorConfig::parse_with_policy("policy:reservoir").unwrap());
+    /// assert!(!AllocatorConfig::default().policy.reservoir); // PyTorch mode
+    /// ```
+    pub fn reservoir() -> AllocatorConfig {
+        AllocatorConfig {
+            expandable_segments: true,
+            policy: ReservoirPolicy {
+                reservoir: true,
+                ..ReservoirPolicy::default()
+            },
+            ..AllocatorConfig::default()
+        }
+    }
+
     /// A settings string with, besides PyTorch's keys, Reservoir-only
     /// `policy:NAME` entries (see [`ReservoirPolicy::named`]; the last one
     /// wins). The entries are taken out and the rest is read by

@@ -42,7 +42,10 @@ pub(crate) fn class_of(size: u64) -> usize {
     }
     let e = 63 - size.leading_zeros();
     let mantissa = (size >> (e - SUB_BITS)) & ((1 << SUB_BITS) - 1);
-    ((e - SUB_BITS + 1) as usize) * (1 << SUB_BITS) + mantissa as usize
+    let c = ((e - SUB_BITS + 1) as usize) * (1 << SUB_BITS) + mantissa as usize;
+    // Always true (`u64::MAX` is in the last class); stated so that indexing
+    // a group's classes and bitmap words needs no bounds check.
+    c.min(CLASSES - 1)
 }
 
 /// A key that orders by (group, size, ...).
@@ -73,7 +76,7 @@ impl<K: Ord + Copy> Class<K> {
                 Err(at) => {
                     v.insert(at, key);
                     if v.len() > PROMOTE {
-                        *self = Class::Tree(v.drain(..).collect());
+                        self.promote();
                     }
                     true
                 }
@@ -100,10 +103,28 @@ impl<K: Ord + Copy> Class<K> {
             Class::Tree(t) => {
                 let removed = t.remove(key);
                 if t.len() < DEMOTE {
-                    *self = Class::Sorted(std::mem::take(t).into_iter().collect());
+                    self.demote();
                 }
                 removed
             }
+        }
+    }
+
+    /// A sorted class past [`PROMOTE`] keys becomes a tree.
+    #[cold]
+    #[inline(never)]
+    fn promote(&mut self) {
+        if let Class::Sorted(v) = self {
+            *self = Class::Tree(v.drain(..).collect());
+        }
+    }
+
+    /// A tree class below [`DEMOTE`] keys becomes a sorted `Vec`.
+    #[cold]
+    #[inline(never)]
+    fn demote(&mut self) {
+        if let Class::Tree(t) = self {
+            *self = Class::Sorted(std::mem::take(t).into_iter().collect());
         }
     }
 
@@ -166,7 +187,7 @@ struct Group<K: Ord> {
     id: u64,
     words: [u64; WORDS],
     summary: u32,
-    classes: Vec<Class<K>>,
+    classes: Box<[Class<K>; CLASSES]>,
 }
 
 impl<K: Ord + Copy> Group<K> {
@@ -175,7 +196,7 @@ impl<K: Ord + Copy> Group<K> {
             id,
             words: [0; WORDS],
             summary: 0,
-            classes: (0..CLASSES).map(|_| Class::Sorted(Vec::new())).collect(),
+            classes: Box::new(std::array::from_fn(|_| Class::Sorted(Vec::new()))),
         }
     }
 
@@ -288,15 +309,20 @@ impl<K: SizeClassed> SizeClassList<K> {
         Err(self.groups.len())
     }
 
+    /// A new empty group `id` at index `i` (a stream's first free block).
+    #[cold]
+    #[inline(never)]
+    fn add_group(&mut self, i: usize, id: u64) -> usize {
+        self.groups.insert(i, Group::new(id));
+        i
+    }
+
     /// Add a key; false if it was already there.
     #[inline]
     pub fn insert(&mut self, key: K) -> bool {
         let gi = match self.group_index(key.group()) {
             Ok(i) => i,
-            Err(i) => {
-                self.groups.insert(i, Group::new(key.group()));
-                i
-            }
+            Err(i) => self.add_group(i, key.group()),
         };
         let g = &mut self.groups[gi];
         let c = class_of(key.size());

@@ -70,16 +70,17 @@ fn free_pages_are_unmapped_before_the_cache_grows_past_the_target() {
     let a = c.alloc(30 * MIB);
     let _b = c.alloc(30 * MIB);
     c.free(a);
-    // 40 MiB fit nowhere: reserved 60 + 40 would pass the target (peak
-    // allocated 60 MiB + 1/64 + 2 MiB), so A's free 30 MiB are unmapped first.
+    // 40 MiB fit nowhere: reserved 60 + 40 would pass the target (70 MiB
+    // allocated once served + 1/64 + 2 MiB = 73.1 MiB), so 28 MiB of A's
+    // free 30 MiB (whole pages, as few as bring it under) are unmapped first.
     c.alloc(40 * MIB);
     c.check();
     let events = c.segment_events();
     assert!(
-        events.contains(&("segment_unmap".to_string(), 30 * MIB)),
+        events.contains(&("segment_unmap".to_string(), 28 * MIB)),
         "{events:?}"
     );
-    assert_eq!(c.reserved(), 70 * MIB as i64);
+    assert_eq!(c.reserved(), 72 * MIB as i64);
     assert_eq!(c.allocated_now(), 70 * MIB as i64);
 
     // expandable segments alone keep A mapped and grow to 100 MiB.
@@ -114,4 +115,71 @@ fn under_the_target_nothing_is_unmapped() {
         "{events:?}"
     );
     assert_eq!(c.reserved(), 140 * MIB as i64);
+}
+
+#[test]
+fn a_segment_grows_where_it_maps_the_fewest_pages() {
+    // A | hole (B, unmapped by empty_cache) | C free | unmapped end. 40 MiB:
+    // the lowest address that holds it (spec 1.11 find_expandable_block) is
+    // the hole plus C, which maps B's 30 MiB; the policy extends C by 10 MiB.
+    let c = reservoir_policy();
+    let _a = c.alloc(30 * MIB);
+    let b = c.alloc(30 * MIB);
+    let c3 = c.alloc(30 * MIB);
+    c.free(b);
+    c.empty_cache();
+    c.free(c3);
+    let before = c.segment_events().len();
+    c.alloc(40 * MIB);
+    c.check();
+    assert_eq!(
+        c.segment_events()[before..],
+        [("segment_map".to_string(), 10 * MIB)]
+    );
+    assert_eq!(c.reserved(), 70 * MIB as i64);
+}
+
+#[test]
+fn the_default_outside_pytorch_mode_is_the_reservoir_policy() {
+    // AllocatorConfig::reservoir / CachingAllocator::reservoir: the policy;
+    // AllocatorConfig::default (PyTorch mode) stays PyTorch's.
+    assert_eq!(
+        AllocatorConfig::reservoir(),
+        AllocatorConfig::parse_with_policy("policy:reservoir").unwrap()
+    );
+    let pytorch = AllocatorConfig::default();
+    assert!(!pytorch.policy.reservoir && !pytorch.expandable_segments);
+    let run = |a: &reservoir::CachingAllocator<reservoir::sim::SimDevice>| {
+        let mut live = Vec::new();
+        for (i, size) in [30 * MIB, 3 * MIB, 512, 30 * MIB, 45 * MIB, 7 * MIB]
+            .into_iter()
+            .enumerate()
+        {
+            live.push(a.raw_alloc(size, S0).unwrap());
+            if i % 2 == 1 {
+                a.raw_free(live.remove(0)).unwrap();
+            }
+            a.check_invariants().unwrap();
+        }
+        let s = a.memory_stats();
+        (
+            s["reserved_bytes.all.peak"],
+            s["reserved_bytes.all.current"],
+            a.backend().counters().maps,
+            a.backend().counters().unmaps,
+        )
+    };
+    let dev = || reservoir::sim::SimDevice::default();
+    let default = run(&reservoir::CachingAllocator::reservoir(dev()));
+    let named = run(&reservoir::CachingAllocator::new(
+        dev(),
+        AllocatorConfig::parse_with_policy("policy:reservoir").unwrap(),
+    ));
+    assert_eq!(default, named);
+    let pytorch = run(&reservoir::CachingAllocator::new(
+        dev(),
+        AllocatorConfig::default(),
+    ));
+    assert_ne!(default, pytorch);
+    assert!(default.0 < pytorch.0, "{default:?} vs {pytorch:?}");
 }

@@ -10,25 +10,41 @@
 //!
 //! 1. maps expandable segments of both pools in 2 MiB pages
 //!    ([`DeviceState::expandable_page_size`]);
-//! 2. on a cache miss, before the driver is asked for `size` more bytes,
-//!    compares the reserved bytes plus `size` with a target: the larger of
-//!    the peak of allocated bytes so far and the bytes allocated once this
-//!    request is served, plus 1/64 and 2 MiB. Over the target, the free
-//!    pages of the default pools' expandable segments are unmapped
-//!    (`unmap_block`, spec 1.11), largest free block first, until the
-//!    request fits under the target (or nothing is left), so it is served
-//!    by remapping pages that held nothing. Under the target nothing
-//!    happens: a program whose cache fits makes no unmap calls
-//!    (hysteresis).
+//! 2. grows a segment where it maps the fewest pages
+//!    ([`DeviceState::fewest_pages_run`]): a free block followed (or
+//!    preceded) by unmapped pages is extended by the missing pages instead
+//!    of mapping the whole request at the segment's end;
+//! 3. on a cache miss, before the driver is asked for the pages the
+//!    growth maps, compares the reserved bytes plus those pages with a
+//!    target: the larger of the peak of allocated bytes so far and the
+//!    bytes allocated once this request is served, plus 1/64 and 2 MiB.
+//!    Over the target, free pages of the default pools' expandable segments
+//!    that the growth does not use are unmapped (`unmap_block`, spec 1.11),
+//!    from the largest free block first and only as many pages as bring
+//!    the growth under the target: at the block's start when the block
+//!    before it is unmapped, else at its end (so the unmapped space grows
+//!    and what stays mapped can be extended later). Under
+//!    the target nothing happens: a program whose cache fits makes no unmap
+//!    calls (hysteresis).
 //!
 //! Online only: the target uses the allocation history, never the future.
 #![forbid(unsafe_code)]
 
-use crate::backend::{Backend, BackendError};
-use crate::caching::pools::{POOL_LARGE, POOL_SMALL};
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::caching::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
 use crate::caching::rules::SMALL_BUFFER;
 use crate::caching::state::DeviceState;
-use crate::store::BlockId;
+use crate::store::{BlockId, PoolId, NIL};
+
+/// A run of free and unmapped blocks of an expandable segment that can
+/// hold a request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GrowthRun {
+    /// Its first block.
+    pub start: BlockId,
+    /// The unmapped bytes serving the request from it maps.
+    pub maps: u64,
+}
 
 impl DeviceState {
     /// The reserved bytes the `reservoir` policy lets the cache reach
@@ -39,32 +55,112 @@ impl DeviceState {
         peak + peak / 64 + SMALL_BUFFER
     }
 
-    /// Before the cache grows for a request of `size` bytes: if reserved
-    /// plus `size` would pass [`reservoir_target`](Self::reservoir_target),
-    /// unmap the free pages of the default pools' expandable segments,
-    /// largest free block first, until it would not.
+    /// Of the runs of free and unmapped blocks of `stream`'s expandable
+    /// segments in `pool` that hold `size` bytes, the one that maps the
+    /// fewest bytes (the lowest address on a tie); `None` if there is none
+    /// (a new segment is needed).
+    pub(crate) fn fewest_pages_run(
+        &self,
+        stream: StreamId,
+        pool: PoolId,
+        size: u64,
+    ) -> Option<GrowthRun> {
+        let from = UnmappedKey {
+            stream,
+            addr: 0,
+            id: 0,
+        };
+        let mut best: Option<GrowthRun> = None;
+        for k in self.pools[pool as usize].unmapped.range(from..) {
+            if k.stream != stream {
+                break;
+            }
+            let start = self.run_start(k.id);
+            let run = self.run_bytes(start, size);
+            // A run that ends in a mapped block past unmapped ones leaves
+            // most of that block free: not a place to grow.
+            let leaves_free = run.ends_mapped && run.bytes.saturating_sub(size) >= SMALL_BUFFER;
+            if run.bytes >= size && !leaves_free && best.map_or(true, |b| run.unmapped < b.maps) {
+                best = Some(GrowthRun {
+                    start,
+                    maps: run.unmapped,
+                });
+            }
+        }
+        best
+    }
+
+    /// The blocks of `run` that serve `size` bytes.
+    fn run_blocks(&self, run: GrowthRun, size: u64) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        let (mut bytes, mut b) = (0, run.start);
+        while bytes < size && self.allocatable(b) {
+            out.push(b);
+            bytes += self.store.blocks[b].size;
+            b = self.store.blocks[b].next;
+        }
+        out
+    }
+
+    /// Before the cache grows for a request of `size` bytes on `stream` in
+    /// `pool`: if reserved plus the bytes the growth maps would pass
+    /// [`reservoir_target`](Self::reservoir_target), unmap free pages the
+    /// growth does not use, largest free block first, until it would not.
     pub(crate) fn trim_before_growth<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
+        stream: StreamId,
+        pool: PoolId,
         size: u64,
     ) -> Result<(), BackendError> {
         let target = self.reservoir_target(size);
-        if self.total_allocated_memory + size <= target {
+        let run = self.fewest_pages_run(stream, pool, size);
+        let maps = run.map_or(size, |r| r.maps);
+        if self.total_allocated_memory + maps <= target {
             return Ok(());
         }
+        let used = run.map_or_else(Vec::new, |r| self.run_blocks(r, size));
         let mut free: Vec<(u64, BlockId)> = [POOL_LARGE, POOL_SMALL]
             .iter()
             .flat_map(|&pool| self.pools[pool as usize].blocks.iter())
-            .filter(|k| self.store.blocks[k.id].expandable)
+            .filter(|k| self.store.blocks[k.id].expandable && !used.contains(&k.id))
             .map(|k| (k.size, k.id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
         for (_, id) in free {
-            if self.total_allocated_memory + size <= target {
+            let over = (self.total_allocated_memory + maps).saturating_sub(target);
+            if over == 0 {
                 break;
             }
-            self.unmap_block(backend, id)?;
+            let (from, to) = self.pages_to_unmap(id, over);
+            self.unmap_block_range(backend, id, from, to)?;
         }
         Ok(())
+    }
+
+    /// The whole pages of the free expandable block `id` to unmap to give
+    /// back `bytes` (fewer if it has fewer): at its start if the block
+    /// before it is unmapped, else at its end.
+    fn pages_to_unmap(&self, id: BlockId, bytes: u64) -> (u64, u64) {
+        let b = &self.store.blocks[id];
+        let (base, page) = {
+            let e = self.store.segments[b.segment]
+                .expandable
+                .as_deref()
+                .expect("an expandable block");
+            (e.reservation.base.0, e.page_size)
+        };
+        let first = base + (b.addr - base).div_ceil(page) * page;
+        let last = base + (b.addr + b.size - base) / page * page;
+        if first >= last {
+            return (b.addr, b.addr);
+        }
+        let len = bytes.div_ceil(page).saturating_mul(page).min(last - first);
+        let prev_unmapped = b.prev != NIL && !self.store.blocks[b.prev].mapped;
+        if prev_unmapped {
+            (first, first + len)
+        } else {
+            (last - len, last)
+        }
     }
 }
