@@ -178,6 +178,30 @@ fn stream_shards_replay_the_generated_multi_stream_traces_like_pytorch_mode() {
             (None, _) => {
                 exact += 1;
                 multi_stream += usize::from(several);
+                // Counters are exact sums; reserved bytes (peaks included)
+                // are one device-wide gauge. Not compared: `active` and
+                // `requested_bytes`, which drop when a cross-stream free
+                // completes, and a shard polls its events on its own
+                // stream's next allocation (PyTorch on any stream's).
+                let (a, b) = (pytorch.allocator().stats(), sharded.allocator().stats());
+                let currents = |s: &reservoir::DeviceStats| {
+                    [s.allocation, s.segment, s.allocated_bytes]
+                        .map(|a| a.0.map(|s| (s.current, s.allocated, s.freed)))
+                };
+                if a.reserved_bytes != b.reserved_bytes
+                    || currents(&a) != currents(&b)
+                    || a.num_device_alloc != b.num_device_alloc
+                    || a.num_device_free != b.num_device_free
+                {
+                    failures.push(format!(
+                        "{}: statistics differ: reserved {:?} vs {:?}; {:?} vs {:?}",
+                        spec.name,
+                        a.reserved_bytes,
+                        b.reserved_bytes,
+                        currents(&a),
+                        currents(&b)
+                    ));
+                }
             }
             (Some(d), Some(f)) if d >= f => with_retries += 1,
             (Some(d), _) => failures.push(format!(

@@ -19,6 +19,24 @@ use reservoir::{AllocError, AllocatorConfig, DevicePtr, StreamId};
 
 const MIB: u64 = 1 << 20;
 
+/// Stack of every modelled thread: loom's own default (32 KiB) is too small
+/// for an allocator call.
+const STACK: usize = 4 << 20;
+
+/// `loom::model` with the body on a thread with a [`STACK`]-byte stack.
+fn model(body: impl Fn() + Send + Sync + 'static) {
+    let body = Arc::new(body);
+    loom::model(move || {
+        let body = body.clone();
+        spawn(move || body()).join().unwrap();
+    });
+}
+
+/// A modelled thread with a [`STACK`]-byte stack.
+fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+    thread::Builder::new().stack_size(STACK).spawn(f).unwrap()
+}
+
 fn shards(capacity: u64, max_streams: usize) -> Arc<StreamShards<SimDevice>> {
     let dev = SimDevice::new(SimConfig {
         capacity,
@@ -44,11 +62,11 @@ fn check_all_freed(s: &StreamShards<SimDevice>) {
 
 #[test]
 fn two_threads_create_the_same_streams_shard_once() {
-    loom::model(|| {
+    model(|| {
         let s = shards(1 << 30, 4);
         let t = {
             let s = s.clone();
-            thread::spawn(move || s.raw_alloc(4096, StreamId(1)).unwrap())
+            spawn(move || s.raw_alloc(4096, StreamId(1)).unwrap())
         };
         let a = s.raw_alloc(4096, StreamId(1)).unwrap();
         let b = t.join().unwrap();
@@ -64,11 +82,11 @@ fn two_threads_create_the_same_streams_shard_once() {
 fn colliding_streams_get_distinct_slots() {
     // With 2 slots, streams 0 and 2 both start at slot 0: the second to
     // arrive probes on, whichever it is.
-    loom::model(|| {
+    model(|| {
         let s = shards(1 << 30, 2);
         let t = {
             let s = s.clone();
-            thread::spawn(move || {
+            spawn(move || {
                 let p = s.raw_alloc(512, StreamId(2)).unwrap();
                 s.raw_free(p).unwrap();
             })
@@ -88,13 +106,13 @@ fn colliding_streams_get_distinct_slots() {
 
 #[test]
 fn a_free_from_another_thread_lands_in_the_owning_shard() {
-    loom::model(|| {
+    model(|| {
         let s = shards(1 << 30, 4);
         let p = s.raw_alloc(MIB, StreamId(1)).unwrap();
         let t = {
             let s = s.clone();
             // This thread's own shard is stream 2's; p belongs to stream 1's.
-            thread::spawn(move || {
+            spawn(move || {
                 let q = s.raw_alloc(MIB, StreamId(2)).unwrap();
                 s.raw_free(DevicePtr(p.0)).unwrap();
                 s.raw_free(q).unwrap();
@@ -119,13 +137,13 @@ fn out_of_memory_reclaims_other_shards_while_they_allocate() {
     // needs 40 MiB: it must empty stream 1's cache while stream 1 works.
     // Whatever the interleaving: no deadlock, no lost block, and 40 + 2 MiB
     // fit, so no out-of-memory error.
-    loom::model(|| {
+    model(|| {
         let s = shards(48 * MIB, 4);
         let big = s.raw_alloc(40 * MIB, StreamId(1)).unwrap();
         s.raw_free(big).unwrap();
         let t = {
             let s = s.clone();
-            thread::spawn(move || {
+            spawn(move || {
                 let p = s.raw_alloc(512, StreamId(1)).unwrap();
                 s.raw_free(p).unwrap();
             })
@@ -142,13 +160,13 @@ fn out_of_memory_reclaims_other_shards_while_they_allocate() {
 fn an_out_of_memory_race_ends_in_success_or_one_reported_error() {
     // 64 MiB device: both streams want 40 MiB; stream 1's is cached
     // first. Exactly one of them can hold it at a time.
-    loom::model(|| {
+    model(|| {
         let s = shards(64 * MIB, 4);
         let warm = s.raw_alloc(40 * MIB, StreamId(1)).unwrap();
         s.raw_free(warm).unwrap();
         let t = {
             let s = s.clone();
-            thread::spawn(move || {
+            spawn(move || {
                 let r = s.raw_alloc(40 * MIB, StreamId(1));
                 if let Ok(p) = &r {
                     s.raw_free(*p).unwrap();
@@ -175,13 +193,13 @@ fn an_out_of_memory_race_ends_in_success_or_one_reported_error() {
 
 #[test]
 fn empty_cache_concurrent_with_allocation() {
-    loom::model(|| {
+    model(|| {
         let s = shards(1 << 30, 4);
         let p = s.raw_alloc(MIB, StreamId(1)).unwrap();
         s.raw_free(p).unwrap();
         let t = {
             let s = s.clone();
-            thread::spawn(move || s.empty_cache().unwrap())
+            spawn(move || s.empty_cache().unwrap())
         };
         let q = s.raw_alloc(MIB, StreamId(1)).unwrap();
         let r = s.raw_alloc(MIB, StreamId(2)).unwrap();
@@ -201,11 +219,11 @@ fn empty_cache_concurrent_with_allocation() {
 fn history_turned_on_while_a_shard_is_created_reaches_it() {
     // The history settings are handed to shards created later: whichever
     // comes first, the new stream's shard records once recording is on.
-    loom::model(|| {
+    model(|| {
         let s = shards(1 << 30, 4);
         let t = {
             let s = s.clone();
-            thread::spawn(move || {
+            spawn(move || {
                 let p = s.raw_alloc(512, StreamId(3)).unwrap();
                 s.raw_free(p).unwrap();
             })

@@ -59,6 +59,16 @@ impl DeviceState {
             s.oversize_segments.increase(1);
         }
         s.num_device_alloc += 1;
+        self.note_device_reserved(st, size as i64);
+    }
+
+    /// Tell the device-wide reserved gauge that stream shards share (none
+    /// for a lone `CachingAllocator`) that reserved memory changed by `delta`.
+    #[inline]
+    pub(crate) fn note_device_reserved(&self, st: StatType, delta: i64) {
+        if let Some(r) = &self.device_reserved {
+            r.add(st, delta);
+        }
     }
 
     /// A segment of `size` bytes given back to the driver (the caller counts
@@ -71,6 +81,7 @@ impl DeviceState {
         if size >= self.config.max_split_size {
             s.oversize_segments.decrease(1);
         }
+        self.note_device_reserved(st, -(size as i64));
     }
 
     /// spec 1.13: limit reserved memory to `fraction` of the device.

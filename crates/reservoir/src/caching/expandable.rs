@@ -209,6 +209,7 @@ impl DeviceState {
         self.total_allocated_memory += mapped;
         let st = self.stat_type(pool);
         self.stats.reserved_bytes.increase(st, mapped);
+        self.note_device_reserved(st, mapped as i64);
         self.stats.num_device_alloc += 1;
         self.record_trace(TraceAction::SegmentMap, addr, mapped, stream, pool, id);
         Ok(true)
@@ -326,6 +327,7 @@ impl DeviceState {
         self.count_private_malloc(pool, false);
         let st = self.stat_type(pool);
         self.stats.reserved_bytes.decrease(st, unmapped_size);
+        self.note_device_reserved(st, -(unmapped_size as i64));
         self.stats.num_device_free += 1;
         self.record_trace(
             TraceAction::SegmentUnmap,

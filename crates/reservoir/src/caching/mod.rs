@@ -61,6 +61,7 @@
 
 mod accounting;
 mod check;
+mod device_reserved;
 mod events;
 mod expandable;
 mod free;
@@ -317,6 +318,12 @@ impl<B: Backend> CachingAllocator<B> {
             Err(MallocError::WouldOom) => Ok(None),
             Err(e) => self.malloc_failed(e).map(Some),
         }
+    }
+
+    /// Report reserved-memory changes to `gauge` too (stream shards share
+    /// one; set before the shard's first driver call).
+    pub(crate) fn share_device_reserved(&self, gauge: Arc<device_reserved::DeviceReserved>) {
+        self.state.lock().device_reserved = Some(gauge);
     }
 
     /// A failed malloc, after the lock is released: out-of-memory

@@ -376,6 +376,7 @@ impl<B: Backend> Seeder<'_, B> {
         let mapped_total: u64 = mapped.iter().map(|r| r.1).sum();
         st.total_allocated_memory += mapped_total;
         st.stats.reserved_bytes.increase(stat, mapped_total);
+        st.note_device_reserved(stat, mapped_total as i64);
         st.stats.num_device_alloc += mapped.len() as i64;
 
         // The tiling: (offset, size, mapped, Some(requested) if allocated).

@@ -5,6 +5,7 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::device_reserved::DeviceReserved;
 use super::{CachingAllocator, HistoryConfig, InvariantViolation};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::AllocatorConfig;
@@ -35,13 +36,16 @@ pub enum StreamShardsError {
 
 /// One stream's shard: a PyTorch-mode allocator serving only `stream`.
 /// Aligned to 128 bytes (two cache lines, what adjacent-line prefetchers
-/// pair) so that shards in neighbouring slots share no cache line: each
-/// call writes its shard's lock and statistics.
+/// pair) so that two shards share no cache line: each call writes its
+/// shard's lock and statistics.
 #[repr(align(128))]
 struct Shard<B: Backend> {
     stream: StreamId,
     alloc: CachingAllocator<Arc<B>>,
 }
+
+/// A shard as its slot gives it out.
+type ShardRef<'a, B> = SlotRef<'a, Box<Shard<B>>>;
 
 #[cfg(not(loom))]
 thread_local! {
@@ -83,7 +87,10 @@ thread_local! {
 ///   shared write on every call, exactly the contention this type removes,
 ///   so `peak` is the **sum of the shards' peaks**: an upper bound of the
 ///   device-wide peak, exact with one stream, and exact whenever the
-///   streams peak together. [`StreamShards::shard_stats`] gives each shard's
+///   streams peak together. Reserved memory changes only on driver calls,
+///   so `reserved_bytes` is also kept in one device-wide gauge (one atomic
+///   update per driver call, none on cached allocations) and its peaks are
+///   exact. [`StreamShards::shard_stats`] gives each shard's
 ///   own exact numbers. `num_sync_all_streams` counts one per shard for
 ///   each `empty_cache` (each shard waits for its own events).
 /// * **Cross-stream frees** (`record_stream`): a block's shard is the stream
@@ -91,7 +98,8 @@ thread_local! {
 ///   allocates (PyTorch polls them on any stream's allocation). The block
 ///   can only be reused by its own stream, which polls first, so placements
 ///   are the same; only the moment its `free_completed` history entry is
-///   written can be later.
+///   written can be later, and until then the block still counts in
+///   `active`, `active_bytes` and `requested_bytes`.
 /// * **Per-process memory fraction** is refused at construction
 ///   ([`StreamShardsError::MemoryFraction`]): a limit shared by shards would
 ///   need a budget shared on the driver path, not built yet.
@@ -130,12 +138,15 @@ pub struct StreamShards<B: Backend> {
     device: i8,
     /// Open addressing by stream id: a stream's shard is in the first slot
     /// from `home_slot(stream)` that holds it, and no empty slot comes
-    /// before it (slots are only ever filled, never emptied).
-    slots: Box<[OnceSlot<Shard<B>>]>,
+    /// before it (slots are only ever filled, never emptied). Shards are
+    /// boxed: an empty slot costs a pointer, not a whole allocator.
+    slots: Box<[OnceSlot<Box<Shard<B>>>]>,
     /// What every shard is given, also those created later. Locked only to
     /// change it and to create a shard, until the new shard is published in
     /// its slot (lock order: this, then a shard's own lock).
     settings: Mutex<ShardSettings>,
+    /// Reserved bytes of the whole device, exact (updated on driver calls).
+    reserved: Arc<DeviceReserved>,
 }
 
 /// The run-time settings [`StreamShards`] hands to each shard.
@@ -173,6 +184,7 @@ impl<B: Backend> StreamShards<B> {
             config,
             device,
             slots: (0..max_streams).map(|_| OnceSlot::new()).collect(),
+            reserved: Arc::default(),
             settings: Mutex::new(ShardSettings {
                 history: HistoryConfig::off(),
                 rank_by_address: false,
@@ -209,7 +221,7 @@ impl<B: Backend> StreamShards<B> {
     fn reclaim_and_retry(
         &self,
         slot: usize,
-        shard: SlotRef<'_, Shard<B>>,
+        shard: ShardRef<'_, B>,
         size: u64,
         stream: StreamId,
     ) -> Result<DevicePtr, AllocError> {
@@ -269,7 +281,7 @@ impl<B: Backend> StreamShards<B> {
 
     /// The slot and shard of `stream`, creating the shard on first use.
     #[inline]
-    fn shard_for(&self, stream: StreamId) -> Result<(usize, SlotRef<'_, Shard<B>>), AllocError> {
+    fn shard_for(&self, stream: StreamId) -> Result<(usize, ShardRef<'_, B>), AllocError> {
         let n = self.slots.len();
         let home = home_slot(stream, n);
         for probe in 0..n {
@@ -301,14 +313,15 @@ impl<B: Backend> StreamShards<B> {
     }
 
     #[cold]
-    fn new_shard(&self, stream: StreamId, settings: &ShardSettings) -> Shard<B> {
+    fn new_shard(&self, stream: StreamId, settings: &ShardSettings) -> Box<Shard<B>> {
         let alloc =
             CachingAllocator::with_device(self.backend.clone(), self.config.clone(), self.device);
+        alloc.share_device_reserved(self.reserved.clone());
         alloc.record_memory_history(settings.history.clone());
         if settings.rank_by_address {
             alloc.seeder().rank_segments_by_address(true);
         }
-        Shard { stream, alloc }
+        Box::new(Shard { stream, alloc })
     }
 
     /// Run `f` on `stream`'s shard (created if it has none yet): for what
@@ -344,7 +357,7 @@ impl<B: Backend> StreamShards<B> {
     }
 
     /// The shards created so far, in slot order.
-    fn shards(&self) -> impl Iterator<Item = SlotRef<'_, Shard<B>>> + '_ {
+    fn shards(&self) -> impl Iterator<Item = ShardRef<'_, B>> + '_ {
         self.slots.iter().filter_map(OnceSlot::get)
     }
 
@@ -384,9 +397,11 @@ impl<B: Backend> StreamShards<B> {
         Ok(())
     }
 
-    /// The statistics summed over the shards: every counter exact, every
-    /// `peak` the sum of the shards' peaks (an upper bound of the device's
-    /// peak, exact with one stream; see [`StreamShards`]).
+    /// The statistics summed over the shards: every counter exact; the
+    /// `reserved_bytes` peaks exact (a device-wide gauge updated on driver
+    /// calls); every other `peak` the sum of the shards' peaks (an upper
+    /// bound of the device's peak, exact with one stream; see
+    /// [`StreamShards`]).
     pub fn stats(&self) -> DeviceStats {
         let mut total = DeviceStats {
             max_split_size: if self.config.max_split_size == u64::MAX {
@@ -399,6 +414,7 @@ impl<B: Backend> StreamShards<B> {
         for shard in self.shards() {
             add_stats(&mut total, &shard.alloc.stats());
         }
+        self.reserved.set_peaks(&mut total.reserved_bytes);
         total
     }
 
@@ -419,6 +435,7 @@ impl<B: Backend> StreamShards<B> {
         for shard in self.shards() {
             shard.alloc.reset_peak_stats();
         }
+        self.reserved.reset_peak();
     }
 
     /// Zero every shard's lifetime totals and event counters.
@@ -494,7 +511,9 @@ impl<B: Backend> StreamShards<B> {
 
     /// Check every shard's invariants (see
     /// [`CachingAllocator::check_invariants`]), that each shard serves only
-    /// its own stream, and that no two shards' segments overlap.
+    /// its own stream, that no two shards' segments overlap, and that the
+    /// device-wide reserved gauge equals the shards' sum. Call it while no
+    /// other thread allocates (it reads the shards one after another).
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let mut ranges = Vec::new();
         for shard in self.shards() {
@@ -508,6 +527,13 @@ impl<B: Backend> StreamShards<B> {
                 }
                 ranges.push((seg.address, seg.address + seg.total_size));
             }
+        }
+        let summed = self.stats().reserved_bytes.0.map(|s| s.current);
+        if summed != self.reserved.current() {
+            return Err(InvariantViolation(format!(
+                "the shards reserve {summed:?} bytes but the device-wide gauge says {:?}",
+                self.reserved.current()
+            )));
         }
         ranges.sort_unstable();
         for w in ranges.windows(2) {

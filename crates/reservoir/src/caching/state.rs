@@ -72,6 +72,10 @@ pub(crate) struct DeviceState {
     /// Blocks borrowed from another stream's pool (see `policy.rs`); 0 in
     /// PyTorch mode.
     pub cross_stream_reuses: u64,
+    /// The device-wide reserved gauge shared with the other stream shards
+    /// (see `device_reserved.rs`); `None` for a lone `CachingAllocator`.
+    /// Invariant: changed by exactly what `stats.reserved_bytes` changes.
+    pub device_reserved: Option<std::sync::Arc<super::device_reserved::DeviceReserved>>,
 }
 
 impl DeviceState {
@@ -102,6 +106,7 @@ impl DeviceState {
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
             cross_stream_reuses: 0,
+            device_reserved: None,
         }
     }
 

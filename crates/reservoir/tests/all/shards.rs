@@ -195,3 +195,51 @@ fn history_and_snapshots_cover_every_shard() {
     s.raw_free(c).unwrap();
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn reserved_peak_is_the_devices_and_other_peaks_add_up() {
+    // spec 1.12: reserved_bytes grows and shrinks with driver calls only.
+    // Two streams reserve 40 MiB one after the other: the device never
+    // held more than 40 MiB, which the reserved peak says exactly (as one
+    // CachingAllocator does); allocated_bytes' peak is the sum of the
+    // shards' peaks, 80 MiB, an upper bound.
+    let run =
+        |alloc: &dyn Fn(u64, StreamId) -> DevicePtr, free: &dyn Fn(DevicePtr), empty: &dyn Fn()| {
+            for stream in [StreamId(1), StreamId(2)] {
+                let p = alloc(40 * MIB, stream);
+                free(p);
+                empty();
+            }
+        };
+    let s = shards_with_capacity(1 << 30);
+    run(
+        &|n, st| s.raw_alloc(n, st).unwrap(),
+        &|p| s.raw_free(p).unwrap(),
+        &|| s.empty_cache().unwrap(),
+    );
+    let one = reservoir::CachingAllocator::new(SimDevice::default(), AllocatorConfig::default());
+    run(
+        &|n, st| one.raw_alloc(n, st).unwrap(),
+        &|p| one.raw_free(p).unwrap(),
+        &|| one.empty_cache().unwrap(),
+    );
+    let (sharded, single) = (s.stats(), one.stats());
+    assert_eq!(
+        sharded.reserved_bytes, single.reserved_bytes,
+        "exact, peaks included"
+    );
+    assert_eq!(single.reserved_bytes.all().peak, 40 * MIB as i64);
+    assert_eq!(single.allocated_bytes.all().peak, 40 * MIB as i64);
+    assert_eq!(
+        sharded.allocated_bytes.all().peak,
+        80 * MIB as i64,
+        "sum of peaks"
+    );
+    assert_eq!(
+        sharded.allocated_bytes.all().allocated,
+        single.allocated_bytes.all().allocated
+    );
+    s.reset_peak_stats();
+    assert_eq!(s.stats().reserved_bytes.all().peak, 0);
+    s.check_invariants().unwrap();
+}
