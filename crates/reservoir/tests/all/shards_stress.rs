@@ -35,6 +35,27 @@ struct Parcel {
     written: EventId,
 }
 
+/// Take the blocks other threads handed to this one: read each on `me`
+/// after its owner's write, record `me` on it and free it. Returns how many.
+fn receive(
+    shards: &StreamShards<AsyncSimDevice>,
+    me: StreamId,
+    mailbox: &Mutex<Vec<Parcel>>,
+) -> u64 {
+    let dev = shards.backend();
+    let parcels = std::mem::take(&mut *mailbox.lock().unwrap());
+    let n = parcels.len() as u64;
+    for parcel in parcels {
+        dev.stream_wait_event(me, parcel.written).unwrap();
+        dev.enqueue(me, 500, &[Access::read(parcel.ptr, parcel.size)])
+            .unwrap();
+        shards.record_stream(parcel.ptr, me).unwrap();
+        shards.raw_free(parcel.ptr).unwrap();
+        dev.destroy_event(parcel.written).unwrap();
+    }
+    n
+}
+
 #[test]
 fn threads_on_their_own_streams_with_cross_thread_frees_have_no_races() {
     let dev = device();
@@ -55,19 +76,10 @@ fn threads_on_their_own_streams_with_cross_thread_frees_have_no_races() {
                 let (mut cross, mut recorded) = (0u64, 0u64);
                 for _ in 0..PHASES {
                     for op in 0..OPS_PER_PHASE {
-                        // Blocks from other threads: read them on my stream after
-                        // their owner's write, record my stream, free them.
-                        let parcels = std::mem::take(&mut *mailboxes[t].lock().unwrap());
-                        for parcel in parcels {
-                            dev.stream_wait_event(me, parcel.written).unwrap();
-                            dev.enqueue(me, 500, &[Access::read(parcel.ptr, parcel.size)])
-                                .unwrap();
-                            shards.record_stream(parcel.ptr, me).unwrap();
-                            shards.raw_free(parcel.ptr).unwrap();
-                            dev.destroy_event(parcel.written).unwrap();
-                            cross += 1;
-                            recorded += 1;
-                        }
+                        // Blocks from other threads.
+                        let n = receive(shards, me, &mailboxes[t]);
+                        cross += n;
+                        recorded += n;
                         let roll = rng.next_u64() % 10;
                         if live.len() >= LIVE || (roll < 3 && !live.is_empty()) {
                             let at = (rng.next_u64() % live.len() as u64) as usize;
@@ -110,16 +122,10 @@ fn threads_on_their_own_streams_with_cross_thread_frees_have_no_races() {
                     shards.raw_free(ptr).unwrap();
                 }
                 barrier.wait();
-                let parcels = std::mem::take(&mut *mailboxes[t].lock().unwrap());
-                for parcel in parcels {
-                    dev.stream_wait_event(me, parcel.written).unwrap();
-                    dev.enqueue(me, 500, &[Access::read(parcel.ptr, parcel.size)])
-                        .unwrap();
-                    shards.record_stream(parcel.ptr, me).unwrap();
-                    shards.raw_free(parcel.ptr).unwrap();
-                    cross += 1;
-                    recorded += 1;
-                }
+                // Parcels still arriving.
+                let n = receive(shards, me, &mailboxes[t]);
+                cross += n;
+                recorded += n;
                 let mut tot = totals.lock().unwrap();
                 tot.0 += cross;
                 tot.1 += recorded;
