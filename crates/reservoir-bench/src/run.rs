@@ -85,8 +85,7 @@ pub fn run(imp: Impl, ops: &Ops, reps: usize) -> (Vec<f64>, usize) {
                 .expect("the simulated device creates streams"),
         );
     }
-    let mut times = Vec::with_capacity(reps);
-    let mut calls = 0;
+    let n = ops.ops.len();
     match imp {
         Impl::Reservoir | Impl::Fastest => {
             let config = if imp == Impl::Fastest {
@@ -96,39 +95,41 @@ pub fn run(imp: Impl, ops: &Ops, reps: usize) -> (Vec<f64>, usize) {
             };
             let alloc = CachingAllocator::new(dev, config);
             let mut ptr = vec![None; ops.ids];
-            for _ in 0..reps {
-                let t = Instant::now();
-                calls += run_reservoir(&alloc, &ops.ops, &streams, &mut ptr);
-                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
-            }
+            timed(reps, n, || {
+                run_reservoir(&alloc, &ops.ops, &streams, &mut ptr)
+            })
         }
         Impl::Offset => {
             let mut arena = offset::arena(reservoir::sim::FAKE_DRIVER_CAPACITY);
             let mut live = vec![None; ops.ids];
-            for _ in 0..reps {
-                let t = Instant::now();
-                calls += offset::run_offset(&mut arena, &ops.ops, &mut live);
-                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
-            }
+            timed(reps, n, || {
+                offset::run_offset(&mut arena, &ops.ops, &mut live)
+            })
         }
         #[cfg(feature = "cubecl")]
         Impl::Cubecl => {
             let mut pools = crate::cubecl::CubeclPools::new(ops.streams as usize);
             let mut live = vec![None; ops.ids];
-            for _ in 0..reps {
-                let t = Instant::now();
-                calls += crate::cubecl::run_cubecl(&mut pools, &ops.ops, &mut live);
-                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
-            }
+            timed(reps, n, || {
+                crate::cubecl::run_cubecl(&mut pools, &ops.ops, &mut live)
+            })
         }
         Impl::NoCache => {
             let mut ptr = vec![None; ops.ids];
-            for _ in 0..reps {
-                let t = Instant::now();
-                calls += run_no_cache(&dev, &ops.ops, &streams, &mut ptr);
-                times.push(t.elapsed().as_nanos() as f64 / ops.ops.len() as f64);
-            }
+            timed(reps, n, || run_no_cache(&dev, &ops.ops, &streams, &mut ptr))
         }
+    }
+}
+
+/// Call `replay` `reps` times: the nanoseconds per op (of `ops` ops) of
+/// each call, and the allocator calls they made in total.
+fn timed(reps: usize, ops: usize, mut replay: impl FnMut() -> usize) -> (Vec<f64>, usize) {
+    let mut times = Vec::with_capacity(reps);
+    let mut calls = 0;
+    for _ in 0..reps {
+        let t = Instant::now();
+        calls += replay();
+        times.push(t.elapsed().as_nanos() as f64 / ops as f64);
     }
     (times, calls)
 }
