@@ -48,6 +48,15 @@ impl Stat {
     pub fn reset_peak(&mut self) {
         self.peak = self.current;
     }
+
+    /// Add `other` field by field (the peaks add up to an upper bound of
+    /// the peak of the sum).
+    pub fn add(&mut self, other: &Stat) {
+        self.current += other.current;
+        self.peak += other.peak;
+        self.allocated += other.allocated;
+        self.freed += other.freed;
+    }
 }
 
 /// Which slice of a [`StatArray`] a change applies to.
@@ -199,6 +208,38 @@ impl Default for DeviceStats {
 }
 
 impl DeviceStats {
+    /// Zeroed statistics of an allocator created with `max_split_size`
+    /// bytes (`u64::MAX`, unlimited, is kept as -1).
+    pub fn with_max_split_size(max_split_size: u64) -> DeviceStats {
+        DeviceStats {
+            max_split_size: if max_split_size == u64::MAX {
+                -1
+            } else {
+                max_split_size as i64
+            },
+            ..DeviceStats::default()
+        }
+    }
+
+    /// Add `other`'s gauges, totals, peaks and event counters to these
+    /// (`max_split_size` stays). Peaks add up to an upper bound of the peak
+    /// of the sum.
+    pub fn add(&mut self, other: &DeviceStats) {
+        for (total, (_, s)) in self.arrays_mut().into_iter().zip(other.arrays()) {
+            for (t, s) in total.0.iter_mut().zip(&s.0) {
+                t.add(s);
+            }
+        }
+        self.num_alloc_retries += other.num_alloc_retries;
+        self.num_ooms += other.num_ooms;
+        self.num_oom_rejections += other.num_oom_rejections;
+        self.oversize_allocations.add(&other.oversize_allocations);
+        self.oversize_segments.add(&other.oversize_segments);
+        self.num_sync_all_streams += other.num_sync_all_streams;
+        self.num_device_alloc += other.num_device_alloc;
+        self.num_device_free += other.num_device_free;
+    }
+
     /// The stat arrays with their `memory_stats()` names.
     pub fn arrays(&self) -> [(&'static str, &StatArray); 9] {
         [
@@ -314,6 +355,29 @@ mod tests {
                 freed: 0
             }
         );
+    }
+
+    #[test]
+    fn adding_sums_every_key_and_keeps_max_split_size() {
+        let mut a = DeviceStats::with_max_split_size(u64::MAX);
+        assert_eq!(a.max_split_size, -1);
+        a.allocated_bytes.increase(StatType::LargePool, 300);
+        a.num_ooms = 1;
+        let mut b = DeviceStats::with_max_split_size(20 << 20);
+        assert_eq!(b.max_split_size, 20 << 20);
+        b.allocated_bytes.increase(StatType::LargePool, 500);
+        b.allocated_bytes.decrease(StatType::LargePool, 100);
+        b.oversize_segments.increase(1);
+        b.num_device_alloc = 2;
+        let (fa, fb) = (a.to_flat(), b.to_flat());
+        a.add(&b);
+        assert_eq!(a.max_split_size, -1);
+        for (key, v) in a.to_flat() {
+            if key != "max_split_size" {
+                assert_eq!(v, fa[&key] + fb[&key], "{key}");
+            }
+        }
+        assert_eq!(a.allocated_bytes.all().peak, 800, "peaks add up");
     }
 
     #[test]

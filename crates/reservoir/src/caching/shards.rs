@@ -11,7 +11,7 @@ use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
 use crate::snapshot::{Segment, Snapshot};
-use crate::stats::{DeviceStats, Stat, StatArray};
+use crate::stats::DeviceStats;
 use crate::sync::{thread_local, Mutex, OnceSlot, SlotRef};
 use crate::trace::TraceEntry;
 
@@ -403,16 +403,9 @@ impl<B: Backend> StreamShards<B> {
     /// bound of the device's peak, exact with one stream; see
     /// [`StreamShards`]).
     pub fn stats(&self) -> DeviceStats {
-        let mut total = DeviceStats {
-            max_split_size: if self.config.max_split_size == u64::MAX {
-                -1
-            } else {
-                self.config.max_split_size as i64
-            },
-            ..DeviceStats::default()
-        };
+        let mut total = DeviceStats::with_max_split_size(self.config.max_split_size);
         for shard in self.shards() {
-            add_stats(&mut total, &shard.alloc.stats());
+            total.add(&shard.alloc.stats());
         }
         self.reserved.set_peaks(&mut total.reserved_bytes);
         total
@@ -558,38 +551,4 @@ fn home_slot(stream: StreamId, slots: usize) -> usize {
     } else {
         ((stream.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % slots as u64) as usize
     }
-}
-
-fn add_stat(total: &mut Stat, s: &Stat) {
-    total.current += s.current;
-    total.peak += s.peak;
-    total.allocated += s.allocated;
-    total.freed += s.freed;
-}
-
-fn add_array(total: &mut StatArray, s: &StatArray) {
-    for (t, s) in total.0.iter_mut().zip(&s.0) {
-        add_stat(t, s);
-    }
-}
-
-/// Add one shard's statistics to `total` (peaks add up to an upper bound).
-fn add_stats(total: &mut DeviceStats, s: &DeviceStats) {
-    add_array(&mut total.allocation, &s.allocation);
-    add_array(&mut total.segment, &s.segment);
-    add_array(&mut total.active, &s.active);
-    add_array(&mut total.inactive_split, &s.inactive_split);
-    add_array(&mut total.allocated_bytes, &s.allocated_bytes);
-    add_array(&mut total.reserved_bytes, &s.reserved_bytes);
-    add_array(&mut total.active_bytes, &s.active_bytes);
-    add_array(&mut total.inactive_split_bytes, &s.inactive_split_bytes);
-    add_array(&mut total.requested_bytes, &s.requested_bytes);
-    total.num_alloc_retries += s.num_alloc_retries;
-    total.num_ooms += s.num_ooms;
-    total.num_oom_rejections += s.num_oom_rejections;
-    add_stat(&mut total.oversize_allocations, &s.oversize_allocations);
-    add_stat(&mut total.oversize_segments, &s.oversize_segments);
-    total.num_sync_all_streams += s.num_sync_all_streams;
-    total.num_device_alloc += s.num_device_alloc;
-    total.num_device_free += s.num_device_free;
 }

@@ -80,14 +80,7 @@ pub(crate) struct DeviceState {
 
 impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
-        let stats = DeviceStats {
-            max_split_size: if config.max_split_size == u64::MAX {
-                -1
-            } else {
-                config.max_split_size as i64
-            },
-            ..DeviceStats::default()
-        };
+        let stats = DeviceStats::with_max_split_size(config.max_split_size);
         DeviceState {
             device,
             config,
