@@ -42,6 +42,9 @@ use crate::store::{BlockId, PoolId, NIL};
 pub(crate) struct GrowthRun {
     /// Its first block.
     pub start: BlockId,
+    /// The bytes of its blocks that serve the request (contiguous from
+    /// `start`'s address).
+    pub bytes: u64,
     /// The unmapped bytes serving the request from it maps.
     pub maps: u64,
 }
@@ -83,23 +86,12 @@ impl DeviceState {
             if run.bytes >= size && !leaves_free && best.map_or(true, |b| run.unmapped < b.maps) {
                 best = Some(GrowthRun {
                     start,
+                    bytes: run.bytes,
                     maps: run.unmapped,
                 });
             }
         }
         best
-    }
-
-    /// The blocks of `run` that serve `size` bytes.
-    fn run_blocks(&self, run: GrowthRun, size: u64) -> Vec<BlockId> {
-        let mut out = Vec::new();
-        let (mut bytes, mut b) = (0, run.start);
-        while bytes < size && self.allocatable(b) {
-            out.push(b);
-            bytes += self.store.blocks[b].size;
-            b = self.store.blocks[b].next;
-        }
-        out
     }
 
     /// Before the cache grows for a request of `size` bytes on `stream` in
@@ -119,11 +111,18 @@ impl DeviceState {
         if self.total_allocated_memory + maps <= target {
             return Ok(());
         }
-        let used = run.map_or_else(Vec::new, |r| self.run_blocks(r, size));
+        // The addresses of the blocks the growth uses (contiguous).
+        let used = run.map(|r| {
+            let addr = self.store.blocks[r.start].addr;
+            addr..addr + r.bytes
+        });
         let mut free: Vec<(u64, BlockId)> = [POOL_LARGE, POOL_SMALL]
             .iter()
             .flat_map(|&pool| self.pools[pool as usize].blocks.iter())
-            .filter(|k| self.store.blocks[k.id].expandable && !used.contains(&k.id))
+            .filter(|k| {
+                let b = &self.store.blocks[k.id];
+                b.expandable && !used.as_ref().is_some_and(|u| u.contains(&b.addr))
+            })
             .map(|k| (k.size, k.id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
