@@ -5,28 +5,20 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use reservoir_testkit::traces::{oracle_home, shared_oracle};
+
 use crate::run::Impl;
 
-/// `../shared/oracle/oracle_bench` beside the repository (or a worktree one
-/// level deeper), when PyTorch's allocator has been set up
+/// `oracle_bench` in the oracle folder (`../shared/oracle` beside the
+/// repository, see [`shared_oracle`]), when PyTorch's allocator has been set up
 /// (`setup-torch.sh` built `allocbench`); `RESERVOIR_ORACLE_BENCH` overrides.
 pub fn oracle_bench() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("RESERVOIR_ORACLE_BENCH") {
         return Some(PathBuf::from(p));
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let script = [
-        repo.join("../shared/oracle/oracle_bench"),
-        repo.join("../../shared/oracle/oracle_bench"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())?;
-    let home = std::env::var_os("PYTORCH_ORACLE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/pytorch-oracle"))
-        })?;
-    home.join("bin/allocbench").is_file().then_some(script)
+    let script = shared_oracle()?.join("oracle_bench");
+    let home = oracle_home()?;
+    (script.is_file() && home.join("bin/allocbench").is_file()).then_some(script)
 }
 
 /// The fake driver's capacity for PyTorch's runs, in bytes: the fake

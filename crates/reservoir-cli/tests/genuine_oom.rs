@@ -17,7 +17,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use reservoir_testkit::traces::shared_oracle;
+use reservoir_testkit::traces::{oracle_home, shared_oracle};
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("the command runs")
@@ -29,17 +29,6 @@ fn reservoir(args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// The oracle's venv, where `setup-torch.sh` puts it.
-fn torch_venv() -> PathBuf {
-    std::env::var_os("PYTORCH_ORACLE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/pytorch-oracle"))
-        })
-        .unwrap_or_default()
-        .join("venv")
 }
 
 fn skip(why: &str) {
@@ -76,10 +65,11 @@ fn a_genuine_pytorch_oom_is_reproduced_and_explained() {
     let Some(oracle) = shared_oracle() else {
         return skip("../shared/oracle not found (set RESERVOIR_ORACLE)");
     };
-    if !torch_venv().is_dir() {
+    let venv = oracle_home().unwrap_or_default().join("venv");
+    if !venv.is_dir() {
         return skip(&format!(
             "no torch venv at {} (run ../shared/oracle/setup-torch.sh)",
-            torch_venv().display()
+            venv.display()
         ));
     }
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("genuine_oom");

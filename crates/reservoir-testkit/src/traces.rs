@@ -40,6 +40,18 @@ pub fn shared_oracle() -> Option<PathBuf> {
     .find(has_script)
 }
 
+/// Where `../shared/oracle/setup-torch.sh` puts the oracle's torch venv
+/// and built libraries: `$PYTORCH_ORACLE_HOME`, else
+/// `$HOME/.cache/pytorch-oracle` (`None` without either variable; the
+/// folder may not exist yet).
+pub fn oracle_home() -> Option<PathBuf> {
+    std::env::var_os("PYTORCH_ORACLE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/pytorch-oracle"))
+        })
+}
+
 /// The file `rel` of the real-traces folder ([`shared_traces`]), if present.
 pub fn shared_trace(rel: &str) -> Option<PathBuf> {
     shared_traces().map(|d| d.join(rel)).filter(|p| p.is_file())
