@@ -46,7 +46,7 @@ impl DeviceState {
     }
 
     /// spec 1.10: return a block to its pool, merging free neighbours.
-    #[inline]
+    #[inline(always)]
     pub(super) fn free_block(&mut self, id: BlockId) {
         let (addr, requested, stream, original_size, prev, next, pool) = {
             let b = &self.store.blocks[id];

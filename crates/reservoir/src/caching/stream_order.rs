@@ -172,7 +172,6 @@ impl<K: Copy + Eq, V> FlatHashTable<K, V> {
         self.len
     }
 
-    #[allow(dead_code)] // complete map API; used by the tests
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
