@@ -129,7 +129,7 @@ fn top_sites(r: &Replay<'_>, sites: &Sites) -> Vec<SiteUsage> {
         }
     }
     let mut by_site: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
-    for (&id, ptr) in &r.live {
+    for (id, ptr) in r.live.live() {
         let bytes = size_at.get(&ptr.0).copied().unwrap_or(0);
         let e = by_site.entry(sites.site(id)).or_default();
         e.0 += bytes;

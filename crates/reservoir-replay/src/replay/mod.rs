@@ -58,6 +58,7 @@
 
 pub mod capacity;
 pub mod explain;
+mod live;
 mod report;
 pub mod sites;
 pub mod snapshot;
@@ -68,9 +69,10 @@ pub use target::ReplayTarget;
 
 use std::time::{Duration, Instant};
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
+use live::{IdState, LiveIds};
 use reservoir::backend::{Backend, BackendError, DevicePtr, StreamId};
 use reservoir::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSegment};
 use reservoir::config::AllocatorConfig;
@@ -371,13 +373,18 @@ const SCAN_BUDGET_START: u64 = 1 << 20;
 const SCAN_CREDIT_PER_OP: u64 = 64;
 
 /// Downsamples (op, allocated, reserved) points: per bucket of ops, the
-/// points of lowest and highest allocated bytes, in op order.
+/// points of lowest and highest allocated bytes, in op order (the earliest
+/// of equal points).
 #[derive(Debug)]
 struct Sampler {
     bucket: usize,
+    /// The first op past the open bucket (0 before the first point, so the
+    /// first point opens a bucket).
     end: usize,
-    lo: Option<Sample>,
-    hi: Option<Sample>,
+    /// The open bucket's lowest and highest points (meaningful when `open`).
+    lo: Sample,
+    hi: Sample,
+    open: bool,
     out: Vec<Sample>,
 }
 
@@ -385,46 +392,67 @@ impl Sampler {
     fn new(ops: usize, max_samples: usize) -> Self {
         let buckets = (max_samples / 2).max(1);
         let bucket = ops.div_ceil(buckets).max(1);
+        let none = Sample {
+            op: 0,
+            allocated: 0,
+            reserved: 0,
+        };
         Sampler {
             bucket,
-            end: bucket,
-            lo: None,
-            hi: None,
+            end: 0,
+            lo: none,
+            hi: none,
+            open: false,
             out: Vec::with_capacity(max_samples.min(2 * ops + 2)),
         }
     }
 
+    /// Called after every op that may change the bytes: two comparisons
+    /// unless `s` opens a new bucket.
     #[inline]
     fn push(&mut self, s: Sample) {
         if s.op as usize >= self.end {
-            self.flush();
-            self.end = (s.op as usize / self.bucket + 1) * self.bucket;
+            self.open_bucket(s);
+            return;
         }
-        match &self.lo {
-            Some(lo) if lo.allocated <= s.allocated => {}
-            _ => self.lo = Some(s),
+        if s.allocated < self.lo.allocated {
+            self.lo = s;
         }
-        match &self.hi {
-            Some(hi) if hi.allocated >= s.allocated => {}
-            _ => self.hi = Some(s),
+        if s.allocated > self.hi.allocated {
+            self.hi = s;
         }
+    }
+
+    /// Close the open bucket and open the one of `s`, with `s` as its only
+    /// point.
+    #[cold]
+    #[inline(never)]
+    fn open_bucket(&mut self, s: Sample) {
+        self.flush();
+        self.end = (s.op as usize / self.bucket + 1) * self.bucket;
+        self.lo = s;
+        self.hi = s;
+        self.open = true;
     }
 
     /// The two extremes of the open bucket, in op order.
     fn pending(&self) -> impl Iterator<Item = Sample> {
-        let (a, b) = match (self.lo, self.hi) {
-            (Some(a), Some(b)) if a.op == b.op => (Some(a), None),
-            (Some(a), Some(b)) if b.op < a.op => (Some(b), Some(a)),
-            other => other,
+        let (a, b) = match (self.open, self.lo, self.hi) {
+            (false, _, _) => (None, None),
+            (true, a, b) if a.op == b.op => (Some(a), None),
+            (true, a, b) if b.op < a.op => (Some(b), Some(a)),
+            (true, a, b) => (Some(a), Some(b)),
         };
         a.into_iter().chain(b)
     }
 
     fn flush(&mut self) {
-        let pending: Vec<Sample> = self.pending().collect();
-        self.out.extend(pending);
-        self.lo = None;
-        self.hi = None;
+        let (a, b) = {
+            let mut p = self.pending();
+            (p.next(), p.next())
+        };
+        self.out.extend(a.into_iter().chain(b));
+        self.open = false;
     }
 
     /// Every point so far, the open bucket included.
@@ -474,7 +502,13 @@ impl CallTimer {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
-        (self.rng % self.one_in == 0).then(Instant::now)
+        // `rng % one_in == 0`, without a division for a power of two.
+        let picked = if self.one_in.is_power_of_two() {
+            self.rng & (self.one_in - 1) == 0
+        } else {
+            self.rng % self.one_in == 0
+        };
+        picked.then(Instant::now)
     }
 
     #[inline]
@@ -550,8 +584,7 @@ pub struct Replay<'t, T: ReplayTarget = CachingAllocator<SimDevice>> {
     alloc: T,
     streams: StreamTable,
     current: StreamId,
-    live: FxHashMap<AllocId, DevicePtr>,
-    oom_ids: FxHashSet<AllocId>,
+    live: LiveIds,
     next: usize,
     alloc_ops: u64,
     free_ops: u64,
@@ -651,7 +684,12 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             ..SimConfig::default()
         });
         let alloc = T::on_device(device, config);
-        let mut live = FxHashMap::default();
+        let seeded = start.map_or(0, |st| {
+            let ids = |v: &[AllocId]| v.len() as u64;
+            st.segments.iter().map(|s| ids(&s.2)).sum::<u64>()
+                + st.expandable.iter().map(|s| ids(&s.2)).sum::<u64>()
+        });
+        let mut live = LiveIds::with_dense_limit(trace.ops.len() as u64 + seeded + 1);
         let mut streams = if start.is_some_and(|s| s.literal_streams) {
             StreamTable::literal()
         } else {
@@ -660,23 +698,25 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
         let mut seed_driver_time_ns = 0;
         if let Some(st) = start {
             alloc.rank_segments_by_address(st.address_order);
+            // Name each segment's stream once per run of segments on it.
+            let mut named = None;
+            let mut name_stream = |streams: &mut StreamTable, stream: StreamId| {
+                if named != Some(stream) {
+                    device_stream(streams, &alloc, &StreamName::new(stream.0.to_string()));
+                    named = Some(stream);
+                }
+            };
             for (k, (_, seg, ids)) in st.segments.iter().enumerate() {
-                device_stream(
-                    &mut streams,
-                    &alloc,
-                    &StreamName::new(seg.stream.0.to_string()),
-                );
+                name_stream(&mut streams, seg.stream);
                 let ptrs = alloc
                     .seed_segment_blocks(seg)
                     .map_err(|source| ReplayError::Seed { segment: k, source })?;
-                live.extend(ids.iter().copied().zip(ptrs));
+                for (&id, ptr) in ids.iter().zip(ptrs) {
+                    live.set(id, IdState::Live(ptr));
+                }
             }
             for (k, (_, seg, ids)) in st.expandable.iter().enumerate() {
-                device_stream(
-                    &mut streams,
-                    &alloc,
-                    &StreamName::new(seg.stream.0.to_string()),
-                );
+                name_stream(&mut streams, seg.stream);
                 let ptrs =
                     alloc
                         .seed_expandable_blocks(seg)
@@ -684,7 +724,9 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                             segment: st.segments.len() + k,
                             source,
                         })?;
-                live.extend(ids.iter().copied().zip(ptrs));
+                for (&id, ptr) in ids.iter().zip(ptrs) {
+                    live.set(id, IdState::Live(ptr));
+                }
             }
             alloc.reset_accumulated_stats();
             alloc.reset_peak_stats();
@@ -706,7 +748,6 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             streams,
             current: StreamId::DEFAULT,
             live,
-            oom_ids: FxHashSet::default(),
             next: 0,
             alloc_ops: 0,
             free_ops: 0,
@@ -768,7 +809,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
 
     /// The device pointer of a live trace id (null for a zero-byte one).
     pub fn pointer(&self, id: AllocId) -> Option<DevicePtr> {
-        self.live.get(&id).copied()
+        self.live.pointer(id)
     }
 
     /// Run every remaining op.
@@ -842,7 +883,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
         self.next += 1;
         match op {
             Op::Alloc { id, bytes, stream } => {
-                if self.live.contains_key(id) {
+                if let Some(IdState::Live(_)) = self.live.get(*id) {
                     return Err(self.trace_error(i, format!("id {id} is already live")));
                 }
                 let s = match stream {
@@ -857,32 +898,14 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                     p.push(r.as_ref().map_or(0, |ptr| ptr.0));
                 }
                 match r {
-                    Ok(ptr) => {
-                        self.live.insert(*id, ptr);
-                        if !self.oom_ids.is_empty() {
-                            self.oom_ids.remove(id);
-                        }
-                    }
-                    Err(AllocError::OutOfMemory(e)) => {
-                        self.ooms += 1;
-                        self.oom_ids.insert(*id);
-                        if self.first_oom.is_none() {
-                            self.first_oom = Some(OomRecord {
-                                op: i as u64,
-                                line: self.line(i) as u64,
-                                id: *id,
-                                bytes: *bytes,
-                                stream: s.0,
-                                message: e.message,
-                            });
-                        }
-                    }
+                    Ok(ptr) => self.live.set(*id, IdState::Live(ptr)),
+                    Err(AllocError::OutOfMemory(e)) => self.note_oom(i, *id, *bytes, s, e.message),
                     Err(e) => return Err(self.alloc_error(i, e)),
                 }
                 self.observe(i);
             }
-            Op::Free { id } => match self.live.remove(id) {
-                Some(ptr) => {
+            Op::Free { id } => match self.live.take(*id) {
+                Some(IdState::Live(ptr)) => {
                     self.free_ops += 1;
                     let t0 = self.timer.start();
                     let r = self.alloc.free(ptr);
@@ -890,12 +913,9 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                     r.map_err(|e| self.alloc_error(i, e))?;
                     self.observe(i);
                 }
+                Some(IdState::Failed) => {}
                 None => {
-                    if !self.oom_ids.remove(id) {
-                        return Err(
-                            self.trace_error(i, format!("free of id {id}, which is not live"))
-                        );
-                    }
+                    return Err(self.trace_error(i, format!("free of id {id}, which is not live")));
                 }
             },
             Op::EmptyCache => {
@@ -908,28 +928,26 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             Op::SetStream { stream } => {
                 self.current = self.stream(stream);
             }
-            Op::RecordStream { id, stream } => match self.live.get(id).copied() {
-                Some(ptr) => {
+            Op::RecordStream { id, stream } => match self.live.get(*id) {
+                Some(IdState::Live(ptr)) => {
                     let s = self.stream(stream);
                     let t0 = self.timer.start();
                     let r = self.alloc.record_stream(ptr, s);
                     self.timer.stop(t0);
                     r.map_err(|e| self.alloc_error(i, e))?;
                 }
+                Some(IdState::Failed) => {}
                 None => {
-                    if !self.oom_ids.contains(id) {
-                        return Err(self.trace_error(
-                            i,
-                            format!("record_stream of id {id}, which is not live"),
-                        ));
-                    }
+                    return Err(
+                        self.trace_error(i, format!("record_stream of id {id}, which is not live"))
+                    );
                 }
             },
             Op::Kernel { stream, ids } => {
                 let s = self.stream(stream);
                 let n = ids
                     .iter()
-                    .filter(|x| self.live.contains_key(x))
+                    .filter(|&&x| self.live.pointer(x).is_some())
                     .count()
                     .max(1);
                 for _ in 0..n {
@@ -972,6 +990,24 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             }
         }
         Ok(())
+    }
+
+    /// Allocation op `i` of `id` (`bytes` on `stream`) ran out of memory:
+    /// count it, remember the first, and ignore later frees of `id`.
+    #[cold]
+    fn note_oom(&mut self, i: usize, id: AllocId, bytes: u64, stream: StreamId, message: String) {
+        self.ooms += 1;
+        self.live.set(id, IdState::Failed);
+        if self.first_oom.is_none() {
+            self.first_oom = Some(OomRecord {
+                op: i as u64,
+                line: self.line(i) as u64,
+                id,
+                bytes,
+                stream: stream.0,
+                message,
+            });
+        }
     }
 
     /// Note the state after op `i`, which may have changed the allocator's
