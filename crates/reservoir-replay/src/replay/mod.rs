@@ -741,7 +741,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             seed_driver_time_ns,
             placements: start
                 .filter(|s| s.record_placements)
-                .map(|_| Vec::with_capacity(trace.ops.len() / 2)),
+                .map(|_| Vec::with_capacity(trace.ops.len())),
             setting: setting.clone(),
             capacity: options.capacity,
             alloc,

@@ -147,6 +147,33 @@ impl GapIndex {
         self.root = self.merge(a, b);
     }
 
+    /// Give the gap at `key` (present) the start `new_key` and the length
+    /// `len` in place: one descent, fixing the subtree maxima on the way
+    /// back, instead of a removal and an insertion. No other gap may start
+    /// between `key` and `new_key` (the order of the keys stays the same).
+    fn reshape(&mut self, key: u64, new_key: u64, len: u64) {
+        self.reshape_at(self.root, key, new_key, len);
+    }
+
+    fn reshape_at(&mut self, t: u32, key: u64, new_key: u64, len: u64) {
+        debug_assert!(t != NIL, "gap index: resizing an absent key {key:#x}");
+        if t == NIL {
+            return;
+        }
+        let n = &mut self.nodes[t as usize];
+        if key < n.key {
+            let l = n.left;
+            self.reshape_at(l, key, new_key, len);
+        } else if key > n.key {
+            let r = n.right;
+            self.reshape_at(r, key, new_key, len);
+        } else {
+            n.key = new_key;
+            n.len = len;
+        }
+        self.update(t);
+    }
+
     fn remove(&mut self, key: u64) {
         let (a, b) = self.split(self.root, key);
         let (m, c) = self.split(b, key.saturating_add(1));
@@ -282,16 +309,38 @@ impl AddressSpace {
         end
     }
 
+    /// Move the end of the gap starting at `start` (present) to `end`, in
+    /// place.
+    fn set_gap_end(&mut self, start: u64, end: u64) {
+        debug_assert!(start < end);
+        *self.gaps.get_mut(&start).expect("resizing an absent gap") = end;
+        if self.in_window(start) {
+            self.index.reshape(start, start, end - start);
+        }
+    }
+
+    /// Move the start of the gap `[start, end)` (present) up to `new_start`
+    /// (inside it, so it stays in its zone and before the next gap).
+    fn set_gap_start(&mut self, start: u64, new_start: u64, end: u64) {
+        debug_assert!(start < new_start && new_start < end);
+        self.gaps.remove(&start);
+        self.gaps.insert(new_start, end);
+        if self.in_window(start) {
+            self.index.reshape(start, new_start, end - new_start);
+        }
+    }
+
     /// Linux-style top-down placement: the highest gap of the window that can
     /// hold `len` bytes (a page multiple), with the range at the top of it.
     pub(crate) fn take_top_down(&mut self, len: u64) -> Option<u64> {
         debug_assert!(len > 0 && len % self.page == 0);
         let (start, glen) = self.index.highest_fit(len)?;
         let end = start + glen;
-        self.remove_gap(start);
         let a = end - len;
         if a > start {
-            self.add_gap(start, a);
+            self.set_gap_end(start, a);
+        } else {
+            self.remove_gap(start);
         }
         Some(a)
     }
@@ -353,6 +402,21 @@ impl AddressSpace {
             }
         }
         let last_e = covered;
+        if let [only] = pieces[..] {
+            // Inside one gap: reshape it in place.
+            match (first_s < a, b < last_e) {
+                (true, true) => {
+                    self.set_gap_end(only, a);
+                    self.add_gap(b, last_e);
+                }
+                (true, false) => self.set_gap_end(only, a),
+                (false, true) => self.set_gap_start(only, b, last_e),
+                (false, false) => {
+                    self.remove_gap(only);
+                }
+            }
+            return true;
+        }
         for s in pieces {
             self.remove_gap(s);
         }
@@ -384,23 +448,27 @@ impl AddressSpace {
                 .map_or(true, |(_, &e)| e <= a),
             "giving back a range that is partly free"
         );
-        let mut s = a;
+        let prev = if self.is_barrier(a) {
+            None
+        } else {
+            self.gaps
+                .range(..a)
+                .next_back()
+                .filter(|&(_, &pe)| pe == a)
+                .map(|(&ps, _)| ps)
+        };
         let mut e = b;
-        if !self.is_barrier(a) {
-            if let Some((&ps, &pe)) = self.gaps.range(..a).next_back() {
-                if pe == a {
-                    self.remove_gap(ps);
-                    s = ps;
-                }
-            }
-        }
         if !self.is_barrier(b) {
             if let Some(&ne) = self.gaps.get(&b) {
                 self.remove_gap(b);
                 e = ne;
             }
         }
-        self.add_gap(s, e);
+        match prev {
+            // The gap before grows over the range (and the gap after) in place.
+            Some(ps) => self.set_gap_end(ps, e),
+            None => self.add_gap(a, e),
+        }
     }
 
     /// Check every internal invariant (tests only).
@@ -490,6 +558,47 @@ mod tests {
         assert!(s.take_exact(b + P, b + 3 * P));
         assert_eq!(s.take_bump(2 * P).unwrap(), b + 3 * P);
         s.check();
+    }
+
+    /// Scripted placements (`take_exact` anywhere, in or out of the window,
+    /// inside gaps, at their ends, across a barrier) and returns in any
+    /// order keep the gaps, the index and the free bytes consistent.
+    #[test]
+    fn exact_takes_and_gives_stay_consistent() {
+        let (low, high) = (0x10_0000, 0x100_0000);
+        let mut s = AddressSpace::new(P, low, high);
+        let total = s.free_bytes();
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for i in 0..4000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if live.is_empty() || x % 3 != 0 {
+                let len = (1 + x % 8) * P;
+                let a = P * (1 + (x >> 16) % (2 * high / P));
+                let free = s.gaps.range(..=a).next_back().is_some_and(|(_, &e)| e > a)
+                    && live.iter().all(|&(b, l)| a + len <= b || b + l <= a);
+                assert_eq!(s.take_exact(a, a + len), free, "take {a:#x}+{len:#x}");
+                if free {
+                    live.push((a, len));
+                }
+            } else {
+                let (a, len) = live.swap_remove((x >> 8) as usize % live.len());
+                s.give(a, a + len);
+            }
+            if i % 53 == 0 {
+                s.check();
+                let taken: u64 = live.iter().map(|l| l.1).sum();
+                assert_eq!(s.free_bytes() + taken, total);
+            }
+        }
+        for (a, len) in live.drain(..) {
+            s.give(a, a + len);
+        }
+        s.check();
+        assert_eq!(s.free_bytes(), total);
+        assert_eq!(s.gaps.len(), 3);
     }
 
     #[test]
