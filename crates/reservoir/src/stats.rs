@@ -297,30 +297,52 @@ impl DeviceStats {
     /// The flat, sorted view `torch.cuda.memory_stats()` returns, with the
     /// same keys: `allocated_bytes.all.current`, `num_alloc_retries`, ...
     pub fn to_flat(&self) -> BTreeMap<String, i64> {
-        let mut out = BTreeMap::new();
+        // Keys are joined without `format!` and the map is built in one
+        // pass from the sorted list (it is read once per report).
+        let mut out: Vec<(String, i64)> = Vec::with_capacity(9 * 3 * 4 + 2 * 4 + 7);
         for (name, array) in self.arrays() {
             for t in StatType::ALL {
-                put_stat(&mut out, &format!("{name}.{}", t.name()), array.get(t));
+                put_stat(&mut out, &[name, ".", t.name()], array.get(t));
             }
         }
-        put_stat(&mut out, "oversize_allocations", &self.oversize_allocations);
-        put_stat(&mut out, "oversize_segments", &self.oversize_segments);
-        out.insert("num_alloc_retries".into(), self.num_alloc_retries);
-        out.insert("num_ooms".into(), self.num_ooms);
-        out.insert("num_oom_rejections".into(), self.num_oom_rejections);
-        out.insert("num_sync_all_streams".into(), self.num_sync_all_streams);
-        out.insert("num_device_alloc".into(), self.num_device_alloc);
-        out.insert("num_device_free".into(), self.num_device_free);
-        out.insert("max_split_size".into(), self.max_split_size);
-        out
+        put_stat(
+            &mut out,
+            &["oversize_allocations"],
+            &self.oversize_allocations,
+        );
+        put_stat(&mut out, &["oversize_segments"], &self.oversize_segments);
+        for (key, value) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_oom_rejections", self.num_oom_rejections),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+            ("max_split_size", self.max_split_size),
+        ] {
+            out.push((key.to_string(), value));
+        }
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        out.into_iter().collect()
     }
 }
 
-fn put_stat(out: &mut BTreeMap<String, i64>, prefix: &str, s: &Stat) {
-    out.insert(format!("{prefix}.current"), s.current);
-    out.insert(format!("{prefix}.peak"), s.peak);
-    out.insert(format!("{prefix}.allocated"), s.allocated);
-    out.insert(format!("{prefix}.freed"), s.freed);
+/// Push the four fields of `s` under the key made of `prefix`'s parts.
+fn put_stat(out: &mut Vec<(String, i64)>, prefix: &[&str], s: &Stat) {
+    for (field, value) in [
+        ("current", s.current),
+        ("peak", s.peak),
+        ("allocated", s.allocated),
+        ("freed", s.freed),
+    ] {
+        let mut key = String::with_capacity(48);
+        for part in prefix {
+            key.push_str(part);
+        }
+        key.push('.');
+        key.push_str(field);
+        out.push((key, value));
+    }
 }
 
 #[cfg(test)]

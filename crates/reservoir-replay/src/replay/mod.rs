@@ -466,11 +466,15 @@ impl Sampler {
 
 /// Wall time of allocator calls: a random subset of the calls is timed into
 /// a log-linear histogram (8 sub-buckets per power of two, so quantiles are
-/// within 12.5 %).
+/// within 12.5 %). The gap to the next timed call is drawn at random (1 to
+/// `2 * one_in - 1` calls, so one call in `one_in` on average, from a fixed
+/// seed), so an untimed call costs a decrement.
 #[derive(Debug)]
 struct CallTimer {
     one_in: u64,
     rng: u64,
+    /// Calls left up to and including the next timed one.
+    until_timed: u64,
     calls: u64,
     timed: u64,
     total: Duration,
@@ -481,34 +485,42 @@ impl CallTimer {
     const BUCKETS: usize = 16 + 60 * 8;
 
     fn new(one_in: u32) -> Self {
-        CallTimer {
+        let mut t = CallTimer {
             one_in: u64::from(one_in.max(1)),
             rng: 0x9e37_79b9_7f4a_7c15,
+            until_timed: 0,
             calls: 0,
             timed: 0,
             total: Duration::ZERO,
             histogram: vec![0; Self::BUCKETS],
+        };
+        t.until_timed = t.next_gap();
+        t
+    }
+
+    /// Calls from one timed call to the next: uniform in
+    /// `1..=2 * one_in - 1` (always 1 when every call is timed).
+    fn next_gap(&mut self) -> u64 {
+        if self.one_in == 1 {
+            return 1;
         }
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        1 + self.rng % (2 * self.one_in - 1)
     }
 
     /// Start a call: the clock reading if this call is timed.
     #[inline]
     fn start(&mut self) -> Option<Instant> {
         self.calls += 1;
-        if self.one_in == 1 {
-            return Some(Instant::now());
+        self.until_timed -= 1;
+        if self.until_timed != 0 {
+            return None;
         }
-        // xorshift64
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        // `rng % one_in == 0`, without a division for a power of two.
-        let picked = if self.one_in.is_power_of_two() {
-            self.rng & (self.one_in - 1) == 0
-        } else {
-            self.rng % self.one_in == 0
-        };
-        picked.then(Instant::now)
+        self.until_timed = self.next_gap();
+        Some(Instant::now())
     }
 
     #[inline]
@@ -1021,7 +1033,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
     /// the trace again up to the last unscanned peak to scan it there (the
     /// replay is deterministic). The numbers are exact either way; the cost
     /// stays linear in the trace.
-    #[inline]
+    #[inline(always)]
     fn observe(&mut self, i: usize) {
         let (allocated, reserved) = self.alloc.allocated_and_reserved();
         self.scan_budget = self.scan_budget.saturating_add(self.scan_credit_per_op);

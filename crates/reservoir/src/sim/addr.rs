@@ -389,36 +389,33 @@ impl AddressSpace {
         if first_e <= a {
             return false;
         }
-        // Walk the contiguous gaps that cover [a, b).
-        let mut covered = first_e;
-        let mut pieces = vec![first_s];
-        while covered < b {
-            match self.gaps.get(&covered) {
-                Some(&e) => {
-                    pieces.push(covered);
-                    covered = e;
-                }
-                None => return false,
-            }
-        }
-        let last_e = covered;
-        if let [only] = pieces[..] {
+        if b <= first_e {
             // Inside one gap: reshape it in place.
-            match (first_s < a, b < last_e) {
+            match (first_s < a, b < first_e) {
                 (true, true) => {
-                    self.set_gap_end(only, a);
-                    self.add_gap(b, last_e);
+                    self.set_gap_end(first_s, a);
+                    self.add_gap(b, first_e);
                 }
-                (true, false) => self.set_gap_end(only, a),
-                (false, true) => self.set_gap_start(only, b, last_e),
+                (true, false) => self.set_gap_end(first_s, a),
+                (false, true) => self.set_gap_start(first_s, b, first_e),
                 (false, false) => {
-                    self.remove_gap(only);
+                    self.remove_gap(first_s);
                 }
             }
             return true;
         }
-        for s in pieces {
-            self.remove_gap(s);
+        // Walk the contiguous gaps that cover [a, b), then remove them.
+        let mut covered = first_e;
+        while covered < b {
+            match self.gaps.get(&covered) {
+                Some(&e) => covered = e,
+                None => return false,
+            }
+        }
+        let last_e = covered;
+        let mut s = first_s;
+        while s < last_e {
+            s = self.remove_gap(s);
         }
         if first_s < a {
             self.add_gap(first_s, a);
