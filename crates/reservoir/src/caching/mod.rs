@@ -69,6 +69,7 @@ mod history;
 mod ipc;
 mod malloc;
 mod oom;
+mod pointer_map;
 mod policy;
 mod pools;
 mod release;

@@ -9,12 +9,11 @@
 //! mirrors the PyTorch function of the same name; the spec section is named
 //! on each.
 
-use rustc_hash::FxHashMap;
-
 use super::events::Events;
 use super::history::Observe;
 use super::malloc::FreeMemoryCallback;
 use super::oom::OomObserver;
+use super::pointer_map::PointerMap;
 use super::pools::BlockPool;
 use super::pools::PrivatePools;
 use crate::backend::{Backend, BackendError};
@@ -41,7 +40,7 @@ pub(crate) struct DeviceState {
     pub pools: Vec<BlockPool>,
     /// Allocated blocks by address (PyTorch's sharded `allocated_blocks`).
     /// Invariant: holds exactly the allocated blocks.
-    pub allocated: FxHashMap<u64, BlockId>,
+    pub allocated: PointerMap,
     /// PyTorch's statistics. Invariant: every gauge equals a recount of the
     /// blocks and segments (see `accounting.rs`).
     pub stats: DeviceStats,
@@ -86,7 +85,7 @@ impl DeviceState {
             config,
             store: BlockStore::default(),
             pools: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
-            allocated: FxHashMap::default(),
+            allocated: PointerMap::default(),
             stats,
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
