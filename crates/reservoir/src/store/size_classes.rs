@@ -50,10 +50,18 @@ pub(crate) fn class_of(size: u64) -> usize {
 
 /// A key that orders by (group, size, ...).
 pub(crate) trait SizeClassed: Ord + Copy {
+    /// The key without its group, as the classes store it: ordered as the
+    /// keys are among the keys of one group (fewer bytes to move and to
+    /// compare than the whole key).
+    type Inner: Ord + Copy;
     /// The group (compared first by `Ord`).
     fn group(&self) -> u64;
     /// The size (compared second by `Ord`).
     fn size(&self) -> u64;
+    /// The key without its group.
+    fn inner(&self) -> Self::Inner;
+    /// The key of `inner` in group `group`: `k == K::join(k.group(), k.inner())`.
+    fn join(group: u64, inner: Self::Inner) -> Self;
 }
 
 /// The keys of one size class, in order.
@@ -281,12 +289,12 @@ impl Slot {
 /// the module documentation. Invariant: `groups` is sorted by id with
 /// distinct ids; `len` is the number of keys in all classes.
 #[derive(Clone)]
-pub(crate) struct SizeClassList<K: Ord> {
-    groups: Vec<Group<K>>,
+pub(crate) struct SizeClassList<K: SizeClassed> {
+    groups: Vec<Group<K::Inner>>,
     len: usize,
 }
 
-impl<K: Ord> Default for SizeClassList<K> {
+impl<K: SizeClassed> Default for SizeClassList<K> {
     fn default() -> Self {
         SizeClassList {
             groups: Vec::new(),
@@ -330,7 +338,7 @@ impl<K: SizeClassed> SizeClassList<K> {
         };
         let g = &mut self.groups[gi];
         let c = class_of(key.size());
-        let inserted = g.classes[c].insert(key);
+        let inserted = g.classes[c].insert(key.inner());
         if inserted {
             g.mark(c, true);
             self.len += 1;
@@ -346,7 +354,7 @@ impl<K: SizeClassed> SizeClassList<K> {
         };
         let g = &mut self.groups[gi];
         let c = class_of(key.size());
-        let removed = g.classes[c].remove(key);
+        let removed = g.classes[c].remove(&key.inner());
         if removed {
             if g.classes[c].is_empty() {
                 g.mark(c, false);
@@ -359,7 +367,7 @@ impl<K: SizeClassed> SizeClassList<K> {
     /// Is the key present?
     pub fn contains(&self, key: &K) -> bool {
         match self.group_index(key.group()) {
-            Ok(gi) => self.groups[gi].classes[class_of(key.size())].contains(key),
+            Ok(gi) => self.groups[gi].classes[class_of(key.size())].contains(&key.inner()),
             Err(_) => false,
         }
     }
@@ -375,7 +383,11 @@ impl<K: SizeClassed> SizeClassList<K> {
         let (gi, class, keys) = match self.group_index(key.group()) {
             Ok(gi) => {
                 let c = class_of(key.size());
-                (gi, c, Some(self.groups[gi].classes[c].part(key, true)))
+                (
+                    gi,
+                    c,
+                    Some(self.groups[gi].classes[c].part(&key.inner(), true)),
+                )
             }
             Err(gi) => (gi, 0, None),
         };
@@ -396,14 +408,16 @@ impl<K: SizeClassed> SizeClassList<K> {
         let (mut gi, mut from) = match self.group_index(key.group()) {
             Ok(gi) => {
                 let c = class_of(key.size());
+                let inner = key.inner();
                 let hit = match &self.groups[gi].classes[c] {
                     Class::Sorted(v) => {
-                        let at = v.partition_point(|k| k < key);
+                        let at = v.partition_point(|k| *k < inner);
                         v.get(at).map(|k| (*k, 0, at))
                     }
-                    Class::Chunked(t) => t.first_from(key),
+                    Class::Chunked(t) => t.first_from(&inner),
                 };
                 if let Some((k, chunk, index)) = hit {
+                    let k = K::join(key.group(), k);
                     return Some((k, Slot::new(gi, c, chunk, index)));
                 }
                 (gi, c + 1)
@@ -416,7 +430,7 @@ impl<K: SizeClassed> SizeClassList<K> {
                     Class::Sorted(v) => v[0],
                     Class::Chunked(t) => *t.first().expect("a marked class"),
                 };
-                return Some((k, Slot::new(gi, c, 0, 0)));
+                return Some((K::join(g.id, k), Slot::new(gi, c, 0, 0)));
             }
             gi += 1;
             from = 0;
@@ -434,9 +448,10 @@ impl<K: SizeClassed> SizeClassList<K> {
             slot.class as usize,
             slot.index as usize,
         );
+        let inner = key.inner();
         if let Some(g) = self.groups.get_mut(gi) {
             match g.classes.get_mut(c) {
-                Some(Class::Sorted(v)) if v.get(at) == Some(key) => {
+                Some(Class::Sorted(v)) if v.get(at) == Some(&inner) => {
                     if at + 1 == v.len() {
                         v.pop();
                     } else {
@@ -450,7 +465,7 @@ impl<K: SizeClassed> SizeClassList<K> {
                 }
                 Some(class @ Class::Chunked(_)) => {
                     if let Class::Chunked(t) = class {
-                        if t.remove_found(slot.chunk as usize, at, key) {
+                        if t.remove_found(slot.chunk as usize, at, &inner) {
                             // A chunked class keeps at least `DEMOTE - 1` keys.
                             if t.len() < DEMOTE {
                                 class.demote();
@@ -471,7 +486,11 @@ impl<K: SizeClassed> SizeClassList<K> {
         let (gi, class, keys) = match self.group_index(key.group()) {
             Ok(gi) => {
                 let c = class_of(key.size());
-                (gi, c, Some(self.groups[gi].classes[c].part(key, false)))
+                (
+                    gi,
+                    c,
+                    Some(self.groups[gi].classes[c].part(&key.inner(), false)),
+                )
             }
             // Start after the last class of the group before `gi`.
             Err(gi) => (gi.wrapping_sub(1), CLASSES, None),
@@ -498,7 +517,7 @@ impl<K: SizeClassed> SizeClassList<K> {
 }
 
 impl<'a, K: SizeClassed> IntoIterator for &'a SizeClassList<K> {
-    type Item = &'a K;
+    type Item = K;
     type IntoIter = Cursor<'a, K>;
     fn into_iter(self) -> Cursor<'a, K> {
         self.iter()
@@ -508,27 +527,27 @@ impl<'a, K: SizeClassed> IntoIterator for &'a SizeClassList<K> {
 /// An iterator over a [`SizeClassList`] in `K`'s order (forward) or the
 /// reverse: the keys left in the current class, then whole classes found
 /// by the bitmap, group after group.
-pub(crate) struct Cursor<'a, K: Ord> {
+pub(crate) struct Cursor<'a, K: SizeClassed> {
     list: &'a SizeClassList<K>,
     /// Current group index (`usize::MAX` before the first when descending).
     group: usize,
     class: usize,
-    keys: Option<Keys<'a, K>>,
+    keys: Option<Keys<'a, K::Inner>>,
     forward: bool,
 }
 
-impl<'a, K: SizeClassed> Iterator for Cursor<'a, K> {
-    type Item = &'a K;
+impl<K: SizeClassed> Iterator for Cursor<'_, K> {
+    type Item = K;
 
     #[inline]
-    fn next(&mut self) -> Option<&'a K> {
+    fn next(&mut self) -> Option<K> {
         loop {
+            let g = self.list.groups.get(self.group)?;
             if let Some(keys) = &mut self.keys {
                 if let Some(k) = keys.step(self.forward) {
-                    return Some(k);
+                    return Some(K::join(g.id, *k));
                 }
             }
-            let g = self.list.groups.get(self.group)?;
             let next = if self.forward {
                 // `keys` is None when the cursor starts at a group's class 0.
                 let from = if self.keys.is_some() {
@@ -571,11 +590,18 @@ mod tests {
     struct Key(u64, u64, u32);
 
     impl SizeClassed for Key {
+        type Inner = (u64, u32);
         fn group(&self) -> u64 {
             self.0
         }
         fn size(&self) -> u64 {
             self.1
+        }
+        fn inner(&self) -> (u64, u32) {
+            (self.1, self.2)
+        }
+        fn join(group: u64, (size, tie): (u64, u32)) -> Key {
+            Key(group, size, tie)
         }
     }
 
@@ -604,7 +630,7 @@ mod tests {
             l.groups[0].classes[class_of(4096)],
             Class::Chunked(_)
         ));
-        let v: Vec<_> = l.iter().copied().collect();
+        let v: Vec<_> = l.iter().collect();
         assert!(v.windows(2).all(|w| w[0] < w[1]));
         for k in v {
             assert!(l.remove(&k));
@@ -644,17 +670,17 @@ mod tests {
                     }
                     _ => {
                         prop_assert_eq!(l.contains(&k), set.contains(&k));
-                        let a: Vec<_> = l.from(&k).take(5).copied().collect();
+                        let a: Vec<_> = l.from(&k).take(5).collect();
                         let b: Vec<_> = set.range(k..).take(5).copied().collect();
                         prop_assert_eq!(a, b);
-                        let a: Vec<_> = l.before(&k).take(5).copied().collect();
+                        let a: Vec<_> = l.before(&k).take(5).collect();
                         let b: Vec<_> = set.range(..k).rev().take(5).copied().collect();
                         prop_assert_eq!(a, b);
                     }
                 }
                 prop_assert_eq!(l.len(), set.len());
             }
-            let a: Vec<_> = l.iter().copied().collect();
+            let a: Vec<_> = l.iter().collect();
             let b: Vec<_> = set.iter().copied().collect();
             prop_assert_eq!(a, b);
         }
@@ -687,17 +713,17 @@ mod tests {
                     }
                     _ => {
                         prop_assert_eq!(l.contains(&k), set.contains(&k));
-                        let a: Vec<_> = l.from(&k).take(80).copied().collect();
+                        let a: Vec<_> = l.from(&k).take(80).collect();
                         let b: Vec<_> = set.range(k..).take(80).copied().collect();
                         prop_assert_eq!(a, b);
-                        let a: Vec<_> = l.before(&k).take(80).copied().collect();
+                        let a: Vec<_> = l.before(&k).take(80).collect();
                         let b: Vec<_> = set.range(..k).rev().take(80).copied().collect();
                         prop_assert_eq!(a, b);
                     }
                 }
                 prop_assert_eq!(l.len(), set.len());
             }
-            let a: Vec<_> = l.iter().copied().collect();
+            let a: Vec<_> = l.iter().collect();
             let b: Vec<_> = set.iter().copied().collect();
             prop_assert_eq!(a, b);
             while let Some((hit, slot)) = l.first_from(&Key(0, 0, 0)) {
