@@ -65,6 +65,12 @@ impl<K: Ord + Copy> Chunks<K> {
     /// The first key at or after `key`, with its chunk and index there.
     #[inline]
     pub fn first_from(&self, key: &K) -> Option<(K, usize, usize)> {
+        // A key at or before the first needs no search.
+        if let Some(first) = self.first() {
+            if key <= first {
+                return Some((*first, 0, 0));
+            }
+        }
         let ci = self.chunk_of(key);
         let chunk = self.chunks.get(ci)?;
         let at = chunk.partition_point(|k| k < key);

@@ -410,10 +410,15 @@ impl<K: SizeClassed> SizeClassList<K> {
                 let c = class_of(key.size());
                 let inner = key.inner();
                 let hit = match &self.groups[gi].classes[c] {
-                    Class::Sorted(v) => {
-                        let at = v.partition_point(|k| *k < inner);
-                        v.get(at).map(|k| (*k, 0, at))
-                    }
+                    // The class's first key fits when the size is the class's
+                    // smallest (always in a class of one size): no search.
+                    Class::Sorted(v) => match v.first() {
+                        Some(first) if inner <= *first => Some((*first, 0, 0)),
+                        _ => {
+                            let at = v.partition_point(|k| *k < inner);
+                            v.get(at).map(|k| (*k, 0, at))
+                        }
+                    },
                     Class::Chunked(t) => t.first_from(&inner),
                 };
                 if let Some((k, chunk, index)) = hit {
