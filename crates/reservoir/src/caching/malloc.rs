@@ -193,18 +193,18 @@ impl DeviceState {
                 for next in candidates {
                     if !blocks[hit.id].expandable
                         || next.stream != p.stream
-                        || expandable_size(next) >= expandable_size(&hit)
+                        || expandable_size(&next) >= expandable_size(&hit)
                     {
                         break;
                     }
-                    hit = *next;
+                    hit = next;
                 }
             } else {
                 // Expandable segments were turned off: skip their blocks.
                 match candidates
                     .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
                 {
-                    Some(k) if k.stream == p.stream => hit = *k,
+                    Some(k) if k.stream == p.stream => hit = k,
                     _ => return false,
                 }
             }

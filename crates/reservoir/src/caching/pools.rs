@@ -69,7 +69,17 @@ impl FreeKey {
     }
 }
 
+/// A [`FreeKey`] without its stream: what a stream's size classes store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct FreeKeyInStream {
+    size: u64,
+    rank: u64,
+    addr: u64,
+    id: BlockId,
+}
+
 impl SizeClassed for FreeKey {
+    type Inner = FreeKeyInStream;
     #[inline]
     fn group(&self) -> u64 {
         self.stream.0
@@ -77,6 +87,25 @@ impl SizeClassed for FreeKey {
     #[inline]
     fn size(&self) -> u64 {
         self.size
+    }
+    #[inline]
+    fn inner(&self) -> FreeKeyInStream {
+        FreeKeyInStream {
+            size: self.size,
+            rank: self.rank,
+            addr: self.addr,
+            id: self.id,
+        }
+    }
+    #[inline]
+    fn join(group: u64, k: FreeKeyInStream) -> FreeKey {
+        FreeKey {
+            stream: StreamId(group),
+            size: k.size,
+            rank: k.rank,
+            addr: k.addr,
+            id: k.id,
+        }
     }
 }
 

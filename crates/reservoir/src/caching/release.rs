@@ -87,7 +87,7 @@ impl DeviceState {
         // Blocks at or above max_split_size are never split while the setting
         // is unchanged; one split by an earlier setting stays (PyTorch would
         // hand its interior address to cudaFree).
-        if let Some(&hit) = pool.blocks.from(&search).next() {
+        if let Some(hit) = pool.blocks.from(&search).next() {
             let b = &self.store.blocks[hit.id];
             if hit.stream == p.stream && !b.is_split() && !b.expandable {
                 self.release_block(backend, hit.id)?;

@@ -19,6 +19,7 @@
 
 mod block;
 mod check;
+mod chunked;
 mod free_list;
 mod size_classes;
 mod slab;

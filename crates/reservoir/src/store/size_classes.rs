@@ -12,26 +12,26 @@
 //! the size's own class, else the first key of the next non-empty class,
 //! found with two `trailing_zeros`. Inside a class the keys stay in their
 //! exact order: a sorted `Vec` (binary search; a few dozen keys move on an
-//! insert) that becomes a `BTreeSet` past [`PROMOTE`] keys, so the cost
-//! stays flat with 100,000 free blocks of one size.
+//! insert) that becomes a list of short sorted chunks ([`Chunks`]) past
+//! [`PROMOTE`] keys, so the cost stays flat with 100,000 free blocks of one
+//! size.
 //!
 //! The order seen through [`from`](SizeClassList::from),
 //! [`before`](SizeClassList::before) and [`iter`](SizeClassList::iter) is
 //! exactly `K`'s `Ord`, which the key's [`SizeClassed`] projection must
 //! respect: keys compare by group first, then by size, then by anything.
 
-use std::collections::btree_set;
-use std::collections::BTreeSet;
+use super::chunked::{ChunkKeys, Chunks};
 
 /// Number of size classes: sizes below 16 have one class each, then 16
 /// classes per power of two up to `2^64`.
 pub(crate) const CLASSES: usize = 976;
 const SUB_BITS: u32 = 4;
 const WORDS: usize = CLASSES.div_ceil(64);
-/// A class's sorted `Vec` becomes a `BTreeSet` above this many keys.
-pub(crate) const PROMOTE: usize = 128;
-/// A class's `BTreeSet` becomes a sorted `Vec` again below this many keys.
-const DEMOTE: usize = 32;
+/// A class's sorted `Vec` becomes [`Chunks`] above this many keys.
+pub(crate) const PROMOTE: usize = 32;
+/// A class's [`Chunks`] become a sorted `Vec` again below this many keys.
+const DEMOTE: usize = 8;
 
 /// The size class of `size`: monotonic (a larger size never has a smaller
 /// class), exact below 16, then 16 classes per power of two.
@@ -50,17 +50,25 @@ pub(crate) fn class_of(size: u64) -> usize {
 
 /// A key that orders by (group, size, ...).
 pub(crate) trait SizeClassed: Ord + Copy {
+    /// The key without its group, as the classes store it: ordered as the
+    /// keys are among the keys of one group (fewer bytes to move and to
+    /// compare than the whole key).
+    type Inner: Ord + Copy;
     /// The group (compared first by `Ord`).
     fn group(&self) -> u64;
     /// The size (compared second by `Ord`).
     fn size(&self) -> u64;
+    /// The key without its group.
+    fn inner(&self) -> Self::Inner;
+    /// The key of `inner` in group `group`: `k == K::join(k.group(), k.inner())`.
+    fn join(group: u64, inner: Self::Inner) -> Self;
 }
 
 /// The keys of one size class, in order.
 #[derive(Clone, Debug)]
 enum Class<K: Ord> {
     Sorted(Vec<K>),
-    Tree(BTreeSet<K>),
+    Chunked(Box<Chunks<K>>),
 }
 
 impl<K: Ord + Copy> Class<K> {
@@ -81,7 +89,7 @@ impl<K: Ord + Copy> Class<K> {
                     true
                 }
             },
-            Class::Tree(t) => t.insert(key),
+            Class::Chunked(t) => t.insert(key),
         }
     }
 
@@ -100,7 +108,7 @@ impl<K: Ord + Copy> Class<K> {
                 }
                 Err(_) => false,
             },
-            Class::Tree(t) => {
+            Class::Chunked(t) => {
                 let removed = t.remove(key);
                 if t.len() < DEMOTE {
                     self.demote();
@@ -110,35 +118,35 @@ impl<K: Ord + Copy> Class<K> {
         }
     }
 
-    /// A sorted class past [`PROMOTE`] keys becomes a tree.
+    /// A sorted class past [`PROMOTE`] keys becomes [`Chunks`].
     #[cold]
     #[inline(never)]
     fn promote(&mut self) {
         if let Class::Sorted(v) = self {
-            *self = Class::Tree(v.drain(..).collect());
+            *self = Class::Chunked(Box::new(Chunks::from_sorted(v)));
         }
     }
 
-    /// A tree class below [`DEMOTE`] keys becomes a sorted `Vec`.
+    /// A chunked class below [`DEMOTE`] keys becomes a sorted `Vec`.
     #[cold]
     #[inline(never)]
     fn demote(&mut self) {
-        if let Class::Tree(t) = self {
-            *self = Class::Sorted(std::mem::take(t).into_iter().collect());
+        if let Class::Chunked(t) = self {
+            *self = Class::Sorted(t.to_sorted());
         }
     }
 
     fn contains(&self, key: &K) -> bool {
         match self {
             Class::Sorted(v) => v.binary_search(key).is_ok(),
-            Class::Tree(t) => t.contains(key),
+            Class::Chunked(t) => t.contains(key),
         }
     }
 
     fn is_empty(&self) -> bool {
         match self {
             Class::Sorted(v) => v.is_empty(),
-            Class::Tree(t) => t.is_empty(),
+            Class::Chunked(t) => t.len() == 0,
         }
     }
 
@@ -149,14 +157,14 @@ impl<K: Ord + Copy> Class<K> {
                 let at = v.partition_point(|k| k < key);
                 Keys::Slice(if from { &v[at..] } else { &v[..at] }.iter())
             }
-            Class::Tree(t) => Keys::Tree(if from { t.range(key..) } else { t.range(..key) }),
+            Class::Chunked(t) => Keys::Chunks(if from { t.from(key) } else { t.before(key) }),
         }
     }
 
     fn all(&self) -> Keys<'_, K> {
         match self {
             Class::Sorted(v) => Keys::Slice(v.iter()),
-            Class::Tree(t) => Keys::Tree(t.range(..)),
+            Class::Chunked(t) => Keys::Chunks(t.all()),
         }
     }
 }
@@ -164,7 +172,7 @@ impl<K: Ord + Copy> Class<K> {
 /// The keys of a part of one class.
 enum Keys<'a, K> {
     Slice(std::slice::Iter<'a, K>),
-    Tree(btree_set::Range<'a, K>),
+    Chunks(ChunkKeys<'a, K>),
 }
 
 impl<'a, K> Keys<'a, K> {
@@ -173,8 +181,8 @@ impl<'a, K> Keys<'a, K> {
         match (self, forward) {
             (Keys::Slice(s), true) => s.next(),
             (Keys::Slice(s), false) => s.next_back(),
-            (Keys::Tree(t), true) => t.next(),
-            (Keys::Tree(t), false) => t.next_back(),
+            (Keys::Chunks(t), true) => t.next(),
+            (Keys::Chunks(t), false) => t.next_back(),
         }
     }
 }
@@ -259,16 +267,20 @@ impl<K: Ord + Copy> Group<K> {
 pub(crate) struct Slot {
     group: u32,
     class: u32,
-    /// Index in a sorted class (`u32::MAX` in a tree class).
+    /// The chunk in a chunked class (0 in a sorted one).
+    chunk: u32,
+    /// Index in the sorted class or in the chunk.
     index: u32,
 }
 
 impl Slot {
-    fn new(group: usize, class: usize, index: usize) -> Slot {
+    fn new(group: usize, class: usize, chunk: usize, index: usize) -> Slot {
+        // Groups, classes, chunks and keys per chunk are far below 2^32.
         Slot {
             group: group as u32,
             class: class as u32,
-            index: u32::try_from(index).unwrap_or(u32::MAX),
+            chunk: chunk as u32,
+            index: index as u32,
         }
     }
 }
@@ -277,12 +289,12 @@ impl Slot {
 /// the module documentation. Invariant: `groups` is sorted by id with
 /// distinct ids; `len` is the number of keys in all classes.
 #[derive(Clone)]
-pub(crate) struct SizeClassList<K: Ord> {
-    groups: Vec<Group<K>>,
+pub(crate) struct SizeClassList<K: SizeClassed> {
+    groups: Vec<Group<K::Inner>>,
     len: usize,
 }
 
-impl<K: Ord> Default for SizeClassList<K> {
+impl<K: SizeClassed> Default for SizeClassList<K> {
     fn default() -> Self {
         SizeClassList {
             groups: Vec::new(),
@@ -326,7 +338,7 @@ impl<K: SizeClassed> SizeClassList<K> {
         };
         let g = &mut self.groups[gi];
         let c = class_of(key.size());
-        let inserted = g.classes[c].insert(key);
+        let inserted = g.classes[c].insert(key.inner());
         if inserted {
             g.mark(c, true);
             self.len += 1;
@@ -342,7 +354,7 @@ impl<K: SizeClassed> SizeClassList<K> {
         };
         let g = &mut self.groups[gi];
         let c = class_of(key.size());
-        let removed = g.classes[c].remove(key);
+        let removed = g.classes[c].remove(&key.inner());
         if removed {
             if g.classes[c].is_empty() {
                 g.mark(c, false);
@@ -355,7 +367,7 @@ impl<K: SizeClassed> SizeClassList<K> {
     /// Is the key present?
     pub fn contains(&self, key: &K) -> bool {
         match self.group_index(key.group()) {
-            Ok(gi) => self.groups[gi].classes[class_of(key.size())].contains(key),
+            Ok(gi) => self.groups[gi].classes[class_of(key.size())].contains(&key.inner()),
             Err(_) => false,
         }
     }
@@ -371,7 +383,11 @@ impl<K: SizeClassed> SizeClassList<K> {
         let (gi, class, keys) = match self.group_index(key.group()) {
             Ok(gi) => {
                 let c = class_of(key.size());
-                (gi, c, Some(self.groups[gi].classes[c].part(key, true)))
+                (
+                    gi,
+                    c,
+                    Some(self.groups[gi].classes[c].part(&key.inner(), true)),
+                )
             }
             Err(gi) => (gi, 0, None),
         };
@@ -392,15 +408,22 @@ impl<K: SizeClassed> SizeClassList<K> {
         let (mut gi, mut from) = match self.group_index(key.group()) {
             Ok(gi) => {
                 let c = class_of(key.size());
+                let inner = key.inner();
                 let hit = match &self.groups[gi].classes[c] {
-                    Class::Sorted(v) => {
-                        let at = v.partition_point(|k| k < key);
-                        v.get(at).map(|k| (*k, at))
-                    }
-                    Class::Tree(t) => t.range(key..).next().map(|k| (*k, usize::MAX)),
+                    // The class's first key fits when the size is the class's
+                    // smallest (always in a class of one size): no search.
+                    Class::Sorted(v) => match v.first() {
+                        Some(first) if inner <= *first => Some((*first, 0, 0)),
+                        _ => {
+                            let at = v.partition_point(|k| *k < inner);
+                            v.get(at).map(|k| (*k, 0, at))
+                        }
+                    },
+                    Class::Chunked(t) => t.first_from(&inner),
                 };
-                if let Some((k, index)) = hit {
-                    return Some((k, Slot::new(gi, c, index)));
+                if let Some((k, chunk, index)) = hit {
+                    let k = K::join(key.group(), k);
+                    return Some((k, Slot::new(gi, c, chunk, index)));
                 }
                 (gi, c + 1)
             }
@@ -409,10 +432,10 @@ impl<K: SizeClassed> SizeClassList<K> {
         while let Some(g) = self.groups.get(gi) {
             if let Some(c) = g.first_at_or_after(from) {
                 let k = match &g.classes[c] {
-                    Class::Sorted(v) => (v[0], 0),
-                    Class::Tree(t) => (*t.first().expect("a marked class"), usize::MAX),
+                    Class::Sorted(v) => v[0],
+                    Class::Chunked(t) => *t.first().expect("a marked class"),
                 };
-                return Some((k.0, Slot::new(gi, c, k.1)));
+                return Some((K::join(g.id, k), Slot::new(gi, c, 0, 0)));
             }
             gi += 1;
             from = 0;
@@ -430,9 +453,10 @@ impl<K: SizeClassed> SizeClassList<K> {
             slot.class as usize,
             slot.index as usize,
         );
+        let inner = key.inner();
         if let Some(g) = self.groups.get_mut(gi) {
-            if let Some(Class::Sorted(v)) = g.classes.get_mut(c) {
-                if v.get(at) == Some(key) {
+            match g.classes.get_mut(c) {
+                Some(Class::Sorted(v)) if v.get(at) == Some(&inner) => {
                     if at + 1 == v.len() {
                         v.pop();
                     } else {
@@ -444,6 +468,19 @@ impl<K: SizeClassed> SizeClassList<K> {
                     self.len -= 1;
                     return true;
                 }
+                Some(class @ Class::Chunked(_)) => {
+                    if let Class::Chunked(t) = class {
+                        if t.remove_found(slot.chunk as usize, at, &inner) {
+                            // A chunked class keeps at least `DEMOTE - 1` keys.
+                            if t.len() < DEMOTE {
+                                class.demote();
+                            }
+                            self.len -= 1;
+                            return true;
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         self.remove(key)
@@ -454,7 +491,11 @@ impl<K: SizeClassed> SizeClassList<K> {
         let (gi, class, keys) = match self.group_index(key.group()) {
             Ok(gi) => {
                 let c = class_of(key.size());
-                (gi, c, Some(self.groups[gi].classes[c].part(key, false)))
+                (
+                    gi,
+                    c,
+                    Some(self.groups[gi].classes[c].part(&key.inner(), false)),
+                )
             }
             // Start after the last class of the group before `gi`.
             Err(gi) => (gi.wrapping_sub(1), CLASSES, None),
@@ -481,7 +522,7 @@ impl<K: SizeClassed> SizeClassList<K> {
 }
 
 impl<'a, K: SizeClassed> IntoIterator for &'a SizeClassList<K> {
-    type Item = &'a K;
+    type Item = K;
     type IntoIter = Cursor<'a, K>;
     fn into_iter(self) -> Cursor<'a, K> {
         self.iter()
@@ -491,27 +532,27 @@ impl<'a, K: SizeClassed> IntoIterator for &'a SizeClassList<K> {
 /// An iterator over a [`SizeClassList`] in `K`'s order (forward) or the
 /// reverse: the keys left in the current class, then whole classes found
 /// by the bitmap, group after group.
-pub(crate) struct Cursor<'a, K: Ord> {
+pub(crate) struct Cursor<'a, K: SizeClassed> {
     list: &'a SizeClassList<K>,
     /// Current group index (`usize::MAX` before the first when descending).
     group: usize,
     class: usize,
-    keys: Option<Keys<'a, K>>,
+    keys: Option<Keys<'a, K::Inner>>,
     forward: bool,
 }
 
-impl<'a, K: SizeClassed> Iterator for Cursor<'a, K> {
-    type Item = &'a K;
+impl<K: SizeClassed> Iterator for Cursor<'_, K> {
+    type Item = K;
 
     #[inline]
-    fn next(&mut self) -> Option<&'a K> {
+    fn next(&mut self) -> Option<K> {
         loop {
+            let g = self.list.groups.get(self.group)?;
             if let Some(keys) = &mut self.keys {
                 if let Some(k) = keys.step(self.forward) {
-                    return Some(k);
+                    return Some(K::join(g.id, *k));
                 }
             }
-            let g = self.list.groups.get(self.group)?;
             let next = if self.forward {
                 // `keys` is None when the cursor starts at a group's class 0.
                 let from = if self.keys.is_some() {
@@ -547,17 +588,25 @@ impl<'a, K: SizeClassed> Iterator for Cursor<'a, K> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     /// (group, size, tie-break).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
     struct Key(u64, u64, u32);
 
     impl SizeClassed for Key {
+        type Inner = (u64, u32);
         fn group(&self) -> u64 {
             self.0
         }
         fn size(&self) -> u64 {
             self.1
+        }
+        fn inner(&self) -> (u64, u32) {
+            (self.1, self.2)
+        }
+        fn join(group: u64, (size, tie): (u64, u32)) -> Key {
+            Key(group, size, tie)
         }
     }
 
@@ -576,7 +625,7 @@ mod tests {
     }
 
     #[test]
-    fn a_class_switches_to_a_tree_and_back_keeping_order() {
+    fn a_class_switches_to_chunks_and_back_keeping_order() {
         let mut l = SizeClassList::default();
         assert!(l.first_from(&Key(0, 0, 0)).is_none());
         for i in 0..(PROMOTE as u32 * 3) {
@@ -584,9 +633,9 @@ mod tests {
         }
         assert!(matches!(
             l.groups[0].classes[class_of(4096)],
-            Class::Tree(_)
+            Class::Chunked(_)
         ));
-        let v: Vec<_> = l.iter().copied().collect();
+        let v: Vec<_> = l.iter().collect();
         assert!(v.windows(2).all(|w| w[0] < w[1]));
         for k in v {
             assert!(l.remove(&k));
@@ -626,19 +675,69 @@ mod tests {
                     }
                     _ => {
                         prop_assert_eq!(l.contains(&k), set.contains(&k));
-                        let a: Vec<_> = l.from(&k).take(5).copied().collect();
+                        let a: Vec<_> = l.from(&k).take(5).collect();
                         let b: Vec<_> = set.range(k..).take(5).copied().collect();
                         prop_assert_eq!(a, b);
-                        let a: Vec<_> = l.before(&k).take(5).copied().collect();
+                        let a: Vec<_> = l.before(&k).take(5).collect();
                         let b: Vec<_> = set.range(..k).rev().take(5).copied().collect();
                         prop_assert_eq!(a, b);
                     }
                 }
                 prop_assert_eq!(l.len(), set.len());
             }
-            let a: Vec<_> = l.iter().copied().collect();
+            let a: Vec<_> = l.iter().collect();
             let b: Vec<_> = set.iter().copied().collect();
             prop_assert_eq!(a, b);
+        }
+
+        /// The same in big classes: hundreds of keys in a few classes of
+        /// two groups, so classes become [`Chunks`] (with splits and
+        /// merges of their chunks) and sorted again; then every key is
+        /// taken out by best-fit searches, as `get_free_block` does.
+        #[test]
+        fn big_classes_answer_as_an_ordered_set(
+            ops in prop::collection::vec(
+                (0u8..8, 0u64..2, prop_oneof![3 => 4096u64..4352, 1 => 0u64..20_000], 0u32..64),
+                300..2000,
+            )
+        ) {
+            let mut l = SizeClassList::default();
+            let mut set = BTreeSet::new();
+            for (op, g, size, tie) in ops {
+                let k = Key(g, size, tie);
+                match op {
+                    0..=3 => prop_assert_eq!(l.insert(k), set.insert(k)),
+                    4 => prop_assert_eq!(l.remove(&k), set.remove(&k)),
+                    5 | 6 => {
+                        let found = l.first_from(&k);
+                        prop_assert_eq!(found.map(|f| f.0), set.range(k..).next().copied());
+                        if let Some((hit, slot)) = found {
+                            prop_assert!(l.remove_at(slot, &hit));
+                            set.remove(&hit);
+                        }
+                    }
+                    _ => {
+                        prop_assert_eq!(l.contains(&k), set.contains(&k));
+                        let a: Vec<_> = l.from(&k).take(80).collect();
+                        let b: Vec<_> = set.range(k..).take(80).copied().collect();
+                        prop_assert_eq!(a, b);
+                        let a: Vec<_> = l.before(&k).take(80).collect();
+                        let b: Vec<_> = set.range(..k).rev().take(80).copied().collect();
+                        prop_assert_eq!(a, b);
+                    }
+                }
+                prop_assert_eq!(l.len(), set.len());
+            }
+            let a: Vec<_> = l.iter().collect();
+            let b: Vec<_> = set.iter().copied().collect();
+            prop_assert_eq!(a, b);
+            while let Some((hit, slot)) = l.first_from(&Key(0, 0, 0)) {
+                prop_assert_eq!(Some(hit), set.first().copied());
+                prop_assert!(l.remove_at(slot, &hit));
+                set.remove(&hit);
+            }
+            prop_assert!(set.is_empty());
+            prop_assert_eq!(l.len(), 0);
         }
     }
 }

@@ -92,7 +92,7 @@ impl DeviceState {
                     .from(&FreeKey::search(s, size))
                     .take_while(|k| k.stream == s)
                     .find(|k| !self.store.blocks[k.id].expandable);
-                if let Some(&k) = hit {
+                if let Some(k) = hit {
                     if !rules::oversize_misfit(size, k.size, &self.config)
                         && best.map_or(true, |b| k.size < b.size)
                     {
