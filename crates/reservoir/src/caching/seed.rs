@@ -132,7 +132,7 @@ impl<B: Backend> Seeder<'_, B> {
         }
         // Recorded segments list their blocks in address order already.
         let blocks: std::borrow::Cow<'_, [SeededBlock]> =
-            if seg.blocks.is_sorted_by_key(|b| b.offset) {
+            if seg.blocks.windows(2).all(|w| w[0].offset <= w[1].offset) {
                 std::borrow::Cow::Borrowed(&seg.blocks)
             } else {
                 let mut sorted = seg.blocks.clone();
