@@ -888,6 +888,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
         device_stream(&mut self.streams, &self.alloc, name)
     }
 
+    #[inline(always)]
     fn step_inner(&mut self) -> Result<(), ReplayError> {
         let i = self.next;
         let trace = self.trace;

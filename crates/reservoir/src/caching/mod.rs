@@ -236,6 +236,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Allocate `size` bytes for use on `stream` (PyTorch's
     /// `raw_alloc_with_stream`). A zero-byte request returns
     /// [`DevicePtr::NULL`] and allocates nothing.
+    #[inline]
     pub fn raw_alloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
         if size == 0 {
             return Ok(DevicePtr::NULL);
@@ -355,6 +356,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Free a pointer returned by [`raw_alloc`](Self::raw_alloc). Freeing
     /// null is a no-op; a pointer this allocator did not hand out (or already
     /// freed) is an [`AllocError::InvalidPointer`] and changes nothing.
+    #[inline]
     pub fn raw_free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
         if ptr.is_null() {
             return Ok(());

@@ -130,10 +130,17 @@ impl<B: Backend> Seeder<'_, B> {
                 seg.size
             ));
         }
-        let mut blocks = seg.blocks.clone();
-        blocks.sort_by_key(|b| b.offset);
+        // Recorded segments list their blocks in address order already.
+        let blocks: std::borrow::Cow<'_, [SeededBlock]> =
+            if seg.blocks.windows(2).all(|w| w[0].offset <= w[1].offset) {
+                std::borrow::Cow::Borrowed(&seg.blocks)
+            } else {
+                let mut sorted = seg.blocks.clone();
+                sorted.sort_by_key(|b| b.offset);
+                std::borrow::Cow::Owned(sorted)
+            };
         let mut end = 0u64;
-        for b in &blocks {
+        for b in blocks.iter() {
             if b.size == 0 || b.size % 512 != 0 || b.offset % 512 != 0 {
                 return layout(format!(
                     "block at offset {} of {} bytes is not 512-aligned",
@@ -188,23 +195,25 @@ impl<B: Backend> Seeder<'_, B> {
         });
         st.note_segment_allocated(seg.size, stat);
 
-        // The tiling: (offset, size, Some(requested) if allocated).
-        let mut tiles: Vec<(u64, u64, Option<u64>)> = Vec::with_capacity(2 * blocks.len() + 1);
-        let mut at = 0;
-        for b in &blocks {
-            if b.offset > at {
-                tiles.push((at, b.offset - at, None));
-            }
-            tiles.push((b.offset, b.size, Some(b.requested_size)));
-            at = b.offset + b.size;
-        }
-        if at < seg.size {
-            tiles.push((at, seg.size - at, None));
-        }
-        let split = tiles.len() > 1;
+        // The tiling, in address order: (offset, size, Some(requested) if
+        // allocated). The segment is split unless one tile covers it.
+        let whole = match &blocks[..] {
+            [] => true,
+            [b] => b.offset == 0 && b.size == seg.size,
+            _ => false,
+        };
+        let split = !whole;
+        let gaps_and_blocks = blocks.iter().scan(0u64, |at, b| {
+            let gap = (b.offset > *at).then(|| (*at, b.offset - *at, None));
+            *at = b.offset + b.size;
+            Some(
+                gap.into_iter()
+                    .chain([(b.offset, b.size, Some(b.requested_size))]),
+            )
+        });
+        let tail = (end < seg.size).then(|| (end, seg.size - end, None));
         let mut prev = NIL;
-        let mut ids = Vec::with_capacity(tiles.len());
-        for &(offset, size, requested) in &tiles {
+        for (offset, size, requested) in gaps_and_blocks.flatten().chain(tail) {
             let id = st.store.blocks.insert(Block {
                 addr: base + offset,
                 size,
@@ -228,9 +237,6 @@ impl<B: Backend> Seeder<'_, B> {
                 st.store.blocks[prev].next = id;
             }
             prev = id;
-            ids.push(id);
-        }
-        for (&id, &(offset, size, requested)) in ids.iter().zip(&tiles) {
             match requested {
                 Some(requested) => {
                     st.note_allocated(id, base + offset, size, requested, stat);
