@@ -10,9 +10,13 @@
 //! allocate or rebalance (a `BTreeSet` costs about 125 instructions per
 //! insertion or removal here, see BENCHMARKS.md "Flat free lists").
 //!
-//! Invariants: every chunk holds between 1 and [`CHUNK`] keys; the
-//! concatenation of the chunks is strictly increasing; `lasts[i]` is the
-//! last key of `chunks[i]`; `len` is the number of keys.
+//! A chunk stores its keys in descending order, so the removal of its
+//! smallest key (the best-fit hit in a class of one size) moves nothing.
+//!
+//! Invariants: every chunk holds between 1 and [`CHUNK`] keys in strictly
+//! descending order; every key of `chunks[i]` is below every key of
+//! `chunks[i + 1]`; `lasts[i]` is the largest key of `chunks[i]` (its
+//! first); `len` is the number of keys.
 
 use std::slice;
 
@@ -25,7 +29,11 @@ const MERGE_BELOW: usize = CHUNK / 4;
 /// Keys in order, in chunks of at most [`CHUNK`]; see the module docs.
 #[derive(Clone, Debug)]
 pub(crate) struct Chunks<K> {
+    /// Each chunk holds its keys in *descending* order, so that its
+    /// smallest key (a best-fit hit) is removed or added at the end of its
+    /// `Vec`, where nothing moves.
     chunks: Vec<Vec<K>>,
+    /// The largest key of each chunk (its first), in ascending order.
     lasts: Vec<K>,
     len: usize,
 }
@@ -36,7 +44,7 @@ impl<K: Ord + Copy> Chunks<K> {
         debug_assert!(keys.windows(2).all(|w| w[0] < w[1]));
         let half = CHUNK / 2;
         let chunks: Vec<Vec<K>> = keys.chunks(half).map(new_chunk).collect();
-        let lasts = chunks.iter().filter_map(|c| c.last().copied()).collect();
+        let lasts = chunks.iter().filter_map(|c| c.first().copied()).collect();
         Chunks {
             chunks,
             lasts,
@@ -46,7 +54,11 @@ impl<K: Ord + Copy> Chunks<K> {
 
     /// Every key, in order.
     pub fn to_sorted(&self) -> Vec<K> {
-        self.chunks.iter().flatten().copied().collect()
+        self.chunks
+            .iter()
+            .flat_map(|c| c.iter().rev())
+            .copied()
+            .collect()
     }
 
     /// Number of keys.
@@ -68,20 +80,21 @@ impl<K: Ord + Copy> Chunks<K> {
         // A key at or before the first needs no search.
         if let Some(first) = self.first() {
             if key <= first {
-                return Some((*first, 0, 0));
+                return Some((*first, 0, self.chunks[0].len() - 1));
             }
         }
         let ci = self.chunk_of(key);
         let chunk = self.chunks.get(ci)?;
-        let at = chunk.partition_point(|k| k < key);
-        // `lasts[ci] >= key`, so the chunk has a key at or after `key`.
-        chunk.get(at).map(|k| (*k, ci, at))
+        // `lasts[ci] >= key`, so the chunk has a key at or after `key`: the
+        // last of the keys that are (descending order).
+        let at = chunk.partition_point(|k| k >= key).checked_sub(1)?;
+        Some((chunk[at], ci, at))
     }
 
     /// The first key.
     #[inline]
     pub fn first(&self) -> Option<&K> {
-        self.chunks.first().and_then(|c| c.first())
+        self.chunks.first().and_then(|c| c.last())
     }
 
     /// Add a key; false if it was already there.
@@ -95,12 +108,12 @@ impl<K: Ord + Copy> Chunks<K> {
             self.len = 1;
             return true;
         };
-        let at = match chunk.binary_search(&key) {
-            Ok(_) => return false,
-            Err(at) => at,
-        };
+        let at = chunk.partition_point(|k| *k > key);
+        if chunk.get(at) == Some(&key) {
+            return false;
+        }
         chunk.insert(at, key);
-        if at + 1 == chunk.len() {
+        if at == 0 {
             self.lasts[ci] = key;
         }
         if chunk.len() > CHUNK {
@@ -110,15 +123,15 @@ impl<K: Ord + Copy> Chunks<K> {
         true
     }
 
-    /// Chunk `ci`, one key past [`CHUNK`], becomes two halves.
+    /// Chunk `ci`, one key past [`CHUNK`], becomes two halves: its smaller
+    /// keys stay at `ci`, its larger ones go to a new chunk after it.
     #[cold]
     #[inline(never)]
     fn split(&mut self, ci: usize) {
         let chunk = &mut self.chunks[ci];
         let mut upper = Vec::with_capacity(CHUNK + 1);
-        upper.extend_from_slice(&chunk[chunk.len() / 2..]);
-        chunk.truncate(chunk.len() / 2);
-        let lower_last = *chunk.last().expect("a split chunk keeps keys");
+        upper.extend(chunk.drain(..chunk.len() / 2));
+        let lower_last = *chunk.first().expect("a split chunk keeps keys");
         self.chunks.insert(ci + 1, upper);
         self.lasts.insert(ci, lower_last);
     }
@@ -130,13 +143,12 @@ impl<K: Ord + Copy> Chunks<K> {
         let Some(chunk) = self.chunks.get(ci) else {
             return false;
         };
-        match chunk.binary_search(key) {
-            Ok(at) => {
-                self.remove_at(ci, at);
-                true
-            }
-            Err(_) => false,
+        let at = chunk.partition_point(|k| k > key);
+        if chunk.get(at) != Some(key) {
+            return false;
         }
+        self.remove_at(ci, at);
+        true
     }
 
     /// Remove `key` if it is at index `at` of chunk `ci` (where
@@ -157,10 +169,14 @@ impl<K: Ord + Copy> Chunks<K> {
     #[inline]
     fn remove_at(&mut self, ci: usize, at: usize) {
         let chunk = &mut self.chunks[ci];
-        chunk.remove(at);
+        if at + 1 == chunk.len() {
+            chunk.pop();
+        } else {
+            chunk.remove(at);
+        }
         self.len -= 1;
-        if at == chunk.len() {
-            match chunk.last() {
+        if at == 0 {
+            match chunk.first() {
                 Some(&last) => self.lasts[ci] = last,
                 None => {
                     self.chunks.remove(ci);
@@ -187,8 +203,10 @@ impl<K: Ord + Copy> Chunks<K> {
         if prev.min(next).saturating_add(len_of(ci)) > CHUNK {
             return;
         }
-        let upper = self.chunks.remove(lo + 1);
-        self.chunks[lo].extend_from_slice(&upper);
+        // Descending: the larger keys (chunk `lo + 1`) come first.
+        let mut merged = self.chunks.remove(lo + 1);
+        merged.extend_from_slice(&self.chunks[lo]);
+        self.chunks[lo] = merged;
         self.lasts.remove(lo);
     }
 
@@ -196,7 +214,7 @@ impl<K: Ord + Copy> Chunks<K> {
     pub fn contains(&self, key: &K) -> bool {
         self.chunks
             .get(self.chunk_of(key))
-            .is_some_and(|c| c.binary_search(key).is_ok())
+            .is_some_and(|c| c.get(c.partition_point(|k| k > key)) == Some(key))
     }
 
     /// The keys at or after `key`.
@@ -204,7 +222,7 @@ impl<K: Ord + Copy> Chunks<K> {
         let ci = self.chunk_of(key);
         match self.chunks.get(ci) {
             Some(chunk) => ChunkKeys {
-                head: chunk[chunk.partition_point(|k| k < key)..].iter(),
+                head: chunk[..chunk.partition_point(|k| k >= key)].iter(),
                 mid: self.chunks[ci + 1..].iter(),
                 tail: [].iter(),
             },
@@ -216,7 +234,7 @@ impl<K: Ord + Copy> Chunks<K> {
     pub fn before(&self, key: &K) -> ChunkKeys<'_, K> {
         let ci = self.chunk_of(key);
         let tail = match self.chunks.get(ci) {
-            Some(chunk) => chunk[..chunk.partition_point(|k| k < key)].iter(),
+            Some(chunk) => chunk[chunk.partition_point(|k| k >= key)..].iter(),
             None => [].iter(),
         };
         ChunkKeys {
@@ -241,7 +259,11 @@ impl<K: Ord + Copy> Chunks<K> {
         assert_eq!(self.chunks.len(), self.lasts.len(), "a last key per chunk");
         for (c, last) in self.chunks.iter().zip(&self.lasts) {
             assert!((1..=CHUNK).contains(&c.len()), "chunk of {} keys", c.len());
-            assert!(c.last() == Some(last), "lasts holds each chunk's last key");
+            assert!(c.windows(2).all(|w| w[0] > w[1]), "a chunk descends");
+            assert!(
+                c.first() == Some(last),
+                "lasts holds each chunk's largest key"
+            );
         }
         let all = self.to_sorted();
         assert!(
@@ -252,15 +274,17 @@ impl<K: Ord + Copy> Chunks<K> {
     }
 }
 
-/// A chunk with room for [`CHUNK`] keys and the one a split takes away.
+/// A chunk of `keys` (ascending) in descending order, with room for
+/// [`CHUNK`] keys and the one a split takes away.
 fn new_chunk<K: Copy>(keys: &[K]) -> Vec<K> {
     let mut v = Vec::with_capacity(CHUNK + 1);
-    v.extend_from_slice(keys);
+    v.extend(keys.iter().rev().copied());
     v
 }
 
 /// A part of a [`Chunks`] in order, from either end: the rest of a first
 /// chunk (`head`), whole chunks (`mid`), the start of a last one (`tail`).
+/// Chunks descend, so going forward takes each from its back.
 pub(crate) struct ChunkKeys<'a, K> {
     head: slice::Iter<'a, K>,
     mid: slice::Iter<'a, Vec<K>>,
@@ -283,12 +307,12 @@ impl<'a, K> Iterator for ChunkKeys<'a, K> {
     #[inline]
     fn next(&mut self) -> Option<&'a K> {
         loop {
-            if let Some(k) = self.head.next() {
+            if let Some(k) = self.head.next_back() {
                 return Some(k);
             }
             match self.mid.next() {
                 Some(chunk) => self.head = chunk.iter(),
-                None => return self.tail.next(),
+                None => return self.tail.next_back(),
             }
         }
     }
@@ -298,12 +322,12 @@ impl<'a, K> DoubleEndedIterator for ChunkKeys<'a, K> {
     #[inline]
     fn next_back(&mut self) -> Option<&'a K> {
         loop {
-            if let Some(k) = self.tail.next_back() {
+            if let Some(k) = self.tail.next() {
                 return Some(k);
             }
             match self.mid.next_back() {
                 Some(chunk) => self.tail = chunk.iter(),
-                None => return self.head.next_back(),
+                None => return self.head.next(),
             }
         }
     }
