@@ -27,12 +27,26 @@
 //!    the target nothing happens: a program whose cache fits makes no unmap
 //!    calls (hysteresis).
 //!
+//!
+//! Whole segments (BENCHMARKS.md "Steady state (lane steady)"): the sim's
+//! cost model charges a mapped 2 MiB page about 11x what `cudaMalloc`
+//! charges for the same bytes, so a cache that grows by mapping pages spends
+//! far more driver time than PyTorch mode's. A request of at least
+//! [`WHOLE_SEGMENT_MIN`] bytes that is a multiple of 2 MiB therefore gets a
+//! segment of its own from the driver (`cudaMalloc`,
+//! [`DeviceState::whole_segment_size`]) when growing an expandable segment
+//! for it would map no fewer bytes (so the peak is the same). Such a
+//! segment, once free, serves only a request of its size
+//! ([`whole_segment_fits`]); the others skip it, so it is never carved
+//! and stays one free block the trim gives back whole (`cudaFree`, cheap)
+//! before any page is unmapped.
+//!
 //! Online only: the target uses the allocation history, never the future.
 #![forbid(unsafe_code)]
 
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::caching::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
-use crate::caching::rules::SMALL_BUFFER;
+use crate::caching::rules::{MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER};
 use crate::caching::state::DeviceState;
 use crate::store::{BlockId, PoolId, NIL};
 
@@ -49,6 +63,26 @@ pub(crate) struct GrowthRun {
     pub maps: u64,
 }
 
+/// The smallest rounded request served from a segment of its own: PyTorch's
+/// `kMinLargeAlloc` (10 MiB), from which `get_allocation_size` rounds to
+/// 2 MiB (spec 1.4), so the segment is the request rounded to 2 MiB.
+pub(crate) const WHOLE_SEGMENT_MIN: u64 = MIN_LARGE_ALLOC;
+
+/// Whether a free whole segment of `block_size` bytes may serve a rounded
+/// request of `size` bytes under the `reservoir` policy: the request is one
+/// whole segments serve ([`wants_whole_segment`]) and fills the segment.
+pub(crate) fn whole_segment_fits(size: u64, block_size: u64) -> bool {
+    block_size == size && wants_whole_segment(size)
+}
+
+/// Whether the `reservoir` policy may serve a rounded large-pool request of
+/// `size` bytes from a new segment of its own: it is at least
+/// [`WHOLE_SEGMENT_MIN`] and a multiple of 2 MiB, so the segment (the
+/// request rounded to 2 MiB, spec 1.4) wastes nothing.
+pub(crate) fn wants_whole_segment(size: u64) -> bool {
+    size >= WHOLE_SEGMENT_MIN && size % ROUND_LARGE == 0
+}
+
 impl DeviceState {
     /// The reserved bytes the `reservoir` policy lets the cache reach
     /// without unmapping free pages, for a request of `size` bytes.
@@ -56,6 +90,24 @@ impl DeviceState {
         let allocated = self.stats.allocated_bytes.all();
         let peak = (allocated.peak.max(0) as u64).max(allocated.current.max(0) as u64 + size);
         peak + peak / 64 + SMALL_BUFFER
+    }
+
+    /// The size of the segment of its own that a rounded request of `size`
+    /// bytes in `pool` gets if the cache grows for it, or `None` if an
+    /// expandable segment grows instead: a large-pool request that
+    /// [`wants_whole_segment`] when growing at `run` (the run that maps the
+    /// fewest pages, [`fewest_pages_run`](Self::fewest_pages_run)) would
+    /// use no free byte (measured: letting a growth that reuses even a
+    /// sub-page free tail take a segment of its own instead puts the peak
+    /// above expandable segments' on 16 of the 74 inputs).
+    pub(crate) fn whole_segment_size(
+        &self,
+        pool: PoolId,
+        size: u64,
+        run: Option<GrowthRun>,
+    ) -> Option<u64> {
+        (pool == POOL_LARGE && wants_whole_segment(size) && run.map_or(true, |r| r.maps >= size))
+            .then_some(size)
     }
 
     /// Of the runs of free and unmapped blocks of `stream`'s expandable
@@ -107,7 +159,13 @@ impl DeviceState {
     ) -> Result<(), BackendError> {
         let target = self.reservoir_target(size);
         let run = self.fewest_pages_run(stream, pool, size);
-        let maps = run.map_or(size, |r| r.maps);
+        let whole = self.whole_segment_size(pool, size, run);
+        let run = if whole.is_some() { None } else { run };
+        let maps = whole.unwrap_or_else(|| run.map_or(size, |r| r.maps));
+        if self.total_allocated_memory + maps <= target {
+            return Ok(());
+        }
+        self.release_whole_segments(backend, (self.total_allocated_memory + maps) - target)?;
         if self.total_allocated_memory + maps <= target {
             return Ok(());
         }
@@ -133,6 +191,49 @@ impl DeviceState {
             }
             let (from, to) = self.pages_to_unmap(id, over);
             self.unmap_block_range(backend, id, from, to)?;
+        }
+        Ok(())
+    }
+
+    /// Give back free whole segments of the large pool (any stream) until
+    /// `over` bytes are released: the smallest one of at least `over`
+    /// bytes if there is one, else the largest first.
+    fn release_whole_segments<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        over: u64,
+    ) -> Result<(), BackendError> {
+        let mut whole: Vec<(u64, BlockId)> = self.pools[POOL_LARGE as usize]
+            .blocks
+            .iter()
+            .filter(|k| {
+                let b = &self.store.blocks[k.id];
+                !b.expandable && !b.is_split()
+            })
+            .map(|k| (k.size, k.id))
+            .collect();
+        if whole.is_empty() {
+            return Ok(());
+        }
+        whole.sort_unstable();
+        let victims: Vec<BlockId> = match whole.iter().find(|(size, _)| *size >= over) {
+            Some(&(_, id)) => vec![id],
+            None => {
+                let mut released = 0;
+                whole
+                    .iter()
+                    .rev()
+                    .take_while(|(size, _)| {
+                        let take = released < over;
+                        released += size;
+                        take
+                    })
+                    .map(|&(_, id)| id)
+                    .collect()
+            }
+        };
+        for id in victims {
+            self.release_block(backend, id)?;
         }
         Ok(())
     }
