@@ -110,19 +110,13 @@ impl DeviceState {
 
     /// Hook: whether the new segment for `p` is a segment of its own
     /// (`cudaMalloc` of `p.alloc_size`, spec 1.9) rather than the growth of
-    /// an expandable segment. Never in PyTorch mode.
+    /// an expandable segment: what the `reservoir` policy chose for this
+    /// cache miss ([`whole_segment_size`](Self::whole_segment_size), in
+    /// [`policy_on_cache_miss`](Self::policy_on_cache_miss)). Never in
+    /// PyTorch mode.
     #[inline]
     pub(super) fn serves_from_whole_segment(&self, p: &AllocParams) -> bool {
-        p.pool == POOL_LARGE
-            && self.maps_fewest_pages()
-            && reservoir::wants_whole_segment(p.size)
-            && self
-                .whole_segment_size(
-                    p.pool,
-                    p.size,
-                    self.fewest_pages_run(p.stream, p.pool, p.size),
-                )
-                .is_some()
+        p.pool == POOL_LARGE && self.maps_fewest_pages() && self.reservoir_whole_growth
     }
 
     /// Hook: whether the best-fit search for a rounded request of `size`

@@ -240,19 +240,48 @@ fn a_free_whole_segment_serves_only_its_size_and_is_freed_before_pages_are_unmap
             ("segment_alloc".into(), 64 * MIB)
         ]
     );
-    // 32 MiB does not carve the free 64 MiB segment: it extends the free
-    // 8 MiB block by 24 MiB, which with the 64 MiB segment would pass the
-    // target (peak 72 MiB allocated + 1/64 + 2 MiB = 75.1 MiB < 72 + 24),
-    // so the whole segment is given back first (one cheap cudaFree) and no
-    // page is unmapped.
+    // 32 MiB does not carve the free 64 MiB segment. Extending the free
+    // 8 MiB block would map 24 MiB, which with the 64 MiB segment passes
+    // the target (peak 72 MiB allocated + 1/64 + 2 MiB = 75.1 MiB < 72 +
+    // 24): the whole segment is given back first (one cheap cudaFree, no
+    // page unmapped) and, as the growth needed a trim, 32 MiB gets a
+    // segment of its own.
     c.alloc(32 * MIB);
     c.check();
     assert_eq!(
         c.segment_events()[2..],
         [
             ("segment_free".to_string(), 64 * MIB),
-            ("segment_map".to_string(), 24 * MIB)
+            ("segment_alloc".to_string(), 32 * MIB)
         ]
     );
-    assert_eq!(c.reserved(), 32 * MIB as i64);
+    assert_eq!(c.reserved(), 40 * MIB as i64);
+}
+
+#[test]
+fn a_2mib_multiple_whose_growth_needs_a_trim_gets_a_segment_of_its_own() {
+    // Churn: free memory is given back anyway, and a segment of its own
+    // costs less to get (and later give back) than mapping the pages.
+    let c = reservoir_policy();
+    let a = c.alloc(40 * MIB - ODD);
+    let _b = c.alloc(8 * MIB);
+    let c3 = c.alloc(4 * MIB);
+    c.free(a);
+    c.free(c3);
+    let before = c.segment_events().len();
+    // Extending C's free tail maps 60 MiB: 52 + 60 MiB passes the target
+    // (72 MiB allocated once served + 1/64 + 2 MiB = 75.1 MiB), so the
+    // request gets a 64 MiB segment and 42 MiB of free pages (A's 38 MiB
+    // of whole pages, then C's 4) are unmapped to stay under the target.
+    c.alloc(64 * MIB);
+    c.check();
+    assert_eq!(
+        c.segment_events()[before..],
+        [
+            ("segment_unmap".to_string(), 38 * MIB),
+            ("segment_unmap".to_string(), 4 * MIB),
+            ("segment_alloc".to_string(), 64 * MIB)
+        ]
+    );
+    assert_eq!(c.reserved(), 74 * MIB as i64);
 }

@@ -35,7 +35,8 @@
 //! [`WHOLE_SEGMENT_MIN`] bytes that is a multiple of 2 MiB therefore gets a
 //! segment of its own from the driver (`cudaMalloc`,
 //! [`DeviceState::whole_segment_size`]) when growing an expandable segment
-//! for it would map no fewer bytes (so the peak is the same). Such a
+//! for it would map no fewer bytes (so the peak is the same) or would need
+//! a trim (churn). Such a
 //! segment, once free, serves only a request of its size
 //! ([`whole_segment_fits`]); the others skip it, so it is never carved
 //! and stays one free block the trim gives back whole (`cudaFree`, cheap)
@@ -97,16 +98,21 @@ impl DeviceState {
     /// expandable segment grows instead: a large-pool request that
     /// [`wants_whole_segment`] when growing at `run` (the run that maps the
     /// fewest pages, [`fewest_pages_run`](Self::fewest_pages_run)) would
-    /// use no free byte (measured: letting a growth that reuses even a
+    /// use no free byte, or would pass `target` (the cache churns: free
+    /// memory is given back anyway, and the segment is cheaper to get and
+    /// give back than pages). Measured: letting every growth that reuses a
     /// sub-page free tail take a segment of its own instead puts the peak
-    /// above expandable segments' on 16 of the 74 inputs).
+    /// above expandable segments' on 16 of the 74 inputs.
     pub(crate) fn whole_segment_size(
         &self,
         pool: PoolId,
         size: u64,
         run: Option<GrowthRun>,
+        target: u64,
     ) -> Option<u64> {
-        (pool == POOL_LARGE && wants_whole_segment(size) && run.map_or(true, |r| r.maps >= size))
+        let maps = run.map_or(size, |r| r.maps);
+        let needs_trim = self.total_allocated_memory + maps > target;
+        (pool == POOL_LARGE && wants_whole_segment(size) && (maps >= size || needs_trim))
             .then_some(size)
     }
 
@@ -159,7 +165,8 @@ impl DeviceState {
     ) -> Result<(), BackendError> {
         let target = self.reservoir_target(size);
         let run = self.fewest_pages_run(stream, pool, size);
-        let whole = self.whole_segment_size(pool, size, run);
+        let whole = self.whole_segment_size(pool, size, run, target);
+        self.reservoir_whole_growth = whole.is_some();
         let run = if whole.is_some() { None } else { run };
         let maps = whole.unwrap_or_else(|| run.map_or(size, |r| r.maps));
         if self.total_allocated_memory + maps <= target {
