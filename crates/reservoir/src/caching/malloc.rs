@@ -174,7 +174,10 @@ impl DeviceState {
         if hit.stream != p.stream {
             return false;
         }
-        if !self.store.blocks[hit.id].expandable && self.skips_whole_block(p.pool, p.size, hit.size)
+        // Only under the `reservoir` policy (one flag test in PyTorch mode).
+        if self.config.policy.reservoir
+            && !self.store.blocks[hit.id].expandable
+            && self.skips_whole_block(p.pool, p.size, hit.size)
         {
             // The `reservoir` policy keeps whole segments whole (policy.rs):
             // the next block that is expandable or that the request fits.
