@@ -126,6 +126,7 @@ impl DeviceState {
     #[inline]
     pub(super) fn skips_whole_block(&self, pool: u32, size: u64, block_size: u64) -> bool {
         pool == POOL_LARGE
+            && self.config.expandable_segments
             && self.maps_fewest_pages()
             && !reservoir::whole_segment_fits(size, block_size)
     }

@@ -118,7 +118,9 @@ impl DeviceState {
         run: Option<GrowthRun>,
         target: u64,
     ) -> Option<u64> {
-        if pool != POOL_LARGE || size < WHOLE_SEGMENT_MIN {
+        // Without virtual memory (expandable segments dropped) the policy
+        // runs PyTorch's segments unchanged.
+        if pool != POOL_LARGE || size < WHOLE_SEGMENT_MIN || !self.config.expandable_segments {
             return None;
         }
         let seg = size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
@@ -185,7 +187,9 @@ impl DeviceState {
         if self.total_allocated_memory + maps <= target {
             return Ok(());
         }
-        self.release_whole_segments(backend, (self.total_allocated_memory + maps) - target)?;
+        if self.config.expandable_segments {
+            self.release_whole_segments(backend, (self.total_allocated_memory + maps) - target)?;
+        }
         if self.total_allocated_memory + maps <= target {
             return Ok(());
         }
@@ -253,6 +257,9 @@ impl DeviceState {
             }
         };
         for id in victims {
+            // Freeing is not ordered with the stream's work: wait for it
+            // first (as `unmap_block_range` does).
+            backend.synchronize_stream(self.store.blocks[id].stream)?;
             self.release_block(backend, id)?;
         }
         Ok(())
