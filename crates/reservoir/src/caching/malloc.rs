@@ -174,8 +174,26 @@ impl DeviceState {
         if hit.stream != p.stream {
             return false;
         }
+        // Only under the `reservoir` policy (one flag test in PyTorch mode).
+        if self.config.policy.reservoir
+            && !self.store.blocks[hit.id].expandable
+            && self.skips_whole_block(p.pool, p.size, hit.size)
+        {
+            // The `reservoir` policy keeps whole segments whole (policy.rs):
+            // the next block that is expandable or that the request fits.
+            let next = self.pools[p.pool as usize].blocks.from(&search).find(|k| {
+                k.stream != p.stream
+                    || self.store.blocks[k.id].expandable
+                    || !self.skips_whole_block(p.pool, p.size, k.size)
+            });
+            match next {
+                Some(k) if k.stream == p.stream => hit = k,
+                _ => return false,
+            }
+        }
         if self.store.blocks[hit.id].expandable {
-            let mut candidates = self.pools[p.pool as usize].blocks.from(&search);
+            // The blocks after the hit (the first one is the hit).
+            let mut candidates = self.pools[p.pool as usize].blocks.from(&hit);
             candidates.next();
             if self.config.expandable_segments {
                 // Best fit by the size a block can grow to: a block followed by
@@ -190,9 +208,11 @@ impl DeviceState {
                             0
                         }
                 };
+                let keeps_whole = self.maps_fewest_pages();
                 for next in candidates {
                     if !blocks[hit.id].expandable
                         || next.stream != p.stream
+                        || (keeps_whole && !blocks[next.id].expandable)
                         || expandable_size(&next) >= expandable_size(&hit)
                     {
                         break;
@@ -259,7 +279,7 @@ impl DeviceState {
                 return Ok(false);
             }
         }
-        if self.config.expandable_segments {
+        if self.config.expandable_segments && !self.serves_from_whole_segment(p) {
             return match self.try_allocate_expandable_block(backend, p.stream, p.pool, p.size)? {
                 Some(id) => {
                     p.block = id;

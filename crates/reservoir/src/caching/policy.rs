@@ -17,6 +17,12 @@
 //!   (spec 1.11 `find_expandable_block`): PyTorch takes the lowest address
 //!   that holds the request, the `reservoir` policy the place that maps the
 //!   fewest pages.
+//! * [`DeviceState::serves_from_whole_segment`]: whether a new segment for
+//!   a request is a segment of its own (`cudaMalloc`, spec 1.9) even though
+//!   expandable segments are on (the `reservoir` policy's large requests).
+//! * [`DeviceState::skips_whole_block`]: whether the best-fit search (spec
+//!   1.6) passes over a free block of a non-expandable segment that the
+//!   request would carve (the `reservoir` policy keeps those whole).
 //!
 //! To add a policy: a variant of [`Policy`], chosen in [`Policy::of`], an
 //! arm in the hooks it needs, and its code in a file under `policy/`.
@@ -25,6 +31,7 @@ mod cross_stream;
 mod reservoir;
 
 use super::malloc::{AllocParams, MallocError};
+use super::pools::POOL_LARGE;
 use super::state::DeviceState;
 use crate::backend::Backend;
 use crate::config::AllocatorConfig;
@@ -99,6 +106,29 @@ impl DeviceState {
     #[inline]
     pub(super) fn maps_fewest_pages(&self) -> bool {
         Policy::of(&self.config) == Policy::Reservoir && self.private.captures_underway.is_empty()
+    }
+
+    /// Hook: whether the new segment for `p` is a segment of its own
+    /// (`cudaMalloc` of `p.alloc_size`, spec 1.9) rather than the growth of
+    /// an expandable segment: what the `reservoir` policy chose for this
+    /// cache miss ([`whole_segment_size`](Self::whole_segment_size), in
+    /// [`policy_on_cache_miss`](Self::policy_on_cache_miss)). Never in
+    /// PyTorch mode.
+    #[inline]
+    pub(super) fn serves_from_whole_segment(&self, p: &AllocParams) -> bool {
+        p.pool == POOL_LARGE && self.maps_fewest_pages() && self.reservoir_whole_growth
+    }
+
+    /// Hook: whether the best-fit search for a rounded request of `size`
+    /// bytes in `pool` passes over a free non-expandable block of
+    /// `block_size` bytes. Never in PyTorch mode; under the `reservoir`
+    /// policy a whole segment serves only a request it fits tightly.
+    #[inline]
+    pub(super) fn skips_whole_block(&self, pool: u32, size: u64, block_size: u64) -> bool {
+        pool == POOL_LARGE
+            && self.config.expandable_segments
+            && self.maps_fewest_pages()
+            && !reservoir::whole_segment_fits(size, block_size)
     }
 
     /// Hook: the page size of a new expandable segment of a small or large

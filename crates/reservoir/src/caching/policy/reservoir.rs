@@ -27,12 +27,27 @@
 //!    the target nothing happens: a program whose cache fits makes no unmap
 //!    calls (hysteresis).
 //!
+//!
+//! Whole segments (BENCHMARKS.md "Steady state (lane steady)"): the sim's
+//! cost model charges a mapped 2 MiB page about 11x what `cudaMalloc`
+//! charges for the same bytes, so a cache that grows by mapping pages spends
+//! far more driver time than PyTorch mode's. A request of at least
+//! [`WHOLE_SEGMENT_MIN`] bytes therefore gets a segment of its own from the
+//! driver (`cudaMalloc`, [`DeviceState::whole_segment_size`]) when growing
+//! an expandable segment for it would map as many bytes (a 2 MiB multiple
+//! that reuses no free byte: the peak is the same) or would need a trim
+//! (churn; the 2 MiB rounding may then waste up to
+//! 1/[`WHOLE_SEGMENT_WASTE_DIV`]). Such a segment, once free, serves only a
+//! request it fits as tightly ([`whole_segment_fits`]); the others skip
+//! it, so it is never carved and stays one free block the trim gives back
+//! whole (`cudaFree`, cheap) before any page is unmapped.
+//!
 //! Online only: the target uses the allocation history, never the future.
 #![forbid(unsafe_code)]
 
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::caching::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
-use crate::caching::rules::SMALL_BUFFER;
+use crate::caching::rules::{MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER};
 use crate::caching::state::DeviceState;
 use crate::store::{BlockId, PoolId, NIL};
 
@@ -49,6 +64,28 @@ pub(crate) struct GrowthRun {
     pub maps: u64,
 }
 
+/// The smallest rounded request served from a segment of its own: PyTorch's
+/// `kMinLargeAlloc` (10 MiB), from which `get_allocation_size` rounds to
+/// 2 MiB (spec 1.4), so the segment is the request rounded to 2 MiB.
+pub(crate) const WHOLE_SEGMENT_MIN: u64 = MIN_LARGE_ALLOC;
+
+/// A segment of its own wastes at most `1 / WHOLE_SEGMENT_WASTE_DIV` of
+/// the request it serves (its 2 MiB rounding, or the slack of a reused
+/// segment). Measured: 1/32 and 1/128 give the same counts, 1/1024 keeps
+/// 12 % more steady-state driver time.
+pub(crate) const WHOLE_SEGMENT_WASTE_DIV: u64 = 128;
+
+/// Whether a free segment of its own of `block_size` bytes may serve a
+/// rounded request of `size` bytes under the `reservoir` policy: the
+/// request is at least [`WHOLE_SEGMENT_MIN`] and the segment wastes at most
+/// 1/[`WHOLE_SEGMENT_WASTE_DIV`] of it. Any other request skips it, so it
+/// is never carved.
+pub(crate) fn whole_segment_fits(size: u64, block_size: u64) -> bool {
+    size >= WHOLE_SEGMENT_MIN
+        && block_size >= size
+        && block_size - size <= size / WHOLE_SEGMENT_WASTE_DIV
+}
+
 impl DeviceState {
     /// The reserved bytes the `reservoir` policy lets the cache reach
     /// without unmapping free pages, for a request of `size` bytes.
@@ -56,6 +93,42 @@ impl DeviceState {
         let allocated = self.stats.allocated_bytes.all();
         let peak = (allocated.peak.max(0) as u64).max(allocated.current.max(0) as u64 + size);
         peak + peak / 64 + SMALL_BUFFER
+    }
+
+    /// The size of the segment of its own that a rounded request of `size`
+    /// bytes in `pool` gets if the cache grows for it (the request rounded
+    /// to 2 MiB, spec 1.4), or `None` if an expandable segment grows
+    /// instead. A large-pool request of at least [`WHOLE_SEGMENT_MIN`] gets
+    /// one when
+    /// * it is a multiple of 2 MiB and growing at `run` (the run that maps
+    ///   the fewest pages, [`fewest_pages_run`](Self::fewest_pages_run))
+    ///   would use no free byte: the peak is the same either way; or
+    /// * the growth would pass `target` (the cache churns: free memory is
+    ///   given back anyway, and a segment is cheaper to get and give back
+    ///   than pages) and the rounding wastes at most
+    ///   1/[`WHOLE_SEGMENT_WASTE_DIV`] of the request.
+    ///
+    /// Measured: letting every growth that reuses a free tail, or needs no
+    /// trim, take a rounded segment of its own puts the peak above
+    /// expandable segments' on 16 to 18 of the 74 inputs.
+    pub(crate) fn whole_segment_size(
+        &self,
+        pool: PoolId,
+        size: u64,
+        run: Option<GrowthRun>,
+        target: u64,
+    ) -> Option<u64> {
+        // Without virtual memory (expandable segments dropped) the policy
+        // runs PyTorch's segments unchanged.
+        if pool != POOL_LARGE || size < WHOLE_SEGMENT_MIN || !self.config.expandable_segments {
+            return None;
+        }
+        let seg = size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        let maps = run.map_or(size, |r| r.maps);
+        let needs_trim = self.total_allocated_memory + maps > target;
+        let no_free_byte_reused = seg == size && maps >= size;
+        let churn = needs_trim && whole_segment_fits(size, seg);
+        (no_free_byte_reused || churn).then_some(seg)
     }
 
     /// Of the runs of free and unmapped blocks of `stream`'s expandable
@@ -107,7 +180,16 @@ impl DeviceState {
     ) -> Result<(), BackendError> {
         let target = self.reservoir_target(size);
         let run = self.fewest_pages_run(stream, pool, size);
-        let maps = run.map_or(size, |r| r.maps);
+        let whole = self.whole_segment_size(pool, size, run, target);
+        self.reservoir_whole_growth = whole.is_some();
+        let run = if whole.is_some() { None } else { run };
+        let maps = whole.unwrap_or_else(|| run.map_or(size, |r| r.maps));
+        if self.total_allocated_memory + maps <= target {
+            return Ok(());
+        }
+        if self.config.expandable_segments {
+            self.release_whole_segments(backend, (self.total_allocated_memory + maps) - target)?;
+        }
         if self.total_allocated_memory + maps <= target {
             return Ok(());
         }
@@ -133,6 +215,52 @@ impl DeviceState {
             }
             let (from, to) = self.pages_to_unmap(id, over);
             self.unmap_block_range(backend, id, from, to)?;
+        }
+        Ok(())
+    }
+
+    /// Give back free whole segments of the large pool (any stream) until
+    /// `over` bytes are released: the smallest one of at least `over`
+    /// bytes if there is one, else the largest first.
+    fn release_whole_segments<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        over: u64,
+    ) -> Result<(), BackendError> {
+        let mut whole: Vec<(u64, BlockId)> = self.pools[POOL_LARGE as usize]
+            .blocks
+            .iter()
+            .filter(|k| {
+                let b = &self.store.blocks[k.id];
+                !b.expandable && !b.is_split()
+            })
+            .map(|k| (k.size, k.id))
+            .collect();
+        if whole.is_empty() {
+            return Ok(());
+        }
+        whole.sort_unstable();
+        let victims: Vec<BlockId> = match whole.iter().find(|(size, _)| *size >= over) {
+            Some(&(_, id)) => vec![id],
+            None => {
+                let mut released = 0;
+                whole
+                    .iter()
+                    .rev()
+                    .take_while(|(size, _)| {
+                        let take = released < over;
+                        released += size;
+                        take
+                    })
+                    .map(|&(_, id)| id)
+                    .collect()
+            }
+        };
+        for id in victims {
+            // Freeing is not ordered with the stream's work: wait for it
+            // first (as `unmap_block_range` does).
+            backend.synchronize_stream(self.store.blocks[id].stream)?;
+            self.release_block(backend, id)?;
         }
         Ok(())
     }
