@@ -158,6 +158,23 @@ impl DeviceState {
         Ok(())
     }
 
+    /// The `reservoir` policy keeps whole segments whole (policy.rs): the
+    /// first free block from `search` on `p`'s stream that is expandable or
+    /// that the request fits. Out of line: PyTorch mode never calls it.
+    #[cold]
+    #[inline(never)]
+    fn next_block_not_skipped(&self, search: &FreeKey, p: &AllocParams) -> Option<FreeKey> {
+        self.pools[p.pool as usize]
+            .blocks
+            .from(search)
+            .find(|k| {
+                k.stream != p.stream
+                    || self.store.blocks[k.id].expandable
+                    || !self.skips_whole_block(p.pool, p.size, k.size)
+            })
+            .filter(|k| k.stream == p.stream)
+    }
+
     /// spec 1.6: best fit keyed by (stream, size, address) with the oversize rules.
     #[inline]
     pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
@@ -179,16 +196,9 @@ impl DeviceState {
             && !self.store.blocks[hit.id].expandable
             && self.skips_whole_block(p.pool, p.size, hit.size)
         {
-            // The `reservoir` policy keeps whole segments whole (policy.rs):
-            // the next block that is expandable or that the request fits.
-            let next = self.pools[p.pool as usize].blocks.from(&search).find(|k| {
-                k.stream != p.stream
-                    || self.store.blocks[k.id].expandable
-                    || !self.skips_whole_block(p.pool, p.size, k.size)
-            });
-            match next {
-                Some(k) if k.stream == p.stream => hit = k,
-                _ => return false,
+            match self.next_block_not_skipped(&search, p) {
+                Some(k) => hit = k,
+                None => return false,
             }
         }
         if self.store.blocks[hit.id].expandable {
