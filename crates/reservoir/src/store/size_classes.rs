@@ -431,11 +431,11 @@ impl<K: SizeClassed> SizeClassList<K> {
         };
         while let Some(g) = self.groups.get(gi) {
             if let Some(c) = g.first_at_or_after(from) {
-                let k = match &g.classes[c] {
-                    Class::Sorted(v) => v[0],
-                    Class::Chunked(t) => *t.first().expect("a marked class"),
+                let (k, chunk, index) = match &g.classes[c] {
+                    Class::Sorted(v) => (v[0], 0, 0),
+                    Class::Chunked(t) => t.first_found().expect("a marked class"),
                 };
-                return Some((K::join(g.id, k), Slot::new(gi, c, 0, 0)));
+                return Some((K::join(g.id, k), Slot::new(gi, c, chunk, index)));
             }
             gi += 1;
             from = 0;
