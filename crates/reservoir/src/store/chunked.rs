@@ -276,6 +276,17 @@ impl<K: Ord + Copy> Chunks<K> {
     }
 }
 
+/// Where `key` is in `v`, a strictly descending slice: `Ok(index)`, else
+/// `Err(index)` where it would go.
+#[inline]
+pub(crate) fn search_descending<K: Ord>(v: &[K], key: &K) -> Result<usize, usize> {
+    let at = v.partition_point(|k| k > key);
+    match v.get(at) {
+        Some(k) if k == key => Ok(at),
+        _ => Err(at),
+    }
+}
+
 /// A chunk of `keys` (ascending) in descending order, with room for
 /// [`CHUNK`] keys and the one a split takes away.
 fn new_chunk<K: Copy>(keys: &[K]) -> Vec<K> {
