@@ -13,8 +13,10 @@
 //! found with two `trailing_zeros`. Inside a class the keys stay in their
 //! exact order: a sorted `Vec` (binary search; a few dozen keys move on an
 //! insert) that becomes a list of short sorted chunks ([`Chunks`]) past
-//! [`PROMOTE`] keys, so the cost stays flat with 100,000 free blocks of one
-//! size.
+//! [`PROMOTE`] keys, so no insertion moves more than one chunk however many
+//! free blocks share a class. Both store their keys in descending order, so
+//! the best-fit hit (a class's smallest key) is taken from the end of a
+//! `Vec`, where nothing moves.
 //!
 //! The order seen through [`from`](SizeClassList::from),
 //! [`before`](SizeClassList::before) and [`iter`](SizeClassList::iter) is
