@@ -31,9 +31,9 @@ pub(crate) const CLASSES: usize = 976;
 const SUB_BITS: u32 = 4;
 const WORDS: usize = CLASSES.div_ceil(64);
 /// A class's sorted `Vec` becomes [`Chunks`] above this many keys.
-pub(crate) const PROMOTE: usize = 32;
+pub(crate) const PROMOTE: usize = 64;
 /// A class's [`Chunks`] become a sorted `Vec` again below this many keys.
-const DEMOTE: usize = 8;
+const DEMOTE: usize = 16;
 
 /// The size class of `size`: monotonic (a larger size never has a smaller
 /// class), exact below 16, then 16 classes per power of two.
