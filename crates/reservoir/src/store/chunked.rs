@@ -78,9 +78,9 @@ impl<K: Ord + Copy> Chunks<K> {
     #[inline]
     pub fn first_from(&self, key: &K) -> Option<(K, usize, usize)> {
         // A key at or before the first needs no search.
-        if let Some(first) = self.first() {
-            if key <= first {
-                return Some((*first, 0, self.chunks[0].len() - 1));
+        if let Some(first) = self.first_found() {
+            if *key <= first.0 {
+                return Some(first);
             }
         }
         let ci = self.chunk_of(key);
@@ -91,10 +91,12 @@ impl<K: Ord + Copy> Chunks<K> {
         Some((chunk[at], ci, at))
     }
 
-    /// The first key.
+    /// The first key with its chunk and index there (for
+    /// [`remove_found`](Self::remove_found)).
     #[inline]
-    pub fn first(&self) -> Option<&K> {
-        self.chunks.first().and_then(|c| c.last())
+    pub fn first_found(&self) -> Option<(K, usize, usize)> {
+        let chunk = self.chunks.first()?;
+        chunk.last().map(|k| (*k, 0, chunk.len() - 1))
     }
 
     /// Add a key; false if it was already there.
@@ -274,6 +276,17 @@ impl<K: Ord + Copy> Chunks<K> {
     }
 }
 
+/// Where `key` is in `v`, a strictly descending slice: `Ok(index)`, else
+/// `Err(index)` where it would go.
+#[inline]
+pub(crate) fn search_descending<K: Ord>(v: &[K], key: &K) -> Result<usize, usize> {
+    let at = v.partition_point(|k| k > key);
+    match v.get(at) {
+        Some(k) if k == key => Ok(at),
+        _ => Err(at),
+    }
+}
+
 /// A chunk of `keys` (ascending) in descending order, with room for
 /// [`CHUNK`] keys and the one a split takes away.
 fn new_chunk<K: Copy>(keys: &[K]) -> Vec<K> {
@@ -344,7 +357,7 @@ mod tests {
         #[test]
         fn same_answers_as_an_ordered_set(
             start in prop::collection::btree_set(0u32..2000, 0..300),
-            ops in prop::collection::vec((0u8..6, 0u32..2000), 1..600),
+            ops in prop::collection::vec((0u8..7, 0u32..2000), 1..600),
         ) {
             let v: Vec<u32> = start.iter().copied().collect();
             let mut c = Chunks::from_sorted(&v);
@@ -362,6 +375,13 @@ mod tests {
                             set.remove(&hit);
                         }
                     }
+                    5 => {
+                        // The first key is removed where `first_found` says it is.
+                        if let Some((first, ci, at)) = c.first_found() {
+                            prop_assert!(c.remove_found(ci, at, &first));
+                            prop_assert!(set.remove(&first));
+                        }
+                    }
                     _ => {
                         prop_assert_eq!(c.contains(&k), set.contains(&k));
                         let a: Vec<_> = c.from(&k).take(70).copied().collect();
@@ -374,7 +394,7 @@ mod tests {
                 }
                 c.check();
                 prop_assert_eq!(c.len(), set.len());
-                prop_assert_eq!(c.first().copied(), set.first().copied());
+                prop_assert_eq!(c.first_found().map(|f| f.0), set.first().copied());
             }
             prop_assert_eq!(c.to_sorted(), set.into_iter().collect::<Vec<_>>());
         }

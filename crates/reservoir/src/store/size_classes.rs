@@ -13,15 +13,17 @@
 //! found with two `trailing_zeros`. Inside a class the keys stay in their
 //! exact order: a sorted `Vec` (binary search; a few dozen keys move on an
 //! insert) that becomes a list of short sorted chunks ([`Chunks`]) past
-//! [`PROMOTE`] keys, so the cost stays flat with 100,000 free blocks of one
-//! size.
+//! [`PROMOTE`] keys, so no insertion moves more than one chunk however many
+//! free blocks share a class. Both store their keys in descending order, so
+//! the best-fit hit (a class's smallest key) is taken from the end of a
+//! `Vec`, where nothing moves.
 //!
 //! The order seen through [`from`](SizeClassList::from),
 //! [`before`](SizeClassList::before) and [`iter`](SizeClassList::iter) is
 //! exactly `K`'s `Ord`, which the key's [`SizeClassed`] projection must
 //! respect: keys compare by group first, then by size, then by anything.
 
-use super::chunked::{ChunkKeys, Chunks};
+use super::chunked::{search_descending, ChunkKeys, Chunks};
 
 /// Number of size classes: sizes below 16 have one class each, then 16
 /// classes per power of two up to `2^64`.
@@ -29,9 +31,9 @@ pub(crate) const CLASSES: usize = 976;
 const SUB_BITS: u32 = 4;
 const WORDS: usize = CLASSES.div_ceil(64);
 /// A class's sorted `Vec` becomes [`Chunks`] above this many keys.
-pub(crate) const PROMOTE: usize = 32;
+pub(crate) const PROMOTE: usize = 64;
 /// A class's [`Chunks`] become a sorted `Vec` again below this many keys.
-const DEMOTE: usize = 8;
+const DEMOTE: usize = 16;
 
 /// The size class of `size`: monotonic (a larger size never has a smaller
 /// class), exact below 16, then 16 classes per power of two.
@@ -67,6 +69,8 @@ pub(crate) trait SizeClassed: Ord + Copy {
 /// The keys of one size class, in order.
 #[derive(Clone, Debug)]
 enum Class<K: Ord> {
+    /// The keys in *descending* order: the smallest (a best-fit hit) is
+    /// removed or added at the end, where nothing moves.
     Sorted(Vec<K>),
     Chunked(Box<Chunks<K>>),
 }
@@ -79,7 +83,7 @@ impl<K: Ord + Copy> Class<K> {
                 v.push(key);
                 true
             }
-            Class::Sorted(v) => match v.binary_search(&key) {
+            Class::Sorted(v) => match search_descending(v, &key) {
                 Ok(_) => false,
                 Err(at) => {
                     v.insert(at, key);
@@ -96,12 +100,12 @@ impl<K: Ord + Copy> Class<K> {
     #[inline]
     fn remove(&mut self, key: &K) -> bool {
         match self {
-            // The last key (often the only one) needs no search and moves nothing.
+            // The smallest key (often the only one) needs no search and moves nothing.
             Class::Sorted(v) if v.last() == Some(key) => {
                 v.pop();
                 true
             }
-            Class::Sorted(v) => match v.binary_search(key) {
+            Class::Sorted(v) => match search_descending(v, key) {
                 Ok(at) => {
                     v.remove(at);
                     true
@@ -123,7 +127,8 @@ impl<K: Ord + Copy> Class<K> {
     #[inline(never)]
     fn promote(&mut self) {
         if let Class::Sorted(v) = self {
-            *self = Class::Chunked(Box::new(Chunks::from_sorted(v)));
+            let ascending: Vec<K> = v.iter().rev().copied().collect();
+            *self = Class::Chunked(Box::new(Chunks::from_sorted(&ascending)));
         }
     }
 
@@ -132,13 +137,15 @@ impl<K: Ord + Copy> Class<K> {
     #[inline(never)]
     fn demote(&mut self) {
         if let Class::Chunked(t) = self {
-            *self = Class::Sorted(t.to_sorted());
+            let mut descending = t.to_sorted();
+            descending.reverse();
+            *self = Class::Sorted(descending);
         }
     }
 
     fn contains(&self, key: &K) -> bool {
         match self {
-            Class::Sorted(v) => v.binary_search(key).is_ok(),
+            Class::Sorted(v) => search_descending(v, key).is_ok(),
             Class::Chunked(t) => t.contains(key),
         }
     }
@@ -154,8 +161,8 @@ impl<K: Ord + Copy> Class<K> {
     fn part(&self, key: &K, from: bool) -> Keys<'_, K> {
         match self {
             Class::Sorted(v) => {
-                let at = v.partition_point(|k| k < key);
-                Keys::Slice(if from { &v[at..] } else { &v[..at] }.iter())
+                let at = v.partition_point(|k| k >= key);
+                Keys::Slice(if from { &v[..at] } else { &v[at..] }.iter())
             }
             Class::Chunked(t) => Keys::Chunks(if from { t.from(key) } else { t.before(key) }),
         }
@@ -179,8 +186,9 @@ impl<'a, K> Keys<'a, K> {
     #[inline]
     fn step(&mut self, forward: bool) -> Option<&'a K> {
         match (self, forward) {
-            (Keys::Slice(s), true) => s.next(),
-            (Keys::Slice(s), false) => s.next_back(),
+            // A sorted class descends: forward is from the back.
+            (Keys::Slice(s), true) => s.next_back(),
+            (Keys::Slice(s), false) => s.next(),
             (Keys::Chunks(t), true) => t.next(),
             (Keys::Chunks(t), false) => t.next_back(),
         }
@@ -412,11 +420,12 @@ impl<K: SizeClassed> SizeClassList<K> {
                 let hit = match &self.groups[gi].classes[c] {
                     // The class's first key fits when the size is the class's
                     // smallest (always in a class of one size): no search.
-                    Class::Sorted(v) => match v.first() {
-                        Some(first) if inner <= *first => Some((*first, 0, 0)),
+                    Class::Sorted(v) => match v.last() {
+                        Some(first) if inner <= *first => Some((*first, 0, v.len() - 1)),
                         _ => {
-                            let at = v.partition_point(|k| *k < inner);
-                            v.get(at).map(|k| (*k, 0, at))
+                            // The last of the keys at or after `inner` (descending).
+                            let n = v.partition_point(|k| *k >= inner);
+                            n.checked_sub(1).map(|at| (v[at], 0, at))
                         }
                     },
                     Class::Chunked(t) => t.first_from(&inner),
@@ -431,11 +440,11 @@ impl<K: SizeClassed> SizeClassList<K> {
         };
         while let Some(g) = self.groups.get(gi) {
             if let Some(c) = g.first_at_or_after(from) {
-                let k = match &g.classes[c] {
-                    Class::Sorted(v) => v[0],
-                    Class::Chunked(t) => *t.first().expect("a marked class"),
+                let (k, chunk, index) = match &g.classes[c] {
+                    Class::Sorted(v) => (v[v.len() - 1], 0, v.len() - 1),
+                    Class::Chunked(t) => t.first_found().expect("a marked class"),
                 };
-                return Some((K::join(g.id, k), Slot::new(gi, c, 0, 0)));
+                return Some((K::join(g.id, k), Slot::new(gi, c, chunk, index)));
             }
             gi += 1;
             from = 0;
