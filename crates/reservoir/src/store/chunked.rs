@@ -87,7 +87,7 @@ impl<K: Ord + Copy> Chunks<K> {
         let chunk = self.chunks.get(ci)?;
         // `lasts[ci] >= key`, so the chunk has a key at or after `key`: the
         // last of the keys that are (descending order).
-        let at = chunk.partition_point(|k| k >= key).checked_sub(1)?;
+        let at = at_or_after_descending(chunk, key).checked_sub(1)?;
         Some((chunk[at], ci, at))
     }
 
@@ -110,10 +110,9 @@ impl<K: Ord + Copy> Chunks<K> {
             self.len = 1;
             return true;
         };
-        let at = chunk.partition_point(|k| *k > key);
-        if chunk.get(at) == Some(&key) {
+        let Err(at) = search_descending(chunk, &key) else {
             return false;
-        }
+        };
         chunk.insert(at, key);
         if at == 0 {
             self.lasts[ci] = key;
@@ -145,10 +144,9 @@ impl<K: Ord + Copy> Chunks<K> {
         let Some(chunk) = self.chunks.get(ci) else {
             return false;
         };
-        let at = chunk.partition_point(|k| k > key);
-        if chunk.get(at) != Some(key) {
+        let Ok(at) = search_descending(chunk, key) else {
             return false;
-        }
+        };
         self.remove_at(ci, at);
         true
     }
@@ -216,7 +214,7 @@ impl<K: Ord + Copy> Chunks<K> {
     pub fn contains(&self, key: &K) -> bool {
         self.chunks
             .get(self.chunk_of(key))
-            .is_some_and(|c| c.get(c.partition_point(|k| k > key)) == Some(key))
+            .is_some_and(|c| search_descending(c, key).is_ok())
     }
 
     /// The keys at or after `key`.
@@ -224,7 +222,7 @@ impl<K: Ord + Copy> Chunks<K> {
         let ci = self.chunk_of(key);
         match self.chunks.get(ci) {
             Some(chunk) => ChunkKeys {
-                head: chunk[..chunk.partition_point(|k| k >= key)].iter(),
+                head: chunk[..at_or_after_descending(chunk, key)].iter(),
                 mid: self.chunks[ci + 1..].iter(),
                 tail: [].iter(),
             },
@@ -236,7 +234,7 @@ impl<K: Ord + Copy> Chunks<K> {
     pub fn before(&self, key: &K) -> ChunkKeys<'_, K> {
         let ci = self.chunk_of(key);
         let tail = match self.chunks.get(ci) {
-            Some(chunk) => chunk[chunk.partition_point(|k| k >= key)..].iter(),
+            Some(chunk) => chunk[at_or_after_descending(chunk, key)..].iter(),
             None => [].iter(),
         };
         ChunkKeys {
@@ -285,6 +283,14 @@ pub(crate) fn search_descending<K: Ord>(v: &[K], key: &K) -> Result<usize, usize
         Some(k) if k == key => Ok(at),
         _ => Err(at),
     }
+}
+
+/// How many keys of `v`, a strictly descending slice, are at or after
+/// `key`. They come first; the last of them is the first key at or after
+/// `key` in ascending order.
+#[inline]
+pub(crate) fn at_or_after_descending<K: Ord>(v: &[K], key: &K) -> usize {
+    v.partition_point(|k| k >= key)
 }
 
 /// A chunk of `keys` (ascending) in descending order, with room for

@@ -23,7 +23,7 @@
 //! exactly `K`'s `Ord`, which the key's [`SizeClassed`] projection must
 //! respect: keys compare by group first, then by size, then by anything.
 
-use super::chunked::{search_descending, ChunkKeys, Chunks};
+use super::chunked::{at_or_after_descending, search_descending, ChunkKeys, Chunks};
 
 /// Number of size classes: sizes below 16 have one class each, then 16
 /// classes per power of two up to `2^64`.
@@ -161,7 +161,7 @@ impl<K: Ord + Copy> Class<K> {
     fn part(&self, key: &K, from: bool) -> Keys<'_, K> {
         match self {
             Class::Sorted(v) => {
-                let at = v.partition_point(|k| k >= key);
+                let at = at_or_after_descending(v, key);
                 Keys::Slice(if from { &v[..at] } else { &v[at..] }.iter())
             }
             Class::Chunked(t) => Keys::Chunks(if from { t.from(key) } else { t.before(key) }),
@@ -424,7 +424,7 @@ impl<K: SizeClassed> SizeClassList<K> {
                         Some(first) if inner <= *first => Some((*first, 0, v.len() - 1)),
                         _ => {
                             // The last of the keys at or after `inner` (descending).
-                            let n = v.partition_point(|k| *k >= inner);
+                            let n = at_or_after_descending(v, &inner);
                             n.checked_sub(1).map(|at| (v[at], 0, at))
                         }
                     },
