@@ -42,6 +42,12 @@ pub(super) struct AllocParams {
     pub alloc_size: u64,
     pub stat_type: StatType,
     pub block: BlockId,
+    /// Whether a growth for this request is a segment of its own
+    /// (`cudaMalloc` of `alloc_size`, spec 1.9) even though expandable
+    /// segments are on: the `reservoir` policy's choice on this call's cache
+    /// miss (`trim_before_growth`, `policy/reservoir.rs`). False in PyTorch
+    /// mode.
+    pub own_segment: bool,
 }
 
 impl DeviceState {
@@ -93,6 +99,7 @@ impl DeviceState {
             alloc_size: rules::allocation_size(size, &self.config),
             stat_type: self.stat_type(pool),
             block: NIL,
+            own_segment: false,
         };
 
         if !self.get_free_block(&mut p) {
@@ -289,7 +296,7 @@ impl DeviceState {
                 return Ok(false);
             }
         }
-        if self.config.expandable_segments && !self.serves_from_whole_segment(p) {
+        if self.config.expandable_segments && !p.own_segment {
             return match self.try_allocate_expandable_block(backend, p.stream, p.pool, p.size)? {
                 Some(id) => {
                     p.block = id;
@@ -343,6 +350,7 @@ impl DeviceState {
             alloc_size: size,
             stat_type: self.stat_type(pool),
             block,
+            own_segment: false,
         };
         self.alloc_found_block(&p, size, split)
     }

@@ -17,9 +17,6 @@
 //!   (spec 1.11 `find_expandable_block`): PyTorch takes the lowest address
 //!   that holds the request, the `reservoir` policy the place that maps the
 //!   fewest pages.
-//! * [`DeviceState::serves_from_whole_segment`]: whether a new segment for
-//!   a request is a segment of its own (`cudaMalloc`, spec 1.9) even though
-//!   expandable segments are on (the `reservoir` policy's large requests).
 //! * [`DeviceState::skips_whole_block`]: whether the best-fit search (spec
 //!   1.6) passes over a free block of a non-expandable segment that the
 //!   request would carve (the `reservoir` policy keeps those whole).
@@ -80,8 +77,9 @@ impl DeviceState {
             _ if !self.private.captures_underway.is_empty() => Ok(false),
             Policy::Reservoir => {
                 // Never serves the request itself: it makes room so that
-                // the driver path below maps as little as possible.
-                self.trim_before_growth(backend, p.stream, p.pool, p.size)?;
+                // the driver path below maps as little as possible, and
+                // chooses whether that growth is a segment of its own.
+                p.own_segment = self.trim_before_growth(backend, p.stream, p.pool, p.size)?;
                 Ok(false)
             }
             Policy::CrossStreamReuse => {
@@ -106,17 +104,6 @@ impl DeviceState {
     #[inline]
     pub(super) fn maps_fewest_pages(&self) -> bool {
         Policy::of(&self.config) == Policy::Reservoir && self.private.captures_underway.is_empty()
-    }
-
-    /// Hook: whether the new segment for `p` is a segment of its own
-    /// (`cudaMalloc` of `p.alloc_size`, spec 1.9) rather than the growth of
-    /// an expandable segment: what the `reservoir` policy chose for this
-    /// cache miss ([`whole_segment_size`](Self::whole_segment_size), in
-    /// [`policy_on_cache_miss`](Self::policy_on_cache_miss)). Never in
-    /// PyTorch mode.
-    #[inline]
-    pub(super) fn serves_from_whole_segment(&self, p: &AllocParams) -> bool {
-        p.pool == POOL_LARGE && self.maps_fewest_pages() && self.reservoir_whole_growth
     }
 
     /// Hook: whether the best-fit search for a rounded request of `size`

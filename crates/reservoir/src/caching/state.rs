@@ -71,10 +71,6 @@ pub(crate) struct DeviceState {
     /// Blocks borrowed from another stream's pool (see `policy.rs`); 0 in
     /// PyTorch mode.
     pub cross_stream_reuses: u64,
-    /// Whether the `reservoir` policy's last cache miss chose a segment of
-    /// its own for the request (set before the growth, read by
-    /// `alloc_block`; see `policy/reservoir.rs`); false in PyTorch mode.
-    pub reservoir_whole_growth: bool,
     /// The device-wide reserved gauge shared with the other stream shards
     /// (see `device_reserved.rs`); `None` for a lone `CachingAllocator`.
     /// Invariant: changed by exactly what `stats.reserved_bytes` changes.
@@ -102,7 +98,6 @@ impl DeviceState {
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
             cross_stream_reuses: 0,
-            reservoir_whole_growth: false,
             device_reserved: None,
         }
     }

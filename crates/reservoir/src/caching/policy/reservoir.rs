@@ -171,27 +171,29 @@ impl DeviceState {
     /// `pool`: if reserved plus the bytes the growth maps would pass
     /// [`reservoir_target`](Self::reservoir_target), unmap free pages the
     /// growth does not use, largest free block first, until it would not.
+    /// Returns whether the growth is a segment of its own
+    /// ([`whole_segment_size`](Self::whole_segment_size)).
     pub(crate) fn trim_before_growth<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
         stream: StreamId,
         pool: PoolId,
         size: u64,
-    ) -> Result<(), BackendError> {
+    ) -> Result<bool, BackendError> {
         let target = self.reservoir_target(size);
         let run = self.fewest_pages_run(stream, pool, size);
         let whole = self.whole_segment_size(pool, size, run, target);
-        self.reservoir_whole_growth = whole.is_some();
-        let run = if whole.is_some() { None } else { run };
+        let own_segment = whole.is_some();
+        let run = if own_segment { None } else { run };
         let maps = whole.unwrap_or_else(|| run.map_or(size, |r| r.maps));
         if self.total_allocated_memory + maps <= target {
-            return Ok(());
+            return Ok(own_segment);
         }
         if self.config.expandable_segments {
             self.release_whole_segments(backend, (self.total_allocated_memory + maps) - target)?;
         }
         if self.total_allocated_memory + maps <= target {
-            return Ok(());
+            return Ok(own_segment);
         }
         // The addresses of the blocks the growth uses (contiguous).
         let used = run.map(|r| {
@@ -216,7 +218,7 @@ impl DeviceState {
             let (from, to) = self.pages_to_unmap(id, over);
             self.unmap_block_range(backend, id, from, to)?;
         }
-        Ok(())
+        Ok(own_segment)
     }
 
     /// Give back free whole segments of the large pool (any stream) until
