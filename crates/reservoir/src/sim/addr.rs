@@ -566,11 +566,9 @@ mod tests {
         let mut s = AddressSpace::new(P, low, high);
         let total = s.free_bytes();
         let mut live: Vec<(u64, u64)> = Vec::new();
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rng = crate::rng::SplitMix64::new(0x2545_f491_4f6c_dd1d);
         for i in 0..4000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             if live.is_empty() || x % 3 != 0 {
                 let len = (1 + x % 8) * P;
                 let a = P * (1 + (x >> 16) % (2 * high / P));
