@@ -216,7 +216,7 @@ impl DeviceState {
             self.total_allocated_memory,
             reserved
         );
-        let s = &self.stats;
+        let s = &self.stats.snapshot();
         let pairs: [(&str, &StatArray, &StatArray); 9] = [
             ("allocation", &s.allocation, &recount.allocation),
             ("segment", &s.segment, &recount.segment),

@@ -288,7 +288,7 @@ impl DeviceState {
         is_retry: bool,
     ) -> Result<bool, MallocError> {
         if is_retry {
-            self.stats.num_alloc_retries += 1;
+            self.stats.rest.num_alloc_retries += 1;
         }
         let size = p.alloc_size;
         if let Some(allowed) = self.allowed_memory_maximum {

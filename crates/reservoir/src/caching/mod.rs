@@ -67,6 +67,7 @@ mod expandable;
 mod free;
 mod history;
 mod ipc;
+mod live_stats;
 mod malloc;
 mod oom;
 mod pointer_map;
@@ -532,7 +533,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// The statistics.
     pub fn stats(&self) -> DeviceStats {
-        self.state.lock().stats
+        self.state.lock().stats.snapshot()
     }
 
     /// The statistics as `torch.cuda.memory_stats()` keys.

@@ -11,6 +11,7 @@
 
 use super::events::Events;
 use super::history::Observe;
+use super::live_stats::LiveStats;
 use super::malloc::FreeMemoryCallback;
 use super::oom::OomObserver;
 use super::pointer_map::PointerMap;
@@ -19,7 +20,6 @@ use super::pools::PrivatePools;
 use crate::backend::{Backend, BackendError};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
-use crate::stats::DeviceStats;
 use crate::store::{BlockId, BlockStore};
 
 /// The state of one device's caching allocator: the aggregate of its
@@ -43,7 +43,7 @@ pub(crate) struct DeviceState {
     pub allocated: PointerMap,
     /// PyTorch's statistics. Invariant: every gauge equals a recount of the
     /// blocks and segments (see `accounting.rs`).
-    pub stats: DeviceStats,
+    pub stats: LiveStats,
     /// Bytes obtained from the driver (PyTorch's `total_allocated_memory`).
     /// Invariant: the sum of segment sizes (mapped pages for expandable ones).
     pub total_allocated_memory: u64,
@@ -79,7 +79,7 @@ pub(crate) struct DeviceState {
 
 impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
-        let stats = DeviceStats::with_max_split_size(config.max_split_size);
+        let stats = LiveStats::with_max_split_size(config.max_split_size);
         DeviceState {
             device,
             config,
