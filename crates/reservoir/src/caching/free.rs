@@ -17,11 +17,17 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), AllocError> {
-        let pool = self.store.blocks[id].pool;
-        let st = self.stat_type(pool);
         let b = &mut self.store.blocks[id];
         b.allocated = false;
-        let (addr, size, requested, stream) = (b.addr, b.size, b.requested_size, b.stream);
+        let (addr, size, requested, stream, pool, no_uses) = (
+            b.addr,
+            b.size,
+            b.requested_size,
+            b.stream,
+            b.pool,
+            b.stream_uses.is_empty(),
+        );
+        let st = self.stat_type(pool);
         backend.on_block_freed(DevicePtr(addr), size, stream);
         self.note_freed(size, st);
         self.record_trace(
@@ -32,7 +38,7 @@ impl DeviceState {
             pool,
             id,
         );
-        if self.store.blocks[id].stream_uses.is_empty() {
+        if no_uses {
             self.free_block(id);
             Ok(())
         } else if !self.private.captures_underway.is_empty() {

@@ -92,12 +92,16 @@ impl DeviceState {
 
         let size = rules::round_size(orig_size, &self.config);
         let pool = self.get_pool(size, stream);
+        // The pool serves sizes of its kind (spec 1.4): its stat type
+        // follows from the size without reading the pool.
+        let small = rules::is_small(size);
+        debug_assert_eq!(small, self.pools[pool as usize].is_small);
         let mut p = AllocParams {
             size,
             stream,
             pool,
             alloc_size: rules::allocation_size(size, &self.config),
-            stat_type: self.stat_type(pool),
+            stat_type: StatType::for_pool(small),
             block: NIL,
             own_segment: false,
         };
@@ -106,12 +110,8 @@ impl DeviceState {
             self.malloc_after_cache_miss(backend, &mut p, orig_size, report_oom)?;
         }
 
-        let split = rules::should_split(
-            self.store.blocks[p.block].size,
-            p.size,
-            self.pools[p.pool as usize].is_small,
-            &self.config,
-        );
+        let split =
+            rules::should_split(self.store.blocks[p.block].size, p.size, small, &self.config);
         let id = self.alloc_found_block(&p, orig_size, split);
         if p.stream != stream {
             self.record_stream(id, stream);
