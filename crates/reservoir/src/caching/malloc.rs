@@ -39,11 +39,10 @@ pub(super) struct AllocParams {
     pub size: u64,
     pub stream: StreamId,
     pub pool: PoolId,
-    pub alloc_size: u64,
     pub stat_type: StatType,
     pub block: BlockId,
     /// Whether a growth for this request is a segment of its own
-    /// (`cudaMalloc` of `alloc_size`, spec 1.9) even though expandable
+    /// (`cudaMalloc` of the allocation size, spec 1.9) even though expandable
     /// segments are on: the `reservoir` policy's choice on this call's cache
     /// miss (`trim_before_growth`, `policy/reservoir.rs`). False in PyTorch
     /// mode.
@@ -100,7 +99,6 @@ impl DeviceState {
             size,
             stream,
             pool,
-            alloc_size: rules::allocation_size(size, &self.config),
             stat_type: StatType::for_pool(small),
             block: NIL,
             own_segment: false,
@@ -280,7 +278,8 @@ impl DeviceState {
         Ok(freed)
     }
 
-    /// spec 1.9: ask the driver for a new segment of `p.alloc_size` bytes.
+    /// spec 1.9: ask the driver for a new segment of
+    /// [`allocation_size`](rules::allocation_size) bytes.
     pub(super) fn alloc_block<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
@@ -290,7 +289,7 @@ impl DeviceState {
         if is_retry {
             self.stats.rest.num_alloc_retries += 1;
         }
-        let size = p.alloc_size;
+        let size = self.alloc_size(p);
         if let Some(allowed) = self.allowed_memory_maximum {
             if self.total_allocated_memory + size > allowed {
                 return Ok(false);
@@ -333,6 +332,11 @@ impl DeviceState {
         Ok(true)
     }
 
+    /// spec 1.4: the bytes a cache miss for `p` asks the driver for.
+    pub(super) fn alloc_size(&self, p: &AllocParams) -> u64 {
+        rules::allocation_size(p.size, &self.config)
+    }
+
     /// spec 1.15: hand out a free block (already out of its pool) as
     /// `setSegmentStateToCheckpoint` does: requested size = block size.
     pub(crate) fn alloc_found_block_for_restore(
@@ -347,7 +351,6 @@ impl DeviceState {
             size,
             stream,
             pool,
-            alloc_size: size,
             stat_type: self.stat_type(pool),
             block,
             own_segment: false,

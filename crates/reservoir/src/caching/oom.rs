@@ -69,7 +69,7 @@ impl DeviceState {
         let message = render_message(
             backend.device_kind(),
             &OomFacts {
-                alloc_size: p.alloc_size,
+                alloc_size: self.alloc_size(p),
                 device: self.device,
                 total: info.total,
                 free: info.free,
@@ -85,7 +85,7 @@ impl DeviceState {
                 message,
                 device: self.device,
                 requested: orig_size,
-                alloc_size: p.alloc_size,
+                alloc_size: self.alloc_size(p),
                 stream: p.stream,
                 device_free: info.free,
                 device_total: info.total,
