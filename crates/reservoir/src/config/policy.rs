@@ -24,7 +24,7 @@ pub struct ReservoirPolicy {
     /// expandable segments in 2 MiB pages for both pools, and, when the
     /// cache must grow past a target (the peak of allocated bytes so far,
     /// or the bytes allocated with this request if more, plus 1/64 and
-    /// 2 MiB), the free pages of the expandable segments are unmapped
+    /// 8 MiB, at most 1/20 + 4 MiB), the free pages of the expandable segments are unmapped
     /// first (release with hysteresis: nothing is given back while the
     /// cache stays under the target). Implies
     /// [`expandable_segments`](super::AllocatorConfig::expandable_segments);

@@ -17,7 +17,9 @@
 //! 3. on a cache miss, before the driver is asked for the pages the
 //!    growth maps, compares the reserved bytes plus those pages with a
 //!    target: the larger of the peak of allocated bytes so far and the
-//!    bytes allocated once this request is served, plus 1/64 and 2 MiB.
+//!    bytes allocated once this request is served, plus 1/64 and
+//!    [`TARGET_SLACK`] (8 MiB), never more than the bound of issue 17
+//!    (1/20 + 4 MiB).
 //!    Over the target, free pages of the default pools' expandable segments
 //!    that the growth does not use are unmapped (`unmap_block`, spec 1.11),
 //!    from the largest free block first and only as many pages as bring
@@ -86,13 +88,29 @@ pub(crate) fn whole_segment_fits(size: u64, block_size: u64) -> bool {
         && block_size - size <= size / WHOLE_SEGMENT_WASTE_DIV
 }
 
+/// The bytes the target allows above `peak + peak / 64`
+/// ([`DeviceState::reservoir_target`]). Measured (BENCHMARKS.md "Steady
+/// state: growth arenas (lane steady2)"): with 2 MiB (the page) the small
+/// workloads `llm-infer` and `llm-infer-concat` unmap and remap the same
+/// 2 to 6 MiB every decode step; 6 MiB stops the first, 8 MiB both; 12 and
+/// 16 MiB gain nothing more.
+pub(crate) const TARGET_SLACK: u64 = 8 << 20;
+
+/// The most the target allows above the peak of allocated bytes `peak`:
+/// 1/64 of it plus [`TARGET_SLACK`], capped at issue 17's bound
+/// (`peak / 20 + 4 MiB`, the allowance of one stream), so that a cache at
+/// its target stays within the bound on small inputs too.
+pub(crate) fn target_headroom(peak: u64) -> u64 {
+    (peak / 64 + TARGET_SLACK).min(peak / 20 + (4 << 20))
+}
+
 impl DeviceState {
     /// The reserved bytes the `reservoir` policy lets the cache reach
     /// without unmapping free pages, for a request of `size` bytes.
     pub(crate) fn reservoir_target(&self, size: u64) -> u64 {
         let allocated = self.stats.allocated_bytes.all();
         let peak = (allocated.peak.max(0) as u64).max(allocated.current.max(0) as u64 + size);
-        peak + peak / 64 + SMALL_BUFFER
+        peak + target_headroom(peak)
     }
 
     /// The size of the segment of its own that a rounded request of `size`
