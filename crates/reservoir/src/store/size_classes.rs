@@ -12,10 +12,12 @@
 //! the size's own class, else the first key of the next non-empty class,
 //! found with two `trailing_zeros`. Inside a class the keys stay in their
 //! exact order: a sorted `Vec` (binary search; a few dozen keys move on an
-//! insert) that becomes a list of short sorted chunks ([`Chunks`]) past
-//! [`PROMOTE`] keys, so no insertion moves more than one chunk however many
-//! free blocks share a class. Both store their keys in descending order, so
-//! the best-fit hit (a class's smallest key) is taken from the end of a
+//! insert) that past [`PROMOTE`] keys becomes, if they all have one size
+//! and small segment ranks, [`RankRuns`] (a bitmap over ranks and a short
+//! run per rank: no operation depends on the class's size), else a list of
+//! short sorted chunks ([`Chunks`]: no insertion moves more than one
+//! chunk). Sorted `Vec`s and chunks store their keys in descending order,
+//! so the best-fit hit (a class's smallest key) is taken from the end of a
 //! `Vec`, where nothing moves.
 //!
 //! The order seen through [`from`](SizeClassList::from),
