@@ -219,12 +219,14 @@ impl<K: RankedKey> RankRuns<K> {
     #[inline]
     pub fn remove(&mut self, key: &K) -> bool {
         let rank = key.rank();
-        let Some(run) = self.runs.get_mut(&rank) else {
+        let hashbrown::hash_map::Entry::Occupied(mut entry) = self.runs.entry(rank) else {
             return false;
         };
+        let run = entry.get_mut();
         if run.first == *key {
             if run.rest.is_empty() {
-                self.runs.remove(&rank);
+                // One lookup for the whole removal.
+                entry.remove();
                 self.ranks.remove(rank as usize);
             } else {
                 run.first = run.rest.remove(0);
