@@ -13,7 +13,7 @@ use super::stream_order::MempoolSet;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
-use crate::store::{BlockId, FreeList, PoolId, SizeClassList, SizeClassed, NIL};
+use crate::store::{BlockId, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed, NIL};
 
 /// The global large pool (free blocks above 1 MiB).
 pub(crate) const POOL_LARGE: PoolId = 0;
@@ -76,6 +76,17 @@ pub(crate) struct FreeKeyInStream {
     rank: u64,
     addr: u64,
     id: BlockId,
+}
+
+impl RankedKey for FreeKeyInStream {
+    #[inline]
+    fn size(&self) -> u64 {
+        self.size
+    }
+    #[inline]
+    fn rank(&self) -> u64 {
+        self.rank
+    }
 }
 
 impl SizeClassed for FreeKey {

@@ -21,11 +21,13 @@ mod block;
 mod check;
 mod chunked;
 mod free_list;
+mod ranked;
 mod size_classes;
 mod slab;
 
 pub(crate) use block::{Block, BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
 pub(crate) use free_list::FreeList;
+pub(crate) use ranked::RankedKey;
 pub(crate) use size_classes::{SizeClassList, SizeClassed};
 pub(crate) use slab::Slab;
 

@@ -12,10 +12,12 @@
 //! the size's own class, else the first key of the next non-empty class,
 //! found with two `trailing_zeros`. Inside a class the keys stay in their
 //! exact order: a sorted `Vec` (binary search; a few dozen keys move on an
-//! insert) that becomes a list of short sorted chunks ([`Chunks`]) past
-//! [`PROMOTE`] keys, so no insertion moves more than one chunk however many
-//! free blocks share a class. Both store their keys in descending order, so
-//! the best-fit hit (a class's smallest key) is taken from the end of a
+//! insert) that past [`PROMOTE`] keys becomes, if they all have one size
+//! and small segment ranks, [`RankRuns`] (a bitmap over ranks and a short
+//! run per rank: no operation depends on the class's size), else a list of
+//! short sorted chunks ([`Chunks`]: no insertion moves more than one
+//! chunk). Sorted `Vec`s and chunks store their keys in descending order,
+//! so the best-fit hit (a class's smallest key) is taken from the end of a
 //! `Vec`, where nothing moves.
 //!
 //! The order seen through [`from`](SizeClassList::from),
@@ -24,15 +26,18 @@
 //! respect: keys compare by group first, then by size, then by anything.
 
 use super::chunked::{at_or_after_descending, search_descending, ChunkKeys, Chunks};
+use super::ranked::{RankRuns, RankedKey};
 
 /// Number of size classes: sizes below 16 have one class each, then 16
 /// classes per power of two up to `2^64`.
 pub(crate) const CLASSES: usize = 976;
 const SUB_BITS: u32 = 4;
 const WORDS: usize = CLASSES.div_ceil(64);
-/// A class's sorted `Vec` becomes [`Chunks`] above this many keys.
+/// A class's sorted `Vec` becomes [`RankRuns`] (one size, small ranks) or
+/// [`Chunks`] above this many keys.
 pub(crate) const PROMOTE: usize = 64;
-/// A class's [`Chunks`] become a sorted `Vec` again below this many keys.
+/// A class's [`RankRuns`] or [`Chunks`] become a sorted `Vec` again below this
+/// many keys.
 const DEMOTE: usize = 16;
 
 /// The size class of `size`: monotonic (a larger size never has a smaller
@@ -55,7 +60,7 @@ pub(crate) trait SizeClassed: Ord + Copy {
     /// The key without its group, as the classes store it: ordered as the
     /// keys are among the keys of one group (fewer bytes to move and to
     /// compare than the whole key).
-    type Inner: Ord + Copy;
+    type Inner: RankedKey;
     /// The group (compared first by `Ord`).
     fn group(&self) -> u64;
     /// The size (compared second by `Ord`).
@@ -72,10 +77,86 @@ enum Class<K: Ord> {
     /// The keys in *descending* order: the smallest (a best-fit hit) is
     /// removed or added at the end, where nothing moves.
     Sorted(Vec<K>),
-    Chunked(Box<Chunks<K>>),
+    /// Past [`PROMOTE`] keys. (One variant for both layouts keeps the test
+    /// for a sorted class, on every call, a single compare.)
+    Big(Box<Big<K>>),
 }
 
-impl<K: Ord + Copy> Class<K> {
+/// The layouts of a class past [`PROMOTE`] keys.
+#[derive(Clone, Debug)]
+enum Big<K> {
+    /// All of one size, with ranks below [`RANKS`](super::ranked::RANKS).
+    Ranked(RankRuns<K>),
+    /// Of several sizes or large ranks.
+    Chunked(Chunks<K>),
+}
+
+impl<K: RankedKey> Big<K> {
+    /// The layout for `ascending` (sorted, distinct keys).
+    fn from_sorted(ascending: &[K]) -> Big<K> {
+        match RankRuns::from_sorted(ascending) {
+            Some(r) => Big::Ranked(r),
+            None => Big::Chunked(Chunks::from_sorted(ascending)),
+        }
+    }
+
+    #[inline]
+    fn insert(&mut self, key: K) -> bool {
+        match self {
+            Big::Ranked(r) if r.fits(&key) => r.insert(key),
+            Big::Ranked(r) => {
+                // A key the ranked layout cannot take: chunks from now on.
+                *self = Big::Chunked(Chunks::from_sorted(&r.sorted()));
+                self.insert(key)
+            }
+            Big::Chunked(t) => t.insert(key),
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, key: &K) -> bool {
+        match self {
+            Big::Ranked(r) => r.remove(key),
+            Big::Chunked(t) => t.remove(key),
+        }
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Big::Ranked(r) => r.len(),
+            Big::Chunked(t) => t.len(),
+        }
+    }
+
+    /// The first key at or after `key`, with its chunk and index (0 and 0
+    /// in the ranked layout, where a removal finds a key by its rank).
+    #[inline]
+    fn first_from(&self, key: &K) -> Option<(K, usize, usize)> {
+        match self {
+            Big::Ranked(r) => r.first_from(key).map(|k| (k, 0, 0)),
+            Big::Chunked(t) => t.first_from(key),
+        }
+    }
+
+    /// The first key, with its chunk and index (see [`first_from`](Self::first_from)).
+    #[inline]
+    fn first_found(&self) -> Option<(K, usize, usize)> {
+        match self {
+            Big::Ranked(r) => r.first().map(|k| (k, 0, 0)),
+            Big::Chunked(t) => t.first_found(),
+        }
+    }
+
+    fn sorted(&self) -> Vec<K> {
+        match self {
+            Big::Ranked(r) => r.sorted(),
+            Big::Chunked(t) => t.to_sorted(),
+        }
+    }
+}
+
+impl<K: RankedKey> Class<K> {
     #[inline]
     fn insert(&mut self, key: K) -> bool {
         match self {
@@ -93,7 +174,7 @@ impl<K: Ord + Copy> Class<K> {
                     true
                 }
             },
-            Class::Chunked(t) => t.insert(key),
+            Class::Big(b) => b.insert(key),
         }
     }
 
@@ -112,9 +193,9 @@ impl<K: Ord + Copy> Class<K> {
                 }
                 Err(_) => false,
             },
-            Class::Chunked(t) => {
-                let removed = t.remove(key);
-                if t.len() < DEMOTE {
+            Class::Big(b) => {
+                let removed = b.remove(key);
+                if b.len() < DEMOTE {
                     self.demote();
                 }
                 removed
@@ -122,22 +203,23 @@ impl<K: Ord + Copy> Class<K> {
         }
     }
 
-    /// A sorted class past [`PROMOTE`] keys becomes [`Chunks`].
+    /// A sorted class past [`PROMOTE`] keys becomes [`RankRuns`] if they
+    /// take its keys, else [`Chunks`].
     #[cold]
     #[inline(never)]
     fn promote(&mut self) {
         if let Class::Sorted(v) = self {
             let ascending: Vec<K> = v.iter().rev().copied().collect();
-            *self = Class::Chunked(Box::new(Chunks::from_sorted(&ascending)));
+            *self = Class::Big(Box::new(Big::from_sorted(&ascending)));
         }
     }
 
-    /// A chunked class below [`DEMOTE`] keys becomes a sorted `Vec`.
+    /// A big class below [`DEMOTE`] keys becomes a sorted `Vec`.
     #[cold]
     #[inline(never)]
     fn demote(&mut self) {
-        if let Class::Chunked(t) = self {
-            let mut descending = t.to_sorted();
+        if let Class::Big(b) = self {
+            let mut descending = b.sorted();
             descending.reverse();
             *self = Class::Sorted(descending);
         }
@@ -146,14 +228,17 @@ impl<K: Ord + Copy> Class<K> {
     fn contains(&self, key: &K) -> bool {
         match self {
             Class::Sorted(v) => search_descending(v, key).is_ok(),
-            Class::Chunked(t) => t.contains(key),
+            Class::Big(b) => match &**b {
+                Big::Ranked(r) => r.contains(key),
+                Big::Chunked(t) => t.contains(key),
+            },
         }
     }
 
     fn is_empty(&self) -> bool {
         match self {
             Class::Sorted(v) => v.is_empty(),
-            Class::Chunked(t) => t.len() == 0,
+            Class::Big(b) => b.len() == 0,
         }
     }
 
@@ -164,14 +249,58 @@ impl<K: Ord + Copy> Class<K> {
                 let at = at_or_after_descending(v, key);
                 Keys::Slice(if from { &v[..at] } else { &v[at..] }.iter())
             }
-            Class::Chunked(t) => Keys::Chunks(if from { t.from(key) } else { t.before(key) }),
+            Class::Big(b) => match &**b {
+                Big::Ranked(r) => {
+                    let mut v = r.sorted();
+                    let at = v.partition_point(|k| k < key);
+                    if from {
+                        v.drain(..at);
+                    } else {
+                        v.truncate(at);
+                    }
+                    Keys::Sorted(v.into_iter())
+                }
+                Big::Chunked(t) => Keys::Chunks(if from { t.from(key) } else { t.before(key) }),
+            },
         }
     }
 
     fn all(&self) -> Keys<'_, K> {
         match self {
             Class::Sorted(v) => Keys::Slice(v.iter()),
-            Class::Chunked(t) => Keys::Chunks(t.all()),
+            Class::Big(b) => match &**b {
+                Big::Ranked(r) => Keys::Sorted(r.sorted().into_iter()),
+                Big::Chunked(t) => Keys::Chunks(t.all()),
+            },
+        }
+    }
+
+    /// Check the class's invariants for class number `c`; panics naming
+    /// the broken one.
+    #[cfg(test)]
+    fn check(&self, c: usize) {
+        let keys: Vec<K> = match self {
+            Class::Sorted(v) => {
+                assert!(v.windows(2).all(|w| w[0] > w[1]), "a sorted class descends");
+                assert!(v.len() <= PROMOTE, "a sorted class of {} keys", v.len());
+                v.clone()
+            }
+            Class::Big(b) => {
+                match &**b {
+                    Big::Ranked(r) => r.check(),
+                    Big::Chunked(t) => t.check(),
+                }
+                assert!(b.len() >= DEMOTE - 1, "a big class of {} keys", b.len());
+                b.sorted()
+            }
+        };
+        for k in keys {
+            assert_eq!(
+                class_of(k.size()),
+                c,
+                "key of size {} in class {c}",
+                k.size()
+            );
         }
     }
 }
@@ -179,18 +308,28 @@ impl<K: Ord + Copy> Class<K> {
 /// The keys of a part of one class.
 enum Keys<'a, K> {
     Slice(std::slice::Iter<'a, K>),
+    /// A ranked class's keys, sorted (ascending) for the walk.
+    Sorted(std::vec::IntoIter<K>),
     Chunks(ChunkKeys<'a, K>),
 }
 
-impl<'a, K> Keys<'a, K> {
+impl<K: Copy> Keys<'_, K> {
+    /// How many keys are left.
+    #[cfg(test)]
+    fn count_keys(mut self) -> usize {
+        std::iter::from_fn(|| self.step(true)).count()
+    }
+
     #[inline]
-    fn step(&mut self, forward: bool) -> Option<&'a K> {
+    fn step(&mut self, forward: bool) -> Option<K> {
         match (self, forward) {
             // A sorted class descends: forward is from the back.
-            (Keys::Slice(s), true) => s.next_back(),
-            (Keys::Slice(s), false) => s.next(),
-            (Keys::Chunks(t), true) => t.next(),
-            (Keys::Chunks(t), false) => t.next_back(),
+            (Keys::Slice(s), true) => s.next_back().copied(),
+            (Keys::Slice(s), false) => s.next().copied(),
+            (Keys::Sorted(s), true) => s.next(),
+            (Keys::Sorted(s), false) => s.next_back(),
+            (Keys::Chunks(t), true) => t.next().copied(),
+            (Keys::Chunks(t), false) => t.next_back().copied(),
         }
     }
 }
@@ -428,7 +567,7 @@ impl<K: SizeClassed> SizeClassList<K> {
                             n.checked_sub(1).map(|at| (v[at], 0, at))
                         }
                     },
-                    Class::Chunked(t) => t.first_from(&inner),
+                    Class::Big(b) => b.first_from(&inner),
                 };
                 if let Some((k, chunk, index)) = hit {
                     let k = K::join(key.group(), k);
@@ -442,7 +581,7 @@ impl<K: SizeClassed> SizeClassList<K> {
             if let Some(c) = g.first_at_or_after(from) {
                 let (k, chunk, index) = match &g.classes[c] {
                     Class::Sorted(v) => (v[v.len() - 1], 0, v.len() - 1),
-                    Class::Chunked(t) => t.first_found().expect("a marked class"),
+                    Class::Big(b) => b.first_found().expect("a marked class"),
                 };
                 return Some((K::join(g.id, k), Slot::new(gi, c, chunk, index)));
             }
@@ -477,15 +616,17 @@ impl<K: SizeClassed> SizeClassList<K> {
                     self.len -= 1;
                     return true;
                 }
-                Some(class @ Class::Chunked(_)) => {
-                    if let Class::Chunked(t) = class {
-                        if t.remove_found(slot.chunk as usize, at, &inner) {
-                            // A chunked class keeps at least `DEMOTE - 1` keys.
-                            if t.len() < DEMOTE {
-                                class.demote();
+                Some(class @ Class::Big(_)) => {
+                    if let Class::Big(b) = class {
+                        if let Big::Chunked(t) = &mut **b {
+                            if t.remove_found(slot.chunk as usize, at, &inner) {
+                                // A big class keeps at least `DEMOTE - 1` keys.
+                                if t.len() < DEMOTE {
+                                    class.demote();
+                                }
+                                self.len -= 1;
+                                return true;
                             }
-                            self.len -= 1;
-                            return true;
                         }
                     }
                 }
@@ -516,6 +657,29 @@ impl<K: SizeClassed> SizeClassList<K> {
             keys,
             forward: false,
         }
+    }
+
+    /// Check the invariants (the struct's and each class's); panics naming
+    /// the broken one.
+    #[cfg(test)]
+    pub fn check(&self) {
+        assert!(
+            self.groups.windows(2).all(|w| w[0].id < w[1].id),
+            "groups sorted by id"
+        );
+        let mut len = 0;
+        for g in &self.groups {
+            for (c, class) in g.classes.iter().enumerate() {
+                class.check(c);
+                let marked = g.words[c / 64] & (1 << (c % 64)) != 0;
+                assert_eq!(marked, !class.is_empty(), "bit of class {c}");
+                len += class.all().count_keys();
+            }
+            for (w, word) in g.words.iter().enumerate() {
+                assert_eq!(g.summary & (1 << w) != 0, *word != 0, "summary bit {w}");
+            }
+        }
+        assert_eq!(len, self.len, "len counts the keys");
     }
 
     /// Every key, in order.
@@ -559,7 +723,7 @@ impl<K: SizeClassed> Iterator for Cursor<'_, K> {
             let g = self.list.groups.get(self.group)?;
             if let Some(keys) = &mut self.keys {
                 if let Some(k) = keys.step(self.forward) {
-                    return Some(K::join(g.id, *k));
+                    return Some(K::join(g.id, k));
                 }
             }
             let next = if self.forward {
@@ -595,27 +759,41 @@ impl<K: SizeClassed> Iterator for Cursor<'_, K> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ranked;
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
-    /// (group, size, tie-break).
+    /// (group, size, rank, tie-break).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-    struct Key(u64, u64, u32);
+    struct Key(u64, u64, u64, u32);
+
+    /// (size, rank, tie-break).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+    struct Inner(u64, u64, u32);
+
+    impl RankedKey for Inner {
+        fn size(&self) -> u64 {
+            self.0
+        }
+        fn rank(&self) -> u64 {
+            self.1
+        }
+    }
 
     impl SizeClassed for Key {
-        type Inner = (u64, u32);
+        type Inner = Inner;
         fn group(&self) -> u64 {
             self.0
         }
         fn size(&self) -> u64 {
             self.1
         }
-        fn inner(&self) -> (u64, u32) {
-            (self.1, self.2)
+        fn inner(&self) -> Inner {
+            Inner(self.1, self.2, self.3)
         }
-        fn join(group: u64, (size, tie): (u64, u32)) -> Key {
-            Key(group, size, tie)
+        fn join(group: u64, Inner(size, rank, tie): Inner) -> Key {
+            Key(group, size, rank, tie)
         }
     }
 
@@ -633,28 +811,142 @@ mod tests {
         assert_eq!(class_of(u64::MAX), CLASSES - 1);
     }
 
+    fn class(l: &SizeClassList<Key>, size: u64) -> &Class<Inner> {
+        &l.groups[0].classes[class_of(size)]
+    }
+
     #[test]
-    fn a_class_switches_to_chunks_and_back_keeping_order() {
+    fn a_class_of_one_size_becomes_ranked_and_back_keeping_order() {
         let mut l = SizeClassList::default();
-        assert!(l.first_from(&Key(0, 0, 0)).is_none());
+        assert!(l.first_from(&Key(0, 0, 0, 0)).is_none());
         for i in 0..(PROMOTE as u32 * 3) {
-            assert!(l.insert(Key(0, 4096, i * 7 % 1000)));
+            assert!(l.insert(Key(0, 4096, u64::from(i * 7 % 100), i % 3)));
+            l.check();
         }
-        assert!(matches!(
-            l.groups[0].classes[class_of(4096)],
-            Class::Chunked(_)
-        ));
+        assert!(matches!(class(&l, 4096), Class::Big(b) if matches!(**b, Big::Ranked(_))));
         let v: Vec<_> = l.iter().collect();
         assert!(v.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(
+            l.first_from(&Key(0, 4000, 0, 0)).map(|f| f.0),
+            v.first().copied()
+        );
         for k in v {
             assert!(l.remove(&k));
+            assert!(!l.remove(&k));
+            l.check();
         }
         assert_eq!(l.len(), 0);
-        assert!(matches!(
-            l.groups[0].classes[class_of(4096)],
-            Class::Sorted(_)
-        ));
+        assert!(matches!(class(&l, 4096), Class::Sorted(_)));
         assert!(l.iter().next().is_none());
+    }
+
+    #[test]
+    fn ranked_classes_given_another_size_or_a_large_rank_become_chunks() {
+        // 4097 shares 4096's class (`class_of`: 16 classes per power of two).
+        for odd in [Key(0, 4097, 0, 0), Key(0, 4096, ranked::RANKS, 0)] {
+            let mut l = SizeClassList::default();
+            for i in 0..=PROMOTE as u64 {
+                assert!(l.insert(Key(0, 4096, i, 0)));
+            }
+            assert!(matches!(class(&l, 4096), Class::Big(b) if matches!(**b, Big::Ranked(_))));
+            assert!(l.insert(odd));
+            l.check();
+            assert!(matches!(class(&l, 4096), Class::Big(b) if matches!(**b, Big::Chunked(_))));
+            let v: Vec<_> = l.iter().collect();
+            assert!(v.windows(2).all(|w| w[0] < w[1]));
+            assert_eq!(v.last(), Some(&odd));
+            for k in v {
+                assert!(l.remove(&k));
+                l.check();
+            }
+            assert!(matches!(class(&l, 4096), Class::Sorted(_)));
+        }
+    }
+
+    /// Runs `ops` (op, group, size, tie-break) on a [`SizeClassList`] and a
+    /// `BTreeSet`, comparing every answer and checking the list's
+    /// invariants after each; the cursors are compared on their first
+    /// `take` keys. Then takes every key out by best-fit searches, as
+    /// `get_free_block` does. Returns whether a class was ever ranked and
+    /// ever chunked.
+    fn same_as_an_ordered_set(
+        ops: Vec<(u8, u64, u64, u32)>,
+        take: usize,
+    ) -> Result<(bool, bool), TestCaseError> {
+        let mut seen = (false, false);
+        let mut l = SizeClassList::default();
+        let mut set = BTreeSet::new();
+        // The tie-break spreads over ranks, a few keys each.
+        let key = |g, size, pos: u32| Key(g, size, u64::from(pos / 3), pos % 3);
+        for (i, (op, g, size, pos)) in ops.into_iter().enumerate() {
+            let k = key(g, size, pos);
+            match op {
+                0..=3 => prop_assert_eq!(l.insert(k), set.insert(k)),
+                4 => prop_assert_eq!(l.remove(&k), set.remove(&k)),
+                5 | 6 => {
+                    let found = l.first_from(&k);
+                    prop_assert_eq!(found.map(|f| f.0), set.range(k..).next().copied());
+                    if let Some((hit, slot)) = found {
+                        prop_assert!(l.remove_at(slot, &hit));
+                        set.remove(&hit);
+                    }
+                }
+                // After the first 500 operations, so that classes have had
+                // the time to grow.
+                9 if i >= 500 => {
+                    // A key a ranked class cannot take: another size of the
+                    // same class, or a rank too large to be indexed.
+                    let odd = if pos % 2 == 0 {
+                        key(g, size.saturating_add(1), pos)
+                    } else {
+                        Key(g, size, ranked::RANKS + u64::from(pos), 0)
+                    };
+                    prop_assert_eq!(l.insert(odd), set.insert(odd));
+                }
+                9 => {}
+                7 => {
+                    // A slot gone stale (the list changed since the search):
+                    // the removal searches for the key instead.
+                    if let Some((hit, slot)) = l.first_from(&k) {
+                        let other = key(g, size, pos.wrapping_add(1));
+                        prop_assert_eq!(l.insert(other), set.insert(other));
+                        l.check();
+                        prop_assert_eq!(l.remove_at(slot, &hit), set.remove(&hit));
+                    }
+                }
+                _ => {
+                    prop_assert_eq!(l.contains(&k), set.contains(&k));
+                    let a: Vec<_> = l.from(&k).take(take).collect();
+                    let b: Vec<_> = set.range(k..).take(take).copied().collect();
+                    prop_assert_eq!(a, b);
+                    let a: Vec<_> = l.before(&k).take(take).collect();
+                    let b: Vec<_> = set.range(..k).rev().take(take).copied().collect();
+                    prop_assert_eq!(a, b);
+                }
+            }
+            l.check();
+            prop_assert_eq!(l.len(), set.len());
+            for class in l.groups.iter().flat_map(|g| g.classes.iter()) {
+                if let Class::Big(b) = class {
+                    match **b {
+                        Big::Ranked(_) => seen.0 = true,
+                        Big::Chunked(_) => seen.1 = true,
+                    }
+                }
+            }
+        }
+        let a: Vec<_> = l.iter().collect();
+        let b: Vec<_> = set.iter().copied().collect();
+        prop_assert_eq!(a, b);
+        while let Some((hit, slot)) = l.first_from(&Key(0, 0, 0, 0)) {
+            prop_assert_eq!(Some(hit), set.first().copied());
+            prop_assert!(l.remove_at(slot, &hit));
+            set.remove(&hit);
+        }
+        prop_assert!(set.is_empty());
+        prop_assert_eq!(l.len(), 0);
+        l.check();
+        Ok(seen)
     }
 
     proptest! {
@@ -662,91 +954,52 @@ mod tests {
         #[test]
         fn same_answers_as_an_ordered_set(
             ops in prop::collection::vec(
-                (0u8..5, 0u64..3, prop_oneof![0u64..40, 0u64..5_000_000, any::<u64>()], 0u32..4),
+                (0u8..10, 0u64..3, prop_oneof![0u64..40, 0u64..5_000_000, any::<u64>()], 0u32..4),
                 1..400,
             )
         ) {
-            let mut l = SizeClassList::default();
-            let mut set = BTreeSet::new();
-            for (op, g, size, tie) in ops {
-                let k = Key(g, size, tie);
-                match op {
-                    0 | 1 => prop_assert_eq!(l.insert(k), set.insert(k)),
-                    2 => prop_assert_eq!(l.remove(&k), set.remove(&k)),
-                    4 => {
-                        let found = l.first_from(&k);
-                        let expected = set.range(k..).next().copied();
-                        prop_assert_eq!(found.map(|f| f.0), expected);
-                        if let Some((hit, slot)) = found {
-                            prop_assert!(l.remove_at(slot, &hit));
-                            set.remove(&hit);
-                        }
-                    }
-                    _ => {
-                        prop_assert_eq!(l.contains(&k), set.contains(&k));
-                        let a: Vec<_> = l.from(&k).take(5).collect();
-                        let b: Vec<_> = set.range(k..).take(5).copied().collect();
-                        prop_assert_eq!(a, b);
-                        let a: Vec<_> = l.before(&k).take(5).collect();
-                        let b: Vec<_> = set.range(..k).rev().take(5).copied().collect();
-                        prop_assert_eq!(a, b);
-                    }
-                }
-                prop_assert_eq!(l.len(), set.len());
-            }
-            let a: Vec<_> = l.iter().collect();
-            let b: Vec<_> = set.iter().copied().collect();
-            prop_assert_eq!(a, b);
+            same_as_an_ordered_set(ops, 5)?;
         }
 
         /// The same in big classes: hundreds of keys in a few classes of
         /// two groups, so classes become [`Chunks`] (with splits and
-        /// merges of their chunks) and sorted again; then every key is
-        /// taken out by best-fit searches, as `get_free_block` does.
+        /// merges of their chunks) and sorted again.
         #[test]
         fn big_classes_answer_as_an_ordered_set(
             ops in prop::collection::vec(
-                (0u8..8, 0u64..2, prop_oneof![3 => 4096u64..4352, 1 => 0u64..20_000], 0u32..64),
-                300..2000,
+                (
+                    // Insertions outnumber removals: classes grow past
+                    // `PROMOTE`.
+                    prop_oneof![4 => 0u8..4, 3 => 4u8..10],
+                    0u64..2,
+                    prop_oneof![3 => 4096u64..4352, 1 => 0u64..20_000],
+                    0u32..64,
+                ),
+                800..2000,
             )
         ) {
-            let mut l = SizeClassList::default();
-            let mut set = BTreeSet::new();
-            for (op, g, size, tie) in ops {
-                let k = Key(g, size, tie);
-                match op {
-                    0..=3 => prop_assert_eq!(l.insert(k), set.insert(k)),
-                    4 => prop_assert_eq!(l.remove(&k), set.remove(&k)),
-                    5 | 6 => {
-                        let found = l.first_from(&k);
-                        prop_assert_eq!(found.map(|f| f.0), set.range(k..).next().copied());
-                        if let Some((hit, slot)) = found {
-                            prop_assert!(l.remove_at(slot, &hit));
-                            set.remove(&hit);
-                        }
-                    }
-                    _ => {
-                        prop_assert_eq!(l.contains(&k), set.contains(&k));
-                        let a: Vec<_> = l.from(&k).take(80).collect();
-                        let b: Vec<_> = set.range(k..).take(80).copied().collect();
-                        prop_assert_eq!(a, b);
-                        let a: Vec<_> = l.before(&k).take(80).collect();
-                        let b: Vec<_> = set.range(..k).rev().take(80).copied().collect();
-                        prop_assert_eq!(a, b);
-                    }
-                }
-                prop_assert_eq!(l.len(), set.len());
-            }
-            let a: Vec<_> = l.iter().collect();
-            let b: Vec<_> = set.iter().copied().collect();
-            prop_assert_eq!(a, b);
-            while let Some((hit, slot)) = l.first_from(&Key(0, 0, 0)) {
-                prop_assert_eq!(Some(hit), set.first().copied());
-                prop_assert!(l.remove_at(slot, &hit));
-                set.remove(&hit);
-            }
-            prop_assert!(set.is_empty());
-            prop_assert_eq!(l.len(), 0);
+            let (_, chunked) = same_as_an_ordered_set(ops, 80)?;
+            prop_assert!(chunked, "no class became chunks");
+        }
+
+        /// The same in big classes of one size, which become [`RankRuns`]:
+        /// keys removed by value, best-fit hits taken by their slot,
+        /// searches from inside a class's size; now and then (op 9) a
+        /// second size or a large rank turns a class into [`Chunks`].
+        #[test]
+        fn one_size_classes_answer_as_an_ordered_set(
+            ops in prop::collection::vec(
+                (
+                    prop_oneof![200 => 0u8..4, 150 => 4u8..9, 1 => Just(9u8)],
+                    prop_oneof![5 => Just(0u64), 1 => Just(1u64)],
+                    prop_oneof![4 => Just(4096u64), 1 => Just(8192u64)],
+                    0u32..600,
+                ),
+                1000..3000,
+            )
+        ) {
+            let (ranked, _) = same_as_an_ordered_set(ops, 80)?;
+            prop_assert!(ranked, "no class became ranked");
         }
     }
 }
