@@ -435,7 +435,10 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
         (None, false) => None,
     };
     let wl = match &workload {
-        Some(w) => Some((w, w.trace(), settings(&args, None)?)),
+        Some(w) => {
+            let (trace, sites) = w.trace_and_sites();
+            Some((w, trace, sites, settings(&args, None)?))
+        }
         None => None,
     };
 
@@ -444,7 +447,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
         .map(|r| (r.rec.trace.ops.len() * r.settings.len()) as u64)
         .sum::<u64>()
         + wl.as_ref()
-            .map_or(0, |(_, t, s)| (t.ops.len() * s.len()) as u64);
+            .map_or(0, |(_, t, _, s)| (t.ops.len() * s.len()) as u64);
     let mut progress = Progress::new(total);
     let mut base = 0u64;
     let start = Instant::now();
@@ -560,7 +563,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             );
         }
     }
-    if let Some((w, trace, settings)) = &wl {
+    if let Some((w, trace, sites, settings)) = &wl {
         let options = ReplayOptions {
             capacity: args.capacity.unwrap_or(DEFAULT_CAPACITY),
             ..ReplayOptions::default()
@@ -579,7 +582,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
             label: &title,
             trace,
             start: None,
-            sites: &Sites::default(),
+            sites,
             settings,
             capacity: options.capacity,
         }

@@ -644,6 +644,17 @@ fn peak_and_oom_are_explained_in_table_json_and_html() {
     assert_eq!(ex["oom"]["avoided_by"], "expandable_segments:True");
     assert!(!ex["oom"]["unusable_free"].as_array().unwrap().is_empty());
     assert!(ex["peak"]["top_sites"][0]["bytes"].as_u64().unwrap() > 0);
+    // A workload names what each allocation is for: at PyTorch mode's
+    // reserved peak (the optimizer step) the AdamW state is the largest.
+    assert_eq!(
+        ex["peak"]["top_sites"][0]["site"], "optimizer state (AdamW)",
+        "{}",
+        ex["peak"]["top_sites"]
+    );
+    assert!(
+        !out.contains(reservoir_replay::replay::sites::NO_STACK),
+        "{out}"
+    );
 
     // A recorded snapshot given by its absolute path: sites are the
     // innermost user frames, and the HTML names the file without its folder.

@@ -33,7 +33,9 @@ pub const TOP_SITES: usize = 10;
 /// Live allocations of one site.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SiteUsage {
-    /// `FILE:LINE:FUNCTION`, or a placeholder in parentheses.
+    /// `FILE:LINE:FUNCTION` (a recorded trace), what the allocation is for
+    /// (a built-in workload: "parameters", "KV cache", ...), or a
+    /// placeholder in parentheses.
     pub site: String,
     /// Bytes of their blocks.
     pub bytes: u64,

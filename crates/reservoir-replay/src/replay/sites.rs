@@ -68,13 +68,18 @@ impl Sites {
 
     /// Note the stack of allocation `id`.
     pub fn record(&mut self, id: AllocId, frames: &[Frame]) {
-        let site = site_of(frames);
-        let k = match self.index.get(&site) {
+        self.name(id, &site_of(frames));
+    }
+
+    /// Note that allocation `id` comes from `site` (a source that names
+    /// its sites without stacks, such as a built-in workload).
+    pub fn name(&mut self, id: AllocId, site: &str) {
+        let k = match self.index.get(site) {
             Some(&k) => k,
             None => {
                 let k = self.names.len() as u32;
-                self.names.push(site.clone());
-                self.index.insert(site, k);
+                self.names.push(site.to_string());
+                self.index.insert(site.to_string(), k);
                 k
             }
         };

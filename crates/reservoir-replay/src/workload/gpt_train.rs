@@ -361,6 +361,11 @@ impl GptTrain {
 
     /// Generate the ops.
     pub fn ops(&self) -> Vec<Op> {
+        self.build().ops
+    }
+
+    /// Generate the ops and the site of each allocation.
+    pub(super) fn build(&self) -> Builder {
         Gen::new(self).run()
     }
 }
@@ -450,7 +455,7 @@ impl<'a> Gen<'a> {
     }
 
     fn param(&mut self, numel: u64) -> usize {
-        self.b.alloc(numel * self.w.dtype);
+        self.b.alloc_as(numel * self.w.dtype, "parameters");
         self.params.push(Param {
             numel,
             grad: None,
@@ -464,7 +469,7 @@ impl<'a> Gen<'a> {
         if !self.workspace_done {
             self.workspace_done = true;
             if self.w.workspace > 0 {
-                self.b.alloc(self.w.workspace);
+                self.b.alloc_as(self.w.workspace, "cuBLAS workspace");
             }
         }
     }
@@ -472,7 +477,7 @@ impl<'a> Gen<'a> {
     /// A weight gradient produced by backward (kept until `zero_grad`).
     fn grad(&mut self, p: usize) {
         let bytes = self.params[p].numel * self.d();
-        let id = self.b.alloc(bytes);
+        let id = self.b.alloc_as(bytes, "weight gradients");
         debug_assert!(self.params[p].grad.is_none());
         self.params[p].grad = Some(id);
         if self.w.ddp {
@@ -489,7 +494,7 @@ impl<'a> Gen<'a> {
         if self.bucket_bytes == 0 {
             return;
         }
-        let bucket = self.b.alloc(self.bucket_bytes);
+        let bucket = self.b.alloc_as(self.bucket_bytes, "DDP gradient bucket");
         self.bucket_bytes = 0;
         let (comm, def) = (self.comm.clone(), self.default_stream.clone());
         self.b.wait(&comm, &def);
@@ -498,7 +503,7 @@ impl<'a> Gen<'a> {
         self.b.free(bucket);
     }
 
-    fn run(mut self) -> Vec<Op> {
+    fn run(mut self) -> Builder {
         let w = self.w;
         let (h, f, v, s) = (w.hidden, w.ffn_width(), w.vocab, w.seq);
         self.wte = self.param(v * h);
@@ -527,7 +532,7 @@ impl<'a> Gen<'a> {
             self.seq = w.step_seq(&mut rng);
             self.step(step == 0);
         }
-        self.b.ops
+        self.b
     }
 
     fn step(&mut self, first: bool) {
@@ -543,9 +548,11 @@ impl<'a> Gen<'a> {
             }
         }
         // 2. the batch
+        self.b.at("input batch");
         let idx = self.b.alloc(t * 8);
         let targets = self.b.alloc(t * 8);
         // 3. forward: embeddings
+        self.b.at("embedding forward");
         let tok = self.b.alloc(e);
         let pos = self.b.alloc(seq * w.hidden * d);
         let x0 = self.b.alloc(e);
@@ -566,6 +573,7 @@ impl<'a> Gen<'a> {
             saved.push(sv);
         }
         // final layer norm, logits, loss
+        self.b.at("logits and loss");
         let lnf = self.b.alloc(e);
         let lnf_stats = [self.b.alloc(t * 4), self.b.alloc(t * 4)];
         self.matmul();
@@ -577,6 +585,7 @@ impl<'a> Gen<'a> {
         let loss = self.b.alloc(4);
 
         // 4. backward
+        self.b.at("logits and loss backward");
         let gloss = self.b.alloc(4);
         let glogp = self.b.alloc(t * w.vocab * 4);
         self.b.free(gloss);
@@ -602,6 +611,7 @@ impl<'a> Gen<'a> {
             g = self.layer_backward(l, sv, g);
         }
         // embeddings
+        self.b.at("embedding backward");
         let g_emb = if let Some(mask) = emb_mask {
             let gd = self.b.alloc(e);
             self.b.free(mask);
@@ -629,6 +639,7 @@ impl<'a> Gen<'a> {
             self.b.wait(&def, &comm);
         }
         // 5. clip_grad_norm_ (foreach)
+        self.b.at("gradient clipping");
         let total_norm = if w.clip {
             let mut norms: Vec<AllocId> = (0..self.params.len()).map(|_| self.b.alloc(d)).collect();
             let stacked = self.b.alloc(self.params.len() as u64 * d);
@@ -649,12 +660,13 @@ impl<'a> Gen<'a> {
         if first {
             for i in 0..self.params.len() {
                 let bytes = self.params[i].numel * d;
-                let m = self.b.alloc(bytes);
-                let v2 = self.b.alloc(bytes);
+                let m = self.b.alloc_as(bytes, "optimizer state (AdamW)");
+                let v2 = self.b.alloc_as(bytes, "optimizer state (AdamW)");
                 self.params[i].exp_avg = Some((m, v2));
             }
         }
         debug_assert!(self.params.iter().all(|p| p.exp_avg.is_some()));
+        self.b.at("optimizer step");
         let mut sqrt: Vec<AllocId> = (0..self.params.len())
             .map(|i| self.b.alloc(self.params[i].numel * d))
             .collect();
@@ -678,6 +690,7 @@ impl<'a> Gen<'a> {
         let e = t * w.hidden * d;
         let sc = w.batch * w.heads * self.seq * self.seq;
         let ff = t * w.ffn_width() * d;
+        self.b.at("layer forward: attention");
         let ln1 = self.b.alloc(e);
         let ln1_stats = [self.b.alloc(t * 4), self.b.alloc(t * 4)];
         self.matmul();
@@ -706,6 +719,7 @@ impl<'a> Gen<'a> {
         };
         let x1 = self.b.alloc(e);
         self.b.free(proj_out);
+        self.b.at("layer forward: MLP");
         let ln2 = self.b.alloc(e);
         let ln2_stats = [self.b.alloc(t * 4), self.b.alloc(t * 4)];
         let fc = self.b.alloc(ff);
@@ -751,6 +765,7 @@ impl<'a> Gen<'a> {
         let e = t * w.hidden * d;
         let sc = w.batch * w.heads * self.seq * self.seq * d;
         let ff = t * w.ffn_width() * d;
+        self.b.at("layer backward");
         // MLP down projection (after its dropout)
         let gfd = match sv.fc2_mask {
             Some(m) => {

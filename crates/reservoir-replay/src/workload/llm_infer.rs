@@ -12,6 +12,13 @@ const MIB: u64 = 1 << 20;
 /// attention v2 splits sequences longer than this).
 const PARTITION: u64 = 512;
 
+/// The site of the attention kernels' allocations (scores, softmax,
+/// outputs and partial sums).
+const ATTENTION: &str = "attention";
+
+/// The site of the key/value cache's blocks (or contiguous tensors).
+const KV_CACHE: &str = "KV cache";
+
 /// A LLaMA-style decoder (RMSNorm, rotary embeddings, grouped-query
 /// attention, SwiGLU MLP, untied output head) serving a stream of requests
 /// with continuous batching, as an eager PyTorch serving loop allocates it.
@@ -387,6 +394,11 @@ impl LlmInfer {
 
     /// Generate the ops.
     pub fn ops(&self) -> Vec<Op> {
+        self.build().ops
+    }
+
+    /// Generate the ops and the site of each allocation.
+    pub(super) fn build(&self) -> Builder {
         Gen::new(self).run()
     }
 }
@@ -447,7 +459,7 @@ impl<'a> Gen<'a> {
         if !self.workspace_done {
             self.workspace_done = true;
             if self.w.workspace > 0 {
-                self.b.alloc(self.w.workspace);
+                self.b.alloc_as(self.w.workspace, "cuBLAS workspace");
             }
         }
     }
@@ -471,11 +483,12 @@ impl<'a> Gen<'a> {
             .collect()
     }
 
-    fn run(mut self) -> Vec<Op> {
+    fn run(mut self) -> Builder {
         let w = self.w;
         let (h, d) = (w.hidden, w.dtype);
         let kvdim = self.kv_token_bytes() / d;
         // weights
+        self.b.at("weights");
         self.b.alloc(w.vocab * h * d);
         for _ in 0..w.layers {
             self.b.alloc(h * d);
@@ -527,7 +540,7 @@ impl<'a> Gen<'a> {
             }
             t += 1;
         }
-        self.b.ops
+        self.b
     }
 
     /// Free a finished request's cache and output buffer.
@@ -579,21 +592,21 @@ impl<'a> Gen<'a> {
         let gqa = w.kv_head_count() != w.heads;
         let rep = if gqa {
             Some([
-                self.b.alloc(kv_tokens * w.hidden * d),
-                self.b.alloc(kv_tokens * w.hidden * d),
+                self.b.alloc_as(kv_tokens * w.hidden * d, ATTENTION),
+                self.b.alloc_as(kv_tokens * w.hidden * d, ATTENTION),
             ])
         } else {
             None
         };
         let elems = w.heads * rows * cols;
-        let s = self.b.alloc(elems * d);
-        let m = self.b.alloc(elems * d);
+        let s = self.b.alloc_as(elems * d, ATTENTION);
+        let m = self.b.alloc_as(elems * d, ATTENTION);
         self.b.free(s);
-        let p32 = self.b.alloc(elems * 4);
+        let p32 = self.b.alloc_as(elems * 4, ATTENTION);
         self.b.free(m);
-        let p = self.b.alloc(elems * d);
+        let p = self.b.alloc_as(elems * d, ATTENTION);
         self.b.free(p32);
-        let o = self.b.alloc(rows * w.hidden * d);
+        let o = self.b.alloc_as(rows * w.hidden * d, ATTENTION);
         self.b.free(p);
         if let Some(ids) = rep {
             for id in ids {
@@ -603,13 +616,15 @@ impl<'a> Gen<'a> {
         o
     }
 
-    /// The layers of one forward over `n` tokens; `attend` writes the new
+    /// The layers of one forward over `n` tokens, its activations for the
+    /// site `activations`; `attend` writes the new
     /// keys and values into the caches and returns the attention output
     /// (given the layer index and the new keys and values, which it frees or
     /// keeps).
     fn forward(
         &mut self,
         n: u64,
+        activations: &'static str,
         mut attend: impl FnMut(&mut Self, usize, AllocId, AllocId) -> AllocId,
         last_tokens: u64,
     ) {
@@ -617,6 +632,7 @@ impl<'a> Gen<'a> {
         let (h, d) = (w.hidden, w.dtype);
         let kvb = self.kv_token_bytes();
         let hd = h / w.heads;
+        self.b.at(activations);
         let ids = self.b.alloc(n * 8);
         let pos = self.b.alloc(n * 8);
         let mut x = self.b.alloc(n * h * d);
@@ -672,6 +688,7 @@ impl<'a> Gen<'a> {
         } else {
             hn
         };
+        self.b.at("logits and sampling");
         let logits = self.b.alloc(last_tokens * w.vocab * d);
         self.b.free(last);
         let l32 = self.b.alloc(last_tokens * w.vocab * 4);
@@ -690,27 +707,28 @@ impl<'a> Gen<'a> {
         let w = self.w;
         let p = r.prompt;
         let kvb = self.kv_token_bytes();
-        let out = self.b.alloc(r.gen * 8);
+        let out = self.b.alloc_as(r.gen * 8, "generated tokens");
         let mut cache = Vec::with_capacity(w.layers as usize);
         let block = w.block;
         let flash = w.flash;
         let (h, d, heads) = (w.hidden, w.dtype, w.heads);
         self.forward(
             p,
+            "prefill activations",
             |g, _l, kr, v| {
                 if block > 0 {
                     let nb = p.div_ceil(block);
                     let mut ks = Vec::with_capacity(nb as usize);
                     let mut vs = Vec::with_capacity(nb as usize);
                     for _ in 0..nb {
-                        ks.push(g.b.alloc(block * kvb));
-                        vs.push(g.b.alloc(block * kvb));
+                        ks.push(g.b.alloc_as(block * kvb, KV_CACHE));
+                        vs.push(g.b.alloc_as(block * kvb, KV_CACHE));
                     }
                     cache.push(LayerCache::Paged { k: ks, v: vs });
                 }
                 let o = if flash {
-                    let o = g.b.alloc(p * h * d);
-                    let lse = g.b.alloc(heads * p * 4);
+                    let o = g.b.alloc_as(p * h * d, ATTENTION);
+                    let lse = g.b.alloc_as(heads * p * 4, ATTENTION);
                     g.b.free(lse);
                     o
                 } else {
@@ -746,29 +764,31 @@ impl<'a> Gen<'a> {
         let meta = if block > 0 {
             let blocks_max = lmax.div_ceil(block);
             Some([
-                self.b.alloc(n * blocks_max * 4),
-                self.b.alloc(n * 8),
-                self.b.alloc(n * 4),
+                self.b
+                    .alloc_as(n * blocks_max * 4, "paged attention metadata"),
+                self.b.alloc_as(n * 8, "paged attention metadata"),
+                self.b.alloc_as(n * 4, "paged attention metadata"),
             ])
         } else {
             None
         };
         self.forward(
             n,
+            "decode activations",
             |g, l, kr, v| {
                 for r in running.iter_mut() {
                     match &mut r.cache[l] {
                         LayerCache::Paged { k, v } => {
                             if r.len + 1 > k.len() as u64 * block {
-                                k.push(g.b.alloc(block * kvb));
-                                v.push(g.b.alloc(block * kvb));
+                                k.push(g.b.alloc_as(block * kvb, KV_CACHE));
+                                v.push(g.b.alloc_as(block * kvb, KV_CACHE));
                             }
                         }
                         LayerCache::Contiguous { k, v } => {
-                            let nk = g.b.alloc((r.len + 1) * kvb);
+                            let nk = g.b.alloc_as((r.len + 1) * kvb, KV_CACHE);
                             g.b.free(*k);
                             *k = nk;
-                            let nv = g.b.alloc((r.len + 1) * kvb);
+                            let nv = g.b.alloc_as((r.len + 1) * kvb, KV_CACHE);
                             g.b.free(*v);
                             *v = nv;
                         }
@@ -777,12 +797,12 @@ impl<'a> Gen<'a> {
                 g.b.free(kr);
                 g.b.free(v);
                 if block > 0 {
-                    let o = g.b.alloc(n * h * d);
+                    let o = g.b.alloc_as(n * h * d, ATTENTION);
                     if lmax > PARTITION {
                         let parts = lmax.div_ceil(PARTITION);
-                        let tmp = g.b.alloc(n * heads * parts * hd * 4);
-                        let sums = g.b.alloc(n * heads * parts * 4);
-                        let maxl = g.b.alloc(n * heads * parts * 4);
+                        let tmp = g.b.alloc_as(n * heads * parts * hd * 4, ATTENTION);
+                        let sums = g.b.alloc_as(n * heads * parts * 4, ATTENTION);
+                        let maxl = g.b.alloc_as(n * heads * parts * 4, ATTENTION);
                         g.b.free(tmp);
                         g.b.free(sums);
                         g.b.free(maxl);

@@ -71,6 +71,7 @@ pub use llm_infer::LlmInfer;
 use std::fmt;
 
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
+use crate::replay::sites::Sites;
 
 /// Which generator a preset uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -288,9 +289,14 @@ impl WorkloadParams {
 
     /// Generate the ops.
     pub fn ops(&self) -> Vec<Op> {
+        self.build().ops
+    }
+
+    /// Generate the ops and what each allocation is for.
+    fn build(&self) -> Builder {
         match self {
-            WorkloadParams::GptTrain(p) => p.ops(),
-            WorkloadParams::LlmInfer(p) => p.ops(),
+            WorkloadParams::GptTrain(p) => p.build(),
+            WorkloadParams::LlmInfer(p) => p.build(),
         }
     }
 }
@@ -342,11 +348,25 @@ impl Workload {
 
     /// Generate the trace. Its header names the workload ([`Workload::spec`]).
     pub fn trace(&self) -> Trace {
+        self.trace_and_sites().0
+    }
+
+    /// Generate the trace and the site of each allocation: what the program
+    /// allocates it for ("parameters", "layer forward: activations",
+    /// "KV cache", ...), the workload's stand-in for the innermost user
+    /// frame of a recorded trace ([`Sites`]), so that `reservoir replay`
+    /// groups live memory by it.
+    pub fn trace_and_sites(&self) -> (Trace, Sites) {
         let header = vec![
             format!("reservoir workload {}", self.preset),
             format!("spec {}", self.spec()),
         ];
-        Trace::from_ops(self.params.ops(), header)
+        let b = self.params.build();
+        let mut sites = Sites::new();
+        for (id, site) in b.sites.iter().enumerate() {
+            sites.name(id as AllocId, site);
+        }
+        (Trace::from_ops(b.ops, header), sites)
     }
 }
 
@@ -479,19 +499,37 @@ fn parse_dtype(key: &str, value: &str) -> Result<u64, WorkloadError> {
     Ok(v)
 }
 
-/// Builds the op list: allocation ids in order, allocations on the current
-/// stream unless a stream is named.
+/// Builds the op list: allocation ids in order from 0, allocations on the
+/// current stream unless a stream is named, each with the site set last
+/// ([`Builder::at`]) or its own ([`Builder::alloc_as`]).
 #[derive(Debug, Default)]
 struct Builder {
     ops: Vec<Op>,
     next_id: AllocId,
+    /// The site of the allocations that follow.
+    site: &'static str,
+    /// The site of each allocation, indexed by id.
+    sites: Vec<&'static str>,
 }
 
 impl Builder {
-    /// Allocate `bytes` on the current stream.
+    /// The allocations that follow are for `site`.
+    fn at(&mut self, site: &'static str) {
+        self.site = site;
+    }
+
+    /// Allocate `bytes` on the current stream, for the current site.
     fn alloc(&mut self, bytes: u64) -> AllocId {
+        self.alloc_as(bytes, self.site)
+    }
+
+    /// Allocate `bytes` on the current stream for `site`, leaving the
+    /// current site as it is.
+    fn alloc_as(&mut self, bytes: u64, site: &'static str) -> AllocId {
         let id = self.next_id;
         self.next_id += 1;
+        debug_assert_eq!(self.sites.len() as AllocId, id);
+        self.sites.push(site);
         self.ops.push(Op::Alloc {
             id,
             bytes,
@@ -539,7 +577,52 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::{BTreeSet, HashMap};
+
+    /// Every allocation of every preset has a site, and each kind of
+    /// workload names the memory its program holds.
+    #[test]
+    fn every_allocation_has_a_site() {
+        for p in presets() {
+            let w = Workload::parse(p.name).unwrap();
+            let (trace, sites) = w.trace_and_sites();
+            let mut names = BTreeSet::new();
+            for op in &trace.ops {
+                if let Op::Alloc { id, .. } = op {
+                    let site = sites.site(*id);
+                    assert!(
+                        !site.is_empty() && !site.starts_with('('),
+                        "{}: allocation {id} has no site ({site:?})",
+                        p.name
+                    );
+                    names.insert(site);
+                }
+            }
+            let want: &[&str] = match w.params.kind() {
+                WorkloadKind::GptTrain => &[
+                    "parameters",
+                    "weight gradients",
+                    "optimizer state (AdamW)",
+                    "layer forward: attention",
+                    "layer forward: MLP",
+                    "layer backward",
+                    "logits and loss",
+                ],
+                WorkloadKind::LlmInfer => &[
+                    "weights",
+                    "KV cache",
+                    "attention",
+                    "prefill activations",
+                    "decode activations",
+                    "logits and sampling",
+                    "generated tokens",
+                ],
+            };
+            for site in want {
+                assert!(names.contains(site), "{}: no {site:?} in {names:?}", p.name);
+            }
+        }
+    }
 
     /// Every free frees a live id, every id is allocated once.
     fn check_balanced(trace: &Trace) -> usize {
