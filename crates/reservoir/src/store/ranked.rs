@@ -281,15 +281,46 @@ impl<K: RankedKey> RankRuns<K> {
 
     /// Every key, ascending.
     pub fn sorted(&self) -> Vec<K> {
-        let mut v = Vec::with_capacity(self.len);
-        let mut at = self.ranks.first();
-        while let Some(rank) = at {
-            let run = &self.runs[&(rank as u64)];
-            v.push(run.first);
-            v.extend_from_slice(&run.rest);
-            at = self.ranks.first_at_or_after(rank + 1);
+        self.keys_from(None).collect()
+    }
+
+    /// The keys at or after `key` (every key for `None`), ascending, walked
+    /// one at a time: a cursor that takes a few keys costs a few steps,
+    /// not a copy of the class.
+    pub fn keys_from(&self, key: Option<&K>) -> RankedKeys<'_, K> {
+        let start = |rank: Option<usize>| RankedKeys {
+            class: self,
+            rank,
+            index: 0,
+        };
+        let Some(key) = key else {
+            return start(self.ranks.first());
+        };
+        if key.size() != self.size {
+            // Smaller: every key is after it; larger: every key before.
+            return start(if key.size() < self.size {
+                self.ranks.first()
+            } else {
+                None
+            });
         }
-        v
+        let rank = key.rank();
+        if rank >= RANKS {
+            return start(None);
+        }
+        if let Some(run) = self.runs.get(&rank) {
+            if *key <= run.first {
+                return start(Some(rank as usize));
+            }
+            let at = run.rest.partition_point(|k| k < key);
+            if at < run.rest.len() {
+                return RankedKeys {
+                    index: at + 1,
+                    ..start(Some(rank as usize))
+                };
+            }
+        }
+        start(self.ranks.first_at_or_after(rank as usize + 1))
     }
 
     /// Check the invariants (module docs); panics naming the broken one.
@@ -327,6 +358,38 @@ impl<K: RankedKey> RankRuns<K> {
             assert_eq!(self.ranks.top & (1 << m) != 0, *mid != 0, "top bit {m}");
         }
         assert_eq!(len, self.len, "len counts the keys");
+    }
+}
+
+/// The keys of a [`RankRuns`] from a position on, ascending
+/// ([`RankRuns::keys_from`]).
+#[derive(Clone, Debug)]
+pub(crate) struct RankedKeys<'a, K> {
+    class: &'a RankRuns<K>,
+    /// The rank of the next key; `None` when the walk is over.
+    rank: Option<usize>,
+    /// The next key's place in its run: 0 for `first`, `i` for `rest[i - 1]`.
+    index: usize,
+}
+
+impl<K: RankedKey> Iterator for RankedKeys<'_, K> {
+    type Item = K;
+
+    #[inline]
+    fn next(&mut self) -> Option<K> {
+        let rank = self.rank?;
+        let run = &self.class.runs[&(rank as u64)];
+        let key = match self.index {
+            0 => run.first,
+            i => run.rest[i - 1],
+        };
+        if self.index < run.rest.len() {
+            self.index += 1;
+        } else {
+            self.index = 0;
+            self.rank = self.class.ranks.first_at_or_after(rank + 1);
+        }
+        Some(key)
     }
 }
 
@@ -400,6 +463,10 @@ mod tests {
                                 r.first_from(&search),
                                 set.range(search..).next().copied()
                             );
+                            prop_assert!(r
+                                .keys_from(Some(&search))
+                                .take(40)
+                                .eq(set.range(search..).take(40).copied()));
                         }
                     }
                     _ => {

@@ -26,7 +26,7 @@
 //! respect: keys compare by group first, then by size, then by anything.
 
 use super::chunked::{at_or_after_descending, search_descending, ChunkKeys, Chunks};
-use super::ranked::{RankRuns, RankedKey};
+use super::ranked::{RankRuns, RankedKey, RankedKeys};
 
 /// Number of size classes: sizes below 16 have one class each, then 16
 /// classes per power of two up to `2^64`.
@@ -250,14 +250,12 @@ impl<K: RankedKey> Class<K> {
                 Keys::Slice(if from { &v[..at] } else { &v[at..] }.iter())
             }
             Class::Big(b) => match &**b {
+                Big::Ranked(r) if from => Keys::Ranked(r.keys_from(Some(key))),
                 Big::Ranked(r) => {
+                    // A descending walk (release, OOM paths): the keys
+                    // before `key`, copied.
                     let mut v = r.sorted();
-                    let at = v.partition_point(|k| k < key);
-                    if from {
-                        v.drain(..at);
-                    } else {
-                        v.truncate(at);
-                    }
+                    v.truncate(v.partition_point(|k| k < key));
                     Keys::Sorted(v.into_iter())
                 }
                 Big::Chunked(t) => Keys::Chunks(if from { t.from(key) } else { t.before(key) }),
@@ -265,10 +263,12 @@ impl<K: RankedKey> Class<K> {
         }
     }
 
-    fn all(&self) -> Keys<'_, K> {
+    /// Every key, for a walk `forward` (ascending) or back.
+    fn all(&self, forward: bool) -> Keys<'_, K> {
         match self {
             Class::Sorted(v) => Keys::Slice(v.iter()),
             Class::Big(b) => match &**b {
+                Big::Ranked(r) if forward => Keys::Ranked(r.keys_from(None)),
                 Big::Ranked(r) => Keys::Sorted(r.sorted().into_iter()),
                 Big::Chunked(t) => Keys::Chunks(t.all()),
             },
@@ -308,12 +308,15 @@ impl<K: RankedKey> Class<K> {
 /// The keys of a part of one class.
 enum Keys<'a, K> {
     Slice(std::slice::Iter<'a, K>),
-    /// A ranked class's keys, sorted (ascending) for the walk.
+    /// A ranked class's keys, ascending, walked forward only (made for
+    /// forward walks).
+    Ranked(RankedKeys<'a, K>),
+    /// A ranked class's keys, copied in ascending order for a walk back.
     Sorted(std::vec::IntoIter<K>),
     Chunks(ChunkKeys<'a, K>),
 }
 
-impl<K: Copy> Keys<'_, K> {
+impl<K: RankedKey> Keys<'_, K> {
     /// How many keys are left.
     #[cfg(test)]
     fn count_keys(mut self) -> usize {
@@ -326,6 +329,10 @@ impl<K: Copy> Keys<'_, K> {
             // A sorted class descends: forward is from the back.
             (Keys::Slice(s), true) => s.next_back().copied(),
             (Keys::Slice(s), false) => s.next().copied(),
+            (Keys::Ranked(r), forward) => {
+                debug_assert!(forward, "ranked keys are made for forward walks");
+                r.next()
+            }
             (Keys::Sorted(s), true) => s.next(),
             (Keys::Sorted(s), false) => s.next_back(),
             (Keys::Chunks(t), true) => t.next().copied(),
@@ -673,7 +680,7 @@ impl<K: SizeClassed> SizeClassList<K> {
                 class.check(c);
                 let marked = g.words[c / 64] & (1 << (c % 64)) != 0;
                 assert_eq!(marked, !class.is_empty(), "bit of class {c}");
-                len += class.all().count_keys();
+                len += class.all(true).count_keys();
             }
             for (w, word) in g.words.iter().enumerate() {
                 assert_eq!(g.summary & (1 << w) != 0, *word != 0, "summary bit {w}");
@@ -688,7 +695,7 @@ impl<K: SizeClassed> SizeClassList<K> {
             list: self,
             group: 0,
             class: 0,
-            keys: self.groups.first().map(|g| g.classes[0].all()),
+            keys: self.groups.first().map(|g| g.classes[0].all(true)),
             forward: true,
         }
     }
@@ -740,7 +747,7 @@ impl<K: SizeClassed> Iterator for Cursor<'_, K> {
             match next {
                 Some(c) => {
                     self.class = c;
-                    self.keys = Some(g.classes[c].all());
+                    self.keys = Some(g.classes[c].all(self.forward));
                 }
                 None => {
                     if self.forward {
