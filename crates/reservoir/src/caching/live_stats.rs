@@ -54,10 +54,16 @@ impl PoolStats {
         c.current += amount;
         c.peak = c.peak.max(c.current);
         c.allocated += amount;
-        let all = self.by_type[StatType::SmallPool as usize].current
-            + self.by_type[StatType::LargePool as usize].current;
+        let all = self.current_all();
         let agg = &mut self.by_type[StatType::Aggregate as usize];
         agg.peak = agg.peak.max(all);
+    }
+
+    /// The aggregate's current value: the pools' sum.
+    #[inline]
+    fn current_all(&self) -> i64 {
+        self.by_type[StatType::SmallPool as usize].current
+            + self.by_type[StatType::LargePool as usize].current
     }
 
     /// [`StatArray::decrease`] of `pool` (a pool type, not `Aggregate`).
@@ -77,7 +83,7 @@ impl PoolStats {
         let small = self.by_type[StatType::SmallPool as usize].stat();
         let large = self.by_type[StatType::LargePool as usize].stat();
         let all = Stat {
-            current: small.current + large.current,
+            current: self.current_all(),
             peak: self.by_type[StatType::Aggregate as usize].peak,
             allocated: small.allocated + large.allocated,
             freed: small.freed + large.freed,
@@ -96,8 +102,7 @@ impl PoolStats {
         for c in &mut self.by_type {
             c.peak = c.current;
         }
-        let all = self.stat_array().0[StatType::Aggregate as usize].current;
-        self.by_type[StatType::Aggregate as usize].peak = all;
+        self.by_type[StatType::Aggregate as usize].peak = self.current_all();
     }
 }
 
