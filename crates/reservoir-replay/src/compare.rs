@@ -21,8 +21,7 @@ use crate::oracle_trace::{Op, StreamName, Trace};
 use crate::replay::capacity::min_capacity;
 use crate::replay::{Replay, ReplayError, ReplayOptions, ReplaySetting, StartState};
 
-/// Slack per allocating stream in [`waste_bound`]: 4 MiB.
-pub const SLACK_PER_STREAM: u64 = 4 << 20;
+pub use reservoir::config::{waste_bound, WASTE_SLACK_PER_STREAM as SLACK_PER_STREAM};
 
 /// One input to compare policies on.
 #[derive(Clone, Debug)]
@@ -80,11 +79,6 @@ pub struct CompareRow {
     pub bound: u64,
     /// One per setting, in order.
     pub policies: Vec<PolicyResult>,
-}
-
-/// `1.05 x peak_live + 4 MiB x streams` (at least one stream).
-pub fn waste_bound(peak_live: u64, streams: u64) -> u64 {
-    peak_live + peak_live / 20 + SLACK_PER_STREAM * streams.max(1)
 }
 
 /// The streams a trace allocates on (the default stream is current at the

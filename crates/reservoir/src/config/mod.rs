@@ -149,5 +149,5 @@ pub use error::{
     AssertSite, ConfigError, ConfigWarning, KeyParser, PyTorchException, SyntaxProblem, ValueRule,
 };
 pub use keys::KNOWN_KEYS;
-pub use policy::{ReservoirPolicy, POLICY_KEY};
+pub use policy::{waste_bound, ReservoirPolicy, POLICY_KEY, WASTE_SLACK_PER_STREAM};
 pub use settings::{AllocatorBackend, AllocatorConfig, ReserveSpec, MIB, ROUNDUP_POWER2_INTERVALS};

@@ -35,6 +35,18 @@ pub struct ReservoirPolicy {
 /// The Reservoir-only settings key naming a policy.
 pub const POLICY_KEY: &str = "policy";
 
+/// Slack per allocating stream in [`waste_bound`]: 4 MiB.
+pub const WASTE_SLACK_PER_STREAM: u64 = 4 << 20;
+
+/// The reserved bytes the `reservoir` policy is meant to stay within for a
+/// run whose peak live bytes are `peak_live` on `streams` allocating
+/// streams (at least one): `1.05 x peak_live + 4 MiB x streams` (issue 17's
+/// bound; `reservoir compare` checks it, the policy's target never passes
+/// it for one stream).
+pub fn waste_bound(peak_live: u64, streams: u64) -> u64 {
+    peak_live + peak_live / 20 + WASTE_SLACK_PER_STREAM * streams.max(1)
+}
+
 impl ReservoirPolicy {
     /// The policy named `name` in `policy:NAME`: `pytorch` (none),
     /// `reservoir` or `cross_stream_reuse`.

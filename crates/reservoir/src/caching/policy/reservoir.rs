@@ -51,6 +51,7 @@ use crate::backend::{Backend, BackendError, StreamId};
 use crate::caching::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
 use crate::caching::rules::{MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER};
 use crate::caching::state::DeviceState;
+use crate::config::waste_bound;
 use crate::store::{BlockId, PoolId, NIL};
 
 /// A run of free and unmapped blocks of an expandable segment that can
@@ -97,11 +98,11 @@ pub(crate) fn whole_segment_fits(size: u64, block_size: u64) -> bool {
 pub(crate) const TARGET_SLACK: u64 = 8 << 20;
 
 /// The most the target allows above the peak of allocated bytes `peak`:
-/// 1/64 of it plus [`TARGET_SLACK`], capped at issue 17's bound
-/// (`peak / 20 + 4 MiB`, the allowance of one stream), so that a cache at
-/// its target stays within the bound on small inputs too.
+/// 1/64 of it plus [`TARGET_SLACK`], capped at issue 17's bound for one
+/// stream ([`waste_bound`]: `peak / 20 + 4 MiB` above the peak), so that a
+/// cache at its target stays within the bound on small inputs too.
 pub(crate) fn target_headroom(peak: u64) -> u64 {
-    (peak / 64 + TARGET_SLACK).min(peak / 20 + (4 << 20))
+    (peak / 64 + TARGET_SLACK).min(waste_bound(peak, 1) - peak)
 }
 
 impl DeviceState {
