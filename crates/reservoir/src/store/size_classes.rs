@@ -609,7 +609,10 @@ impl<K: SizeClassed> SizeClassList<K> {
             slot.index as usize,
         );
         let inner = key.inner();
-        if let Some(g) = self.groups.get_mut(gi) {
+        // The slot's group index is stale if a group was added or removed
+        // since the search; classes store keys without their group.
+        let group = self.groups.get_mut(gi).filter(|g| g.id == key.group());
+        if let Some(g) = group {
             match g.classes.get_mut(c) {
                 Some(Class::Sorted(v)) if v.get(at) == Some(&inner) => {
                     if at + 1 == v.len() {
@@ -845,6 +848,22 @@ mod tests {
         assert_eq!(l.len(), 0);
         assert!(matches!(class(&l, 4096), Class::Sorted(_)));
         assert!(l.iter().next().is_none());
+    }
+
+    #[test]
+    fn a_slot_made_stale_by_a_new_group_removes_its_own_key() {
+        let mut l = SizeClassList::default();
+        let key = Key(2, 2, 0, 1);
+        assert!(l.insert(key));
+        let (hit, slot) = l.first_from(&Key(2, 0, 0, 0)).unwrap();
+        assert_eq!(hit, key);
+        // Group 0 goes before group 2, so the slot's group index now names
+        // group 0, whose class holds a key equal to the hit but for its group.
+        let other = Key(0, 2, 0, 1);
+        assert!(l.insert(other));
+        assert!(l.remove_at(slot, &hit));
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![other]);
+        l.check();
     }
 
     #[test]
