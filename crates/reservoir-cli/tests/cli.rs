@@ -575,10 +575,18 @@ fn compare_puts_policies_side_by_side() {
     let o = reservoir(&[&args[..], &["--json"]].concat());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 2);
-    // steady state: the second half of the ops, part of the driver time
+    // steady state: the second half of the ops after the live peak, part
+    // of the driver time
     let p = &v["rows"][0]["policies"][0];
     assert!(p["steady_driver_time_ns"].as_u64().unwrap() <= p["driver_time_ns"].as_u64().unwrap());
     assert!(v["summary"][0]["total_steady_driver_time_ns"].is_u64());
+    let row = &v["rows"][0];
+    let (ops, start) = (
+        row["ops"].as_u64().unwrap(),
+        row["steady_start"].as_u64().unwrap(),
+    );
+    assert!(ops / 2 <= start && start <= ops, "{ops} {start}");
+    assert!(out.contains("steady time: the second half of each input's ops, from its peak"));
     assert_eq!(v["summary"].as_array().unwrap().len(), 3);
     assert_eq!(v["summary"][2]["policy"], "reservoir");
     assert_eq!(v["summary"][0]["policy"], "pytorch");

@@ -9,15 +9,19 @@
 //! streams that allocate.
 //!
 //! **Steady state** (issue 17: "no more simulated driver time than PyTorch
-//! mode in steady state"): the second half of the input's ops, from op
-//! [`steady_state_start`] to the end. A program that repeats an iteration
-//! (a training step, a decode step) has warmed its cache by then; a single
-//! pass has at least built its first half. The steady-state driver time is
-//! the simulated driver time of the calls made in that half.
+//! mode in steady state"): the ops from [`steady_state_start`] to the end:
+//! the second half of the input's ops, and only after the op at which the
+//! bytes the program holds reach their peak ([`live_peak_op`]). A program
+//! that repeats an iteration (a training step, a decode step) has warmed
+//! its cache by its second half; a program whose live bytes still rise
+//! there (a forward pass over a growing context) is not in a steady state
+//! until its last new peak, and every policy must then get new memory
+//! from the driver. The steady-state driver time is the simulated driver
+//! time of the calls made in those ops.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
-use crate::oracle_trace::{Op, StreamName, Trace};
+use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use crate::replay::capacity::min_capacity;
 use crate::replay::{Replay, ReplayError, ReplayOptions, ReplaySetting, StartState};
 
@@ -72,6 +76,11 @@ pub struct PolicyResult {
 pub struct CompareRow {
     /// [`CompareInput::name`].
     pub input: String,
+    /// The input's ops.
+    pub ops: u64,
+    /// The first op of its steady state ([`steady_state_start`]; `ops` if
+    /// its live bytes reach their peak at its last op).
+    pub steady_start: u64,
     /// Streams that allocate.
     pub streams: u64,
     /// The bound on peak reserved bytes ([`waste_bound`]) for the peak live
@@ -101,10 +110,54 @@ pub fn allocating_streams(trace: &Trace) -> u64 {
     seen.len() as u64
 }
 
-/// The first op of the steady state of a trace of `ops` ops: its second
-/// half (`ops / 2`, so a one-op trace's steady state is that op).
-pub fn steady_state_start(ops: usize) -> usize {
-    ops / 2
+/// The op at which the bytes the program holds (requested and not yet
+/// freed, counting the blocks `start` seeds) first reach their peak, or
+/// `None` if no op allocates. A free of an unknown id changes nothing.
+pub fn live_peak_op(trace: &Trace, start: Option<&StartState>) -> Option<usize> {
+    let mut live: HashMap<AllocId, u64> = HashMap::new();
+    if let Some(start) = start {
+        let seeded = start
+            .segments
+            .iter()
+            .flat_map(|(_, seg, ids)| seg.blocks.iter().zip(ids))
+            .chain(
+                start
+                    .expandable
+                    .iter()
+                    .flat_map(|(_, seg, ids)| seg.blocks.iter().zip(ids)),
+            );
+        for (block, &id) in seeded {
+            live.insert(id, block.requested_size);
+        }
+    }
+    let mut current: u64 = live.values().sum();
+    let mut peak: Option<(u64, usize)> = None;
+    for (i, op) in trace.ops.iter().enumerate() {
+        match op {
+            Op::Alloc { id, bytes, .. } => {
+                current += bytes;
+                if let Some(old) = live.insert(*id, *bytes) {
+                    current -= old;
+                }
+                if peak.map_or(true, |(p, _)| current > p) {
+                    peak = Some((current, i));
+                }
+            }
+            Op::Free { id } => current -= live.remove(id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    peak.map(|(_, i)| i)
+}
+
+/// The first op of the steady state of `trace` (started from `start`): the
+/// second half of its ops (`ops / 2`, so a one-op trace's steady state is
+/// that op), and not before the op after [`live_peak_op`]. A trace whose
+/// live bytes reach their peak at its last op has no steady state
+/// (`ops`).
+pub fn steady_state_start(trace: &Trace, start: Option<&StartState>) -> usize {
+    let half = trace.ops.len() / 2;
+    half.max(live_peak_op(trace, start).map_or(0, |i| i + 1))
 }
 
 /// Replay `input` under each of its settings, and find each one's minimum
@@ -119,10 +172,10 @@ pub fn compare(
         max_samples: 2,
         ..ReplayOptions::default()
     };
+    let steady_start = steady_state_start(&input.trace, input.start.as_ref());
     let mut policies = Vec::with_capacity(input.settings.len());
     for s in &input.settings {
         let mut r: Replay<'_> = Replay::build(&input.trace, input.start.as_ref(), s, &options)?;
-        let steady_start = steady_state_start(input.trace.ops.len());
         while r.position() < steady_start {
             r.step()?;
         }
@@ -154,6 +207,8 @@ pub fn compare(
     let bound = waste_bound(policies.first().map_or(0, |p| p.peak_live), streams);
     Ok(CompareRow {
         input: input.name.clone(),
+        ops: input.trace.ops.len() as u64,
+        steady_start: steady_start as u64,
         streams,
         bound,
         policies,

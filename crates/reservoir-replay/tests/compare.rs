@@ -1,13 +1,15 @@
 //! `reservoir compare`'s engine: the waste bound of issue 17, the streams
 //! that count for it, each setting's row and the summary per setting.
 
+use reservoir::caching::{SeededBlock, SeededSegment};
 use reservoir::sim::CostModel;
+use reservoir::StreamId;
 use reservoir_replay::compare::{
-    allocating_streams, compare, steady_state_start, summarize, waste_bound, CompareInput,
-    CompareRow, PolicyResult, SLACK_PER_STREAM,
+    allocating_streams, compare, live_peak_op, steady_state_start, summarize, waste_bound,
+    CompareInput, CompareRow, PolicyResult, SLACK_PER_STREAM,
 };
 use reservoir_replay::oracle_trace::Trace;
-use reservoir_replay::replay::{replay, ReplayOptions, ReplaySetting};
+use reservoir_replay::replay::{replay, ReplayOptions, ReplaySetting, StartState};
 use reservoir_replay::workload;
 
 const MIB: u64 = 1 << 20;
@@ -88,6 +90,8 @@ fn summary_has_median_p90_worst_and_bound_counts() {
     let rows: Vec<CompareRow> = (1..=10)
         .map(|i| CompareRow {
             input: format!("t{i}"),
+            ops: 0,
+            steady_start: 0,
             streams: 1,
             bound: 0,
             policies: vec![
@@ -112,13 +116,54 @@ fn summary_has_median_p90_worst_and_bound_counts() {
 }
 
 #[test]
-fn steady_state_is_the_second_half_of_the_ops() {
-    assert_eq!(steady_state_start(10), 5);
-    assert_eq!(steady_state_start(3), 1);
-    assert_eq!(steady_state_start(1), 0);
-    // op 0 (first half) allocates a 2 MiB small segment; ops 1 and 2 (the
-    // steady state) free it and allocate a new 100 MiB segment.
-    let trace = Trace::parse("a 1 512\nf 1\na 2 104857600\n").unwrap();
+fn steady_state_is_the_second_half_of_the_ops_once_live_bytes_peaked() {
+    // A repeated step: live bytes peak at op 1 (first half); the steady
+    // state is the second half.
+    let step = Trace::parse("a 1 1024\na 2 512\nf 2\nf 1\na 3 1024\na 4 512\nf 4\nf 3\n").unwrap();
+    assert_eq!(live_peak_op(&step, None), Some(1));
+    assert_eq!(steady_state_start(&step, None), 4);
+    // Growth: live bytes reach their peak at op 5, so the steady state
+    // starts at op 6, past the half.
+    let growth =
+        Trace::parse("a 1 512\na 2 512\nf 1\na 3 1024\nf 2\na 4 4096\nf 3\nf 4\n").unwrap();
+    assert_eq!(live_peak_op(&growth, None), Some(5));
+    assert_eq!(steady_state_start(&growth, None), 6);
+    // A peak at the last op leaves no steady state; no allocation, the half.
+    let last = Trace::parse("a 1 512\nf 1\na 2 104857600\n").unwrap();
+    assert_eq!(steady_state_start(&last, None), 3);
+    let none = Trace::parse("e\ne\n").unwrap();
+    assert_eq!(
+        (live_peak_op(&none, None), steady_state_start(&none, None)),
+        (None, 1)
+    );
+    // A seeded block counts: freeing it lowers the live bytes, so the later
+    // 600-byte allocation is no new peak.
+    let mut start = StartState::default();
+    start.segments.push((
+        0,
+        SeededSegment {
+            stream: StreamId::DEFAULT,
+            small: true,
+            size: 2 * MIB,
+            blocks: vec![SeededBlock {
+                offset: 0,
+                size: 1024,
+                requested_size: 1000,
+            }],
+        },
+        vec![7],
+    ));
+    let seeded = Trace::parse("a 1 512\nf 7\nf 1\na 2 600\nf 2\n").unwrap();
+    assert_eq!(live_peak_op(&seeded, Some(&start)), Some(0));
+    assert_eq!(live_peak_op(&seeded, None), Some(3));
+}
+
+#[test]
+fn steady_state_driver_time_counts_the_calls_after_the_peak() {
+    // ops 0-1 allocate a 100 MiB segment and free it (the live peak);
+    // ops 2-3 (the steady state) allocate 512 bytes (a 2 MiB small
+    // segment) and free them.
+    let trace = Trace::parse("a 1 104857600\nf 1\na 2 512\nf 2\n").unwrap();
     let input = CompareInput {
         name: "t".into(),
         trace: trace.clone(),
@@ -127,12 +172,13 @@ fn steady_state_is_the_second_half_of_the_ops() {
         settings: vec![ReplaySetting::new("pytorch", "")],
     };
     let row = compare(&input, &mut |_| {}).unwrap();
+    assert_eq!((row.ops, row.steady_start), (4, 2));
     let p = &row.policies[0];
     let cost = CostModel::default();
-    assert_eq!(p.steady_driver_time_ns, cost.alloc(100 * MIB));
+    assert_eq!(p.steady_driver_time_ns, cost.alloc(2 * MIB));
     assert_eq!(
         p.driver_time_ns,
-        cost.alloc(2 * MIB) + cost.alloc(100 * MIB)
+        cost.alloc(100 * MIB) + cost.alloc(2 * MIB)
     );
     let s = summarize(std::slice::from_ref(&row));
     assert_eq!(s[0].total_driver_time_ns, p.driver_time_ns);
