@@ -4,9 +4,11 @@
 //! (a [`FreeList`](super::FreeList)) and answers the same queries (lower
 //! bound and everything after it, everything strictly before a key), but
 //! instead of one ordered tree it splits the keys by *group* (the caching
-//! allocator's stream) and, inside a group, by *size class*: 976 classes,
-//! 16 per power of two (log-linear, like a float with a 4-bit mantissa), so
-//! every size of class `c` is smaller than every size of class `c + 1`.
+//! allocator's stream) and, inside a group, by *size class*: one per 512
+//! bytes below 1 MiB (block sizes are multiples of 512, so each of these
+//! holds one size: every size a small-pool request rounds to), then 16 per
+//! power of two (log-linear, like a float with a 4-bit mantissa), so every
+//! size of class `c` is smaller than every size of class `c + 1`.
 //! A two-level bitmap per group marks the classes that hold keys; the best
 //! fit for `(group, size)` is the first key at or after the lower bound in
 //! the size's own class, else the first key of the next non-empty class,
@@ -28,11 +30,25 @@
 use super::chunked::{at_or_after_descending, search_descending, ChunkKeys, Chunks};
 use super::ranked::{RankRuns, RankedKey, RankedKeys};
 
-/// Number of size classes: sizes below 16 have one class each, then 16
-/// classes per power of two up to `2^64`.
-pub(crate) const CLASSES: usize = 976;
+/// Sizes below this (1 MiB, PyTorch's `kSmallSize`: every size a
+/// small-pool request rounds to) have a class per 512 bytes: the caching
+/// allocator rounds every block to 512 bytes (spec 1.4), so each of these
+/// classes holds one size, and a class of many keys becomes [`RankRuns`].
+/// Measured (BENCHMARKS.md "Exact classes below 1 MiB"): 2 MiB needs a
+/// summary of more than 64 words and costs 10-15 instructions per call.
+const EXACT_LIMIT: u64 = 1 << 20;
+/// Width of a class below [`EXACT_LIMIT`] (512 bytes, `kMinBlockSize`).
+const EXACT_SHIFT: u32 = 9;
+/// The classes below [`EXACT_LIMIT`].
+const EXACT_CLASSES: usize = (EXACT_LIMIT >> EXACT_SHIFT) as usize;
+/// Number of size classes: one per 512 bytes below 1 MiB, then 16 per
+/// power of two up to `2^64`.
+pub(crate) const CLASSES: usize =
+    EXACT_CLASSES + (64 - EXACT_LIMIT.trailing_zeros() as usize) * (1 << SUB_BITS);
 const SUB_BITS: u32 = 4;
 const WORDS: usize = CLASSES.div_ceil(64);
+// The summary bitmap has a bit per word.
+const _: () = assert!(WORDS <= 64);
 /// A class's sorted `Vec` becomes [`RankRuns`] (one size, small ranks) or
 /// [`Chunks`] above this many keys.
 pub(crate) const PROMOTE: usize = 64;
@@ -41,15 +57,17 @@ pub(crate) const PROMOTE: usize = 64;
 const DEMOTE: usize = 16;
 
 /// The size class of `size`: monotonic (a larger size never has a smaller
-/// class), exact below 16, then 16 classes per power of two.
+/// class), one per 512 bytes below 1 MiB, then 16 per power of two.
 #[inline]
 pub(crate) fn class_of(size: u64) -> usize {
-    if size < (1 << SUB_BITS) {
-        return size as usize;
+    if size < EXACT_LIMIT {
+        return (size >> EXACT_SHIFT) as usize;
     }
     let e = 63 - size.leading_zeros();
     let mantissa = (size >> (e - SUB_BITS)) & ((1 << SUB_BITS) - 1);
-    let c = ((e - SUB_BITS + 1) as usize) * (1 << SUB_BITS) + mantissa as usize;
+    let c = EXACT_CLASSES
+        + ((e - EXACT_LIMIT.trailing_zeros()) as usize) * (1 << SUB_BITS)
+        + mantissa as usize;
     // Always true (`u64::MAX` is in the last class); stated so that indexing
     // a group's classes and bitmap words needs no bounds check.
     c.min(CLASSES - 1)
@@ -348,7 +366,7 @@ impl<K: RankedKey> Keys<'_, K> {
 struct Group<K: Ord> {
     id: u64,
     words: [u64; WORDS],
-    summary: u32,
+    summary: u64,
     classes: Box<[Class<K>; CLASSES]>,
 }
 
@@ -358,7 +376,12 @@ impl<K: Ord + Copy> Group<K> {
             id,
             words: [0; WORDS],
             summary: 0,
-            classes: Box::new(std::array::from_fn(|_| Class::Sorted(Vec::new()))),
+            // Built on the heap: the array is about 66 KiB.
+            classes: (0..CLASSES)
+                .map(|_| Class::Sorted(Vec::new()))
+                .collect::<Box<[Class<K>]>>()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("CLASSES classes")),
         }
     }
 
@@ -387,7 +410,7 @@ impl<K: Ord + Copy> Group<K> {
         if m != 0 {
             return Some(w * 64 + m.trailing_zeros() as usize);
         }
-        let s = self.summary & (!0u32).checked_shl(w as u32 + 1).unwrap_or(0);
+        let s = self.summary & (!0u64).checked_shl(w as u32 + 1).unwrap_or(0);
         if s == 0 {
             return None;
         }
@@ -407,11 +430,11 @@ impl<K: Ord + Copy> Group<K> {
         if m != 0 {
             return Some(w * 64 + 63 - m.leading_zeros() as usize);
         }
-        let s = self.summary & ((1u32 << w) - 1);
+        let s = self.summary & ((1u64 << w) - 1);
         if s == 0 {
             return None;
         }
-        let w = 31 - s.leading_zeros() as usize;
+        let w = 63 - s.leading_zeros() as usize;
         Some(w * 64 + 63 - self.words[w].leading_zeros() as usize)
     }
 }
@@ -812,13 +835,21 @@ mod tests {
         for s in 0..100_000u64 {
             assert!(class_of(s) <= class_of(s + 1), "class_of({s})");
         }
-        for e in 1..64u32 {
+        // Each power of two from 512 on starts a class.
+        for e in 9..64u32 {
             let p = 1u64 << e;
             assert!(class_of(p - 1) < class_of(p), "2^{e}");
             assert!(class_of(p) <= class_of(p + p / 3), "2^{e}");
         }
         assert_eq!(class_of(0), 0);
         assert_eq!(class_of(u64::MAX), CLASSES - 1);
+        // One class per 512 bytes below 1 MiB: each multiple of 512 has
+        // its own.
+        for k in 1..2048u64 {
+            assert_eq!(class_of(k * 512), k as usize);
+            assert_eq!(class_of(k * 512 + 511), k as usize);
+        }
+        assert_eq!(class_of(1 << 20), 2048);
     }
 
     fn class(l: &SizeClassList<Key>, size: u64) -> &Class<Inner> {
