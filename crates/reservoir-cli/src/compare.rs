@@ -80,11 +80,16 @@ fn steady_violations(rows: &[CompareRow], policy: &str) -> Vec<String> {
         };
         if p.steady_driver_time_ns > py.steady_driver_time_ns {
             out.push(format!(
-                "{}: {} spends {} of simulated driver time in steady state, more than pytorch ({})",
+                "{}: {} spends {} of simulated driver time in steady state (from op {} of {}: {}), \
+                 more than pytorch ({}: {})",
                 r.input,
                 policy,
                 format_ns(p.steady_driver_time_ns as f64),
-                format_ns(py.steady_driver_time_ns as f64)
+                r.steady_start,
+                r.ops,
+                p.steady_calls,
+                format_ns(py.steady_driver_time_ns as f64),
+                py.steady_calls
             ));
         }
     }

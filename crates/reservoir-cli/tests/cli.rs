@@ -746,6 +746,12 @@ fn compare_require_fails_on_a_policy_over_the_bound_or_worse_than_another() {
         assert_eq!(o.status.success(), ok, "{name}: {err}");
         if !ok {
             assert!(err.contains("steady-state driver time"), "{err}");
+            // each violation says which calls made the time
+            assert!(err.contains("in steady state (from op "), "{err}");
+        }
+        // the steady-state calls by kind, in the JSON
+        for kind in ["mallocs", "frees", "maps", "unmaps", "reserves", "releases"] {
+            assert!(x["steady_calls"][kind].is_u64(), "{name}: {kind}");
         }
     }
     let o = reservoir(

@@ -65,10 +65,54 @@ pub struct PolicyResult {
     /// Simulated driver time of the steady state (the ops from
     /// [`steady_state_start`] on), ns.
     pub steady_driver_time_ns: u64,
+    /// The driver calls of the steady state, by kind.
+    pub steady_calls: DriverCalls,
     /// Mean wall time of an allocator call, ns (host-dependent).
     pub allocator_ns_per_op: f64,
     /// Out-of-memory errors on the input's capacity.
     pub ooms: u64,
+}
+
+/// Driver calls by kind (the simulated device's counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DriverCalls {
+    /// Allocations (`cudaMalloc`).
+    pub mallocs: u64,
+    /// Frees (`cudaFree`).
+    pub frees: u64,
+    /// Maps (`cuMemCreate` + `cuMemMap`).
+    pub maps: u64,
+    /// Unmaps (`cuMemUnmap` + `cuMemRelease`).
+    pub unmaps: u64,
+    /// Address-space reservations (`cuMemAddressReserve`).
+    pub reserves: u64,
+    /// Address-space releases (`cuMemAddressFree`).
+    pub releases: u64,
+}
+
+impl std::fmt::Display for DriverCalls {
+    /// The kinds made, e.g. `3 cudaMalloc, 1 map, 2 unmaps` (`no calls` if
+    /// none).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds = [
+            (self.mallocs, "cudaMalloc", ""),
+            (self.frees, "cudaFree", ""),
+            (self.maps, "map", "s"),
+            (self.unmaps, "unmap", "s"),
+            (self.reserves, "address reservation", "s"),
+            (self.releases, "address release", "s"),
+        ];
+        let made: Vec<String> = kinds
+            .iter()
+            .filter(|(n, _, _)| *n > 0)
+            .map(|(n, what, plural)| format!("{n} {what}{}", if *n == 1 { "" } else { plural }))
+            .collect();
+        if made.is_empty() {
+            f.write_str("no calls")
+        } else {
+            f.write_str(&made.join(", "))
+        }
+    }
 }
 
 /// Every setting on one input.
@@ -179,9 +223,18 @@ pub fn compare(
         while r.position() < steady_start {
             r.step()?;
         }
-        let warm_up_ns = r.device().counters().driver_time_ns;
+        let warm_up = r.device().counters();
         r.run()?;
-        let steady_driver_time_ns = r.device().counters().driver_time_ns - warm_up_ns;
+        let end = r.device().counters();
+        let steady_driver_time_ns = end.driver_time_ns - warm_up.driver_time_ns;
+        let steady_calls = DriverCalls {
+            mallocs: end.allocs - warm_up.allocs,
+            frees: end.frees - warm_up.frees,
+            maps: end.maps - warm_up.maps,
+            unmaps: end.unmaps - warm_up.unmaps,
+            reserves: end.reserves - warm_up.reserves,
+            releases: end.releases - warm_up.releases,
+        };
         let rep = r.report();
         let min = min_capacity(&input.trace, input.start.as_ref(), s, &mut |_, _| {})?;
         let ratio = if rep.peak_live == 0 {
@@ -199,6 +252,7 @@ pub fn compare(
             driver_calls: rep.driver_allocs + rep.driver_frees,
             driver_time_ns: rep.driver_time_ns,
             steady_driver_time_ns,
+            steady_calls,
             allocator_ns_per_op: rep.allocator_ns_per_op,
             ooms: rep.ooms,
         });

@@ -6,7 +6,7 @@ use reservoir::sim::CostModel;
 use reservoir::StreamId;
 use reservoir_replay::compare::{
     allocating_streams, compare, live_peak_op, steady_state_start, summarize, waste_bound,
-    CompareInput, CompareRow, PolicyResult, SLACK_PER_STREAM,
+    CompareInput, CompareRow, DriverCalls, PolicyResult, SLACK_PER_STREAM,
 };
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::{replay, ReplayOptions, ReplaySetting, StartState};
@@ -80,6 +80,7 @@ fn result(policy: &str, ratio: f64, min: Option<u64>) -> PolicyResult {
         driver_calls: 0,
         driver_time_ns: 0,
         steady_driver_time_ns: 0,
+        steady_calls: DriverCalls::default(),
         allocator_ns_per_op: 0.0,
         ooms: 0,
     }
@@ -176,6 +177,22 @@ fn steady_state_driver_time_counts_the_calls_after_the_peak() {
     let p = &row.policies[0];
     let cost = CostModel::default();
     assert_eq!(p.steady_driver_time_ns, cost.alloc(2 * MIB));
+    assert_eq!(
+        p.steady_calls,
+        DriverCalls {
+            mallocs: 1,
+            ..DriverCalls::default()
+        }
+    );
+    assert_eq!(p.steady_calls.to_string(), "1 cudaMalloc");
+    assert_eq!(DriverCalls::default().to_string(), "no calls");
+    let some = DriverCalls {
+        mallocs: 2,
+        maps: 1,
+        unmaps: 3,
+        ..DriverCalls::default()
+    };
+    assert_eq!(some.to_string(), "2 cudaMalloc, 1 map, 3 unmaps");
     assert_eq!(
         p.driver_time_ns,
         cost.alloc(100 * MIB) + cost.alloc(2 * MIB)
