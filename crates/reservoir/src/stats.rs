@@ -138,27 +138,31 @@ impl StatArray {
 }
 
 /// Statistics of one device's caching allocator: `c10::CachingDeviceAllocator::DeviceStats`.
+///
+/// `A` is how each of the nine arrays is kept: a [`StatArray`] as PyTorch
+/// reports it (the default, and the only one outside this crate), or the
+/// caching allocator's own per-pool counters while the device runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct DeviceStats {
+pub struct DeviceStats<A = StatArray> {
     /// Number of allocated blocks (key `allocation`).
-    pub allocation: StatArray,
+    pub allocation: A,
     /// Number of segments obtained from the driver.
-    pub segment: StatArray,
+    pub segment: A,
     /// Number of active blocks (allocated, or freed and waiting for other streams).
-    pub active: StatArray,
+    pub active: A,
     /// Number of free blocks that are part of a split segment (cannot be
     /// released to the driver).
-    pub inactive_split: StatArray,
+    pub inactive_split: A,
     /// Bytes of allocated blocks (rounded sizes, whole blocks).
-    pub allocated_bytes: StatArray,
+    pub allocated_bytes: A,
     /// Bytes obtained from the driver.
-    pub reserved_bytes: StatArray,
+    pub reserved_bytes: A,
     /// Bytes of active blocks.
-    pub active_bytes: StatArray,
+    pub active_bytes: A,
     /// Bytes of inactive split blocks.
-    pub inactive_split_bytes: StatArray,
+    pub inactive_split_bytes: A,
     /// Bytes callers asked for (before rounding), over active blocks.
-    pub requested_bytes: StatArray,
+    pub requested_bytes: A,
     /// Allocations that needed the full cache flush and a retry.
     pub num_alloc_retries: i64,
     /// Out-of-memory errors raised.
@@ -204,6 +208,70 @@ impl Default for DeviceStats {
             num_device_free: 0,
             max_split_size: -1,
         }
+    }
+}
+
+impl<A> DeviceStats<A> {
+    /// The nine arrays, in the order of [`arrays`](DeviceStats::arrays).
+    fn arrays_mut(&mut self) -> [&mut A; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// These statistics with each array mapped by `f`; every other field
+    /// is copied.
+    pub(crate) fn map_arrays<B>(&self, f: impl Fn(&A) -> B) -> DeviceStats<B> {
+        DeviceStats {
+            allocation: f(&self.allocation),
+            segment: f(&self.segment),
+            active: f(&self.active),
+            inactive_split: f(&self.inactive_split),
+            allocated_bytes: f(&self.allocated_bytes),
+            reserved_bytes: f(&self.reserved_bytes),
+            active_bytes: f(&self.active_bytes),
+            inactive_split_bytes: f(&self.inactive_split_bytes),
+            requested_bytes: f(&self.requested_bytes),
+            num_alloc_retries: self.num_alloc_retries,
+            num_ooms: self.num_ooms,
+            num_oom_rejections: self.num_oom_rejections,
+            oversize_allocations: self.oversize_allocations,
+            oversize_segments: self.oversize_segments,
+            num_sync_all_streams: self.num_sync_all_streams,
+            num_device_alloc: self.num_device_alloc,
+            num_device_free: self.num_device_free,
+            max_split_size: self.max_split_size,
+        }
+    }
+
+    /// [`reset_accumulated`](DeviceStats::reset_accumulated), with `array`
+    /// resetting each array.
+    pub(crate) fn reset_accumulated_with(&mut self, array: fn(&mut A)) {
+        self.arrays_mut().into_iter().for_each(array);
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_oom_rejections = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+    }
+
+    /// [`reset_peak`](DeviceStats::reset_peak), with `array` resetting
+    /// each array.
+    pub(crate) fn reset_peak_with(&mut self, array: fn(&mut A)) {
+        self.arrays_mut().into_iter().for_each(array);
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
     }
 }
 
@@ -258,40 +326,12 @@ impl DeviceStats {
     /// Zero every lifetime total and event counter
     /// (`torch.cuda.reset_accumulated_memory_stats`).
     pub fn reset_accumulated(&mut self) {
-        for a in self.arrays_mut() {
-            a.reset_accumulated();
-        }
-        self.num_alloc_retries = 0;
-        self.num_ooms = 0;
-        self.num_oom_rejections = 0;
-        self.num_sync_all_streams = 0;
-        self.num_device_alloc = 0;
-        self.num_device_free = 0;
-        self.oversize_allocations.reset_accumulated();
-        self.oversize_segments.reset_accumulated();
+        self.reset_accumulated_with(StatArray::reset_accumulated);
     }
 
     /// Set every peak to its current value (`torch.cuda.reset_peak_memory_stats`).
     pub fn reset_peak(&mut self) {
-        for a in self.arrays_mut() {
-            a.reset_peak();
-        }
-        self.oversize_allocations.reset_peak();
-        self.oversize_segments.reset_peak();
-    }
-
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
+        self.reset_peak_with(StatArray::reset_peak);
     }
 
     /// The flat, sorted view `torch.cuda.memory_stats()` returns, with the

@@ -32,7 +32,7 @@ impl DeviceState {
         s.active_bytes.increase(st, size);
         s.requested_bytes.increase(st, requested);
         if size >= self.config.max_split_size {
-            s.rest.oversize_allocations.increase(1);
+            s.oversize_allocations.increase(1);
         }
     }
 
@@ -44,7 +44,7 @@ impl DeviceState {
         s.allocation.decrease(st, 1);
         s.allocated_bytes.decrease(st, size);
         if size >= self.config.max_split_size {
-            s.rest.oversize_allocations.decrease(1);
+            s.oversize_allocations.decrease(1);
         }
     }
 
@@ -56,9 +56,9 @@ impl DeviceState {
         s.segment.increase(st, 1);
         s.reserved_bytes.increase(st, size);
         if size >= self.config.max_split_size {
-            s.rest.oversize_segments.increase(1);
+            s.oversize_segments.increase(1);
         }
-        s.rest.num_device_alloc += 1;
+        s.num_device_alloc += 1;
         self.note_device_reserved(st, size as i64);
     }
 
@@ -79,7 +79,7 @@ impl DeviceState {
         s.segment.decrease(st, 1);
         s.reserved_bytes.decrease(st, size);
         if size >= self.config.max_split_size {
-            s.rest.oversize_segments.decrease(1);
+            s.oversize_segments.decrease(1);
         }
         self.note_device_reserved(st, -(size as i64));
     }

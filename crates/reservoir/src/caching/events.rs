@@ -165,7 +165,7 @@ impl DeviceState {
         backend: &B,
         only: Option<MempoolId>,
     ) -> Result<(), BackendError> {
-        self.stats.rest.num_sync_all_streams += 1;
+        self.stats.num_sync_all_streams += 1;
         self.insert_events_deferred_until_no_capture(backend)?;
         let mut result = Ok(());
         let mut cur = self.events.queues.first();

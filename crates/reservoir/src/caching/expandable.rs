@@ -210,7 +210,7 @@ impl DeviceState {
         let st = self.stat_type(pool);
         self.stats.reserved_bytes.increase(st, mapped);
         self.note_device_reserved(st, mapped as i64);
-        self.stats.rest.num_device_alloc += 1;
+        self.stats.num_device_alloc += 1;
         self.record_trace(TraceAction::SegmentMap, addr, mapped, stream, pool, id);
         Ok(true)
     }
@@ -328,7 +328,7 @@ impl DeviceState {
         let st = self.stat_type(pool);
         self.stats.reserved_bytes.decrease(st, unmapped_size);
         self.note_device_reserved(st, -(unmapped_size as i64));
-        self.stats.rest.num_device_free += 1;
+        self.stats.num_device_free += 1;
         self.record_trace(
             TraceAction::SegmentUnmap,
             unmapped_addr,

@@ -107,85 +107,29 @@ impl PoolStats {
 }
 
 /// A device's statistics while it runs: [`DeviceStats`] with each
-/// [`StatArray`] kept as [`PoolStats`]. The fields mean what
-/// [`DeviceStats`]'s fields of the same names mean.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LiveStats {
-    pub allocation: PoolStats,
-    pub segment: PoolStats,
-    pub active: PoolStats,
-    pub inactive_split: PoolStats,
-    pub allocated_bytes: PoolStats,
-    pub reserved_bytes: PoolStats,
-    pub active_bytes: PoolStats,
-    pub inactive_split_bytes: PoolStats,
-    pub requested_bytes: PoolStats,
-    /// Every other field of [`DeviceStats`] (its arrays stay zero here).
-    pub rest: DeviceStats,
-}
+/// [`StatArray`] kept as [`PoolStats`].
+pub(crate) type LiveStats = DeviceStats<PoolStats>;
 
 impl LiveStats {
     /// Zeroed statistics of an allocator created with `max_split_size`
     /// bytes ([`DeviceStats::with_max_split_size`]).
-    pub fn with_max_split_size(max_split_size: u64) -> LiveStats {
-        LiveStats {
-            allocation: PoolStats::default(),
-            segment: PoolStats::default(),
-            active: PoolStats::default(),
-            inactive_split: PoolStats::default(),
-            allocated_bytes: PoolStats::default(),
-            reserved_bytes: PoolStats::default(),
-            active_bytes: PoolStats::default(),
-            inactive_split_bytes: PoolStats::default(),
-            requested_bytes: PoolStats::default(),
-            rest: DeviceStats::with_max_split_size(max_split_size),
-        }
+    pub fn zeroed(max_split_size: u64) -> LiveStats {
+        DeviceStats::with_max_split_size(max_split_size).map_arrays(|_| PoolStats::default())
     }
 
     /// The statistics as PyTorch reports them.
     pub fn snapshot(&self) -> DeviceStats {
-        DeviceStats {
-            allocation: self.allocation.stat_array(),
-            segment: self.segment.stat_array(),
-            active: self.active.stat_array(),
-            inactive_split: self.inactive_split.stat_array(),
-            allocated_bytes: self.allocated_bytes.stat_array(),
-            reserved_bytes: self.reserved_bytes.stat_array(),
-            active_bytes: self.active_bytes.stat_array(),
-            inactive_split_bytes: self.inactive_split_bytes.stat_array(),
-            requested_bytes: self.requested_bytes.stat_array(),
-            ..self.rest
-        }
+        self.map_arrays(PoolStats::stat_array)
     }
 
     /// [`DeviceStats::reset_accumulated`].
     pub fn reset_accumulated(&mut self) {
-        self.arrays_mut()
-            .into_iter()
-            .for_each(PoolStats::reset_accumulated);
-        self.rest.reset_accumulated();
+        self.reset_accumulated_with(PoolStats::reset_accumulated);
     }
 
     /// [`DeviceStats::reset_peak`].
     pub fn reset_peak(&mut self) {
-        self.arrays_mut()
-            .into_iter()
-            .for_each(PoolStats::reset_peak);
-        self.rest.reset_peak();
-    }
-
-    fn arrays_mut(&mut self) -> [&mut PoolStats; 9] {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
+        self.reset_peak_with(PoolStats::reset_peak);
     }
 }
 
@@ -217,7 +161,7 @@ mod tests {
         /// is what a `StatArray` updated the same way holds.
         #[test]
         fn reads_what_a_stat_array_holds(ops in proptest::collection::vec(op(), 0..200)) {
-            let mut live = LiveStats::with_max_split_size(u64::MAX);
+            let mut live = LiveStats::zeroed(u64::MAX);
             let mut want = DeviceStats::with_max_split_size(u64::MAX);
             for op in ops {
                 match op {

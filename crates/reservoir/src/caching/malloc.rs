@@ -287,7 +287,7 @@ impl DeviceState {
         is_retry: bool,
     ) -> Result<bool, MallocError> {
         if is_retry {
-            self.stats.rest.num_alloc_retries += 1;
+            self.stats.num_alloc_retries += 1;
         }
         let size = self.alloc_size(p);
         if let Some(allowed) = self.allowed_memory_maximum {

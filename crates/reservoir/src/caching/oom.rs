@@ -56,7 +56,7 @@ impl DeviceState {
     ) -> Result<OomReport, MallocError> {
         let info = backend.mem_info()?;
         self.record_trace(TraceAction::Oom, info.free, p.size, p.stream, p.pool, NIL);
-        self.stats.rest.num_ooms += 1;
+        self.stats.num_ooms += 1;
 
         let allocated = self.stats.allocated_bytes.all().current as u64;
         let reserved = self.stats.reserved_bytes.all().current as u64;

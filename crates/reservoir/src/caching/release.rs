@@ -238,7 +238,7 @@ impl DeviceState {
             (b.addr, b.size, b.stream, b.pool, b.segment)
         };
         backend.free(DevicePtr(addr), size)?;
-        self.stats.rest.num_device_free += 1;
+        self.stats.num_device_free += 1;
         self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
         self.count_private_malloc(pool, false);
         self.note_segment_released(size, self.stat_type(pool));

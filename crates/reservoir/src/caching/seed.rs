@@ -383,7 +383,7 @@ impl<B: Backend> Seeder<'_, B> {
         st.total_allocated_memory += mapped_total;
         st.stats.reserved_bytes.increase(stat, mapped_total);
         st.note_device_reserved(stat, mapped_total as i64);
-        st.stats.rest.num_device_alloc += mapped.len() as i64;
+        st.stats.num_device_alloc += mapped.len() as i64;
 
         // The tiling: (offset, size, mapped, Some(requested) if allocated).
         let mut tiles: Vec<(u64, u64, bool, Option<u64>)> = Vec::new();

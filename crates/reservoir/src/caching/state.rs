@@ -79,7 +79,7 @@ pub(crate) struct DeviceState {
 
 impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
-        let stats = LiveStats::with_max_split_size(config.max_split_size);
+        let stats = LiveStats::zeroed(config.max_split_size);
         DeviceState {
             device,
             config,
