@@ -17,6 +17,15 @@ fn reservoir_policy() -> Checked {
     Checked::new("policy:reservoir", 80 * GIB)
 }
 
+/// Allocate `size` bytes on `c`, check the invariants, and return the
+/// segment events (kind, bytes) that this allocation made.
+fn events_of_alloc(c: &Checked, size: u64) -> Vec<(String, u64)> {
+    let before = c.segment_events().len();
+    c.alloc(size);
+    c.check();
+    c.segment_events().split_off(before)
+}
+
 #[test]
 fn the_settings_string_names_the_policy_and_pytorchs_parser_still_rejects_it() {
     let c = AllocatorConfig::parse_with_policy("policy:reservoir").unwrap();
@@ -110,10 +119,7 @@ fn the_target_allows_8_mib_above_the_peak_and_its_64th() {
     let a = c.alloc(4 * MIB - ODD);
     let _b = c.alloc(60 * MIB - ODD);
     c.free(a);
-    let before = c.segment_events().len();
-    c.alloc(6 * MIB - ODD);
-    c.check();
-    let events = &c.segment_events()[before..];
+    let events = events_of_alloc(&c, 6 * MIB - ODD);
     assert!(events.iter().all(|(k, _)| k == "segment_map"), "{events:?}");
     assert_eq!(c.reserved(), 70 * MIB as i64);
 }
@@ -129,10 +135,7 @@ fn the_target_never_passes_the_bound_of_a_small_input() {
     let a = c.alloc(8 * MIB - ODD);
     let _b = c.alloc(4 * MIB - ODD);
     c.free(a);
-    let before = c.segment_events().len();
-    c.alloc(10 * MIB - ODD);
-    c.check();
-    let events = &c.segment_events()[before..];
+    let events = events_of_alloc(&c, 10 * MIB - ODD);
     assert_eq!(
         events[0],
         ("segment_unmap".to_string(), 4 * MIB),
@@ -153,14 +156,9 @@ fn under_the_target_nothing_is_unmapped() {
     let a = c.alloc(60 * MIB - ODD);
     let _b = c.alloc(10 * MIB - ODD);
     c.free(a);
-    let before = c.segment_events().len();
-    c.alloc(70 * MIB - ODD);
-    c.check();
-    let events = c.segment_events();
+    let events = events_of_alloc(&c, 70 * MIB - ODD);
     assert!(
-        events[before..]
-            .iter()
-            .all(|(kind, _)| kind == "segment_map"),
+        events.iter().all(|(kind, _)| kind == "segment_map"),
         "{events:?}"
     );
     assert_eq!(c.reserved(), 140 * MIB as i64);
@@ -179,11 +177,8 @@ fn a_segment_grows_where_it_maps_the_fewest_pages() {
     c.free(b);
     c.empty_cache();
     c.free(c3);
-    let before = c.segment_events().len();
-    c.alloc(40 * MIB - ODD);
-    c.check();
     assert_eq!(
-        c.segment_events()[before..],
+        events_of_alloc(&c, 40 * MIB - ODD),
         [("segment_map".to_string(), 8 * MIB)]
     );
     assert_eq!(c.reserved(), 70 * MIB as i64);
@@ -319,14 +314,11 @@ fn a_request_whose_growth_needs_a_trim_gets_a_segment_of_its_own() {
         let c3 = c.alloc(4 * MIB);
         c.free(a);
         c.free(c3);
-        let before = c.segment_events().len();
         // Extending C's free tail maps about 60 MiB: 52 + 60 MiB passes
         // the target (about 72 MiB allocated once served + min(1/64 + 8 MiB,
         // 1/20 + 4 MiB) = 79.6 MiB), so free pages are unmapped (A's 38 MiB
         // of whole pages, the largest free block first) to stay under it.
-        c.alloc(size);
-        c.check();
-        let events = &c.segment_events()[before..];
+        let events = events_of_alloc(&c, size);
         if own {
             assert_eq!(
                 events,
