@@ -60,6 +60,7 @@ impl DeviceState {
 
         let allocated = self.stats.allocated_bytes.all().current as u64;
         let reserved = self.stats.reserved_bytes.all().current as u64;
+        let alloc_size = self.alloc_size(p);
         // Free cached blocks of private pools (none until private pools exist).
         let in_private_pools: u64 = self.pools[2..]
             .iter()
@@ -69,7 +70,7 @@ impl DeviceState {
         let message = render_message(
             backend.device_kind(),
             &OomFacts {
-                alloc_size: self.alloc_size(p),
+                alloc_size,
                 device: self.device,
                 total: info.total,
                 free: info.free,
@@ -85,7 +86,7 @@ impl DeviceState {
                 message,
                 device: self.device,
                 requested: orig_size,
-                alloc_size: self.alloc_size(p),
+                alloc_size,
                 stream: p.stream,
                 device_free: info.free,
                 device_total: info.total,
