@@ -899,7 +899,7 @@ mod tests {
 
     #[test]
     fn ranked_classes_given_another_size_or_a_large_rank_become_chunks() {
-        // 4097 shares 4096's class (`class_of`: 16 classes per power of two).
+        // 4097 shares 4096's class (`class_of`: one class per 512 bytes below 1 MiB).
         for odd in [Key(0, 4097, 0, 0), Key(0, 4096, ranked::RANKS, 0)] {
             let mut l = SizeClassList::default();
             for i in 0..=PROMOTE as u64 {
