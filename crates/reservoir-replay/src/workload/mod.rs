@@ -348,25 +348,29 @@ impl Workload {
 
     /// Generate the trace. Its header names the workload ([`Workload::spec`]).
     pub fn trace(&self) -> Trace {
-        self.trace_and_sites().0
+        Trace::from_ops(self.params.ops(), self.header())
     }
 
     /// Generate the trace and the site of each allocation: what the program
-    /// allocates it for ("parameters", "layer forward: activations",
+    /// allocates it for ("parameters", "layer forward: attention",
     /// "KV cache", ...), the workload's stand-in for the innermost user
     /// frame of a recorded trace ([`Sites`]), so that `reservoir replay`
     /// groups live memory by it.
     pub fn trace_and_sites(&self) -> (Trace, Sites) {
-        let header = vec![
-            format!("reservoir workload {}", self.preset),
-            format!("spec {}", self.spec()),
-        ];
         let b = self.params.build();
         let mut sites = Sites::new();
         for (id, site) in b.sites.iter().enumerate() {
             sites.name(id as AllocId, site);
         }
-        (Trace::from_ops(b.ops, header), sites)
+        (Trace::from_ops(b.ops, self.header()), sites)
+    }
+
+    /// The trace's header: the workload's name and spec.
+    fn header(&self) -> Vec<String> {
+        vec![
+            format!("reservoir workload {}", self.preset),
+            format!("spec {}", self.spec()),
+        ]
     }
 }
 
@@ -586,6 +590,7 @@ mod tests {
         for p in presets() {
             let w = Workload::parse(p.name).unwrap();
             let (trace, sites) = w.trace_and_sites();
+            assert_eq!(trace, w.trace(), "{}: the same trace with sites", p.name);
             let mut names = BTreeSet::new();
             for op in &trace.ops {
                 if let Op::Alloc { id, .. } = op {
