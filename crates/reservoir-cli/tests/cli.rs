@@ -704,6 +704,116 @@ fn peak_and_oom_are_explained_in_table_json_and_html() {
 }
 
 #[test]
+fn compare_steady_exceptions_tolerate_listed_inputs_and_only_shrink() {
+    // gpt-train (2 layers, 2 steps): the `reservoir` policy makes a driver
+    // call in the steady state where PyTorch mode makes none; llm-infer
+    // (4 requests): none for either (checked here, so the test says why it
+    // expects what it expects).
+    let (fails, passes) = ("gpt-train:layers=2,steps=2", "llm-infer:requests=4");
+    let base = [
+        "compare",
+        "--no-traces",
+        "--policy",
+        "pytorch",
+        "--policy",
+        "reservoir",
+        "-w",
+        fails,
+        "-w",
+        passes,
+    ];
+    let v = reservoir(&[&base[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    let steady = |row: usize, p: usize| {
+        v["rows"][row]["policies"][p]["steady_driver_time_ns"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(steady(0, 1) > steady(0, 0), "{v}");
+    assert!(steady(1, 1) <= steady(1, 0), "{v}");
+
+    let dir = std::env::temp_dir().join(format!("reservoir-steady-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |lines: &str| {
+        let f = dir.join("exceptions.txt");
+        std::fs::write(&f, lines).unwrap();
+        reservoir(
+            &[
+                &base[..],
+                &[
+                    "--require-steady",
+                    "reservoir",
+                    "--steady-exceptions",
+                    f.to_str().unwrap(),
+                ],
+            ]
+            .concat(),
+        )
+    };
+    // Not listed: the run fails and names the input.
+    let o = run("# nothing known\n");
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("workload {fails}")) && err.contains("not listed in"),
+        "{err}"
+    );
+    // Listed (with a comment): reported, not failed.
+    let o = run(&format!(
+        "# why: see BENCHMARKS\nworkload {fails}   # one map per step\n\n"
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 of 2 inputs miss it"),
+        "{}",
+        stderr(&o)
+    );
+    // A listed input that meets the requirement fails the run: the list
+    // only shrinks.
+    let o = run(&format!("workload {fails}\nworkload {passes}\n"));
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("now meet it") && err.contains(&format!("workload {passes}")),
+        "{err}"
+    );
+    // So does a listed input that was not compared.
+    let o = run(&format!("workload {fails}\nworkload nope\n"));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("were not compared"), "{}", stderr(&o));
+    // A missing file is named; the flag needs --require-steady.
+    let missing = dir.join("missing.txt");
+    let o = reservoir(
+        &[
+            &base[..],
+            &[
+                "--require-steady",
+                "reservoir",
+                "--steady-exceptions",
+                missing.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("cannot read --steady-exceptions"),
+        "{}",
+        stderr(&o)
+    );
+    let o = reservoir(
+        &[
+            &base[..],
+            &["--steady-exceptions", missing.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--require-steady"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn compare_require_fails_on_a_policy_over_the_bound_or_worse_than_another() {
     // llm-infer: expandable segments reserve more than PyTorch mode at the
     // peak (reservoir compare), and PyTorch mode stays within the bound.
