@@ -95,7 +95,7 @@ fn read_exceptions(path: &Path) -> Result<Vec<String>> {
 /// The outcome of --require-steady with a list of known exceptions: the
 /// violations not listed, the listed inputs that now meet the requirement,
 /// the listed inputs that were not compared, and the listed violations.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Default)]
 struct SteadyCheck {
     new: Vec<String>,
     now_within: Vec<String>,

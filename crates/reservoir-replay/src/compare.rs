@@ -160,17 +160,7 @@ pub fn allocating_streams(trace: &Trace) -> u64 {
 pub fn live_peak_op(trace: &Trace, start: Option<&StartState>) -> Option<usize> {
     let mut live: HashMap<AllocId, u64> = HashMap::new();
     if let Some(start) = start {
-        let seeded = start
-            .segments
-            .iter()
-            .flat_map(|(_, seg, ids)| seg.blocks.iter().zip(ids))
-            .chain(
-                start
-                    .expandable
-                    .iter()
-                    .flat_map(|(_, seg, ids)| seg.blocks.iter().zip(ids)),
-            );
-        for (block, &id) in seeded {
+        for (_, _, block, id) in start.live_blocks() {
             live.insert(id, block.requested_size);
         }
     }

@@ -74,7 +74,9 @@ use rustc_hash::FxHashMap;
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use live::{IdState, LiveIds};
 use reservoir::backend::{Backend, BackendError, DevicePtr, StreamId};
-use reservoir::caching::{CachingAllocator, SeedError, SeededExpandable, SeededSegment};
+use reservoir::caching::{
+    CachingAllocator, SeedError, SeededBlock, SeededExpandable, SeededSegment,
+};
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
 use reservoir::heap::HeapAllocator;
@@ -305,6 +307,30 @@ pub struct StartState {
     /// recorded traces show (see
     /// [`Seeder::rank_segments_by_address`](reservoir::caching::Seeder::rank_segments_by_address)).
     pub address_order: bool,
+}
+
+impl StartState {
+    /// Every allocated block it seeds, those of `segments` first, then those
+    /// of `expandable`: its segment's base address and stream, the block,
+    /// and its trace id.
+    pub fn live_blocks(&self) -> impl Iterator<Item = (u64, StreamId, &SeededBlock, AllocId)> {
+        let plain = self
+            .segments
+            .iter()
+            .map(|(base, s, ids)| (*base, s.stream, &s.blocks, ids));
+        let expandable = self
+            .expandable
+            .iter()
+            .map(|(base, x, ids)| (*base, x.stream, &x.blocks, ids));
+        plain
+            .chain(expandable)
+            .flat_map(|(base, stream, blocks, ids)| {
+                blocks
+                    .iter()
+                    .zip(ids)
+                    .map(move |(b, &id)| (base, stream, b, id))
+            })
+    }
 }
 
 /// Stream names to [`StreamId`]s: the one place where that mapping lives.

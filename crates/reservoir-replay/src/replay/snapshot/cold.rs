@@ -89,25 +89,14 @@ impl RecordedTrace {
     /// or, when a segment's address is unknown (recorded as 0), in the
     /// order the source listed them (their ids).
     fn live_at_start(&self) -> Vec<LiveBlock> {
-        let plain = self
+        let mut out: Vec<LiveBlock> = self
             .start
-            .segments
-            .iter()
-            .map(|(base, s, ids)| (*base, s.stream, &s.blocks, ids));
-        let expandable = self
-            .start
-            .expandable
-            .iter()
-            .map(|(base, x, ids)| (*base, x.stream, &x.blocks, ids));
-        let mut out: Vec<LiveBlock> = plain
-            .chain(expandable)
-            .flat_map(|(base, stream, blocks, ids)| {
-                blocks.iter().zip(ids).map(move |(b, &id)| LiveBlock {
-                    addr: if base == 0 { 0 } else { base + b.offset },
-                    id,
-                    stream,
-                    requested: b.requested_size,
-                })
+            .live_blocks()
+            .map(|(base, stream, b, id)| LiveBlock {
+                addr: if base == 0 { 0 } else { base + b.offset },
+                id,
+                stream,
+                requested: b.requested_size,
             })
             .collect();
         if out.iter().all(|b| b.addr != 0) {
