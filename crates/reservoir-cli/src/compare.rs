@@ -12,7 +12,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
-use reservoir_replay::compare::{compare, summarize, CompareInput, CompareRow, PolicySummary};
+use reservoir_replay::compare::{
+    compare, summarize, trace_bound, CompareInput, CompareRow, PolicySummary,
+};
 use reservoir_replay::replay::snapshot::StartMode;
 use reservoir_replay::replay::StartState;
 use reservoir_replay::workload::{self, Workload};
@@ -76,6 +78,34 @@ pub struct CompareArgs {
     /// after the peak").
     #[arg(long, value_name = "FILE", requires = "require_steady")]
     steady_exceptions: Option<PathBuf>,
+
+    /// The simulated device's capacity for every input: a size (bytes, or
+    /// a number with K/M/G/T, e.g. 24GiB), or `bound` for each input's own
+    /// bound (1.05 x peak live + 4 MiB per allocating stream): how each
+    /// policy fares on a device that holds no more than the bound allows.
+    /// A policy that needs more runs out of memory (the OOMs column).
+    /// Default: a recorded trace's own (the capacity that reproduces its
+    /// OOMs), else 80 GiB.
+    #[arg(long, value_name = "SIZE|bound", value_parser = parse_capacity)]
+    capacity: Option<Capacity>,
+}
+
+/// A `--capacity` argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Capacity {
+    /// This many bytes for every input.
+    Size(u64),
+    /// Each input's own bound ([`trace_bound`]).
+    Bound,
+}
+
+fn parse_capacity(s: &str) -> Result<Capacity, String> {
+    if s.trim().eq_ignore_ascii_case("bound") {
+        return Ok(Capacity::Bound);
+    }
+    crate::size::parse_size(s)
+        .map(Capacity::Size)
+        .map_err(|e| format!("{e}, or `bound` (each input's bound)"))
 }
 
 /// The input names of a `--steady-exceptions` file: one per line; blank
@@ -290,6 +320,15 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
             });
         }
     }
+    for input in &mut out {
+        match args.capacity {
+            Some(Capacity::Size(bytes)) => input.capacity = bytes,
+            Some(Capacity::Bound) => {
+                input.capacity = trace_bound(&input.trace, input.start.as_ref());
+            }
+            None => {}
+        }
+    }
     Ok((out, skipped))
 }
 
@@ -301,6 +340,7 @@ fn rows_table(rows: &[CompareRow]) -> String {
         "peak reserved",
         "ratio",
         "bound",
+        "OOMs",
         "min capacity",
         "driver calls",
         "driver time",
@@ -321,6 +361,7 @@ fn rows_table(rows: &[CompareRow]) -> String {
                 format_size(p.peak_reserved),
                 format!("{:.3}", p.ratio),
                 if p.within_bound { "ok" } else { "over" }.to_string(),
+                p.ooms.to_string(),
                 p.min_capacity.map_or("> 16 TiB".into(), format_size),
                 p.driver_calls.to_string(),
                 format_ns(p.driver_time_ns as f64),
@@ -372,12 +413,13 @@ fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "{:12} {:>8} {:>8} {:>8}  {:>14}  {:>18}  {:>12}  {:>12}  worst input",
+        "{:12} {:>8} {:>8} {:>8}  {:>14}  {:>10}  {:>18}  {:>12}  {:>12}  worst input",
         "policy",
         "median",
         "p90",
         "worst",
         "within bound",
+        "OOM inputs",
         "sum of min capacity",
         "driver time",
         "steady time"
@@ -385,12 +427,13 @@ fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
     for s in summary {
         let _ = writeln!(
             out,
-            "{:12} {:>8.3} {:>8.3} {:>8.3}  {:>14}  {:>18}  {:>12}  {:>12}  {}",
+            "{:12} {:>8.3} {:>8.3} {:>8.3}  {:>14}  {:>10}  {:>18}  {:>12}  {:>12}  {}",
             s.policy,
             s.median_ratio,
             s.p90_ratio,
             s.worst_ratio,
             format!("{}/{}", s.within_bound, s.inputs),
+            s.inputs_with_ooms,
             format_size(s.total_min_capacity),
             format_ns(s.total_driver_time_ns as f64),
             format_ns(s.total_steady_driver_time_ns as f64),

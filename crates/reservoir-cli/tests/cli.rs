@@ -881,3 +881,45 @@ fn compare_require_fails_on_a_policy_over_the_bound_or_worse_than_another() {
         stderr(&o)
     );
 }
+
+#[test]
+fn compare_capacity_sets_the_device_of_every_input() {
+    let base = [
+        "compare",
+        "--no-traces",
+        "--workload",
+        "llm-infer",
+        "--policy",
+        "pytorch",
+        "--policy",
+        "reservoir",
+    ];
+    // `bound`: each input's own bound. llm-infer's PyTorch mode needs more
+    // (1.17 x live against 1.09 x) and runs out of memory; `reservoir` fits.
+    let o = reservoir(&[&base[..], &["--capacity", "bound", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let row = &v["rows"][0];
+    assert_eq!(row["capacity"], row["bound"]);
+    assert!(row["policies"][0]["ooms"].as_u64().unwrap() > 0, "{row}");
+    assert_eq!(row["policies"][1]["ooms"], 0);
+    assert_eq!(v["summary"][0]["inputs_with_ooms"], 1);
+    assert_eq!(v["summary"][1]["inputs_with_ooms"], 0);
+    // the table says it too
+    let o = reservoir(&[&base[..], &["--capacity", "BOUND"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("OOMs") && out.contains("OOM inputs"), "{out}");
+    // a size: the same device for every input (the default is 80 GiB)
+    let o = reservoir(&[&base[..], &["--capacity", "1GiB", "--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rows"][0]["capacity"], 1u64 << 30);
+    let o = reservoir(&[&base[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rows"][0]["capacity"], 80u64 << 30);
+    // anything else is refused, naming the value and what is accepted
+    let o = reservoir(&[&base[..], &["--capacity", "lots"]].concat());
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("\"lots\"") && err.contains("`bound`"), "{err}");
+}

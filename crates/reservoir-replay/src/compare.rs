@@ -54,7 +54,7 @@ pub struct PolicyResult {
     pub peak_reserved: u64,
     /// `peak_reserved / peak_live` (1.0 when nothing was live).
     pub ratio: f64,
-    /// `peak_reserved <= waste_bound(peak_live, streams)`.
+    /// `peak_reserved <= ` the input's bound ([`CompareRow::bound`]).
     pub within_bound: bool,
     /// Smallest capacity without OOM ([`min_capacity`]), `null` above 16 TiB.
     pub min_capacity: Option<u64>,
@@ -127,8 +127,10 @@ pub struct CompareRow {
     pub steady_start: u64,
     /// Streams that allocate.
     pub streams: u64,
-    /// The bound on peak reserved bytes ([`waste_bound`]) for the peak live
-    /// bytes of the first setting.
+    /// The simulated device's capacity it ran on ([`CompareInput::capacity`]).
+    pub capacity: u64,
+    /// The bound on peak reserved bytes ([`trace_bound`]: [`waste_bound`]
+    /// of the trace's peak of live bytes).
     pub bound: u64,
     /// One per setting, in order.
     pub policies: Vec<PolicyResult>,
@@ -154,10 +156,11 @@ pub fn allocating_streams(trace: &Trace) -> u64 {
     seen.len() as u64
 }
 
-/// The op at which the bytes the program holds (requested and not yet
-/// freed, counting the blocks `start` seeds) first reach their peak, or
-/// `None` if no op allocates. A free of an unknown id changes nothing.
-pub fn live_peak_op(trace: &Trace, start: Option<&StartState>) -> Option<usize> {
+/// The peak of the bytes the program holds in `trace` (allocated and not
+/// freed, counting the blocks `start` seeds) and the op at which it is
+/// first reached, or `None` if no op allocates. A free of an unknown id
+/// changes nothing.
+pub fn live_peak(trace: &Trace, start: Option<&StartState>) -> Option<(u64, usize)> {
     let mut live: HashMap<AllocId, u64> = HashMap::new();
     if let Some(start) = start {
         for (_, _, block, id) in start.live_blocks() {
@@ -181,7 +184,22 @@ pub fn live_peak_op(trace: &Trace, start: Option<&StartState>) -> Option<usize> 
             _ => {}
         }
     }
-    peak.map(|(_, i)| i)
+    peak
+}
+
+/// The op at which the live bytes of `trace` first reach their peak
+/// ([`live_peak`]).
+pub fn live_peak_op(trace: &Trace, start: Option<&StartState>) -> Option<usize> {
+    live_peak(trace, start).map(|(_, i)| i)
+}
+
+/// Issue 17's bound for `trace` (started from `start`), known before any
+/// replay: [`waste_bound`] of its peak of live bytes ([`live_peak`]) and
+/// its [`allocating_streams`]. `reservoir compare --capacity bound` gives
+/// each input a device of this size.
+pub fn trace_bound(trace: &Trace, start: Option<&StartState>) -> u64 {
+    let peak = live_peak(trace, start).map_or(0, |(bytes, _)| bytes);
+    waste_bound(peak, allocating_streams(trace))
 }
 
 /// The first op of the steady state of `trace` (started from `start`): the
@@ -200,7 +218,9 @@ pub fn compare(
     input: &CompareInput,
     progress: &mut dyn FnMut(&str),
 ) -> Result<CompareRow, ReplayError> {
-    let streams = allocating_streams(&input.trace);
+    // The input's bound, from its trace: the same for every setting, even
+    // one that runs out of memory and so holds fewer bytes.
+    let bound = trace_bound(&input.trace, input.start.as_ref());
     let options = ReplayOptions {
         capacity: input.capacity,
         max_samples: 2,
@@ -237,7 +257,7 @@ pub fn compare(
             peak_live: rep.peak_live,
             peak_reserved: rep.peak_reserved,
             ratio,
-            within_bound: rep.peak_reserved <= waste_bound(rep.peak_live, streams),
+            within_bound: rep.peak_reserved <= bound,
             min_capacity: min.min_capacity,
             driver_calls: rep.driver_allocs + rep.driver_frees,
             driver_time_ns: rep.driver_time_ns,
@@ -248,12 +268,12 @@ pub fn compare(
         });
         progress(&s.name);
     }
-    let bound = waste_bound(policies.first().map_or(0, |p| p.peak_live), streams);
     Ok(CompareRow {
         input: input.name.clone(),
         ops: input.trace.ops.len() as u64,
         steady_start: steady_start as u64,
-        streams,
+        streams: allocating_streams(&input.trace),
+        capacity: input.capacity,
         bound,
         policies,
     })
@@ -276,6 +296,9 @@ pub struct PolicySummary {
     pub worst_input: String,
     /// Inputs within [`waste_bound`].
     pub within_bound: u64,
+    /// Inputs on which it ran out of memory at least once (on the input's
+    /// capacity).
+    pub inputs_with_ooms: u64,
     /// Sum of the minimum capacities over the inputs where every setting
     /// has one, bytes.
     pub total_min_capacity: u64,
@@ -325,6 +348,7 @@ pub fn summarize(rows: &[CompareRow]) -> Vec<PolicySummary> {
                 worst_ratio: worst.as_ref().map_or(0.0, |w| w.1),
                 worst_input: worst.map(|w| w.0).unwrap_or_default(),
                 within_bound: mine.iter().filter(|(_, p)| p.within_bound).count() as u64,
+                inputs_with_ooms: mine.iter().filter(|(_, p)| p.ooms > 0).count() as u64,
                 total_min_capacity: mine
                     .iter()
                     .filter(|(r, _)| all_fit(r))

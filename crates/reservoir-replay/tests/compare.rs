@@ -5,8 +5,9 @@ use reservoir::caching::{SeededBlock, SeededSegment};
 use reservoir::sim::CostModel;
 use reservoir::StreamId;
 use reservoir_replay::compare::{
-    allocating_streams, compare, live_peak_op, steady_state_start, summarize, waste_bound,
-    CompareInput, CompareRow, DriverCalls, PolicyResult, SLACK_PER_STREAM,
+    allocating_streams, compare, live_peak, live_peak_op, steady_state_start, summarize,
+    trace_bound, waste_bound, CompareInput, CompareRow, DriverCalls, PolicyResult,
+    SLACK_PER_STREAM,
 };
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::{replay, ReplayOptions, ReplaySetting, StartState};
@@ -94,6 +95,7 @@ fn summary_has_median_p90_worst_and_bound_counts() {
             ops: 0,
             steady_start: 0,
             streams: 1,
+            capacity: 80 << 30,
             bound: 0,
             policies: vec![
                 result("a", 1.0 + i as f64 / 100.0, Some(i * MIB)),
@@ -114,6 +116,69 @@ fn summary_has_median_p90_worst_and_bound_counts() {
     assert_eq!(a.total_min_capacity, 45 * MIB);
     assert_eq!(s[1].total_min_capacity, 9 * MIB);
     assert_eq!(s[1].within_bound, 10);
+    assert_eq!((a.inputs_with_ooms, s[1].inputs_with_ooms), (0, 0));
+}
+
+#[test]
+fn the_bound_of_a_trace_is_known_before_any_replay() {
+    // live: 100, 150 (peak at op 1), 50, 130 MiB; two allocating streams
+    let t = Trace::parse(&format!(
+        "a 1 {}\na 2 {}\nf 1\ns 7\na 3 {}\n",
+        100 * MIB,
+        50 * MIB,
+        80 * MIB
+    ))
+    .unwrap();
+    assert_eq!(live_peak(&t, None), Some((150 * MIB, 1)));
+    assert_eq!(trace_bound(&t, None), waste_bound(150 * MIB, 2));
+    assert_eq!(live_peak(&Trace::parse("").unwrap(), None), None);
+    assert_eq!(
+        trace_bound(&Trace::parse("").unwrap(), None),
+        waste_bound(0, 1)
+    );
+}
+
+#[test]
+fn on_a_device_the_size_of_the_bound_pytorch_mode_runs_out_where_reservoir_fits() {
+    // llm-infer: PyTorch mode reserves 1.17 x live, above the bound
+    // (1.05 x live + 4 MiB: 1.09 x here), `reservoir` within it. On a device of exactly the bound,
+    // PyTorch mode must fit in less than its peak: it frees its cache and
+    // retries, or runs out of memory; `reservoir` runs as before.
+    let trace = workload::generate("llm-infer").unwrap();
+    let bound = trace_bound(&trace, None);
+    let settings = vec![
+        ReplaySetting::new("pytorch", ""),
+        ReplaySetting::new("reservoir", "policy:reservoir"),
+    ];
+    let on = |capacity| {
+        compare(
+            &CompareInput {
+                name: "workload llm-infer".into(),
+                trace: trace.clone(),
+                start: None,
+                capacity,
+                settings: settings.clone(),
+            },
+            &mut |_| {},
+        )
+        .unwrap()
+    };
+    let roomy = on(80 << 30);
+    let tight = on(bound);
+    assert_eq!((roomy.bound, tight.bound), (bound, bound));
+    assert_eq!(tight.capacity, bound);
+    let (p, r) = (&roomy.policies[0], &roomy.policies[1]);
+    assert!(
+        p.peak_reserved > bound && r.peak_reserved <= bound,
+        "{p:?} {r:?}"
+    );
+    let (pt, rt) = (&tight.policies[0], &tight.policies[1]);
+    assert!(pt.peak_reserved <= bound && rt.peak_reserved <= bound);
+    assert_eq!(rt.ooms, 0);
+    assert!(
+        pt.ooms > 0 || pt.driver_calls > p.driver_calls,
+        "PyTorch mode fits in the bound without paying: {pt:?} against {p:?}"
+    );
 }
 
 #[test]
