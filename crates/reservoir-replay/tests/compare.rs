@@ -294,3 +294,33 @@ fn reservoir_makes_no_steady_state_driver_call_on_the_small_decode_workloads() {
         assert!(reservoir.peak_reserved <= pytorch.peak_reserved, "{name}");
     }
 }
+
+#[test]
+fn reservoir_replays_the_same_on_a_device_of_its_bound_as_on_80_gib() {
+    // The `reservoir` policy's expandable segments reserve twice the
+    // device's address space. With PyTorch's 1 1/8, gpt2-small-train on a
+    // device of its bound reserved 13,916 MiB at its peak (13,710 on
+    // 80 GiB) and made a cudaMalloc and a cudaFree in steady state.
+    let trace = workload::generate("gpt2-small-train").unwrap();
+    let bound = trace_bound(&trace, None);
+    let on = |capacity| {
+        let row = compare(
+            &CompareInput {
+                name: "workload gpt2-small-train".into(),
+                trace: trace.clone(),
+                start: None,
+                capacity,
+                settings: vec![ReplaySetting::new("reservoir", "policy:reservoir")],
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        row.policies.into_iter().next().unwrap()
+    };
+    let (roomy, tight) = (on(80 << 30), on(bound));
+    assert_eq!(tight.ooms, 0);
+    assert_eq!(tight.peak_reserved, roomy.peak_reserved);
+    assert_eq!(tight.driver_time_ns, roomy.driver_time_ns);
+    assert_eq!(tight.steady_calls, roomy.steady_calls);
+    assert_eq!(tight.steady_driver_time_ns, 0);
+}

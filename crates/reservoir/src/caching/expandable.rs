@@ -124,10 +124,10 @@ impl DeviceState {
                 what: "virtual memory (needed by expandable segments)",
             })?;
         let page_size = self.expandable_page_size(self.pools[pool as usize].is_small);
-        // Address space for 1 1/8 of the device, so unmapped holes early in
+        // Address space beyond the device's size, so unmapped holes early in
         // the segment can be refilled at its end.
         let total = backend.mem_info()?.total;
-        let space = (total + total / 8).div_ceil(page_size) * page_size;
+        let space = self.expandable_address_space(total).div_ceil(page_size) * page_size;
         let reservation = vm.reserve(space)?;
         self.segment_seq += 1;
         let seg = self.store.segments.insert(Segment {

@@ -13,6 +13,8 @@
 //!   it runs before garbage collection and the driver.
 //! * [`DeviceState::expandable_page_size`]: the mapping granularity of a new
 //!   expandable segment (spec 1.11).
+//! * [`DeviceState::expandable_address_space`]: the address space a new
+//!   expandable segment reserves (spec 1.11).
 //! * [`DeviceState::maps_fewest_pages`]: where an expandable segment grows
 //!   (spec 1.11 `find_expandable_block`): PyTorch takes the lowest address
 //!   that holds the request, the `reservoir` policy the place that maps the
@@ -116,6 +118,26 @@ impl DeviceState {
             && self.config.expandable_segments
             && self.maps_fewest_pages()
             && !reservoir::whole_segment_fits(size, block_size)
+    }
+
+    /// Hook: the address space a new expandable segment reserves on a
+    /// device of `total` bytes. PyTorch reserves 1 1/8 of the device
+    /// (`ExpandableSegment`'s `max_handles`). The `reservoir` policy
+    /// reserves twice the device: it unmaps free pages anywhere in a
+    /// segment, and with holes the mapped pages spread over more addresses,
+    /// so under PyTorch's size a growth that would extend a segment meets
+    /// the end of its space on a device the program nearly fills, and the
+    /// layout (and the driver calls) then depend on the device's size.
+    /// Measured (BENCHMARKS.md "On a device the size of the bound"): with
+    /// twice the device, every input replays the same on a device of its
+    /// bound as on 80 GiB. Address space costs no memory.
+    #[inline]
+    pub(super) fn expandable_address_space(&self, total: u64) -> u64 {
+        if Policy::of(&self.config) == Policy::Reservoir {
+            total.saturating_mul(2)
+        } else {
+            total + total / 8
+        }
     }
 
     /// Hook: the page size of a new expandable segment of a small or large

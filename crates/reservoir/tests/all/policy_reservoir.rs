@@ -336,3 +336,33 @@ fn a_request_whose_growth_needs_a_trim_gets_a_segment_of_its_own() {
         }
     }
 }
+
+#[test]
+fn an_expandable_segment_reserves_twice_the_device() {
+    // PyTorch reserves 1 1/8 of the device for an expandable segment
+    // (spec 1.11); the policy, which leaves unmapped holes anywhere in a
+    // segment, twice the device, so its layout does not depend on how
+    // much the device has beyond what the program uses.
+    use reservoir::sim::CallKind;
+    for (conf, space) in [
+        ("policy:reservoir", 16 * GIB),
+        // rounded up to its 20 MiB pages
+        (
+            "expandable_segments:True",
+            (9 * GIB).div_ceil(20 * MIB) * 20 * MIB,
+        ),
+    ] {
+        let c = Checked::new(conf, 8 * GIB);
+        c.a.backend().set_call_log(true);
+        c.alloc(3 * MIB + ODD);
+        c.check();
+        let reserved: Vec<u64> =
+            c.a.backend()
+                .take_call_log()
+                .iter()
+                .filter(|call| call.kind == CallKind::Reserve)
+                .map(|call| call.size)
+                .collect();
+        assert_eq!(reserved, [space], "{conf}");
+    }
+}

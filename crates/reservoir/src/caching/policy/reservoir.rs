@@ -13,7 +13,11 @@
 //! 2. grows a segment where it maps the fewest pages
 //!    ([`DeviceState::fewest_pages_run`]): a free block followed (or
 //!    preceded) by unmapped pages is extended by the missing pages instead
-//!    of mapping the whole request at the segment's end;
+//!    of mapping the whole request at the segment's end; a segment has
+//!    address space for twice the device
+//!    ([`DeviceState::expandable_address_space`]), so the holes the trim
+//!    leaves never run it out of addresses on a device the program nearly
+//!    fills;
 //! 3. on a cache miss, before the driver is asked for the pages the
 //!    growth maps, compares the reserved bytes plus those pages with a
 //!    target: the larger of the peak of allocated bytes so far and the
