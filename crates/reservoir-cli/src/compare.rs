@@ -56,8 +56,9 @@ pub struct CompareArgs {
 
     /// Fail (exit status 1, after the output) when this policy exceeds the
     /// bound (1.05 x peak live + 4 MiB per allocating stream) on any input,
-    /// or reserves more at its peak than another compared policy: the CI
-    /// check of a default policy.
+    /// reserves more at its peak than another compared policy that did not
+    /// run out of memory, or runs out of memory where another compared
+    /// policy does not: the CI check of a default policy.
     #[arg(long, value_name = "POLICY")]
     require: Option<String>,
 
@@ -197,14 +198,33 @@ fn violations(rows: &[CompareRow], policy: &str) -> Vec<String> {
                 r.input,
                 policy,
                 format_size(p.peak_reserved),
-                format_size(reservoir_replay::compare::waste_bound(
-                    p.peak_live,
-                    r.streams
-                )),
+                format_size(r.bound),
                 format_size(p.peak_live)
             ));
         }
-        for o in r.policies.iter().filter(|o| o.policy != policy) {
+        if p.ooms > 0 {
+            if let Some(o) = r
+                .policies
+                .iter()
+                .find(|o| o.policy != policy && o.ooms == 0)
+            {
+                out.push(format!(
+                    "{}: {} runs out of memory {} time(s) on {}, where {} does not",
+                    r.input,
+                    policy,
+                    p.ooms,
+                    format_size(r.capacity),
+                    o.policy
+                ));
+            }
+        }
+        // A policy that ran out of memory skipped allocations: its peak is
+        // not the whole program's.
+        for o in r
+            .policies
+            .iter()
+            .filter(|o| o.policy != policy && o.ooms == 0)
+        {
             if p.peak_reserved > o.peak_reserved {
                 out.push(format!(
                     "{}: {} reserves {} at its peak, more than {} ({})",

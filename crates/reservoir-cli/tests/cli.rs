@@ -910,6 +910,23 @@ fn compare_capacity_sets_the_device_of_every_input() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("OOMs") && out.contains("OOM inputs"), "{out}");
+    // --require: running out of memory where another policy does not is
+    // a violation; the peak of a policy that ran out is not compared with
+    let o = reservoir(&[&base[..], &["--capacity", "bound", "--require", "pytorch"]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("pytorch runs out of memory") && err.contains("where reservoir does not"),
+        "{err}"
+    );
+    let o = reservoir(
+        &[
+            &base[..],
+            &["--capacity", "bound", "--require", "reservoir"],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
     // a size: the same device for every input (the default is 80 GiB)
     let o = reservoir(&[&base[..], &["--capacity", "1GiB", "--json"]].concat());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
