@@ -6,6 +6,8 @@
 //!   [`CachingAllocator`](reservoir::CachingAllocator) over any backend with
 //!   the [`DeviceWork`](reservoir::backend::DeviceWork) and
 //!   [`Memcpy`](reservoir::backend::Memcpy) capabilities;
+//! * [`faults`]: a backend wrapper that fails the N-th call of any entry
+//!   point, and the fault-injection workload run over it;
 //! * [`traces`]: the one locator of the real traces in `../shared/traces`;
 //! * the workspace's one seeded generator and one checksum live in the
 //!   allocator library ([`reservoir::rng::SplitMix64`],
@@ -14,4 +16,5 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod faults;
 pub mod traces;

@@ -145,8 +145,10 @@ pub trait Backend: Send + Sync {
     }
 
     /// Told by the caching allocator each time a caller frees the block at
-    /// `ptr` (`size` bytes, allocated for `stream`), before any event is
-    /// recorded for it. A notification only, like
+    /// `ptr` (`size` bytes, allocated for `stream`), once the free is sure
+    /// to complete: after the events of the streams that used it are
+    /// recorded (a free that fails frees nothing and is not told). A
+    /// notification only, like
     /// [`on_block_handed_out`](Backend::on_block_handed_out); the default
     /// does nothing.
     fn on_block_freed(&self, ptr: DevicePtr, size: u64, stream: StreamId) {

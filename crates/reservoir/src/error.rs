@@ -50,6 +50,20 @@ pub enum AllocError {
         /// The offending pointer.
         ptr: DevicePtr,
     },
+    /// A free could not be done (the device failed to record an event for
+    /// a stream that used the block): **nothing was freed**. Every block and
+    /// every counter is as it was and the pointer is still allocated: free
+    /// it again once the device recovers.
+    #[error(
+        "free of {ptr} failed, nothing was freed (the pointer is still allocated: \
+         free it again once the device recovers): {source}"
+    )]
+    FreeFailed {
+        /// The pointer that is still allocated.
+        ptr: DevicePtr,
+        /// What the device said.
+        source: BackendError,
+    },
     /// An argument is out of its valid range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

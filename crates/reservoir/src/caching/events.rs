@@ -7,10 +7,10 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
+use super::release::keep_first;
 use super::state::DeviceState;
 use super::stream_order::{stream_set_order, C10Streams, StreamTable};
 use crate::backend::{Backend, BackendError, EventId, StreamId};
-use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::store::BlockId;
 
@@ -67,11 +67,10 @@ impl DeviceState {
                         .collect();
             }
             if let Err(e) = self.insert_events(backend, id) {
+                // Nothing recorded for this block: it and the rest wait for
+                // the next call.
                 self.events.needs_events_deferred = std::iter::once(id).chain(deferred).collect();
-                return Err(match e {
-                    AllocError::Backend(b) => b,
-                    other => BackendError::Driver(other.to_string()),
-                });
+                return Err(e);
             }
             if self.store.blocks[id].event_count == 0 {
                 self.free_block(id);
@@ -80,28 +79,63 @@ impl DeviceState {
         Ok(())
     }
 
-    /// spec 1.10: record an event on every stream that used the block.
+    /// spec 1.10: record an event on every stream that used the block, and
+    /// queue them. On a failure nothing changes (see
+    /// [`record_block_events`](Self::record_block_events)).
     pub(super) fn insert_events<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
         id: BlockId,
-    ) -> Result<(), AllocError> {
-        let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
+    ) -> Result<(), BackendError> {
+        let events = self.record_block_events(backend, id)?;
+        self.queue_block_events(id, events);
+        Ok(())
+    }
+
+    /// The first half of `insert_events`: record an event on every stream
+    /// that used the block, in PyTorch's order (`stream_uses` is a
+    /// ska::flat_hash_set). Changes nothing in the allocator: if one
+    /// cannot be recorded, the events already recorded are given back and
+    /// the error returned, so that the caller can leave the block as it was
+    /// (a failed free frees nothing).
+    pub(super) fn record_block_events<B: Backend + ?Sized>(
+        &self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<Vec<(StreamId, EventId)>, BackendError> {
+        let order = stream_set_order(&self.store.blocks[id].stream_uses, &self.events.c10_streams);
+        let mut events = Vec::with_capacity(order.len());
+        for s in order {
+            match backend.record_event(s) {
+                Ok(event) => events.push((s, event)),
+                Err(e) => {
+                    for (_, event) in events {
+                        // Never waited for: giving it back cannot matter.
+                        let _ = backend.destroy_event(event);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    /// The second half of `insert_events`: the block's stream uses become
+    /// the recorded `events`, queued per stream. Cannot fail.
+    pub(super) fn queue_block_events(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
+        self.store.blocks[id].stream_uses.clear();
         // PyTorch keeps the capture-time uses of a block freed outside a
         // capture keyed by its Block* until a later deferred free of that
         // pointer; forgetting them here only differs when a block is reused.
         self.events.capture_stream_uses.remove(&id);
-        // `stream_uses` is a ska::flat_hash_set in PyTorch: walk it in its order.
-        for s in stream_set_order(&uses, &self.events.c10_streams) {
-            let event = backend.record_event(s)?;
-            self.store.blocks[id].event_count += 1;
+        self.store.blocks[id].event_count += events.len() as u32;
+        for (s, event) in events {
             let hash = self.events.c10_streams.hash(s);
             self.events
                 .queues
                 .get_or_insert_with(s, hash, VecDeque::new)
                 .push_back((event, id));
         }
-        Ok(())
     }
 
     /// spec 1.10: reap completed cross-stream events, per stream, stopping at
@@ -166,8 +200,9 @@ impl DeviceState {
         only: Option<MempoolId>,
     ) -> Result<(), BackendError> {
         self.stats.num_sync_all_streams += 1;
-        self.insert_events_deferred_until_no_capture(backend)?;
-        let mut result = Ok(());
+        // A deferred free whose events cannot be recorded stays deferred;
+        // the events already queued are still waited for.
+        let mut result = self.insert_events_deferred_until_no_capture(backend);
         let mut cur = self.events.queues.first();
         while let Some(pos) = cur {
             let queue = std::mem::take(self.events.queues.value_at(pos));
@@ -178,11 +213,12 @@ impl DeviceState {
                     continue;
                 }
                 if let Err(e) = backend.synchronize_event(event) {
-                    // A device that cannot synchronise is lost; keep going so
-                    // the bookkeeping stays whole, and report the first error.
-                    if result.is_ok() {
-                        result = Err(e);
-                    }
+                    // The stream's work may still use the block: it keeps
+                    // waiting (for the next call). Go on with the others and
+                    // report the first error.
+                    keep_first(&mut result, Err(e));
+                    keep.push_back((event, id));
+                    continue;
                 }
                 let _ = backend.destroy_event(event);
                 self.complete_event(id);

@@ -3,20 +3,61 @@
 
 use super::accounting::apply_net;
 use super::state::DeviceState;
-use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::store::{BlockId, NIL};
 use crate::trace::TraceAction;
 
 impl DeviceState {
+    /// spec 1.10: free the block allocated at `addr`, taking it out of the
+    /// pointer map. A pointer not in the map is
+    /// [`AllocError::InvalidPointer`]; a free that fails
+    /// ([`AllocError::FreeFailed`]) leaves the pointer in the map and every
+    /// block and counter as it was.
+    #[inline]
+    pub fn free_ptr<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        ptr: DevicePtr,
+    ) -> Result<(), AllocError> {
+        let Some(id) = self.allocated.remove(&ptr.0) else {
+            return Err(AllocError::InvalidPointer { ptr });
+        };
+        if let Err(source) = self.free(backend, id) {
+            return Err(self.free_failed(ptr, id, source));
+        }
+        Ok(())
+    }
+
+    /// A free that recorded no event: the pointer goes back into the map.
+    #[cold]
+    #[inline(never)]
+    fn free_failed(&mut self, ptr: DevicePtr, id: BlockId, source: BackendError) -> AllocError {
+        self.allocated.insert(ptr.0, id);
+        AllocError::FreeFailed { ptr, source }
+    }
+
     /// spec 1.10: free a block the caller no longer uses. The block has
     /// already been removed from the pointer map.
+    ///
+    /// Either the free completes, or it fails before changing anything: a
+    /// block used by other streams (`record_stream`) records its events
+    /// first, and if the device cannot record one, the events recorded are
+    /// given back and the block stays allocated with its stream uses (PyTorch
+    /// marks the block free before `insert_events` throws, and loses it).
     #[inline]
     pub fn free<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
         id: BlockId,
-    ) -> Result<(), AllocError> {
+    ) -> Result<(), BackendError> {
+        let events = if self.store.blocks[id].stream_uses.is_empty()
+            || !self.private.captures_underway.is_empty()
+        {
+            None
+        } else {
+            Some(self.record_block_events(backend, id)?)
+        };
         let b = &mut self.store.blocks[id];
         b.allocated = false;
         let (addr, size, requested, stream, pool, no_uses) = (
@@ -40,15 +81,14 @@ impl DeviceState {
         );
         if no_uses {
             self.free_block(id);
-            Ok(())
-        } else if !self.private.captures_underway.is_empty() {
+        } else if let Some(events) = events {
+            self.queue_block_events(id, events);
+        } else {
             // No events while allocating to a pool: record them once every
             // pool allocation has ended (spec 1.10).
             self.events.needs_events_deferred.push(id);
-            Ok(())
-        } else {
-            self.insert_events(backend, id)
         }
+        Ok(())
     }
 
     /// spec 1.10: return a block to its pool, merging free neighbours.

@@ -270,9 +270,10 @@ impl DeviceState {
         self.free_memory_callbacks = callbacks;
         let mut freed = false;
         for ptr in to_free {
-            if let Some(id) = self.allocated.remove(&ptr.0) {
-                self.free(backend, id).map_err(MallocError::Other)?;
-                freed = true;
+            match self.free_ptr(backend, ptr) {
+                Ok(()) => freed = true,
+                Err(AllocError::InvalidPointer { .. }) => {}
+                Err(e) => return Err(MallocError::Other(e)),
             }
         }
         Ok(freed)

@@ -364,18 +364,9 @@ impl<B: Backend> CachingAllocator<B> {
         }
         if self.record_level.load(Ordering::Relaxed) >= level_u8(RecordContext::All) {
             let ctx = self.gather(RecordContext::All);
-            return self.with_context(ctx, |state| {
-                let Some(id) = state.allocated.remove(&ptr.0) else {
-                    return Err(AllocError::InvalidPointer { ptr });
-                };
-                state.free(&self.backend, id)
-            });
+            return self.with_context(ctx, |state| state.free_ptr(&self.backend, ptr));
         }
-        let mut state = self.state.lock();
-        let Some(id) = state.allocated.remove(&ptr.0) else {
-            return Err(AllocError::InvalidPointer { ptr });
-        };
-        state.free(&self.backend, id)
+        self.state.lock().free_ptr(&self.backend, ptr)
     }
 
     /// [`raw_free`](Self::raw_free) with the caller's own stack, used (as a
@@ -390,12 +381,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let ctx = (self.record_level.load(Ordering::Relaxed) >= level_u8(RecordContext::All))
             .then(|| Context::from_frames(frames));
-        self.with_context(ctx, |state| {
-            let Some(id) = state.allocated.remove(&ptr.0) else {
-                return Err(AllocError::InvalidPointer { ptr });
-            };
-            state.free(&self.backend, id)
-        })
+        self.with_context(ctx, |state| state.free_ptr(&self.backend, ptr))
     }
 
     /// Allocate and return an owning handle that frees on drop.

@@ -537,9 +537,8 @@ impl DeviceState {
                 if self.store.blocks[cur].allocated {
                     let addr = self.store.blocks[cur].addr;
                     rr.allocations_freed.push(DevicePtr(addr));
-                    self.allocated.remove(&addr);
                     // Freeing merges free neighbours into `cur`, which stays live.
-                    self.free(backend, cur)?;
+                    self.free_ptr(backend, DevicePtr(addr))?;
                 }
                 cur = self.store.blocks[cur].next;
             }
@@ -569,8 +568,7 @@ impl DeviceState {
                         .push(DevicePtr(self.store.blocks[id].addr));
                 } else {
                     let addr = self.store.blocks[id].addr;
-                    self.allocated.remove(&addr);
-                    self.free(backend, id)?;
+                    self.free_ptr(backend, DevicePtr(addr))?;
                 }
             }
         }

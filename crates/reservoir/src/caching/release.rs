@@ -117,14 +117,25 @@ impl DeviceState {
     /// flush). The default pool id releases the global pools and every
     /// freeable private pool; a private pool's id releases only that pool
     /// once it is freeable (torch 2.9+).
+    ///
+    /// A driver error does not stop it: every segment that can be released
+    /// is, and the first error is returned (PyTorch's `C10_CUDA_CHECK`
+    /// throws at the first failed `cudaFree` and leaves every later segment
+    /// cached; without an error both release the same segments in the same
+    /// order). What failed stays cached, whole and consistent, for the next
+    /// call.
     pub fn release_cached_blocks<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
         pool: MempoolId,
     ) -> Result<bool, MallocError> {
         if pool.is_default() {
-            self.release_cached_large_blocks(backend)?;
-            self.release_cached_small_and_private_blocks(backend)?;
+            let mut first = self.release_cached_large_blocks(backend);
+            keep_first(
+                &mut first,
+                self.release_cached_small_and_private_blocks(backend),
+            );
+            first?;
         } else {
             self.release_private_pools(backend, pool)?;
         }
@@ -141,19 +152,23 @@ impl DeviceState {
         // In `graph_pools_freeable`'s hash-map order; erasing the visited entry
         // (below) does not change the order of the rest.
         let freeable: Vec<MempoolId> = self.private.graph_pools_freeable.iter().collect();
+        let mut first = Ok(());
         for id in freeable {
             if !pool.is_default() {
                 if id != pool {
                     continue;
                 }
-                self.synchronize_and_free_events(backend, Some(id))?;
+                keep_first(
+                    &mut first,
+                    self.synchronize_and_free_events(backend, Some(id)),
+                );
             }
             let (small, large) = {
                 let p = &self.private.graph_pools[&id];
                 (p.small, p.large)
             };
-            self.release_blocks(backend, small)?;
-            self.release_blocks(backend, large)?;
+            keep_first(&mut first, self.release_blocks(backend, small));
+            keep_first(&mut first, self.release_blocks(backend, large));
             // PyTorch erases the pool when its driver allocation count is 0.
             // With expandable segments that count (one up per allocation that
             // mapped pages, one down per unmap) can reach 0 while segments
@@ -165,7 +180,7 @@ impl DeviceState {
                 self.erase_private_pool(id);
             }
         }
-        Ok(())
+        Ok(first?)
     }
 
     /// The first half of `release_cached_blocks(DEFAULT)`: wait for every
@@ -178,8 +193,9 @@ impl DeviceState {
         backend: &B,
     ) -> Result<(), MallocError> {
         if self.private.captures_underway.is_empty() {
-            self.synchronize_and_free_events(backend, None)?;
-            self.release_blocks(backend, POOL_LARGE)?;
+            let mut first = self.synchronize_and_free_events(backend, None);
+            keep_first(&mut first, self.release_blocks(backend, POOL_LARGE));
+            first?;
         }
         Ok(())
     }
@@ -190,15 +206,25 @@ impl DeviceState {
         &mut self,
         backend: &B,
     ) -> Result<(), MallocError> {
+        let mut first = Ok(());
         if self.private.captures_underway.is_empty() {
-            self.release_blocks(backend, POOL_SMALL)?;
+            keep_first(
+                &mut first,
+                self.release_blocks(backend, POOL_SMALL).map_err(Into::into),
+            );
         }
-        self.release_private_pools(backend, MempoolId::DEFAULT)
+        keep_first(
+            &mut first,
+            self.release_private_pools(backend, MempoolId::DEFAULT),
+        );
+        first
     }
 
     /// Free every whole (unsplit) free segment of a pool, in pool order.
     /// Expandable blocks give back their fully free pages instead, after the
-    /// whole segments (spec 1.11).
+    /// whole segments (spec 1.11). Goes on after a driver error (each
+    /// segment's release or unmap changes nothing when it fails) and returns
+    /// the first.
     pub(super) fn release_blocks<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
@@ -214,16 +240,20 @@ impl DeviceState {
                 victims.push(k.id);
             }
         }
+        let mut first = Ok(());
         for id in victims {
-            self.release_block(backend, id)?;
+            keep_first(&mut first, self.release_block(backend, id));
         }
         for id in to_unmap {
-            self.unmap_block(backend, id)?;
-            if !self.store.blocks[id].is_split() {
-                self.release_expandable_segment(backend, id)?;
+            match self.unmap_block(backend, id) {
+                Ok(()) if !self.store.blocks[id].is_split() => {
+                    keep_first(&mut first, self.release_expandable_segment(backend, id));
+                }
+                Ok(()) => {}
+                Err(e) => keep_first(&mut first, Err(e)),
             }
         }
-        Ok(())
+        first
     }
 
     /// spec 1.9: give a whole free segment back to the driver.
@@ -246,5 +276,13 @@ impl DeviceState {
         self.release_block_slot(id);
         self.store.remove_segment(seg);
         Ok(())
+    }
+}
+
+/// In a loop that goes on after an error: keep the first error.
+#[inline]
+pub(super) fn keep_first<E>(first: &mut Result<(), E>, r: Result<(), E>) {
+    if let (Ok(()), Err(e)) = (&*first, r) {
+        *first = Err(e);
     }
 }

@@ -379,7 +379,8 @@ impl<B: Backend> StreamShards<B> {
     /// Release the cached segments of every shard but `except`, in
     /// PyTorch's order (spec 1.9 `release_cached_blocks`): the large pool's
     /// segments of every stream in stream order, then the small pool's and
-    /// the private pools'. Each step takes one shard's lock alone.
+    /// the private pools'. Each step takes one shard's lock alone. A
+    /// driver error does not stop it: the first is returned at the end.
     fn release_caches(&self, except: Option<usize>) -> Result<(), AllocError> {
         let mut shards: Vec<_> = self
             .slots
@@ -389,12 +390,15 @@ impl<B: Backend> StreamShards<B> {
             .filter_map(|(_, slot)| slot.get())
             .collect();
         shards.sort_by_key(|s| s.stream.0);
+        // A driver error in one shard does not keep the others' caches:
+        // every shard is emptied and the first error returned.
+        let mut first = Ok(());
         for large in [true, false] {
             for shard in &shards {
-                shard.alloc.empty_cache_half(large)?;
+                super::release::keep_first(&mut first, shard.alloc.empty_cache_half(large));
             }
         }
-        Ok(())
+        first
     }
 
     /// The statistics summed over the shards: every counter exact; the

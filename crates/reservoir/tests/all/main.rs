@@ -4,6 +4,7 @@ mod async_sim;
 mod common;
 mod errors;
 mod expandable;
+mod faults;
 mod heap;
 mod heap_model;
 mod model;

@@ -1,0 +1,834 @@
+//! Fault injection: a backend wrapper that fails the N-th call of any of its
+//! entry points, and a deterministic multi-stream workload that drives a
+//! [`CachingAllocator`] over it and checks what a failed call must leave.
+//!
+//! [`FaultyBackend`] forwards every call of the [`Backend`] contract and of
+//! each optional capability the wrapped backend offers
+//! ([`VirtualMemory`], [`Memcpy`], [`DeviceWork`], [`HostWrite`], [`Ipc`],
+//! [`HostMapping`]) and counts them per [`EntryPoint`]. Armed with
+//! [`fail_nth`](FaultyBackend::fail_nth), it answers one chosen call with a
+//! non-retryable [`BackendError::Driver`] instead of forwarding it, so
+//! nothing happens on the wrapped device. It also keeps its own count of
+//! what is live on the device ([`LiveCounts`]: allocations, mapped bytes,
+//! reservations, events), whatever the wrapped backend is.
+//!
+//! [`run_workload`] drives one allocator through a [`workload`] over a
+//! [`FaultyBackend<SimDevice>`](reservoir::sim::SimDevice) and checks, after
+//! every operation, the allocator's invariant checker, and for each failed
+//! free that it said so ([`AllocError::FreeFailed`]) and changed nothing;
+//! at the end, with the fault cleared, that everything can be freed, the
+//! cache emptied and nothing is left reserved, on the allocator's counters
+//! and on the device's.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use reservoir::backend::{
+    Backend, BackendError, DevicePtr, DeviceWork, EventId, HostMapping, HostWrite, Ipc, MemInfo,
+    Memcpy, Reservation, StreamId, VirtualMemory,
+};
+use reservoir::caching::{CachingAllocator, PoolFilter};
+use reservoir::config::AllocatorConfig;
+use reservoir::error::AllocError;
+use reservoir::ids::MempoolId;
+use reservoir::rng::SplitMix64;
+use reservoir::sim::{SimConfig, SimDevice};
+
+/// A fallible entry point of the backend contract or of one of its
+/// optional capabilities. Notifications and queries that cannot fail
+/// (`name`, `on_block_freed`, `granularity`, ...) are not entry points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryPoint {
+    /// [`Backend::allocate`].
+    Allocate,
+    /// [`Backend::free`].
+    Free,
+    /// [`Backend::mem_info`].
+    MemInfo,
+    /// [`Backend::create_stream`].
+    CreateStream,
+    /// [`Backend::record_event`].
+    RecordEvent,
+    /// [`Backend::query_event`].
+    QueryEvent,
+    /// [`Backend::synchronize_event`].
+    SynchronizeEvent,
+    /// [`Backend::destroy_event`].
+    DestroyEvent,
+    /// [`Backend::synchronize_stream`].
+    SynchronizeStream,
+    /// [`Backend::synchronize_device`].
+    SynchronizeDevice,
+    /// [`Backend::stream_wait_event`].
+    StreamWaitEvent,
+    /// [`VirtualMemory::reserve`].
+    Reserve,
+    /// [`VirtualMemory::map`].
+    Map,
+    /// [`VirtualMemory::unmap`].
+    Unmap,
+    /// [`VirtualMemory::release`].
+    Release,
+    /// [`Memcpy::copy`].
+    Copy,
+    /// [`DeviceWork::fill`].
+    Fill,
+    /// [`DeviceWork::read_checksum`].
+    ReadChecksum,
+    /// [`DeviceWork::hold`].
+    Hold,
+    /// [`DeviceWork::release`].
+    ReleaseHold,
+    /// [`HostWrite::write_host`].
+    WriteHost,
+    /// [`Ipc::export_segment`].
+    ExportSegment,
+    /// [`Ipc::open_segment`].
+    OpenSegment,
+    /// [`Ipc::close_segment`].
+    CloseSegment,
+    /// [`HostMapping::host_address`].
+    HostAddress,
+}
+
+impl EntryPoint {
+    /// Every entry point, in declaration order.
+    pub const ALL: [EntryPoint; 25] = [
+        EntryPoint::Allocate,
+        EntryPoint::Free,
+        EntryPoint::MemInfo,
+        EntryPoint::CreateStream,
+        EntryPoint::RecordEvent,
+        EntryPoint::QueryEvent,
+        EntryPoint::SynchronizeEvent,
+        EntryPoint::DestroyEvent,
+        EntryPoint::SynchronizeStream,
+        EntryPoint::SynchronizeDevice,
+        EntryPoint::StreamWaitEvent,
+        EntryPoint::Reserve,
+        EntryPoint::Map,
+        EntryPoint::Unmap,
+        EntryPoint::Release,
+        EntryPoint::Copy,
+        EntryPoint::Fill,
+        EntryPoint::ReadChecksum,
+        EntryPoint::Hold,
+        EntryPoint::ReleaseHold,
+        EntryPoint::WriteHost,
+        EntryPoint::ExportSegment,
+        EntryPoint::OpenSegment,
+        EntryPoint::CloseSegment,
+        EntryPoint::HostAddress,
+    ];
+
+    /// The method's name (`"record_event"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryPoint::Allocate => "allocate",
+            EntryPoint::Free => "free",
+            EntryPoint::MemInfo => "mem_info",
+            EntryPoint::CreateStream => "create_stream",
+            EntryPoint::RecordEvent => "record_event",
+            EntryPoint::QueryEvent => "query_event",
+            EntryPoint::SynchronizeEvent => "synchronize_event",
+            EntryPoint::DestroyEvent => "destroy_event",
+            EntryPoint::SynchronizeStream => "synchronize_stream",
+            EntryPoint::SynchronizeDevice => "synchronize_device",
+            EntryPoint::StreamWaitEvent => "stream_wait_event",
+            EntryPoint::Reserve => "reserve",
+            EntryPoint::Map => "map",
+            EntryPoint::Unmap => "unmap",
+            EntryPoint::Release => "release",
+            EntryPoint::Copy => "copy",
+            EntryPoint::Fill => "fill",
+            EntryPoint::ReadChecksum => "read_checksum",
+            EntryPoint::Hold => "hold",
+            EntryPoint::ReleaseHold => "release_hold",
+            EntryPoint::WriteHost => "write_host",
+            EntryPoint::ExportSegment => "export_segment",
+            EntryPoint::OpenSegment => "open_segment",
+            EntryPoint::CloseSegment => "close_segment",
+            EntryPoint::HostAddress => "host_address",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a [`FaultyBackend`] has seen live on its device: successful
+/// allocations less frees, mapped bytes less unmapped ones, reservations
+/// less releases, recorded events less destroyed ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveCounts {
+    /// Segments allocated and not freed.
+    pub allocations: i64,
+    /// Bytes mapped into reservations and not unmapped.
+    pub mapped_bytes: i64,
+    /// Address-space reservations not released.
+    pub reservations: i64,
+    /// Events recorded and not destroyed.
+    pub events: i64,
+}
+
+/// A backend that forwards to `B` and fails chosen calls (see the module
+/// documentation). The faults are non-retryable driver errors: the device
+/// does nothing for a failed call.
+pub struct FaultyBackend<B> {
+    inner: B,
+    calls: [AtomicU64; EntryPoint::ALL.len()],
+    /// Per entry point, the call number (1-based, counted since creation)
+    /// to fail; 0 for none.
+    armed: [AtomicU64; EntryPoint::ALL.len()],
+    injected: AtomicU64,
+    allocations: AtomicI64,
+    mapped_bytes: AtomicI64,
+    reservations: AtomicI64,
+    events: AtomicI64,
+}
+
+impl<B: Backend> FaultyBackend<B> {
+    /// Wrap `inner`, with no fault armed.
+    pub fn new(inner: B) -> FaultyBackend<B> {
+        FaultyBackend {
+            inner,
+            calls: std::array::from_fn(|_| AtomicU64::new(0)),
+            armed: std::array::from_fn(|_| AtomicU64::new(0)),
+            injected: AtomicU64::new(0),
+            allocations: AtomicI64::new(0),
+            mapped_bytes: AtomicI64::new(0),
+            reservations: AtomicI64::new(0),
+            events: AtomicI64::new(0),
+        }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    /// Fail the `n`-th call of `entry` from now (`n = 1`: the next one; 0
+    /// is treated as 1), replacing a fault armed on it before.
+    pub fn fail_nth(&self, entry: EntryPoint, n: u64) {
+        let at = self.calls[entry.index()].load(Ordering::SeqCst) + n.max(1);
+        self.armed[entry.index()].store(at, Ordering::SeqCst);
+    }
+
+    /// Disarm every fault not injected yet.
+    pub fn clear_faults(&self) {
+        for a in &self.armed {
+            a.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Calls of `entry` so far, failed ones included.
+    pub fn calls(&self, entry: EntryPoint) -> u64 {
+        self.calls[entry.index()].load(Ordering::SeqCst)
+    }
+
+    /// Faults injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::SeqCst)
+    }
+
+    /// What is live on the device, as this wrapper counted it.
+    pub fn live(&self) -> LiveCounts {
+        LiveCounts {
+            allocations: self.allocations.load(Ordering::SeqCst),
+            mapped_bytes: self.mapped_bytes.load(Ordering::SeqCst),
+            reservations: self.reservations.load(Ordering::SeqCst),
+            events: self.events.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Count a call of `entry`; the injected error if it is the armed one.
+    fn gate(&self, entry: EntryPoint) -> Result<(), BackendError> {
+        let n = self.calls[entry.index()].fetch_add(1, Ordering::SeqCst) + 1;
+        let armed = &self.armed[entry.index()];
+        if armed.load(Ordering::SeqCst) == n
+            && armed
+                .compare_exchange(n, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            return Err(BackendError::Driver(format!(
+                "injected fault: call {n} of {}",
+                entry.name()
+            )));
+        }
+        Ok(())
+    }
+
+    fn vm(&self) -> &dyn VirtualMemory {
+        self.inner
+            .as_virtual_memory()
+            .expect("offered only when the wrapped backend has it")
+    }
+}
+
+fn add(counter: &AtomicI64, by: i64) {
+    counter.fetch_add(by, Ordering::SeqCst);
+}
+
+impl<B: Backend> Backend for FaultyBackend<B> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn device_kind(&self) -> reservoir::ids::DeviceKind {
+        self.inner.device_kind()
+    }
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<DevicePtr, BackendError> {
+        self.gate(EntryPoint::Allocate)?;
+        let p = self.inner.allocate(size, stream)?;
+        add(&self.allocations, 1);
+        Ok(p)
+    }
+    fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        self.gate(EntryPoint::Free)?;
+        self.inner.free(ptr, size)?;
+        add(&self.allocations, -1);
+        Ok(())
+    }
+    fn mem_info(&self) -> Result<MemInfo, BackendError> {
+        self.gate(EntryPoint::MemInfo)?;
+        self.inner.mem_info()
+    }
+    fn create_stream(&self) -> Result<StreamId, BackendError> {
+        self.gate(EntryPoint::CreateStream)?;
+        self.inner.create_stream()
+    }
+    fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
+        self.gate(EntryPoint::RecordEvent)?;
+        let e = self.inner.record_event(stream)?;
+        add(&self.events, 1);
+        Ok(e)
+    }
+    fn query_event(&self, event: EventId) -> Result<bool, BackendError> {
+        self.gate(EntryPoint::QueryEvent)?;
+        self.inner.query_event(event)
+    }
+    fn synchronize_event(&self, event: EventId) -> Result<(), BackendError> {
+        self.gate(EntryPoint::SynchronizeEvent)?;
+        self.inner.synchronize_event(event)
+    }
+    fn destroy_event(&self, event: EventId) -> Result<(), BackendError> {
+        self.gate(EntryPoint::DestroyEvent)?;
+        self.inner.destroy_event(event)?;
+        add(&self.events, -1);
+        Ok(())
+    }
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.gate(EntryPoint::SynchronizeStream)?;
+        self.inner.synchronize_stream(stream)
+    }
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.gate(EntryPoint::SynchronizeDevice)?;
+        self.inner.synchronize_device()
+    }
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
+        self.gate(EntryPoint::StreamWaitEvent)?;
+        self.inner.stream_wait_event(stream, event)
+    }
+    fn on_block_handed_out(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
+        self.inner.on_block_handed_out(ptr, size, stream)
+    }
+    fn on_block_freed(&self, ptr: DevicePtr, size: u64, stream: StreamId) {
+        self.inner.on_block_freed(ptr, size, stream)
+    }
+    fn heap_buffer_alignment(&self) -> u64 {
+        self.inner.heap_buffer_alignment()
+    }
+    fn as_virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        self.inner.as_virtual_memory().map(|_| self as _)
+    }
+    fn as_memcpy(&self) -> Option<&dyn Memcpy> {
+        self.inner.as_memcpy().map(|_| self as _)
+    }
+    fn as_device_work(&self) -> Option<&dyn DeviceWork> {
+        self.inner.as_device_work().map(|_| self as _)
+    }
+    fn as_host_write(&self) -> Option<&dyn HostWrite> {
+        self.inner.as_host_write().map(|_| self as _)
+    }
+    fn as_ipc(&self) -> Option<&dyn Ipc> {
+        self.inner.as_ipc().map(|_| self as _)
+    }
+    fn as_host_mapping(&self) -> Option<&dyn HostMapping> {
+        self.inner.as_host_mapping().map(|_| self as _)
+    }
+}
+
+impl<B: Backend> VirtualMemory for FaultyBackend<B> {
+    fn granularity(&self) -> u64 {
+        self.vm().granularity()
+    }
+    fn reserve(&self, size: u64) -> Result<Reservation, BackendError> {
+        self.gate(EntryPoint::Reserve)?;
+        let r = self.vm().reserve(size)?;
+        add(&self.reservations, 1);
+        Ok(r)
+    }
+    fn map(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.gate(EntryPoint::Map)?;
+        self.vm().map(reservation, offset, len)?;
+        add(&self.mapped_bytes, len as i64);
+        Ok(())
+    }
+    fn unmap(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.gate(EntryPoint::Unmap)?;
+        self.vm().unmap(reservation, offset, len)?;
+        add(&self.mapped_bytes, -(len as i64));
+        Ok(())
+    }
+    fn release(&self, reservation: Reservation) -> Result<(), BackendError> {
+        self.gate(EntryPoint::Release)?;
+        self.vm().release(reservation)?;
+        add(&self.reservations, -1);
+        Ok(())
+    }
+}
+
+impl<B: Backend> Memcpy for FaultyBackend<B> {
+    fn copy(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.gate(EntryPoint::Copy)?;
+        let m = self.inner.as_memcpy().expect("offered only when wrapped");
+        m.copy(dst, src, len, stream)
+    }
+}
+
+impl<B: Backend> DeviceWork for FaultyBackend<B> {
+    fn fill(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        byte: u8,
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        self.gate(EntryPoint::Fill)?;
+        let w = self
+            .inner
+            .as_device_work()
+            .expect("offered only when wrapped");
+        w.fill(ptr, len, byte, stream)
+    }
+    fn read_checksum(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<Option<u64>, BackendError> {
+        self.gate(EntryPoint::ReadChecksum)?;
+        let w = self
+            .inner
+            .as_device_work()
+            .expect("offered only when wrapped");
+        w.read_checksum(ptr, len, stream)
+    }
+    fn hold(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.gate(EntryPoint::Hold)?;
+        let w = self
+            .inner
+            .as_device_work()
+            .expect("offered only when wrapped");
+        w.hold(stream)
+    }
+    fn release(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.gate(EntryPoint::ReleaseHold)?;
+        let w = self
+            .inner
+            .as_device_work()
+            .expect("offered only when wrapped");
+        w.release(stream)
+    }
+    fn let_time_pass(&self, ns: u64) {
+        if let Some(w) = self.inner.as_device_work() {
+            w.let_time_pass(ns)
+        }
+    }
+}
+
+impl<B: Backend> HostWrite for FaultyBackend<B> {
+    fn write_host(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), BackendError> {
+        self.gate(EntryPoint::WriteHost)?;
+        let h = self
+            .inner
+            .as_host_write()
+            .expect("offered only when wrapped");
+        h.write_host(ptr, data)
+    }
+}
+
+impl<B: Backend> Ipc for FaultyBackend<B> {
+    fn export_segment(&self, segment: DevicePtr) -> Result<Vec<u8>, BackendError> {
+        self.gate(EntryPoint::ExportSegment)?;
+        let i = self.inner.as_ipc().expect("offered only when wrapped");
+        i.export_segment(segment)
+    }
+    fn open_segment(&self, handle: &[u8]) -> Result<(DevicePtr, u64), BackendError> {
+        self.gate(EntryPoint::OpenSegment)?;
+        let i = self.inner.as_ipc().expect("offered only when wrapped");
+        i.open_segment(handle)
+    }
+    fn close_segment(&self, base: DevicePtr) -> Result<(), BackendError> {
+        self.gate(EntryPoint::CloseSegment)?;
+        let i = self.inner.as_ipc().expect("offered only when wrapped");
+        i.close_segment(base)
+    }
+}
+
+impl<B: Backend> HostMapping for FaultyBackend<B> {
+    fn host_address(&self, ptr: DevicePtr, len: u64) -> Result<u64, BackendError> {
+        self.gate(EntryPoint::HostAddress)?;
+        let h = self
+            .inner
+            .as_host_mapping()
+            .expect("offered only when wrapped");
+        h.host_address(ptr, len)
+    }
+}
+
+/// Streams of the [`workload`]: the default stream and three created ones.
+pub const STREAMS: usize = 4;
+
+/// One operation of the fault-injection [`workload`]. Blocks are picked
+/// among the live ones by `pick % live`; streams by index into the run's
+/// [`STREAMS`] streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Allocate `size` bytes on stream `stream`.
+    Alloc {
+        /// Bytes requested.
+        size: u64,
+        /// Stream index.
+        stream: usize,
+    },
+    /// Free a live block.
+    Free {
+        /// Which live block.
+        pick: u64,
+    },
+    /// `record_stream` a live block on stream `stream` (a cross-stream use:
+    /// its free records events).
+    RecordStream {
+        /// Which live block.
+        pick: u64,
+        /// Stream index.
+        stream: usize,
+    },
+    /// Hold stream `stream` (its events stay pending until released).
+    Hold {
+        /// Stream index (never the default stream).
+        stream: usize,
+    },
+    /// Release a held stream.
+    Release {
+        /// Stream index.
+        stream: usize,
+    },
+    /// `empty_cache`.
+    EmptyCache,
+    /// Route stream `stream`'s allocations to a new private pool (a graph
+    /// capture): frees of blocks with cross-stream uses defer their events.
+    BeginPool {
+        /// Stream index.
+        stream: usize,
+    },
+    /// End the private-pool allocation underway and release the pool.
+    EndPool,
+}
+
+/// A deterministic multi-stream workload of `ops` operations from `seed`:
+/// allocations from bytes to hundreds of MiB (some too large for a 1 GiB
+/// device once others are live), frees, cross-stream uses and frees,
+/// held streams, `empty_cache` calls and private-pool allocations.
+pub fn workload(seed: u64, ops: usize) -> Vec<Op> {
+    const MIB: u64 = 1 << 20;
+    let mut rng = SplitMix64::new(seed);
+    let mut range = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo);
+    let mut out = Vec::with_capacity(ops);
+    while out.len() < ops {
+        let roll = range(0, 100);
+        let stream = range(0, STREAMS as u64) as usize;
+        let other = range(1, STREAMS as u64) as usize;
+        let pick = range(0, u64::MAX);
+        let op = match roll {
+            0..=39 => {
+                let size = match range(0, 100) {
+                    0..=39 => range(1, MIB),
+                    40..=69 => range(MIB, 20 * MIB),
+                    70..=93 => range(20 * MIB, 120 * MIB),
+                    _ => range(300 * MIB, 900 * MIB),
+                };
+                Op::Alloc { size, stream }
+            }
+            40..=71 => Op::Free { pick },
+            72..=85 => Op::RecordStream {
+                pick,
+                stream: other,
+            },
+            86..=88 => Op::Hold { stream: other },
+            89..=93 => Op::Release { stream: other },
+            94..=95 => Op::EmptyCache,
+            96..=97 => Op::BeginPool { stream },
+            _ => Op::EndPool,
+        };
+        out.push(op);
+    }
+    out
+}
+
+/// The device a fault-injection run allocates from.
+pub type FaultySim = std::sync::Arc<FaultyBackend<SimDevice>>;
+
+/// What one [`run_workload`] found.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    /// Broken invariants, failed calls that changed something or did not
+    /// say what they did, and calls that failed once the fault was cleared.
+    pub violations: Vec<String>,
+    /// What was left reserved or live after freeing everything and
+    /// emptying the cache with the fault cleared.
+    pub leaks: Vec<String>,
+    /// Faults injected.
+    pub injected: u64,
+    /// Calls of each entry point during the workload (before the final
+    /// clean-up), indexed as [`EntryPoint::ALL`].
+    pub calls: Vec<u64>,
+}
+
+/// Drive an allocator with `config` over a [`FaultySim`] of `capacity`
+/// bytes through `ops`, with `fault` (entry point, n-th call counted from
+/// the device's creation) armed. The invariant checker runs after every
+/// operation once the fault has fired (with `check_before_fault`, from the
+/// first: a run is the fault-free run until its fault fires, so checking
+/// that part once, in a run without a fault, is enough). At the end the
+/// fault is cleared, held streams released, every live block freed, the
+/// cache emptied (nothing may fail any more), the counters and the device
+/// must show nothing reserved, and the allocator is closed (every
+/// reservation given back).
+pub fn run_workload(
+    config: &AllocatorConfig,
+    capacity: u64,
+    ops: &[Op],
+    fault: Option<(EntryPoint, u64)>,
+    check_before_fault: bool,
+) -> RunReport {
+    let dev: FaultySim = std::sync::Arc::new(FaultyBackend::new(SimDevice::new(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })));
+    if let Some((entry, n)) = fault {
+        dev.fail_nth(entry, n);
+    }
+    let mut report = RunReport::default();
+    let a = CachingAllocator::new(dev.clone(), config.clone());
+    let mut streams = vec![StreamId::DEFAULT];
+    while streams.len() < STREAMS {
+        // A failed creation (the injected fault) is tried again.
+        if let Ok(s) = dev.create_stream() {
+            streams.push(s);
+        }
+    }
+    let mut live: Vec<DevicePtr> = Vec::new();
+    let mut held = [false; STREAMS];
+    let mut pool: Option<MempoolId> = None;
+    let mut pools_made = 0u64;
+    let fault_name = fault.map_or("none".to_string(), |(e, n)| format!("{} #{n}", e.name()));
+    for (i, &op) in ops.iter().enumerate() {
+        let checking = check_before_fault || dev.injected() > 0;
+        let mut violation: Option<String> = None;
+        match op {
+            Op::Alloc { size, stream } => {
+                if let Ok(p) = a.raw_alloc(size, streams[stream]) {
+                    if !p.is_null() {
+                        live.push(p);
+                    }
+                }
+            }
+            Op::Free { pick } => {
+                if !live.is_empty() {
+                    let k = (pick % live.len() as u64) as usize;
+                    let p = live[k];
+                    let before = checking.then(|| (a.stats(), a.segments()));
+                    match a.raw_free(p) {
+                        Ok(()) => {
+                            live.swap_remove(k);
+                        }
+                        Err(AllocError::FreeFailed { .. }) => {
+                            if let Some(before) = before {
+                                if (a.stats(), a.segments()) != before {
+                                    violation = Some(format!(
+                                        "free of {p} failed saying nothing was freed, \
+                                         but the counters or segments changed"
+                                    ));
+                                } else if matches!(
+                                    a.base_allocation(p),
+                                    Err(AllocError::InvalidPointer { .. })
+                                ) {
+                                    violation = Some(format!(
+                                        "free of {p} failed saying nothing was freed, \
+                                         but the pointer is no longer allocated"
+                                    ));
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            violation = Some(format!(
+                                "free of {p} failed without saying whether it freed: {e}"
+                            ));
+                            live.swap_remove(k);
+                        }
+                    }
+                }
+            }
+            Op::RecordStream { pick, stream } => {
+                if !live.is_empty() {
+                    let p = live[(pick % live.len() as u64) as usize];
+                    let _ = a.record_stream(p, streams[stream]);
+                }
+            }
+            Op::Hold { stream } => {
+                if dev.inner().hold_stream(streams[stream]).is_ok() {
+                    held[stream] = true;
+                }
+            }
+            Op::Release { stream } => {
+                if dev.inner().release_stream(streams[stream]).is_ok() {
+                    held[stream] = false;
+                }
+            }
+            Op::EmptyCache => {
+                let _ = a.empty_cache();
+            }
+            Op::BeginPool { stream } => {
+                if pool.is_none() {
+                    pools_made += 1;
+                    let id = MempoolId(1, pools_made);
+                    if a.begin_allocate_to_pool(id, PoolFilter::Stream(streams[stream]))
+                        .is_ok()
+                    {
+                        pool = Some(id);
+                    }
+                }
+            }
+            Op::EndPool => {
+                if let Some(id) = pool.take() {
+                    let _ = a.end_allocate_to_pool(id);
+                    let _ = a.release_pool(id);
+                }
+            }
+        }
+        if checking {
+            if let Err(e) = a.check_invariants() {
+                violation.get_or_insert(format!("invariant: {e}"));
+            }
+        }
+        if let Some(v) = violation {
+            report.violations.push(format!(
+                "{} (fault {fault_name}), op {i} {op:?}: {v}",
+                describe(config)
+            ));
+            report.injected = dev.injected();
+            return report;
+        }
+    }
+    report.calls = EntryPoint::ALL.iter().map(|&e| dev.calls(e)).collect();
+    // The clean-up: nothing may fail any more.
+    dev.clear_faults();
+    let mut fail = |what: String| {
+        report
+            .violations
+            .push(format!("{} (fault {fault_name}): {what}", describe(config)))
+    };
+    for (k, h) in held.iter().enumerate() {
+        if *h {
+            let _ = dev.inner().release_stream(streams[k]);
+        }
+    }
+    if let Some(id) = pool.take() {
+        if let Err(e) = a.end_allocate_to_pool(id).and_then(|()| a.release_pool(id)) {
+            fail(format!("ending the private pool: {e}"));
+        }
+    }
+    for p in live.drain(..) {
+        if let Err(e) = a.raw_free(p) {
+            fail(format!("freeing {p} at the end: {e}"));
+        }
+    }
+    if let Err(e) = a.empty_cache() {
+        fail(format!("empty_cache at the end: {e}"));
+    }
+    if let Err(e) = a.check_invariants() {
+        fail(format!("invariant at the end: {e}"));
+    }
+    let mut leaks = Vec::new();
+    let stats = a.stats();
+    let reserved = stats.reserved_bytes.all().current;
+    if reserved != 0 {
+        leaks.push(format!("{reserved} bytes still reserved after empty_cache"));
+    }
+    let allocated = stats.allocated_bytes.all().current;
+    let active = stats.active_bytes.all().current;
+    if allocated != 0 || active != 0 {
+        leaks.push(format!(
+            "{allocated} bytes allocated, {active} active after freeing everything"
+        ));
+    }
+    let live_dev = dev.live();
+    let sim = dev.inner().counters();
+    if live_dev.allocations != 0
+        || live_dev.mapped_bytes != 0
+        || sim.live_allocs != 0
+        || sim.bytes_in_use != 0
+    {
+        leaks.push(format!(
+            "device: {} allocations and {} mapped bytes live ({} and {} bytes in use on the sim)",
+            live_dev.allocations, live_dev.mapped_bytes, sim.live_allocs, sim.bytes_in_use
+        ));
+    }
+    // An event whose destroy failed is dropped by the allocator (it has
+    // completed; only the backend's handle is lost).
+    let lost_events = if fault.is_some_and(|(e, _)| e == EntryPoint::DestroyEvent) {
+        dev.injected() as i64
+    } else {
+        0
+    };
+    if live_dev.events > lost_events {
+        leaks.push(format!("{} events never destroyed", live_dev.events));
+    }
+    let teardown = a.close();
+    if !teardown.errors.is_empty() || teardown.live_blocks != 0 {
+        fail(format!("teardown: {teardown:?}"));
+    }
+    if dev.live().reservations != 0 {
+        leaks.push(format!(
+            "{} address-space reservations left after close",
+            dev.live().reservations
+        ));
+    }
+    report.leaks = leaks
+        .into_iter()
+        .map(|l| format!("{} (fault {fault_name}): {l}", describe(config)))
+        .collect();
+    report.injected = dev.injected();
+    report
+}
+
+/// The mode of `config` in words, for messages.
+fn describe(config: &AllocatorConfig) -> String {
+    let mut s = String::new();
+    if config.policy.reservoir {
+        s.push_str("reservoir policy");
+    } else if config.expandable_segments {
+        s.push_str("expandable segments");
+    } else {
+        s.push_str("PyTorch mode");
+    }
+    s
+}

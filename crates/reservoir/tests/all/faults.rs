@@ -1,0 +1,315 @@
+//! Driver failures (issue 29, items 1 and 7): a failed free frees nothing
+//! and says so; a release loop releases what it can and reports the first
+//! error. A [`FaultyBackend`] fails the chosen call; the invariant checker
+//! runs after every operation.
+
+use std::sync::Arc;
+
+use reservoir::caching::{PoolFilter, StreamShards};
+use reservoir::sim::{SimConfig, SimDevice};
+use reservoir::{
+    AllocError, AllocatorConfig, Backend, BackendError, CachingAllocator, MempoolId, StreamId,
+};
+use reservoir_testkit::faults::{run_workload, workload, EntryPoint, FaultyBackend};
+
+use crate::common::*;
+
+type Dev = Arc<FaultyBackend<SimDevice>>;
+
+const MODES: [&str; 3] = ["", "expandable_segments:True", "policy:reservoir"];
+
+fn device(capacity: u64) -> Dev {
+    Arc::new(FaultyBackend::new(SimDevice::new(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })))
+}
+
+fn config(conf: &str) -> AllocatorConfig {
+    AllocatorConfig::parse_with_policy(conf).expect("valid config")
+}
+
+fn allocator(conf: &str) -> (Dev, CachingAllocator<Dev>) {
+    let dev = device(8 * GIB);
+    let a = CachingAllocator::new(dev.clone(), config(conf));
+    (dev, a)
+}
+
+fn reserved(a: &CachingAllocator<Dev>) -> i64 {
+    a.stats().reserved_bytes.all().current
+}
+
+fn is_injected(e: &AllocError) -> bool {
+    matches!(e, AllocError::Backend(BackendError::Driver(m)) if m.contains("injected fault"))
+}
+
+/// The issue's scenario in the library: a block used by two other streams
+/// is freed and the second event cannot be recorded. Before the fix the
+/// block was marked free and its pointer forgotten with its stream uses
+/// half taken: the second free said "already freed" and the segment stayed
+/// reserved for good ("free block missing from its free list").
+#[test]
+fn a_failed_event_record_in_free_frees_nothing_and_says_so() {
+    for conf in MODES {
+        let (dev, a) = allocator(conf);
+        let s1 = dev.create_stream().unwrap();
+        let s2 = dev.create_stream().unwrap();
+        let p = a.raw_alloc(1000, S0).unwrap();
+        let keep = a.raw_alloc(3 * MIB, S0).unwrap();
+        a.record_stream(p, s1).unwrap();
+        a.record_stream(p, s2).unwrap();
+        let before = (a.stats(), a.segments(), a.memory_stats());
+        dev.fail_nth(EntryPoint::RecordEvent, 2);
+        let err = a.raw_free(p).unwrap_err();
+        assert!(
+            matches!(&err, AllocError::FreeFailed { ptr, source: BackendError::Driver(_) } if *ptr == p),
+            "{conf}: {err:?}"
+        );
+        assert!(err.to_string().contains("nothing was freed"), "{err}");
+        a.check_invariants().unwrap();
+        assert_eq!(
+            (a.stats(), a.segments(), a.memory_stats()),
+            before,
+            "{conf}: the failed free changed nothing"
+        );
+        assert_eq!(
+            dev.live().events,
+            0,
+            "{conf}: the event recorded is given back"
+        );
+        assert!(
+            !matches!(a.base_allocation(p), Err(AllocError::InvalidPointer { .. })),
+            "{conf}: still allocated"
+        );
+        // Once the device recovers, the same pointer frees, with its events.
+        a.raw_free(p).unwrap();
+        a.check_invariants().unwrap();
+        assert_eq!(a.stats().allocated_bytes.all().current, 3 * MIB as i64);
+        a.raw_free(keep).unwrap();
+        a.empty_cache().unwrap();
+        a.check_invariants().unwrap();
+        assert_eq!(reserved(&a), 0, "{conf}");
+        let live = dev.live();
+        assert_eq!(
+            (live.allocations, live.mapped_bytes, live.events),
+            (0, 0, 0),
+            "{conf}"
+        );
+    }
+}
+
+/// The issue's library probe: the N-th `record_event` fails (N = 1..60) in
+/// a 4-stream workload, in PyTorch mode, with expandable segments and under
+/// the `reservoir` policy, the invariant checker after every operation and
+/// "free everything, empty the cache, nothing left reserved" at the end.
+/// Before the fix 180 of 180 runs broke.
+#[test]
+fn record_event_failing_at_each_of_the_first_60_calls() {
+    let ops = workload(29, 1500);
+    let mut runs = 0;
+    for conf in MODES {
+        let config = config(conf);
+        let baseline = run_workload(&config, GIB, &ops, None, true);
+        assert!(baseline.violations.is_empty(), "{:?}", baseline.violations);
+        assert!(baseline.leaks.is_empty(), "{:?}", baseline.leaks);
+        let recorded = baseline.calls[EntryPoint::RecordEvent as usize];
+        assert!(
+            recorded >= 60,
+            "{conf}: the workload records {recorded} events"
+        );
+        for n in 1..=60 {
+            let r = run_workload(&config, GIB, &ops, Some((EntryPoint::RecordEvent, n)), true);
+            assert_eq!(r.injected, 1, "{conf} n={n}: the fault fired");
+            assert!(r.violations.is_empty(), "{:?}", r.violations);
+            assert!(r.leaks.is_empty(), "{:?}", r.leaks);
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 180);
+}
+
+/// StreamShards frees through its shards: the same guarantee.
+#[test]
+fn stream_shards_failed_free_frees_nothing() {
+    let dev = device(8 * GIB);
+    let shards = StreamShards::new(dev.clone(), AllocatorConfig::default()).unwrap();
+    let s1 = dev.create_stream().unwrap();
+    let p = shards.raw_alloc(1000, S0).unwrap();
+    shards.record_stream(p, s1).unwrap();
+    let before = (shards.stats(), shards.segments());
+    dev.fail_nth(EntryPoint::RecordEvent, 1);
+    let err = shards.raw_free(p).unwrap_err();
+    assert!(
+        matches!(err, AllocError::FreeFailed { ptr, .. } if ptr == p),
+        "{err:?}"
+    );
+    shards.check_invariants().unwrap();
+    assert_eq!((shards.stats(), shards.segments()), before);
+    shards.raw_free(p).unwrap();
+    shards.empty_cache().unwrap();
+    shards.check_invariants().unwrap();
+    assert_eq!(shards.stats().reserved_bytes.all().current, 0);
+    assert_eq!(dev.live().allocations, 0);
+}
+
+/// Before the fix `empty_cache` returned at the first failed `cudaFree`
+/// and kept every later segment cached. Now it releases all the others,
+/// reports the first error, and a second call releases the rest. On
+/// success nothing changes (PyTorch stops at the first error because
+/// `C10_CUDA_CHECK` throws; the segments it frees are the same).
+#[test]
+fn empty_cache_releases_every_other_segment_after_a_failed_free() {
+    for nth in [1, 3, 8] {
+        let (dev, a) = allocator("");
+        // 6 large segments and 3 small ones (two 1 MiB blocks per 2 MiB).
+        let mut ptrs: Vec<_> = (0..6)
+            .map(|i| a.raw_alloc((30 + i) * MIB, S0).unwrap())
+            .collect();
+        ptrs.extend((0..6).map(|_| a.raw_alloc(MIB, S0).unwrap()));
+        for p in ptrs {
+            a.raw_free(p).unwrap();
+        }
+        assert_eq!(dev.live().allocations, 9);
+        dev.fail_nth(EntryPoint::Free, nth);
+        let err = a.empty_cache().unwrap_err();
+        assert!(is_injected(&err), "{err:?}");
+        a.check_invariants().unwrap();
+        assert_eq!(
+            dev.live().allocations,
+            1,
+            "nth={nth}: only the failed segment stays"
+        );
+        assert_eq!(a.segments().len(), 1);
+        assert_eq!(reserved(&a), a.segments()[0].total_size as i64);
+        a.empty_cache().unwrap();
+        a.check_invariants().unwrap();
+        assert_eq!((reserved(&a), dev.live().allocations), (0, 0));
+    }
+}
+
+/// The same for expandable segments: one segment per stream; a failed
+/// unmap keeps that segment's pages, the others are unmapped.
+#[test]
+fn empty_cache_unmaps_every_other_expandable_segment_after_a_failed_unmap() {
+    // (The `reservoir` policy gives these requests segments of their own;
+    // the fault-injection run covers its unmaps.)
+    {
+        let conf = "expandable_segments:True";
+        for entry in [EntryPoint::Unmap, EntryPoint::SynchronizeStream] {
+            let (dev, a) = allocator(conf);
+            let streams: Vec<StreamId> = std::iter::once(S0)
+                .chain((0..3).map(|_| dev.create_stream().unwrap()))
+                .collect();
+            let ptrs: Vec<_> = streams
+                .iter()
+                .map(|&s| a.raw_alloc(40 * MIB, s).unwrap())
+                .collect();
+            for p in ptrs {
+                a.raw_free(p).unwrap();
+            }
+            let mapped = dev.live().mapped_bytes;
+            assert!(
+                mapped >= 4 * 40 * MIB as i64,
+                "{conf}: {mapped} {:?}",
+                a.segments()
+                    .iter()
+                    .map(|s| (s.stream, s.total_size))
+                    .collect::<Vec<_>>()
+            );
+            dev.fail_nth(entry, 2);
+            let err = a.empty_cache().unwrap_err();
+            assert!(is_injected(&err), "{err:?}");
+            a.check_invariants().unwrap();
+            let left = dev.live().mapped_bytes;
+            assert!(
+                left > 0 && left <= mapped / 4 + 20 * MIB as i64,
+                "{conf} {entry:?}: one segment's pages stay mapped, not {left} of {mapped}"
+            );
+            assert_eq!(reserved(&a), left, "{conf}");
+            a.empty_cache().unwrap();
+            a.check_invariants().unwrap();
+            assert_eq!(
+                (reserved(&a), dev.live().mapped_bytes),
+                (0, 0),
+                "{conf} {entry:?}"
+            );
+        }
+    }
+}
+
+/// Private pools: a failed free in one released pool does not keep the
+/// other released pools' segments.
+#[test]
+fn empty_cache_releases_every_other_private_pool_after_a_failed_free() {
+    let (dev, a) = allocator("");
+    for k in 1..=3 {
+        let pool = MempoolId(1, k);
+        a.begin_allocate_to_pool(pool, PoolFilter::Stream(S0))
+            .unwrap();
+        let p = a.raw_alloc(30 * MIB, S0).unwrap();
+        a.end_allocate_to_pool(pool).unwrap();
+        a.raw_free(p).unwrap();
+        a.release_pool(pool).unwrap();
+    }
+    assert_eq!(dev.live().allocations, 3);
+    dev.fail_nth(EntryPoint::Free, 1);
+    let err = a.empty_cache().unwrap_err();
+    assert!(is_injected(&err), "{err:?}");
+    a.check_invariants().unwrap();
+    assert_eq!(dev.live().allocations, 1);
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!((reserved(&a), dev.live().allocations), (0, 0));
+}
+
+/// StreamShards empties every shard even when one fails.
+#[test]
+fn stream_shards_empty_cache_releases_every_other_shard_after_a_failed_free() {
+    let dev = device(8 * GIB);
+    let shards = StreamShards::new(dev.clone(), AllocatorConfig::default()).unwrap();
+    let streams: Vec<StreamId> = std::iter::once(S0)
+        .chain((0..3).map(|_| dev.create_stream().unwrap()))
+        .collect();
+    for &s in &streams {
+        let p = shards.raw_alloc(30 * MIB, s).unwrap();
+        shards.raw_free(p).unwrap();
+    }
+    dev.fail_nth(EntryPoint::Free, 1);
+    let err = shards.empty_cache().unwrap_err();
+    assert!(is_injected(&err), "{err:?}");
+    shards.check_invariants().unwrap();
+    assert_eq!(dev.live().allocations, 1);
+    shards.empty_cache().unwrap();
+    shards.check_invariants().unwrap();
+    assert_eq!(dev.live().allocations, 0);
+}
+
+/// A failed wait for a cross-stream event keeps the block waiting: the
+/// stream's work may still run. Before, the block was freed (and its
+/// segment released) although the wait had failed.
+#[test]
+fn a_failed_event_wait_keeps_the_block_pending() {
+    let (dev, a) = allocator("");
+    let s1 = dev.create_stream().unwrap();
+    let p = a.raw_alloc(30 * MIB, S0).unwrap();
+    a.record_stream(p, s1).unwrap();
+    dev.inner().hold_stream(s1).unwrap();
+    a.raw_free(p).unwrap();
+    dev.fail_nth(EntryPoint::SynchronizeEvent, 1);
+    let err = a.empty_cache().unwrap_err();
+    assert!(is_injected(&err), "{err:?}");
+    a.check_invariants().unwrap();
+    assert_eq!(
+        reserved(&a),
+        30 * MIB as i64,
+        "the block still waits for s1"
+    );
+    assert_eq!(a.stats().active_bytes.all().current, 30 * MIB as i64);
+    dev.inner().release_stream(s1).unwrap();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(
+        (reserved(&a), dev.live().allocations, dev.live().events),
+        (0, 0, 0)
+    );
+}
