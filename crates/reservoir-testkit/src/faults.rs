@@ -607,7 +607,9 @@ pub struct RunReport {
 /// the device's creation) armed. The invariant checker runs after every
 /// operation once the fault has fired (with `check_before_fault`, from the
 /// first: a run is the fault-free run until its fault fires, so checking
-/// that part once, in a run without a fault, is enough). At the end the
+/// that part once, in a run without a fault, is enough), for at most
+/// `ops_after_fault` operations after it fired (`usize::MAX`: to the end of
+/// `ops`). At the end the
 /// fault is cleared, held streams released, every live block freed, the
 /// cache emptied (nothing may fail any more), the counters and the device
 /// must show nothing reserved, and the allocator is closed (every
@@ -618,6 +620,7 @@ pub fn run_workload(
     ops: &[Op],
     fault: Option<(EntryPoint, u64)>,
     check_before_fault: bool,
+    ops_after_fault: usize,
 ) -> RunReport {
     let dev: FaultySim = std::sync::Arc::new(FaultyBackend::new(SimDevice::new(SimConfig {
         capacity,
@@ -640,8 +643,14 @@ pub fn run_workload(
     let mut pool: Option<MempoolId> = None;
     let mut pools_made = 0u64;
     let fault_name = fault.map_or("none".to_string(), |(e, n)| format!("{} #{n}", e.name()));
+    let mut after_fault = 0usize;
     for (i, &op) in ops.iter().enumerate() {
-        let checking = check_before_fault || dev.injected() > 0;
+        if dev.injected() > 0 {
+            if after_fault == ops_after_fault {
+                break;
+            }
+            after_fault += 1;
+        }
         let mut violation: Option<String> = None;
         match op {
             Op::Alloc { size, stream } => {
@@ -655,27 +664,26 @@ pub fn run_workload(
                 if !live.is_empty() {
                     let k = (pick % live.len() as u64) as usize;
                     let p = live[k];
-                    let before = checking.then(|| (a.stats(), a.segments()));
+                    // Every free: the fault may fire in this one.
+                    let before = (a.stats(), a.segments());
                     match a.raw_free(p) {
                         Ok(()) => {
                             live.swap_remove(k);
                         }
                         Err(AllocError::FreeFailed { .. }) => {
-                            if let Some(before) = before {
-                                if (a.stats(), a.segments()) != before {
-                                    violation = Some(format!(
-                                        "free of {p} failed saying nothing was freed, \
-                                         but the counters or segments changed"
-                                    ));
-                                } else if matches!(
-                                    a.base_allocation(p),
-                                    Err(AllocError::InvalidPointer { .. })
-                                ) {
-                                    violation = Some(format!(
-                                        "free of {p} failed saying nothing was freed, \
-                                         but the pointer is no longer allocated"
-                                    ));
-                                }
+                            if (a.stats(), a.segments()) != before {
+                                violation = Some(format!(
+                                    "free of {p} failed saying nothing was freed, \
+                                     but the counters or segments changed"
+                                ));
+                            } else if matches!(
+                                a.base_allocation(p),
+                                Err(AllocError::InvalidPointer { .. })
+                            ) {
+                                violation = Some(format!(
+                                    "free of {p} failed saying nothing was freed, \
+                                     but the pointer is no longer allocated"
+                                ));
                             }
                         }
                         Err(e) => {
@@ -724,7 +732,8 @@ pub fn run_workload(
                 }
             }
         }
-        if checking {
+        // From the operation in which the fault fired on.
+        if check_before_fault || dev.injected() > 0 {
             if let Err(e) = a.check_invariants() {
                 violation.get_or_insert(format!("invariant: {e}"));
             }

@@ -109,7 +109,7 @@ fn record_event_failing_at_each_of_the_first_60_calls() {
     let mut runs = 0;
     for conf in MODES {
         let config = config(conf);
-        let baseline = run_workload(&config, GIB, &ops, None, true);
+        let baseline = run_workload(&config, GIB, &ops, None, true, usize::MAX);
         assert!(baseline.violations.is_empty(), "{:?}", baseline.violations);
         assert!(baseline.leaks.is_empty(), "{:?}", baseline.leaks);
         let recorded = baseline.calls[EntryPoint::RecordEvent as usize];
@@ -118,7 +118,14 @@ fn record_event_failing_at_each_of_the_first_60_calls() {
             "{conf}: the workload records {recorded} events"
         );
         for n in 1..=60 {
-            let r = run_workload(&config, GIB, &ops, Some((EntryPoint::RecordEvent, n)), true);
+            let r = run_workload(
+                &config,
+                GIB,
+                &ops,
+                Some((EntryPoint::RecordEvent, n)),
+                true,
+                usize::MAX,
+            );
             assert_eq!(r.injected, 1, "{conf} n={n}: the fault fired");
             assert!(r.violations.is_empty(), "{:?}", r.violations);
             assert!(r.leaks.is_empty(), "{:?}", r.leaks);
