@@ -308,12 +308,19 @@ impl<B: Backend> HeapAllocator<B> {
 
     /// The caller's `free(ptr)` (spec 4.3). A pointer that is not a buffer
     /// in use (foreign, or freed twice) is [`AllocError::InvalidPointer`]
-    /// and changes nothing.
+    /// and changes nothing. A device error while freeing is
+    /// [`AllocError::FreeFailed`]: nothing was freed. Once the buffer is
+    /// freed the call succeeds: the completion handlers it then runs
+    /// (`freeInactiveBuffers`) report a device error at the next call.
     pub fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
         let mut g = self.state.lock();
         let b = in_use(&g, ptr)?;
-        g.free(&self.backend, b)?;
-        g.poll(&self.backend)
+        g.free(&self.backend, b)
+            .map_err(|source| AllocError::FreeFailed { ptr, source })?;
+        // The free is done; a failed poll leaves the pending buffers for the
+        // next one (every operation polls first).
+        let _ = g.poll(&self.backend);
+        Ok(())
     }
 
     /// `emptyCache` (spec 4.3): `release_cached_buffers`.

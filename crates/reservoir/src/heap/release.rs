@@ -6,7 +6,7 @@
 
 use super::state::{BufState, State};
 use super::types::*;
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendError};
 use crate::callbacks::EventType;
 use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
@@ -40,14 +40,28 @@ impl State {
     /// (or, with `free_waits_for_events`, to the pending set while its
     /// recorded work runs); a scalar waits for the default stream's work
     /// (the completion handler of PyTorch).
-    pub fn free(&mut self, dev: &dyn Backend, b: BlockId) -> Result<(), AllocError> {
+    ///
+    /// A device error frees nothing: it comes before any change (an event
+    /// recorded for a scalar is given back).
+    pub fn free(&mut self, dev: &dyn Backend, b: BlockId) -> Result<(), BackendError> {
         let size = self.size(b);
         let st = StatType::for_pool(self.pool_of(b).is_small());
         if self.pool_of(b) == PoolKind::Scalar {
             let event = dev.record_event(crate::backend::StreamId::DEFAULT)?;
             self.bufs.get_mut(&b).expect("a buffer").events.push(event);
         }
-        let busy = self.retain_count(dev, b)? > 1;
+        let busy = match self.retain_count(dev, b) {
+            Ok(n) => n > 1,
+            Err(e) => {
+                if self.pool_of(b) == PoolKind::Scalar {
+                    let event = self.bufs.get_mut(&b).expect("a buffer").events.pop();
+                    if let Some(event) = event {
+                        let _ = dev.destroy_event(event);
+                    }
+                }
+                return Err(e);
+            }
+        };
         let requested = self.bufs[&b].requested;
         self.trace(TraceAction::FreeRequested, self.addr(b), requested);
         self.stats.allocation.decrease(st, 1);

@@ -314,7 +314,7 @@ impl State {
 
     /// The retain count: 1 plus the buffer's events still pending (completed
     /// events are destroyed and forgotten).
-    pub fn retain_count(&mut self, dev: &dyn Backend, b: BlockId) -> Result<u32, AllocError> {
+    pub fn retain_count(&mut self, dev: &dyn Backend, b: BlockId) -> Result<u32, BackendError> {
         let buf = self.bufs.get_mut(&b).expect("a buffer");
         let mut err = None;
         buf.events.retain(|&e| match dev.query_event(e) {
@@ -329,7 +329,7 @@ impl State {
             }
         });
         match err {
-            Some(e) => Err(e.into()),
+            Some(e) => Err(e),
             None => Ok(1 + buf.events.len() as u32),
         }
     }

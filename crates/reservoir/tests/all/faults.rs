@@ -320,3 +320,45 @@ fn a_failed_event_wait_keeps_the_block_pending() {
         (0, 0, 0)
     );
 }
+
+/// The MPS heap allocator's free: a device error before the buffer is
+/// freed is `FreeFailed` and changes nothing; once the buffer is freed the
+/// call succeeds even if the completion handlers it runs then fail (before,
+/// such a free returned the error, and freeing again said "not a buffer
+/// in use").
+#[test]
+fn heap_free_fails_whole_or_succeeds() {
+    use reservoir::config::heap::HeapSettings;
+    use reservoir::heap::{HeapAllocator, UsageFlags};
+    let dev = device(8 * GIB);
+    let h = HeapAllocator::new(dev.clone(), HeapSettings::new(true)).unwrap();
+    let check = || h.check_invariants().unwrap();
+    let s1 = dev.create_stream().unwrap();
+    let p = h.malloc(MIB, UsageFlags::PRIVATE).unwrap();
+    let q = h.malloc(MIB, UsageFlags::PRIVATE).unwrap();
+    dev.inner().hold_stream(s1).unwrap();
+    assert!(h.record_events(&[p, q], s1).unwrap());
+    h.free(p).unwrap();
+    check();
+    // The free's own query fails: nothing freed.
+    let before = h.stats();
+    dev.fail_nth(EntryPoint::QueryEvent, 1);
+    let err = h.free(q).unwrap_err();
+    assert!(
+        matches!(err, AllocError::FreeFailed { ptr, .. } if ptr == q),
+        "{err:?}"
+    );
+    check();
+    assert_eq!(h.stats(), before);
+    // The free succeeds; the poll after it fails: still a success.
+    dev.fail_nth(EntryPoint::QueryEvent, 2);
+    h.free(q).unwrap();
+    check();
+    assert_eq!(dev.injected(), 2);
+    assert!(matches!(h.free(q), Err(AllocError::InvalidPointer { .. })));
+    dev.inner().release_stream(s1).unwrap();
+    h.empty_cache().unwrap();
+    check();
+    assert_eq!(h.stats().reserved_bytes.all().current, 0);
+    assert_eq!(dev.live().allocations, 0);
+}
