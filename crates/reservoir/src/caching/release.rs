@@ -18,6 +18,12 @@ impl DeviceState {
 
     /// spec 1.8: free old unsplit large-pool blocks until reserved memory is
     /// back under the threshold.
+    ///
+    /// Unlike `release_cached_blocks`, this and
+    /// `release_available_cached_blocks` stop at the first driver error, as
+    /// PyTorch does: they make room for one request, which then fails with
+    /// that error; what they did not release stays cached, consistent, and
+    /// `empty_cache` releases it.
     pub(super) fn garbage_collect_cached_blocks<B: Backend + ?Sized>(
         &mut self,
         backend: &B,

@@ -362,3 +362,43 @@ fn heap_free_fails_whole_or_succeeds() {
     assert_eq!(h.stats().reserved_bytes.all().current, 0);
     assert_eq!(dev.live().allocations, 0);
 }
+
+/// The issue's C scenario in the library: `record_stream` on a stream the
+/// device does not know, then `free`. Where the stream is refused at the
+/// call that names it (issue 29 item 2) the free simply succeeds; where it
+/// is accepted the free fails, says nothing was freed and leaves the block
+/// allocated and counted (before: "unknown stream" from the free, "already
+/// freed" from the next one, and 2 MiB reserved for good with
+/// `active_bytes` 1024 and `allocated_bytes` 0).
+#[test]
+fn record_stream_on_an_unknown_stream_then_free() {
+    let a = CachingAllocator::new(
+        SimDevice::new(SimConfig {
+            capacity: 8 * GIB,
+            ..SimConfig::default()
+        }),
+        AllocatorConfig::default(),
+    );
+    let p = a.raw_alloc(1000, S0).unwrap();
+    if a.record_stream(p, StreamId(999)).is_err() {
+        a.raw_free(p).unwrap();
+    } else {
+        let err = a.raw_free(p).unwrap_err();
+        assert!(
+            matches!(err, AllocError::FreeFailed { ptr, .. } if ptr == p),
+            "{err:?}"
+        );
+        a.check_invariants().unwrap();
+        let s = a.stats();
+        assert_eq!(s.allocated_bytes.all().current, 1024);
+        assert_eq!(s.active_bytes.all().current, 1024);
+        assert!(!matches!(
+            a.raw_free(p),
+            Err(AllocError::InvalidPointer { .. })
+        ));
+        a.empty_cache().unwrap();
+        a.check_invariants().unwrap();
+        assert_eq!(a.stats().reserved_bytes.all().current, 2 * MIB as i64);
+    }
+    a.check_invariants().unwrap();
+}

@@ -195,7 +195,9 @@ impl DeviceState {
     /// [`reservoir_target`](Self::reservoir_target), unmap free pages the
     /// growth does not use, largest free block first, until it would not.
     /// Returns whether the growth is a segment of its own
-    /// ([`whole_segment_size`](Self::whole_segment_size)).
+    /// ([`whole_segment_size`](Self::whole_segment_size)). A driver error
+    /// stops the trim and fails the request (each release or unmap that
+    /// failed changed nothing; what was not trimmed stays cached).
     pub(crate) fn trim_before_growth<B: Backend + ?Sized>(
         &mut self,
         backend: &B,
