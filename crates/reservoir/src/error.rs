@@ -34,7 +34,10 @@ impl OutOfMemoryError {
 /// Why an allocator call failed. A failed call leaves every block and every
 /// counter as it was, except where PyTorch itself changes them on the way to
 /// an out-of-memory error (the retry chain releases cached memory and counts
-/// the OOM).
+/// the OOM). A free either completes or fails with
+/// [`FreeFailed`](AllocError::FreeFailed), having freed nothing; a release
+/// (`empty_cache`) releases every segment it can and returns the first
+/// device error, what failed staying cached for the next call.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AllocError {

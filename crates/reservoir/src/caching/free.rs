@@ -9,7 +9,7 @@ use crate::store::{BlockId, NIL};
 use crate::trace::TraceAction;
 
 impl DeviceState {
-    /// spec 1.10: free the block allocated at `addr`, taking it out of the
+    /// spec 1.10: free the block allocated at `ptr`, taking it out of the
     /// pointer map. A pointer not in the map is
     /// [`AllocError::InvalidPointer`]; a free that fails
     /// ([`AllocError::FreeFailed`]) leaves the pointer in the map and every
@@ -51,23 +51,44 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), BackendError> {
-        let events = if self.store.blocks[id].stream_uses.is_empty()
-            || !self.private.captures_underway.is_empty()
-        {
-            None
+        if !self.store.blocks[id].stream_uses.is_empty() {
+            return self.free_used_by_other_streams(backend, id);
+        }
+        self.mark_freed(backend, id);
+        self.free_block(id);
+        Ok(())
+    }
+
+    /// [`free`](Self::free) of a block that other streams used: record an
+    /// event on each (nothing changes if one cannot be recorded), or defer
+    /// them while allocating to a pool (spec 1.10).
+    #[inline(never)]
+    fn free_used_by_other_streams<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<(), BackendError> {
+        if self.private.captures_underway.is_empty() {
+            let events = self.record_block_events(backend, id)?;
+            self.mark_freed(backend, id);
+            self.queue_block_events(id, events);
         } else {
-            Some(self.record_block_events(backend, id)?)
-        };
+            // No events while allocating to a pool: record them once every
+            // pool allocation has ended.
+            self.mark_freed(backend, id);
+            self.events.needs_events_deferred.push(id);
+        }
+        Ok(())
+    }
+
+    /// The part of every free that cannot fail: the block is no longer
+    /// allocated (counters, the backend's notification, the trace).
+    #[inline(always)]
+    fn mark_freed<B: Backend + ?Sized>(&mut self, backend: &B, id: BlockId) {
         let b = &mut self.store.blocks[id];
         b.allocated = false;
-        let (addr, size, requested, stream, pool, no_uses) = (
-            b.addr,
-            b.size,
-            b.requested_size,
-            b.stream,
-            b.pool,
-            b.stream_uses.is_empty(),
-        );
+        let (addr, size, requested, stream, pool) =
+            (b.addr, b.size, b.requested_size, b.stream, b.pool);
         let st = self.stat_type(pool);
         backend.on_block_freed(DevicePtr(addr), size, stream);
         self.note_freed(size, st);
@@ -79,16 +100,6 @@ impl DeviceState {
             pool,
             id,
         );
-        if no_uses {
-            self.free_block(id);
-        } else if let Some(events) = events {
-            self.queue_block_events(id, events);
-        } else {
-            // No events while allocating to a pool: record them once every
-            // pool allocation has ended (spec 1.10).
-            self.events.needs_events_deferred.push(id);
-        }
-        Ok(())
     }
 
     /// spec 1.10: return a block to its pool, merging free neighbours.
