@@ -78,7 +78,7 @@ impl State {
         for b in waiting {
             let e = dev.record_event(crate::backend::StreamId::DEFAULT)?;
             let buf = self.bufs.get_mut(&b).expect("a buffer");
-            buf.events.push(e);
+            buf.handler = Some(e);
             buf.awaiting_commit = false;
         }
         Ok(())
@@ -331,7 +331,22 @@ impl State {
     pub fn poll(&mut self, dev: &dyn Backend) -> Result<(), AllocError> {
         let pending: Vec<BlockId> = self.pending.iter().copied().collect();
         for b in pending {
-            if !self.bufs[&b].awaiting_commit && self.retain_count(dev, b)? <= 1 {
+            let buf = &self.bufs[&b];
+            let done = if buf.awaiting_commit {
+                false
+            } else if let Some(e) = buf.handler {
+                // A scalar's completion handler: `free_buffer`, whatever
+                // else still uses the buffer.
+                let done = dev.query_event(e)?;
+                if done {
+                    let _ = dev.destroy_event(e);
+                    self.bufs.get_mut(&b).expect("a buffer").handler = None;
+                }
+                done
+            } else {
+                self.retain_count(dev, b)? <= 1
+            };
+            if done {
                 self.pending.remove(&b);
                 self.free_buffer(dev, b);
             }

@@ -59,6 +59,9 @@ pub(crate) struct Buffer {
     /// A freed scalar whose completion handler waits for the default
     /// stream's current command buffer to be committed.
     pub awaiting_commit: bool,
+    /// A freed scalar's completion handler once committed: the buffer goes
+    /// back to its pool when this event completes, whatever else uses it.
+    pub handler: Option<EventId>,
 }
 
 /// A heap (`HeapBlock`); its address and size are its segment's.
@@ -565,6 +568,7 @@ impl State {
                 events: Vec::new(),
                 event: None,
                 awaiting_commit: false,
+                handler: None,
             },
         );
         let addr = self.addr(space);
