@@ -98,3 +98,35 @@ fn recorded_traces_replay_through_the_heap_allocator() {
     }
     assert!(replayed >= 5, "only {replayed} traces replayed");
 }
+
+/// `--policy mps-heap` is the seed's 2.7-era allocator (audit #19, #31):
+/// a buffer freed while a `record_stream`ed stream still runs goes back to
+/// its pool at once and the next request of its size reuses it (2.x's
+/// `free`); the stream's use keeps its retain count above 1, so under
+/// memory pressure an oversize one is released rather than reused.
+#[test]
+fn the_replay_heap_allocator_frees_as_the_seed_does() {
+    use reservoir::config::AllocatorConfig;
+    use reservoir::sim::SimConfig;
+    use reservoir::{Backend, StreamId};
+    let dev = SimDevice::new(SimConfig {
+        capacity: 8 << 30,
+        ..SimConfig::default()
+    });
+    let a = <HeapAllocator<SimDevice> as ReplayTarget>::on_device(dev, AllocatorConfig::default());
+    let s1 = a.backend().create_stream().unwrap();
+    a.backend().hold_stream(s1).unwrap();
+    let p = ReplayTarget::alloc(&a, 4 << 20, StreamId::DEFAULT).unwrap();
+    a.backend().enqueue_work(s1).unwrap();
+    a.record_stream(p, s1).unwrap();
+    ReplayTarget::free(&a, p).unwrap();
+    assert_eq!(a.current_allocated_memory(), 0);
+    assert_eq!(
+        ReplayTarget::alloc(&a, 4 << 20, StreamId::DEFAULT).unwrap(),
+        p
+    );
+    // A pointer the allocator does not know is refused.
+    assert!(a.record_stream(reservoir::DevicePtr(0x10), s1).is_err());
+    a.backend().release_stream(s1).unwrap();
+    a.check_invariants().unwrap();
+}

@@ -13,7 +13,7 @@
 //!   with what the program wrote. It drives any [`ScenarioAllocator`]: the
 //!   caching allocator, or the MPS heap allocator ([`HeapAllocator`]), which
 //!   is told of every piece of work on a buffer after it is enqueued
-//!   (`recordEvents`) because its buffers have no stream.
+//!   ([`HeapAllocator::record_use`]) because its buffers have no stream.
 //!
 //! The OpenCL backend runs them on a real device API (PoCL), the
 //! [`AsyncSimDevice`](reservoir::sim::AsyncSimDevice) with its race sanitizer.
@@ -105,8 +105,11 @@ impl<B: Backend> ScenarioAllocator for CachingAllocator<B> {
 
 /// The MPS heap allocator: private buffers (the stream does not choose
 /// one); every piece of work is recorded on its buffers once enqueued
-/// (`recordEvents`), so a buffer freed while that work runs waits in the
-/// pending set.
+/// ([`HeapAllocator::record_use`]: their retain counts stay above 1 until it
+/// completes). On a backend with several queues, build it with
+/// `HeapSettings::free_waits_for_events` (the later MPS redesign's pending
+/// set): the seed's 2.x free path hands a busy buffer out again at once,
+/// which Metal's single serial queue orders but several queues do not.
 impl<B: Backend> ScenarioAllocator for HeapAllocator<B> {
     type Device = B;
 
@@ -132,13 +135,7 @@ impl<B: Backend> ScenarioAllocator for HeapAllocator<B> {
     }
 
     fn after_use(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<(), AllocError> {
-        if self.record_events(ptrs, stream)? {
-            Ok(())
-        } else {
-            Err(AllocError::InvalidArgument(format!(
-                "recordEvents: one of {ptrs:?} is not a buffer in use"
-            )))
-        }
+        self.record_use(ptrs, stream)
     }
 
     fn empty_cache(&self) -> Result<(), AllocError> {
@@ -354,7 +351,7 @@ fn use_on<A: ScenarioAllocator>(a: &A, b: &mut Live, s: StreamId) -> Result<(), 
 
 /// Stream `s` has enqueued work on `ptrs`: tell the allocator.
 fn used<A: ScenarioAllocator>(a: &A, ptrs: &[DevicePtr], s: StreamId) -> Result<(), ScenarioError> {
-    a.after_use(ptrs, s).map_err(alloc_err("recordEvents"))
+    a.after_use(ptrs, s).map_err(alloc_err("record_use"))
 }
 
 /// Run the random multi-stream workload described in the

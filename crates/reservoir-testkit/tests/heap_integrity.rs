@@ -1,8 +1,9 @@
 //! The MPS heap allocator under the integrity scenario on the asynchronous
 //! simulated device, with its race sanitizer: buffers freed while work of
-//! any stream still uses them wait in the pending set (spec 4.3,
-//! `recordEvents` / `freeInactiveBuffers`), so no buffer is handed out or
-//! written while another stream's work is on it.
+//! any stream still uses them wait in the pending set (spec 4.3, the later
+//! redesign's free path, `HeapSettings::free_waits_for_events`; work
+//! recorded with `record_use`, completions by `freeInactiveBuffers`), so no
+//! buffer is handed out or written while another stream's work is on it.
 
 use reservoir::backend::{DevicePtr, StreamId};
 use reservoir::config::heap::HeapSettings;
@@ -16,7 +17,9 @@ fn heap() -> HeapAllocator<AsyncSimDevice> {
         capacity: 8 << 30,
         ..SimConfig::default()
     });
-    HeapAllocator::new(dev, HeapSettings::new(true)).unwrap()
+    let mut s = HeapSettings::new(true);
+    s.free_waits_for_events = true;
+    HeapAllocator::new(dev, s).unwrap()
 }
 
 fn config() -> IntegrityConfig {
@@ -48,7 +51,7 @@ fn the_heap_allocator_has_no_races_on_the_async_device() {
     assert_eq!(a.total_allocated_memory(), 0);
 }
 
-/// The heap allocator without `recordEvents`: the negative control.
+/// The heap allocator without `record_use`: the negative control.
 struct Forgetful(HeapAllocator<AsyncSimDevice>);
 
 impl ScenarioAllocator for Forgetful {
@@ -85,6 +88,6 @@ fn without_record_events_the_sanitizer_reports_races() {
     let races = a.0.backend().take_races();
     assert!(
         !races.is_empty(),
-        "the sanitizer saw no race without recordEvents"
+        "the sanitizer saw no race without record_use"
     );
 }

@@ -71,6 +71,19 @@ impl DebugVerbosity {
         (bits & !Self::ALL_BITS == 0).then_some(DebugVerbosity(bits))
     }
 
+    /// From bits, unknown ones kept (PyTorch's MPS allocator keeps its
+    /// whole `strtol` value: a value with only unknown bits logs nothing
+    /// but is still "non-zero" for the messages that test that,
+    /// [`is_zero`](Self::is_zero)).
+    pub fn from_bits_retain(bits: u32) -> DebugVerbosity {
+        DebugVerbosity(bits)
+    }
+
+    /// True when no bit at all is set (PyTorch's `getDebugVerbosity() == 0`).
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+
     /// True when every bit of `other` is set.
     pub fn contains(self, other: DebugVerbosity) -> bool {
         self.0 & other.0 == other.0
@@ -169,10 +182,12 @@ impl fmt::Display for DebugVerbosity {
             .filter(|(_, v)| self.contains(*v))
             .map(|(n, _)| *n)
             .collect();
-        if names.is_empty() {
-            f.write_str("OFF")
-        } else {
-            f.write_str(&names.join("|"))
+        let unknown = self.0 & !Self::ALL_BITS;
+        match (names.is_empty(), unknown) {
+            (true, 0) => f.write_str("OFF"),
+            (false, 0) => f.write_str(&names.join("|")),
+            (true, u) => write!(f, "{u:#x}"),
+            (false, u) => write!(f, "{}|{u:#x}", names.join("|")),
         }
     }
 }

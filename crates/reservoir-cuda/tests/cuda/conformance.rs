@@ -179,12 +179,14 @@ fn without_record_stream_the_sanitizer_reports_the_hazard() {
 fn randomized_multi_stream_integrity_of_the_mps_heap_async_sanitized() {
     // The MPS heap allocator on the CUDA backend, where nothing completes
     // by itself: every piece of work is recorded on its buffers
-    // (recordEvents), and the sanitizer sees no access to a buffer while
+    // (record_use; several streams, so the pending-free path), and the sanitizer sees no access to a buffer while
     // another stream's work on it is pending.
     let Some((_turn, dev)) = device(1 << 30, Mode::AsyncSanitized) else {
         return;
     };
-    let a = HeapAllocator::new(dev, HeapSettings::new(false)).unwrap();
+    let mut settings = HeapSettings::new(false);
+    settings.free_waits_for_events = true;
+    let a = HeapAllocator::new(dev, settings).unwrap();
     let cfg = IntegrityConfig::backend_run();
     let rep = integrity_run(&a, &cfg).unwrap();
     a.check_invariants().unwrap();

@@ -252,10 +252,13 @@ fn heap_shared_buffer_pointer_is_svm() {
 fn randomized_multi_stream_integrity_of_the_mps_heap() {
     let _serial = serial();
     // The heap allocator over real OpenCL queues: every piece of work is
-    // recorded on its buffers (recordEvents), a buffer freed while work
-    // runs waits in the pending set, real fills and checksums.
+    // recorded on its buffers (record_use), a buffer freed while work runs
+    // waits in the pending set (free_waits_for_events: several queues),
+    // real fills and checksums.
     let Some(dev) = default_device() else { return };
-    let a = HeapAllocator::new(dev, HeapSettings::new(true)).unwrap();
+    let mut settings = HeapSettings::new(true);
+    settings.free_waits_for_events = true;
+    let a = HeapAllocator::new(dev, settings).unwrap();
     let cfg = IntegrityConfig::backend_run();
     let rep = integrity_run(&a, &cfg).unwrap();
     a.check_invariants().unwrap();

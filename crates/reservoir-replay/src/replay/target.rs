@@ -237,10 +237,13 @@ impl ReplayTarget for StreamShards<SimDevice> {
 }
 
 /// PyTorch's MPS heap allocator (`--policy mps-heap`) on unified memory, the
-/// recommended max memory being the device's capacity. The trace's streams
-/// run on the device; `record_stream` records the buffer's pending work
-/// (`recordEvents`), and a buffer freed while that work is pending waits in
-/// the pending set. The `AllocatorConfig` (CUDA settings) does not apply.
+/// recommended max memory being the device's capacity, with the default
+/// settings: the seed's 2.7-era `MPSAllocator.mm`. The trace's streams run
+/// on the device; `record_stream` (which MPS does not have) is taken as the
+/// stream's work using the buffer ([`HeapAllocator::record_use`]: its retain
+/// count stays above 1 until that work completes); a freed buffer goes back
+/// to its pool at once, as 2.x's `free` does. The `AllocatorConfig` (CUDA
+/// settings) does not apply.
 impl ReplayTarget for HeapAllocator<SimDevice> {
     fn on_device(device: SimDevice, _config: AllocatorConfig) -> Self {
         HeapAllocator::new(device, HeapSettings::new(true))
@@ -266,11 +269,10 @@ impl ReplayTarget for HeapAllocator<SimDevice> {
     }
 
     fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
-        if ptr.is_null() || self.record_events(&[ptr], stream)? {
-            Ok(())
-        } else {
-            Err(AllocError::InvalidPointer { ptr })
+        if ptr.is_null() {
+            return Ok(());
         }
+        self.record_use(&[ptr], stream)
     }
 
     fn stats(&self) -> DeviceStats {

@@ -157,8 +157,39 @@ fn optional_exponent(b: &[u8], i: &mut usize, marks: [u8; 2]) -> i64 {
     }
 }
 
-/// Decimal `strtod` (no sign): `digits[.digits][e[sign]digits]`.
-fn strtod_decimal(b: &[u8]) -> Result<f64, NumError> {
+/// C's `strtod(s, NULL)` with `errno` ignored, as PyTorch's MPS allocator
+/// reads its watermark ratios: leading blanks, an optional sign, then a
+/// decimal or hexadecimal number, `inf`/`infinity` or `nan` (any case);
+/// anything after the number is ignored; no number at all gives 0.0;
+/// overflow gives ±infinity and underflow the rounded (zero or subnormal)
+/// value, as glibc returns them.
+pub fn strtod(s: &str) -> f64 {
+    let b = s.as_bytes();
+    let (i, negative) = sign_prefix(b);
+    let rest = &b[i..];
+    let magnitude = if starts_with_ignore_case(rest, b"inf") {
+        f64::INFINITY
+    } else if starts_with_ignore_case(rest, b"nan") {
+        f64::NAN
+    } else if let Some((v, _)) = strtod_hex_full(rest) {
+        v
+    } else {
+        match decimal_text(rest) {
+            Some((text, _, _, _)) => text.parse().unwrap_or(0.0),
+            None => return 0.0,
+        }
+    };
+    if negative {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// The text of a decimal number at the start of `b` (no sign), its digits,
+/// the number of them after the point, and its exponent; `None` when no
+/// digit starts it.
+fn decimal_text(b: &[u8]) -> Option<(&str, Vec<u8>, i64, i64)> {
     let mut i = 0;
     let mut digits: Vec<u8> = Vec::new();
     let mut frac_len: i64 = 0;
@@ -175,10 +206,16 @@ fn strtod_decimal(b: &[u8]) -> Result<f64, NumError> {
         }
     }
     if digits.is_empty() {
-        return Err(NumError::Invalid);
+        return None;
     }
     let exp = optional_exponent(b, &mut i, [b'e', b'E']);
-    let text = std::str::from_utf8(&b[..i]).map_err(|_| NumError::Invalid)?;
+    let text = std::str::from_utf8(&b[..i]).ok()?;
+    Some((text, digits, frac_len, exp))
+}
+
+/// Decimal `strtod` (no sign): `digits[.digits][e[sign]digits]`.
+fn strtod_decimal(b: &[u8]) -> Result<f64, NumError> {
+    let (text, digits, frac_len, exp) = decimal_text(b).ok_or(NumError::Invalid)?;
     let value: f64 = text.parse().map_err(|_| NumError::Invalid)?;
     if value.is_infinite() {
         return Err(NumError::Range);
@@ -210,6 +247,12 @@ fn strtod_decimal(b: &[u8]) -> Result<f64, NumError> {
 /// Hexadecimal `strtod` (no sign) if `b` starts with `0x` and a hex digit
 /// (possibly after the point) follows; `None` means "read as decimal".
 fn strtod_hex(b: &[u8]) -> Option<Result<f64, NumError>> {
+    strtod_hex_full(b).map(|(v, range)| if range { Err(NumError::Range) } else { Ok(v) })
+}
+
+/// [`strtod_hex`]'s value whatever `errno` says, and whether it is a range
+/// error.
+fn strtod_hex_full(b: &[u8]) -> Option<(f64, bool)> {
     if b.len() < 2 || b[0] != b'0' || !matches!(b[1], b'x' | b'X') {
         return None;
     }
@@ -259,15 +302,16 @@ fn strtod_hex(b: &[u8]) -> Option<Result<f64, NumError>> {
     }
     let e = optional_exponent(b, &mut i, [b'p', b'P']);
     if mant == 0 {
-        return Some(Ok(0.0));
+        return Some((0.0, false));
     }
     Some(round_binary(mant, exp2.saturating_add(e), sticky))
 }
 
 /// Rounds `mant * 2^exp2` (plus a nonzero tail below it if `sticky`) to the
 /// nearest double, ties to even, with glibc's range errors: overflow, and
-/// inexact results that are tiny after rounding to 53 bits.
-fn round_binary(mant: u64, exp2: i64, sticky: bool) -> Result<f64, NumError> {
+/// inexact results that are tiny after rounding to 53 bits. The value is
+/// glibc's in every case (infinity on overflow); the flag says `ERANGE`.
+fn round_binary(mant: u64, exp2: i64, sticky: bool) -> (f64, bool) {
     let msb = 63 - i64::from(mant.leading_zeros());
     // Round to 53 significant bits with an unbounded exponent.
     let shift = msb - 52;
@@ -283,11 +327,11 @@ fn round_binary(mant: u64, exp2: i64, sticky: bool) -> Result<f64, NumError> {
         m53 <<= -shift;
     }
     if lead > 1023 {
-        return Err(NumError::Range);
+        return (f64::INFINITY, true);
     }
     if lead >= -1022 {
         let bits = (((lead + 1023) as u64) << 52) | (m53 & ((1 << 52) - 1));
-        return Ok(f64::from_bits(bits));
+        return (f64::from_bits(bits), false);
     }
     // Tiny: round to the subnormal grid (units of 2^-1074).
     let drop = (-1074i64).saturating_sub(exp2);
@@ -300,10 +344,7 @@ fn round_binary(mant: u64, exp2: i64, sticky: bool) -> Result<f64, NumError> {
         let dropped = u128::from(mant) & ((1u128 << drop) - 1);
         (q + u128::from(up), dropped != 0 || sticky)
     };
-    if inexact {
-        return Err(NumError::Range);
-    }
-    Ok(f64::from_bits(q as u64))
+    (f64::from_bits(q as u64), inexact)
 }
 
 /// `v >> shift` and whether to round up (nearest, ties to even; `sticky`
@@ -471,6 +512,38 @@ pub(super) fn istream_double(s: &str) -> Option<f64> {
     Some(value)
 }
 
+/// A `double` written by `std::ostream << x` with the default flags
+/// (`%g`, six significant digits): "2.5", "1.8", "1e+20", "inf", "nan".
+/// PyTorch's `TORCH_CHECK` messages print their numbers this way.
+pub(crate) fn ostream_double(x: f64) -> String {
+    if x.is_nan() {
+        return if x.is_sign_negative() { "-nan" } else { "nan" }.into();
+    }
+    if x.is_infinite() {
+        return if x < 0.0 { "-inf" } else { "inf" }.into();
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0" } else { "0" }.into();
+    }
+    // The exponent after rounding to six significant digits.
+    let sci = format!("{x:.5e}");
+    let (mant, exp) = sci.split_once('e').expect("an exponent");
+    let exp: i32 = exp.parse().expect("a number");
+    let strip = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if (-4..6).contains(&exp) {
+        strip(&format!("{x:.*}", (5 - exp) as usize))
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", strip(mant), exp.abs())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,5 +618,47 @@ mod tests {
         // An exact decimal subnormal is not a range error (2^-1074, all 751 digits).
         let exact = "4.940656458412465441765687928682213723650598026143247644255856825006755072702087518652998363616359923797965646954457177309266567103559397963987747960107818781263007131903114045278458171678489821036887186360569987307230500063874091535649843873124733972731696151400317153853980741262385655911710266585566867681870395603106249319452715914924553293054565444011274801297099995419319894090804165633245247571478690147267801593552386115501348035264934720193790268107107491703332226844753335720832431936092382893458368060106011506169809753078342277318329247904982524730776375927247874656084778203734469699533647017972677717585125660551199131504891101451037862738167250955837389733598993664809941164205702637090279242767544565229087538682506419718265533447265625e-324";
         ok(exact, f64::from_bits(1));
+    }
+
+    // The MPS allocator reads its ratios with strtod(s, nullptr) (audit #28).
+    #[test]
+    fn strtod_ignores_errno_and_reads_what_it_can() {
+        assert_eq!(strtod("1.5"), 1.5);
+        assert_eq!(strtod("  1.5x"), 1.5);
+        assert_eq!(strtod("0x1.8p0"), 1.5);
+        assert_eq!(strtod("abc"), 0.0);
+        assert_eq!(strtod(""), 0.0);
+        assert_eq!(strtod("-"), 0.0);
+        assert_eq!(strtod(".5"), 0.5);
+        assert_eq!(strtod("1e400"), f64::INFINITY);
+        assert_eq!(strtod("-1e400"), f64::NEG_INFINITY);
+        assert_eq!(strtod("1e-400"), 0.0);
+        assert_eq!(strtod("4.9e-324"), f64::from_bits(1));
+        assert_eq!(strtod("0x1p-1080"), 0.0);
+        assert_eq!(strtod("0x1p2000"), f64::INFINITY);
+        assert!(strtod("nan").is_nan());
+        assert_eq!(strtod("Infinity"), f64::INFINITY);
+    }
+
+    #[test]
+    fn ostream_writes_doubles_like_printf_g() {
+        for (x, s) in [
+            (2.5, "2.5"),
+            (1.8, "1.8"),
+            (2.1, "2.1"),
+            (-1.0, "-1"),
+            (0.0, "0"),
+            (1e20, "1e+20"),
+            (123456.0, "123456"),
+            (1234567.0, "1.23457e+06"),
+            (0.0001, "0.0001"),
+            (0.00001234, "1.234e-05"),
+            (0.1 + 0.2, "0.3"),
+            (f64::INFINITY, "inf"),
+            (f64::NAN, "nan"),
+            (999999.5, "1e+06"),
+        ] {
+            assert_eq!(ostream_double(x), s, "{x}");
+        }
     }
 }

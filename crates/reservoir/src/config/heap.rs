@@ -8,18 +8,34 @@
 //! | [`ENV_LOW_WATERMARK_RATIO`] | 1.4 unified, 1.0 discrete | `[0, high]` (`[0, 2.0]` if high is 0) | soft limit (memory pressure, GC); 0 = GC off |
 //! | [`ENV_DEBUG`] | 0 | any `strtol(s, NULL, 0)` value | the [`DebugVerbosity`] bitmask |
 //!
-//! PyTorch reads the ratios with `strtod(s, nullptr)`, which turns text that
-//! is not a number into 0.0 (silently disabling the limit); Reservoir
-//! refuses such text with [`HeapSettingsError::NotANumber`] instead. A
-//! ratio outside its range is PyTorch's `TORCH_CHECK` failure "invalid high
-//! watermark ratio {r}" / "invalid low watermark ratio {r}", here
-//! [`HeapSettingsError::InvalidHighWatermark`] / [`HeapSettingsError::InvalidLowWatermark`].
+//! PyTorch reads the ratios with `strtod(s, nullptr)` and so does Reservoir
+//! ([`strtod`]): leading blanks are skipped, trailing text is ignored
+//! ("1.5x" is 1.5), hexadecimal floats are read ("0x1.8p0" is 1.5), and text
+//! that is not a number is 0.0, which *disables* the limit ("abc" and ""
+//! mean unlimited). A ratio outside its range is PyTorch's `TORCH_CHECK`
+//! failure "invalid high watermark ratio {r}" / "invalid low watermark ratio
+//! {r}", the ratio written as C++'s `ostream` writes a double ("nan",
+//! "2.5"), here [`HeapSettingsError::InvalidHighWatermark`] /
+//! [`HeapSettingsError::InvalidLowWatermark`].
 //! The debug value follows C's `strtol` with base 0 exactly (see [`strtol_base0`]):
 //! leading blanks, an optional sign, `0x` hexadecimal, a leading `0` for
-//! octal, trailing text ignored, no digits = 0; the bits above 16 are dropped.
+//! octal, trailing text ignored, no digits = 0; the value is kept whole as
+//! PyTorch's `uint32_t m_debug_verbosity` (the low 32 bits), so bits above
+//! `LARGE_ONLY` still make "Initializing ..." and "Attempting to release
+//! ..." print (PyTorch tests `getDebugVerbosity()` for non-zero there).
+//!
+//! **Which PyTorch.** The defaults are the `MPSAllocator.mm` of the seed
+//! headers (pytorch/pytorch `57ba412974d87ca62f0c7010e5953581587c40c6`, the
+//! 2.7-era code; see `docs/heap.md`). Two behaviours of other versions are
+//! named settings: [`HeapSettings::size_format`] = [`SizeFormat::Mps26`]
+//! for the "KB"/"MB"/"GB" messages of PyTorch 2.0-2.6, and
+//! [`HeapSettings::free_waits_for_events`] for the pending-free path of the
+//! later MPS redesign.
 
-pub use super::cnum::strtol_base0;
+use super::cnum::ostream_double;
+pub use super::cnum::{strtod, strtol_base0};
 use crate::debug::DebugVerbosity;
+pub use crate::heap::SizeFormat;
 
 /// `PYTORCH_MPS_HIGH_WATERMARK_RATIO`.
 pub const ENV_HIGH_WATERMARK_RATIO: &str = "PYTORCH_MPS_HIGH_WATERMARK_RATIO";
@@ -58,13 +74,27 @@ pub struct HeapSettings {
     /// `device.maxBufferLength`: requests must be smaller ("Invalid buffer
     /// size"); `None` = the backend's `mem_info().total`.
     pub max_buffer_length: Option<u64>,
-    /// Reservoir's choice between the two free paths of spec 4.3: true (the
-    /// default, MPS-N) parks a freed buffer whose recorded events are still
-    /// pending in the pending-free set until they complete; false (PyTorch
-    /// 2.x) makes it available at once, still busy (its retain count > 1),
-    /// which is what the retain-count branches of 4.2 step 5 and of garbage
-    /// collection look at.
+    /// The free path (spec 4.3). False (the default) is the seed's 2.x
+    /// `free()`: a freed buffer goes back to its pool's available buffers
+    /// at once, whatever its retain count (still busy, which is what the
+    /// retain-count branches of `get_free_buffer` and of garbage collection
+    /// look at). True is the later MPS redesign (after the seed's
+    /// 57ba412): a freed buffer whose recorded work is still pending waits
+    /// in `buffers_pending_free`, still counted in the current allocated
+    /// memory and not reusable, until that work completes. Backends with
+    /// several queues need true: 2.x relies on Metal's one serial queue
+    /// and its hazard tracking to order the reuse.
     pub free_waits_for_events: bool,
+    /// How sizes are written in messages (out-of-memory text, "Invalid
+    /// buffer size", debug output): [`SizeFormat::C10`] (the default, the
+    /// seed's 2.7-era code: c10's `format_size`, "KiB"/"MiB"/"GiB") or
+    /// [`SizeFormat::Mps26`] (PyTorch 2.0-2.6's own, "KB"/"MB"/"GB" from a
+    /// `float`).
+    pub size_format: SizeFormat,
+    /// Reservoir extension: also fire the `Allocated`, `Recycled`, `Freed`
+    /// and `Released` callback events. False (the default) fires only
+    /// `AllocationFailed`, the one event PyTorch 2.x fires.
+    pub all_callback_events: bool,
 }
 
 impl HeapSettings {
@@ -77,7 +107,9 @@ impl HeapSettings {
             debug: DebugVerbosity::OFF,
             recommended_max_memory: None,
             max_buffer_length: None,
-            free_waits_for_events: true,
+            free_waits_for_events: false,
+            size_format: SizeFormat::C10,
+            all_callback_events: false,
         }
     }
 
@@ -97,13 +129,24 @@ impl HeapSettings {
             s.debug = debug_from_strtol(strtol_base0(&v));
         }
         if let Some(v) = get(ENV_HIGH_WATERMARK_RATIO) {
-            s.high_watermark_ratio = parse_ratio(ENV_HIGH_WATERMARK_RATIO, &v)?;
+            s.high_watermark_ratio = strtod(&v);
         }
         if let Some(v) = get(ENV_LOW_WATERMARK_RATIO) {
-            s.low_watermark_ratio = parse_ratio(ENV_LOW_WATERMARK_RATIO, &v)?;
+            s.low_watermark_ratio = strtod(&v);
         }
         s.validate()?;
         Ok(s)
+    }
+
+    /// PyTorch 2.0-2.6's behaviour where it differs from the default (the
+    /// seed's 2.7-era code): sizes in "KB"/"MB"/"GB" ([`SizeFormat::Mps26`]).
+    /// The allocation logic of `MPSAllocator.mm` is the same in those
+    /// versions.
+    pub fn torch_2_6(unified_memory: bool) -> HeapSettings {
+        HeapSettings {
+            size_format: SizeFormat::Mps26,
+            ..HeapSettings::new(unified_memory)
+        }
     }
 
     /// Check both ratios against their ranges, high first (as PyTorch sets
@@ -147,22 +190,12 @@ pub fn check_low_watermark(ratio: f64, high: f64) -> Result<(), HeapSettingsErro
     }
 }
 
-fn parse_ratio(var: &'static str, value: &str) -> Result<f64, HeapSettingsError> {
-    value
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|r| !r.is_nan())
-        .ok_or_else(|| HeapSettingsError::NotANumber {
-            var,
-            value: value.to_string(),
-        })
-}
-
-/// The verbosity of a `strtol` value: its low five bits (PyTorch tests the
-/// bits one by one, so higher bits have no effect).
+/// The verbosity of a `strtol` value: its low 32 bits, all kept (PyTorch's
+/// `uint32_t m_debug_verbosity`). The five known bits select the messages;
+/// any non-zero value also prints "Initializing ..." and "Attempting to
+/// release ...".
 pub fn debug_from_strtol(value: i64) -> DebugVerbosity {
-    DebugVerbosity::from_bits((value as u32) & 31).unwrap_or_default()
+    DebugVerbosity::from_bits_retain(value as u32)
 }
 
 /// A heap allocator setting that is refused.
@@ -170,17 +203,9 @@ pub fn debug_from_strtol(value: i64) -> DebugVerbosity {
 #[non_exhaustive]
 pub enum HeapSettingsError {
     /// PyTorch's "invalid high watermark ratio {r}" (valid: `[0, 2.0]`).
-    #[error("invalid high watermark ratio {0}")]
+    #[error("invalid high watermark ratio {}", ostream_double(*.0))]
     InvalidHighWatermark(f64),
     /// PyTorch's "invalid low watermark ratio {r}" (valid: `[0, high]`).
-    #[error("invalid low watermark ratio {0}")]
+    #[error("invalid low watermark ratio {}", ostream_double(*.0))]
     InvalidLowWatermark(f64),
-    /// An environment variable that is not a number.
-    #[error("{var}={value:?} is not a number")]
-    NotANumber {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-    },
 }

@@ -2,6 +2,14 @@
 //! `IMPSAllocator` surface (`aten/src/ATen/mps/MPSAllocator.{h,mm}`,
 //! `MPSAllocatorInterface.h`; spec section 4), over any [`Backend`].
 //!
+//! **Which PyTorch.** The default behaviour is the `MPSAllocator.mm` that
+//! goes with the seed's `MPSAllocator.h` (pytorch/pytorch
+//! `57ba412974d87ca62f0c7010e5953581587c40c6`, the 2.7-era code). Other
+//! versions are named settings of [`HeapSettings`]:
+//! [`SizeFormat::Mps26`] (2.0-2.6 messages) and
+//! [`HeapSettings::free_waits_for_events`] (the later pending-free
+//! redesign). `docs/heap.md` has the rule-by-rule table.
+//!
 //! A *heap* is one [`Backend::allocate`] (Metal's `MTLHeap`); a *buffer* is
 //! a sub-range placed inside a heap (`newBufferWithLength`). Buffers are
 //! never split or merged: a cached buffer is reused whole.
@@ -21,7 +29,8 @@
 //!   `release_cached_buffers` + `alloc_buffer`, in that order; heaps of
 //!   8 MiB / 32 MiB / extra-large (1 GiB unified, 128 MiB discrete) or a
 //!   single-buffer heap rounded to 2 MiB; the out-of-memory text word for
-//!   word (with PyTorch's own `format_size`, "KB"/"MB"/"GB": [`format_size`]).
+//!   word (with c10's `format_size`, "KiB"/"MiB"/"GiB": [`format_size`]; or
+//!   2.0-2.6's "KB"/"MB"/"GB", [`format_size_2_6`]).
 //! * Spec 4.3 (`release.rs`): free, `release_buffer` (heaps released when
 //!   empty), `release_available_cached_buffers`, `release_cached_buffers`
 //!   ([`HeapAllocator::empty_cache`], which synchronises the default stream
@@ -32,22 +41,29 @@
 //!
 //! **Retain counts and pending work.** Metal's `retainCount > 1` means a
 //! command buffer still holds the buffer. Here it is work recorded for the
-//! buffer with [`HeapAllocator::record_events`]: the retain count is one
-//! plus the buffer's recorded events not yet complete. A buffer freed while
-//! busy goes to the pending set (`buffers_pending_free`, MPS-N behaviour;
-//! [`HeapSettings::free_waits_for_events`] = false gives 2.x's immediate
-//! return) and comes back when its work completes. Completion handlers are
-//! polled from the backend's events at the start of every operation and by
+//! buffer with [`HeapAllocator::record_use`] (any buffer in use) or
+//! [`HeapAllocator::record_events`] (shared buffers, PyTorch's
+//! `recordEvents`): the retain count is one plus the buffer's recorded
+//! work not yet complete. A buffer freed while busy goes back to its pool
+//! at once, still busy (the seed's 2.x `free`); with
+//! [`HeapSettings::free_waits_for_events`] (the later redesign) it goes to
+//! the pending set (`buffers_pending_free`) and comes back when its work
+//! completes. Completion handlers are polled from the backend's events at
+//! the start of every operation and by
 //! [`HeapAllocator::free_inactive_buffers`]. A freed scalar buffer waits
-//! for the work already enqueued on the default stream (PyTorch's
-//! completion handler). A buffer released while busy keeps its range
+//! for its completion handler on the default stream's current command
+//! buffer: it comes back once that command buffer is committed
+//! ([`HeapAllocator::commit`], or `empty_cache`'s `COMMIT_AND_WAIT`) and its
+//! work completes. A buffer released while busy keeps its range
 //! occupied until its work completes (the heap is then in
 //! `heaps_pending_update`); a heap released while such a range remains
 //! leaves the pool and the totals at once and goes back to the device when
-//! the work completes (ARC's deferred free).
+//! the work completes (ARC's deferred free). Dropping the allocator empties
+//! its cache (`~MPSHeapAllocatorImpl`).
 //!
-//! **Callbacks.** PyTorch 2.x fires only `ALLOCATION_FAILED`; Reservoir
-//! fires all five [`EventType`]s:
+//! **Callbacks.** PyTorch 2.x fires only `ALLOCATION_FAILED`, and so does
+//! Reservoir by default; with [`HeapSettings::all_callback_events`] (a
+//! Reservoir extension) it fires all five [`EventType`]s:
 //!
 //! | event | moment | `ptr` / `size` |
 //! |---|---|---|
@@ -93,9 +109,9 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 
 pub use types::{
-    format_size, PoolKind, ResourceOptions, StorageMode, UsageFlags, LARGE_HEAP, MAX_SCALAR_ALLOC,
-    MAX_SMALL_ALLOC, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_HEAP, XLARGE_HEAP_DISCRETE,
-    XLARGE_HEAP_UNIFIED,
+    format_size, format_size_2_6, PoolKind, ResourceOptions, SizeFormat, StorageMode, UsageFlags,
+    LARGE_HEAP, MAX_SCALAR_ALLOC, MAX_SMALL_ALLOC, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_HEAP,
+    XLARGE_HEAP_DISCRETE, XLARGE_HEAP_UNIFIED,
 };
 
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
@@ -165,14 +181,14 @@ impl<B: Backend> HeapAllocator<B> {
 
     fn front_end(&self, usage: UsageFlags) -> MpsAllocator<'_, B> {
         let g = self.state.lock();
-        if !g.debug.is_off() {
+        if !g.debug.is_zero() {
             let shared = usage.contains(UsageFlags::SHARED);
             tracing::info!(
                 target: TARGET,
                 "Initializing {} heap allocator on {} device memory of size {}",
                 if shared { "shared" } else { "private" },
                 if g.unified { "unified" } else { "discrete" },
-                format_size(g.max_device_size)
+                g.fs(g.max_device_size)
             );
         }
         MpsAllocator { heap: self, usage }
@@ -215,7 +231,7 @@ impl<B: Backend> HeapAllocator<B> {
         if size >= g.max_buffer_size {
             return Err(AllocError::InvalidArgument(format!(
                 "Invalid buffer size: {}",
-                format_size(size)
+                g.fs(size)
             )));
         }
         g.poll(dev)?;
@@ -234,19 +250,21 @@ impl<B: Backend> HeapAllocator<B> {
                 g.garbage_collect(dev, pool)?;
             }
             found = g.alloc_buffer(dev, &mut p)?;
-            // Doubt: 2.x's trigger_memory_callbacks result decides whether
-            // get_free_buffer runs again; here it does when a callback is
-            // registered.
-            if !found && self.callbacks.is_active() {
-                let event = AllocatorEvent {
-                    event: EventType::AllocationFailed,
-                    device: 0,
-                    ptr: DevicePtr::NULL,
-                    size: alloc_size,
-                    stream: StreamId::DEFAULT,
-                };
-                MutexGuard::unlocked(g, || self.callbacks.fire(&event));
-                g.poll(dev)?;
+            // `trigger_memory_callbacks` runs the registered callbacks (with
+            // the lock released here, so that they may free memory) and
+            // always returns true: the second `get_free_buffer` always runs.
+            if !found {
+                if self.callbacks.is_active() {
+                    let event = AllocatorEvent {
+                        event: EventType::AllocationFailed,
+                        device: 0,
+                        ptr: DevicePtr::NULL,
+                        size: alloc_size,
+                        stream: StreamId::DEFAULT,
+                    };
+                    MutexGuard::unlocked(g, || self.callbacks.fire(&event));
+                    g.poll(dev)?;
+                }
                 found = g.get_free_buffer(dev, &mut p)?;
             }
             if !found && g.release_available_cached_buffers(dev, alloc_size, pool)? {
@@ -287,23 +305,31 @@ impl<B: Backend> HeapAllocator<B> {
     /// every available buffer of every pool (heaps freed as they empty).
     fn release_cached_buffers(&self, g: &mut MutexGuard<'_, State>) -> Result<(), AllocError> {
         let dev: &dyn Backend = &self.backend;
-        if !g.debug.is_off() {
+        if !g.debug.is_zero() {
             let mps = g.total_allocated;
             let other = g.device_allocated(dev).saturating_sub(mps);
             tracing::info!(
                 target: TARGET,
                 "Attempting to release cached buffers (MPS allocated: {}, other allocations: {})",
-                format_size(mps),
-                format_size(other)
+                g.fs(mps),
+                g.fs(other)
             );
         }
+        // COMMIT_AND_WAIT: the current command buffer (the completion
+        // handlers of freed scalars) is committed, then waited for.
+        g.commit(dev)?;
         MutexGuard::unlocked(g, || dev.synchronize_stream(StreamId::DEFAULT))?;
         g.stats.num_sync_all_streams += 1;
         g.poll(dev)?;
+        // Every pool is released even after a device error; the first
+        // error is returned and what failed stays cached for the next call.
+        let mut first = Ok(());
         for pool in PoolKind::ALL {
-            g.release_buffers(dev, pool)?;
+            if let Err(e) = g.release_buffers(dev, pool) {
+                first = first.and(Err(e));
+            }
         }
-        Ok(())
+        first
     }
 
     /// The caller's `free(ptr)` (spec 4.3). A pointer that is not a buffer
@@ -336,49 +362,127 @@ impl<B: Backend> HeapAllocator<B> {
         self.state.lock().poll(&self.backend)
     }
 
-    /// `recordEvents`: record an event on `stream` for each buffer (in use),
-    /// which keeps its retain count above 1 until the work enqueued on
-    /// `stream` so far completes. True when every pointer was a buffer in
-    /// use; unknown pointers are skipped.
+    /// `recordEvents`: for each pointer that is one of the allocator's
+    /// buffers (in use or cached) in a *shared* pool, record the buffer's
+    /// event (one per buffer, recorded again each time) on `stream`.
+    /// Private buffers and unknown pointers are skipped. True when at least
+    /// one event was recorded (PyTorch: "returns true if records any
+    /// event"). Reservoir's model also counts the work enqueued on `stream`
+    /// so far as using the buffer (PyTorch records the event after
+    /// encoding the copy that uses it): the retain count stays above 1
+    /// until that work completes. For private buffers, and for work that
+    /// records no event, see [`record_use`](Self::record_use).
     pub fn record_events(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<bool, AllocError> {
         let mut g = self.state.lock();
-        let mut all = true;
+        let mut recorded = false;
         for &ptr in ptrs {
-            match in_use(&g, ptr) {
-                Ok(b) => {
-                    let e = self.backend.record_event(stream)?;
-                    g.bufs.get_mut(&b).expect("a buffer").events.push(e);
-                }
-                Err(_) => all = false,
+            let Some(&b) = g.ptrs.get(&ptr.0) else {
+                continue;
+            };
+            if !g.pool_of(b).is_shared() {
+                continue;
             }
+            // The use first, then the buffer's event: waiting for the
+            // event waits for the use.
+            let used = self.backend.record_event(stream)?;
+            let event = match self.backend.record_event(stream) {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = self.backend.destroy_event(used);
+                    return Err(e.into());
+                }
+            };
+            let buf = g.bufs.get_mut(&b).expect("a buffer");
+            if let Some(old) = buf.event.replace(event) {
+                let _ = self.backend.destroy_event(old);
+            }
+            buf.events.push(used);
+            recorded = true;
         }
-        Ok(all)
+        Ok(recorded)
     }
 
-    /// `waitForEvents`: block until the recorded work of each buffer is
-    /// done. True when every pointer was a live buffer.
+    /// Reservoir extension (no PyTorch call): the buffers are used by the
+    /// work enqueued on `stream` so far, as a Metal command buffer retains
+    /// the buffers it uses: each one's retain count stays above 1 until
+    /// that work completes (which `get_free_buffer`'s oversize branches,
+    /// garbage collection, `release_buffer` and, with
+    /// [`HeapSettings::free_waits_for_events`], `free` look at). Private
+    /// and shared buffers alike. Every pointer must be a buffer in use;
+    /// otherwise [`AllocError::InvalidPointer`] for the first that is not,
+    /// and nothing is recorded.
+    pub fn record_use(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<(), AllocError> {
+        let mut g = self.state.lock();
+        let bufs: Vec<BlockId> = ptrs
+            .iter()
+            .map(|&ptr| in_use(&g, ptr))
+            .collect::<Result<_, _>>()?;
+        for b in bufs {
+            let e = self.backend.record_event(stream)?;
+            g.bufs.get_mut(&b).expect("a buffer").events.push(e);
+        }
+        Ok(())
+    }
+
+    /// `waitForEvents`: for the shared buffers among `ptrs` (in use or
+    /// cached) whose retain count is above 1 and that have a recorded
+    /// event, wait on the host for that event, then run the completion
+    /// handlers (`freeInactiveBuffers`). True when it waited and a buffer's
+    /// retain count fell to 1 (PyTorch: "returns true if actually waited on
+    /// any event"); false when there was nothing to wait for.
     pub fn wait_for_events(&self, ptrs: &[DevicePtr]) -> Result<bool, AllocError> {
-        let mut events = Vec::new();
-        let mut all = true;
+        let mut todo = Vec::new();
         {
-            let g = self.state.lock();
+            let mut g = self.state.lock();
             for ptr in ptrs {
-                match g.ptrs.get(&ptr.0) {
-                    Some(b) => events.extend(g.bufs[b].events.iter().copied()),
-                    None => all = false,
+                let Some(&b) = g.ptrs.get(&ptr.0) else {
+                    continue;
+                };
+                if !g.pool_of(b).is_shared() {
+                    continue;
+                }
+                let Some(event) = g.bufs[&b].event else {
+                    continue;
+                };
+                if g.retain_count(&self.backend, b)? > 1 {
+                    todo.push((*ptr, b, event));
                 }
             }
         }
-        for e in events {
-            self.backend.synchronize_event(e)?;
+        let mut waited = false;
+        for (ptr, b, event) in todo {
+            // The retain count again: an earlier wait may have freed it.
+            let busy = {
+                let mut g = self.state.lock();
+                g.ptrs.get(&ptr.0) == Some(&b)
+                    && g.bufs[&b].event == Some(event)
+                    && g.retain_count(&self.backend, b)? > 1
+            };
+            if !busy {
+                continue;
+            }
+            self.backend.synchronize_event(event)?;
+            self.free_inactive_buffers()?;
+            let mut g = self.state.lock();
+            waited |= g.ptrs.get(&ptr.0) != Some(&b) || g.retain_count(&self.backend, b)? <= 1;
         }
-        self.free_inactive_buffers()?;
-        Ok(all)
+        Ok(waited)
     }
 
-    /// `allocScalarBufferWithValue`: a scalar buffer (at most 8 bytes)
-    /// holding `value`. Needs a backend the host can write
-    /// ([`Backend::as_host_write`]);
+    /// Reservoir's stand-in for the MPS stream committing its current
+    /// command buffer (every MPS operation does): the scalar buffers freed
+    /// since the last commit (whose completion handlers sit on that command
+    /// buffer) come back once the work enqueued on the default stream so
+    /// far completes. `empty_cache` commits too (`COMMIT_AND_WAIT`).
+    pub fn commit(&self) -> Result<(), AllocError> {
+        let mut g = self.state.lock();
+        g.commit(&self.backend)?;
+        g.poll(&self.backend)
+    }
+
+    /// `allocScalarBufferWithValue`: a buffer of the scalar pool holding
+    /// `value` (any length, as PyTorch: the scalar pool takes any size).
+    /// Needs a backend the host can write ([`Backend::as_host_write`]);
     /// otherwise [`BackendError::Unsupported`], with nothing changed.
     pub fn alloc_scalar_buffer_with_value(&self, value: &[u8]) -> Result<DevicePtr, AllocError> {
         let Some(host) = self.backend.as_host_write() else {
@@ -388,12 +492,6 @@ impl<B: Backend> HeapAllocator<B> {
             }
             .into());
         };
-        if value.len() as u64 > MAX_SCALAR_ALLOC {
-            return Err(AllocError::InvalidArgument(format!(
-                "a scalar buffer holds at most {MAX_SCALAR_ALLOC} bytes, not {}",
-                value.len()
-            )));
-        }
         let ptr = self.malloc(value.len() as u64, UsageFlags::SCALAR)?;
         if let Err(e) = host.write_host(ptr, value) {
             self.free(ptr)?;
@@ -543,9 +641,16 @@ impl<B: Backend> HeapAllocator<B> {
         Ok(())
     }
 
-    /// `formatSize`: the MPS [`format_size`].
+    /// `formatSize`: a size as this allocator writes it in messages (the
+    /// [`SizeFormat`] of its settings: [`format_size`] by default).
     pub fn format_size(&self, size: u64) -> String {
-        format_size(size)
+        self.state.lock().fs(size)
+    }
+
+    /// Turn the Reservoir extension [`HeapSettings::all_callback_events`] on
+    /// or off.
+    pub fn set_all_callback_events(&self, on: bool) {
+        self.state.lock().all_callback_events = on;
     }
 
     /// The debug bitmask in force.
@@ -611,6 +716,30 @@ impl<B: Backend> HeapAllocator<B> {
     /// Check every invariant; the message says which broke.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.state.lock().check()
+    }
+}
+
+/// `~MPSHeapAllocatorImpl()`: `emptyCache()`. Cached buffers and the heaps
+/// they empty go back to the backend; buffers still in use keep theirs. A
+/// failure (or a panicking callback) is logged as a `tracing` warning, never
+/// raised.
+impl<B: Backend> Drop for HeapAllocator<B> {
+    fn drop(&mut self) {
+        let run = std::panic::AssertUnwindSafe(|| {
+            let mut g = self.state.lock();
+            self.release_cached_buffers(&mut g)
+        });
+        match std::panic::catch_unwind(run) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(
+                target: TARGET,
+                "the heap allocator could not empty its cache when dropped: {e}"
+            ),
+            Err(_) => tracing::warn!(
+                target: TARGET,
+                "the heap allocator panicked while emptying its cache when dropped"
+            ),
+        }
     }
 }
 

@@ -16,8 +16,8 @@ use crate::trace::TraceAction;
 
 impl State {
     /// `free_buffer`: an in-use or pending buffer goes back to its pool's
-    /// available buffers.
-    pub fn free_buffer(&mut self, b: BlockId) {
+    /// available buffers; its event (if any) is given back.
+    pub fn free_buffer(&mut self, dev: &dyn Backend, b: BlockId) {
         let size = self.size(b);
         let pool = self.pool_of(b);
         let st = StatType::for_pool(pool.is_small());
@@ -25,6 +25,9 @@ impl State {
         debug_assert!(matches!(buf.state, BufState::InUse | BufState::PendingFree));
         buf.state = BufState::Available;
         buf.shape.clear();
+        if let Some(e) = buf.event.take() {
+            let _ = dev.destroy_event(e);
+        }
         let requested = buf.requested;
         self.insert_available(b);
         self.pools[pool.index()].available_size += size;
@@ -38,39 +41,47 @@ impl State {
 
     /// The caller's free (spec 4.3): a non-scalar buffer goes back at once
     /// (or, with `free_waits_for_events`, to the pending set while its
-    /// recorded work runs); a scalar waits for the default stream's work
-    /// (the completion handler of PyTorch).
+    /// recorded work runs); a scalar waits for its completion handler, on
+    /// the default stream's current command buffer: it comes back when that
+    /// command buffer is committed ([`commit`](Self::commit)) and its work
+    /// completes.
     ///
-    /// A device error frees nothing: it comes before any change (an event
-    /// recorded for a scalar is given back).
+    /// A device error frees nothing: it comes before any change.
     pub fn free(&mut self, dev: &dyn Backend, b: BlockId) -> Result<(), BackendError> {
         let size = self.size(b);
         let st = StatType::for_pool(self.pool_of(b).is_small());
-        if self.pool_of(b) == PoolKind::Scalar {
-            let event = dev.record_event(crate::backend::StreamId::DEFAULT)?;
-            self.bufs.get_mut(&b).expect("a buffer").events.push(event);
-        }
-        let busy = match self.retain_count(dev, b) {
-            Ok(n) => n > 1,
-            Err(e) => {
-                if self.pool_of(b) == PoolKind::Scalar {
-                    let event = self.bufs.get_mut(&b).expect("a buffer").events.pop();
-                    if let Some(event) = event {
-                        let _ = dev.destroy_event(event);
-                    }
-                }
-                return Err(e);
-            }
-        };
+        let scalar = self.pool_of(b) == PoolKind::Scalar;
+        let busy = !scalar && self.free_waits_for_events && self.retain_count(dev, b)? > 1;
         let requested = self.bufs[&b].requested;
         self.trace(TraceAction::FreeRequested, self.addr(b), requested);
         self.stats.allocation.decrease(st, 1);
         self.stats.allocated_bytes.decrease(st, size);
-        if busy && (self.free_waits_for_events || self.pool_of(b) == PoolKind::Scalar) {
-            self.bufs.get_mut(&b).expect("a buffer").state = BufState::PendingFree;
+        if scalar || busy {
+            let buf = self.bufs.get_mut(&b).expect("a buffer");
+            buf.state = BufState::PendingFree;
+            buf.awaiting_commit = scalar;
             self.pending.insert(b);
         } else {
-            self.free_buffer(b);
+            self.free_buffer(dev, b);
+        }
+        Ok(())
+    }
+
+    /// The default stream commits its current command buffer: the freed
+    /// scalars whose completion handlers sit on it now wait for the work
+    /// enqueued on the default stream so far.
+    pub fn commit(&mut self, dev: &dyn Backend) -> Result<(), AllocError> {
+        let waiting: Vec<BlockId> = self
+            .pending
+            .iter()
+            .copied()
+            .filter(|b| self.bufs[b].awaiting_commit)
+            .collect();
+        for b in waiting {
+            let e = dev.record_event(crate::backend::StreamId::DEFAULT)?;
+            let buf = self.bufs.get_mut(&b).expect("a buffer");
+            buf.handler = Some(e);
+            buf.awaiting_commit = false;
         }
         Ok(())
     }
@@ -96,6 +107,9 @@ impl State {
         let heap_key = self.heap_key(h);
         self.pools[pi].heaps.remove(&heap_key);
         let buf = self.bufs.get(&b).expect("a buffer").clone();
+        if let Some(e) = self.bufs.get_mut(&b).expect("a buffer").event.take() {
+            let _ = dev.destroy_event(e);
+        }
         if retain > 1 {
             self.bufs.get_mut(&b).expect("a buffer").state = BufState::Zombie;
             self.zombies.insert(b);
@@ -112,8 +126,8 @@ impl State {
                 target: TARGET,
                 "Released buffer #{} of size {} from heap #{heap_id} (heap size: {}, use#: {}, retain#: {retain}, gc#: {})",
                 buf.id,
-                format_size(size),
-                format_size(available),
+                self.fs(size),
+                self.fs(available),
                 buf.use_count,
                 buf.gc_count
             );
@@ -174,8 +188,8 @@ impl State {
             tracing::info!(
                 target: TARGET,
                 "Released heap #{heap_id} of size {} (current allocated: {}, retain#: {})",
-                format_size(size),
-                format_size(self.device_allocated(dev)),
+                self.fs(size),
+                self.fs(self.device_allocated(dev)),
                 if busy { 2 } else { 1 }
             );
         }
@@ -209,15 +223,20 @@ impl State {
                 target: TARGET,
                 "Releasing {} buffers from {pool} pool (total size: {}, #buffers: {})",
                 p.buffers.len(),
-                format_size(p.allocated_size),
+                self.fs(p.allocated_size),
                 p.n_buffers
             );
         }
         let ids: Vec<BlockId> = p.buffers.iter().map(|k| k.2).collect();
+        // Every buffer that can be released is, then the first device
+        // error is returned (a failed buffer stays cached, unchanged).
+        let mut first = Ok(());
         for b in ids {
-            self.release_buffer(dev, b, true)?;
+            if let Err(e) = self.release_buffer(dev, b, true) {
+                first = first.and(Err(e));
+            }
         }
-        Ok(())
+        first
     }
 
     /// `release_available_cached_buffers` (spec 4.3): the smallest available
@@ -305,7 +324,7 @@ impl State {
                 target: TARGET,
                 "Garbage collected {freed} buffers from large {} pool (total reclaimed: {}, #buffers: {})",
                 pool.storage_word(),
-                format_size(reclaimed),
+                self.fs(reclaimed),
                 self.pools[pool.index()].buffers.len()
             );
         }
@@ -319,9 +338,24 @@ impl State {
     pub fn poll(&mut self, dev: &dyn Backend) -> Result<(), AllocError> {
         let pending: Vec<BlockId> = self.pending.iter().copied().collect();
         for b in pending {
-            if self.retain_count(dev, b)? <= 1 {
+            let buf = &self.bufs[&b];
+            let done = if buf.awaiting_commit {
+                false
+            } else if let Some(e) = buf.handler {
+                // A scalar's completion handler: `free_buffer`, whatever
+                // else still uses the buffer.
+                let done = dev.query_event(e)?;
+                if done {
+                    let _ = dev.destroy_event(e);
+                    self.bufs.get_mut(&b).expect("a buffer").handler = None;
+                }
+                done
+            } else {
+                self.retain_count(dev, b)? <= 1
+            };
+            if done {
                 self.pending.remove(&b);
-                self.free_buffer(b);
+                self.free_buffer(dev, b);
             }
         }
         let zombies: Vec<BlockId> = self.zombies.iter().copied().collect();

@@ -53,6 +53,15 @@ pub(crate) struct Buffer {
     /// Events recorded for work using the buffer; the retain count is one
     /// plus the number not yet complete.
     pub events: Vec<EventId>,
+    /// The buffer's `MPSEvent` (`recordEvents`, shared buffers only),
+    /// dropped when the buffer is freed back to its pool.
+    pub event: Option<EventId>,
+    /// A freed scalar whose completion handler waits for the default
+    /// stream's current command buffer to be committed.
+    pub awaiting_commit: bool,
+    /// A freed scalar's completion handler once committed: the buffer goes
+    /// back to its pool when this event completes, whatever else uses it.
+    pub handler: Option<EventId>,
 }
 
 /// A heap (`HeapBlock`); its address and size are its segment's.
@@ -124,6 +133,8 @@ pub(crate) struct State {
     pub max_buffer_size: u64,
     pub alignment: u64,
     pub free_waits_for_events: bool,
+    pub size_format: SizeFormat,
+    pub all_callback_events: bool,
     pub callbacks: Arc<CallbackRegistry>,
     /// The allocation history when recording (`record_history`).
     pub history: Option<RingBuffer<TraceEntry>>,
@@ -164,6 +175,8 @@ impl State {
             max_buffer_size: settings.max_buffer_length.unwrap_or(total),
             alignment,
             free_waits_for_events: settings.free_waits_for_events,
+            size_format: settings.size_format,
+            all_callback_events: settings.all_callback_events,
             callbacks,
             history: None,
         };
@@ -197,7 +210,7 @@ impl State {
             let shown = if ratio == 0.0 {
                 "unlimited".to_string()
             } else {
-                format_size(limit)
+                self.fs(limit)
             };
             tracing::info!(target: TARGET, "{which} watermark memory allocation limit: {shown}");
         }
@@ -242,7 +255,18 @@ impl State {
         }
     }
 
+    /// `format_size` of the PyTorch era in force.
+    pub fn fs(&self, size: u64) -> String {
+        self.size_format.format(size)
+    }
+
+    /// Fire a callback event other than `AllocationFailed` (which the
+    /// allocator fires itself): only with `all_callback_events`, the
+    /// Reservoir extension (PyTorch 2.x fires none of them).
     pub fn fire(&self, event: EventType, ptr: u64, size: u64) {
+        if !self.all_callback_events {
+            return;
+        }
         self.callbacks.fire(&AllocatorEvent {
             event,
             device: 0,
@@ -421,9 +445,9 @@ impl State {
                 "Reusing {}{} buffer #{id} of size {} at {:#x} (requested: {}, use#: {use_no}, retain#: {retain})",
                 p.pool.storage_word(),
                 p.pool.scalar_word(),
-                format_size(size),
+                self.fs(size),
                 self.addr(b),
-                format_size(p.requested)
+                self.fs(p.requested)
             );
         }
         self.fire(EventType::Recycled, self.addr(b), size);
@@ -501,9 +525,9 @@ impl State {
                 "Allocated {} heap #{} of size {} (#heaps: {}, current allocated: {})",
                 p.pool.storage_word(),
                 self.next_heap_id,
-                format_size(size),
+                self.fs(size),
                 self.pools[pool].heaps.len() + 1,
-                format_size(self.device_allocated(dev))
+                self.fs(self.device_allocated(dev))
             );
         }
         Ok(Some(h))
@@ -542,6 +566,9 @@ impl State {
                 gc_count: 0,
                 shape: Vec::new(),
                 events: Vec::new(),
+                event: None,
+                awaiting_commit: false,
+                handler: None,
             },
         );
         let addr = self.addr(space);
@@ -564,10 +591,10 @@ impl State {
                 p.pool.storage_word(),
                 p.pool.scalar_word(),
                 self.next_buffer_id,
-                format_size(p.size),
-                format_size(p.requested),
-                format_size(available),
-                format_size(self.total_allocated)
+                self.fs(p.size),
+                self.fs(p.requested),
+                self.fs(available),
+                self.fs(self.total_allocated)
             );
         }
         self.fire(EventType::Allocated, addr, p.size);
@@ -602,19 +629,19 @@ impl State {
                 "MPS backend out of memory (MPS allocated: {}, other allocations: {}, max allowed: {}). \
                  Tried to allocate {} on {} pool. Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable \
                  upper limit for memory allocations (may cause system failure).",
-                format_size(mps),
-                format_size(other),
-                format_size(self.max_total_allowed),
-                format_size(alloc_size),
+                self.fs(mps),
+                self.fs(other),
+                self.fs(self.max_total_allowed),
+                self.fs(alloc_size),
                 pool.storage_word()
             )
         } else {
             format!(
                 "MPS backend out of memory (MPS allocated: {}, other allocations: {}). \
                  Tried to allocate {} on {} pool.",
-                format_size(mps),
-                format_size(other),
-                format_size(alloc_size),
+                self.fs(mps),
+                self.fs(other),
+                self.fs(alloc_size),
                 pool.storage_word()
             )
         }

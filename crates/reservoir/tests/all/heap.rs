@@ -64,7 +64,15 @@ impl<B: Backend> H<B> {
             })
             .collect()
     }
+    /// Register a callback that logs every event, with the Reservoir
+    /// extension that fires all five turned on.
     fn log(&self) -> Arc<Mutex<Vec<EventType>>> {
+        self.a.set_all_callback_events(true);
+        self.log_only()
+    }
+    /// Register a callback that logs the events fired (by default only
+    /// `AllocationFailed`, as PyTorch).
+    fn log_only(&self) -> Arc<Mutex<Vec<EventType>>> {
         let seen: Arc<Mutex<Vec<EventType>>> = Arc::default();
         let log = seen.clone();
         self.a
@@ -80,6 +88,21 @@ impl<B: Backend> H<B> {
 
 #[derive(Debug, PartialEq)]
 struct SegmentKind(String);
+
+/// A message as the given era writes it: the default (c10's "KiB"/"MiB"/
+/// "GiB") as written, or PyTorch 2.0-2.6's "KB"/"MB"/"GB" (the same digits
+/// at the sizes these tests use).
+fn units(f: SizeFormat, msg: &str) -> String {
+    match f {
+        SizeFormat::C10 => msg.to_string(),
+        SizeFormat::Mps26 => msg
+            .replace(" KiB", " KB")
+            .replace(" MiB", " MB")
+            .replace(" GiB", " GB"),
+    }
+}
+
+const ERAS: [SizeFormat; 2] = [SizeFormat::C10, SizeFormat::Mps26];
 
 fn sim(capacity: u64) -> SimDevice {
     SimDevice::new(SimConfig {
@@ -289,7 +312,7 @@ fn a_busy_oversize_buffer_under_pressure_is_released_with_its_heap_spec_4_2_step
     let s1 = dev.create_stream().unwrap();
     let p = h.malloc(100 * MIB);
     dev.hold_stream(s1).unwrap();
-    assert!(h.a.record_events(&[p], s1).unwrap());
+    h.a.record_use(&[p], s1).unwrap();
     h.free(p); // available at once, still busy
     assert_eq!(h.a.low_watermark_value(), 0);
     let q = h.malloc(50 * MIB);
@@ -311,7 +334,7 @@ fn a_busy_buffer_released_from_a_heap_keeps_its_range_until_done_spec_4_3() {
     // Three 9 MiB buffers in one 32 MiB heap, 5 MiB left.
     let [a, b, c] = [0; 3].map(|_| h.malloc(9 * MIB));
     dev.hold_stream(s1).unwrap();
-    h.a.record_events(&[b], s1).unwrap();
+    h.a.record_use(&[b], s1).unwrap();
     h.free(b); // 2.x: available at once, still busy
     h.empty();
     // Released from the allocator, but its range stays occupied in the
@@ -345,7 +368,7 @@ fn a_busy_oversize_buffer_without_pressure_is_reused_spec_4_2_step_5() {
     let s1 = dev.create_stream().unwrap();
     let p = h.malloc(100 * MIB);
     dev.hold_stream(s1).unwrap();
-    h.a.record_events(&[p], s1).unwrap();
+    h.a.record_use(&[p], s1).unwrap();
     h.free(p);
     assert_eq!(h.a.low_watermark_value(), i64::MAX);
     assert_eq!(h.malloc(50 * MIB), p);
@@ -354,20 +377,30 @@ fn a_busy_oversize_buffer_without_pressure_is_reused_spec_4_2_step_5() {
 
 #[test]
 fn the_high_watermark_refuses_before_the_device_spec_4_4() {
+    for era in ERAS {
+        the_high_watermark_refuses_in(era);
+    }
+}
+
+fn the_high_watermark_refuses_in(era: SizeFormat) {
     let h = heap(64 * GIB, true, |s| {
         s.recommended_max_memory = Some(GIB);
         s.high_watermark_ratio = 1.0;
         s.low_watermark_ratio = 0.0;
+        s.size_format = era;
     });
     assert_eq!(h.a.high_watermark_limit(), GIB);
     h.malloc(600 * MIB);
     let e = h.try_malloc(500 * MIB, UsageFlags::PRIVATE).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "MPS backend out of memory (MPS allocated: 600.00 MB, other allocations: 0 bytes, \
-         max allowed: 1024.00 MB). Tried to allocate 500.00 MB on private pool. Use \
-         PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for memory allocations \
-         (may cause system failure)."
+        units(
+            era,
+            "MPS backend out of memory (MPS allocated: 600.00 MiB, other allocations: 0 bytes, \
+             max allowed: 1024.00 MiB). Tried to allocate 500.00 MiB on private pool. Use \
+             PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for memory allocations \
+             (may cause system failure)."
+        )
     );
     let oom = e.as_oom().unwrap();
     assert_eq!(
@@ -383,30 +416,43 @@ fn the_high_watermark_refuses_before_the_device_spec_4_4() {
 
 #[test]
 fn the_oom_text_without_high_watermark_spec_4_2_step_8() {
-    let h = heap(GIB, true, |s| {
-        s.high_watermark_ratio = 0.0;
-        s.low_watermark_ratio = 0.0;
-    });
+    for era in ERAS {
+        let h = heap(GIB, true, |s| {
+            s.high_watermark_ratio = 0.0;
+            s.low_watermark_ratio = 0.0;
+            s.size_format = era;
+        });
+        the_oom_text_without_high_watermark_in(h, era);
+    }
+}
+
+fn the_oom_text_without_high_watermark_in(h: H, era: SizeFormat) {
     // 10 MiB of "other allocations" straight from the device.
     h.a.backend().allocate(10 * MIB, S0).unwrap();
     h.malloc(600 * MIB);
     let e = h.try_malloc(500 * MIB + 1, UsageFlags::SHARED).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "MPS backend out of memory (MPS allocated: 600.00 MB, other allocations: 10.00 MB). \
-         Tried to allocate 500.02 MB on shared pool."
+        units(
+            era,
+            "MPS backend out of memory (MPS allocated: 600.00 MiB, other allocations: 10.00 MiB). \
+             Tried to allocate 500.02 MiB on shared pool."
+        )
     );
 }
 
+/// PyTorch 2.0-2.6's own `format_size` (the `SizeFormat::Mps26` setting).
 #[test]
-fn format_size_is_the_mps_one() {
-    assert_eq!(format_size(0), "0 bytes");
-    assert_eq!(format_size(1024), "1024 bytes");
-    assert_eq!(format_size(1536), "1.50 KB");
-    assert_eq!(format_size(MIB), "1024.00 KB");
-    assert_eq!(format_size(MIB + 1), "1.00 MB");
-    assert_eq!(format_size(GIB + 1), "1.00 GB");
-    assert_eq!(unified().a.format_size(3 * GIB), "3.00 GB");
+fn format_size_2_6_is_the_old_mps_one() {
+    assert_eq!(format_size_2_6(0), "0 bytes");
+    assert_eq!(format_size_2_6(1024), "1024 bytes");
+    assert_eq!(format_size_2_6(1536), "1.50 KB");
+    assert_eq!(format_size_2_6(MIB), "1024.00 KB");
+    assert_eq!(format_size_2_6(MIB + 1), "1.00 MB");
+    assert_eq!(format_size_2_6(GIB + 1), "1.00 GB");
+    let h = heap(64 * GIB, true, |s| s.size_format = SizeFormat::Mps26);
+    assert_eq!(h.a.format_size(3 * GIB), "3.00 GB");
+    assert_eq!(HeapSettings::torch_2_6(true).size_format, SizeFormat::Mps26);
 }
 
 #[test]
@@ -523,6 +569,7 @@ fn garbage_collection_stops_at_its_target_spec_4_3() {
         s.low_watermark_ratio = 0.5;
     });
     let ps: Vec<DevicePtr> = (0..9).map(|_| h.malloc(64 * MIB)).collect();
+    let era = SizeFormat::C10;
     for p in ps {
         h.free(p);
     }
@@ -538,7 +585,10 @@ fn garbage_collection_stops_at_its_target_spec_4_3() {
     assert!(msgs[1].starts_with("Released heap #"));
     assert_eq!(
         msgs[2],
-        "Garbage collected 1 buffers from large private pool (total reclaimed: 64.00 MB, #buffers: 8)"
+        units(
+            era,
+            "Garbage collected 1 buffers from large private pool (total reclaimed: 64.00 MiB, #buffers: 8)"
+        )
     );
     // One idle buffer (and its unsplit heap) released: the target reached,
     // GC stops although eight more are as old.
@@ -571,13 +621,16 @@ fn empty_cache_releases_every_cached_buffer_and_empty_heap_spec_4_3() {
 
 #[test]
 fn a_busy_buffer_waits_in_the_pending_set_on_the_async_device_spec_4_3() {
+    // The later redesign's free path (free_waits_for_events).
+    let mut settings = HeapSettings::new(true);
+    settings.free_waits_for_events = true;
     let h = H {
         a: HeapAllocator::new(
             AsyncSimDevice::new(SimConfig {
                 capacity: 8 * GIB,
                 ..SimConfig::default()
             }),
-            HeapSettings::new(true),
+            settings,
         )
         .unwrap(),
     };
@@ -586,7 +639,7 @@ fn a_busy_buffer_waits_in_the_pending_set_on_the_async_device_spec_4_3() {
     let p = h.a.malloc(4 * MIB, UsageFlags::PRIVATE).unwrap();
     dev.enqueue(s1, 50_000, &[Access::write(p, 4 * MIB)])
         .unwrap();
-    assert!(h.a.record_events(&[p], s1).unwrap());
+    h.a.record_use(&[p], s1).unwrap();
     h.a.free(p).unwrap();
     h.check();
     // Pending: still active, not allocated, not reusable.
@@ -616,20 +669,26 @@ fn a_busy_buffer_waits_in_the_pending_set_on_the_async_device_spec_4_3() {
 
 #[test]
 fn wait_for_events_returns_pending_buffers_spec_4_3() {
-    let h = unified();
+    // The later redesign's free path: a freed shared buffer with recorded
+    // work waits in the pending set until waitForEvents.
+    let h = heap(64 * GIB, true, |s| s.free_waits_for_events = true);
     let dev = h.a.backend();
     let s1 = dev.create_stream().unwrap();
-    let p = h.malloc(MIB);
+    let p = h.try_malloc(MIB, UsageFlags::SHARED).unwrap();
     dev.enqueue_work(s1).unwrap();
     dev.hold_stream(s1).unwrap();
-    h.a.record_events(&[p], s1).unwrap();
+    assert!(h.a.record_events(&[p], s1).unwrap());
     h.free(p);
     assert_eq!(h.a.current_allocated_memory(), 16 * KIB * 64);
-    dev.release_stream(s1).unwrap();
+    // Waited on the host (the held work is forced to completion): true,
+    // and freeInactiveBuffers returns the buffer.
     assert!(h.a.wait_for_events(&[p]).unwrap());
     h.check();
     assert_eq!(h.a.current_allocated_memory(), 0);
-    // Unknown pointers are reported.
+    // Nothing left to wait for: false.
+    assert!(!h.a.wait_for_events(&[p]).unwrap());
+    dev.release_stream(s1).unwrap();
+    // Unknown pointers record and wait for nothing.
     assert!(!h.a.wait_for_events(&[DevicePtr(0x10)]).unwrap());
     assert!(!h.a.record_events(&[DevicePtr(0x10)], s1).unwrap());
 }
@@ -642,6 +701,10 @@ fn a_freed_scalar_returns_when_its_stream_completes_spec_4_3() {
     dev.enqueue_work(S0).unwrap();
     dev.hold_stream(S0).unwrap();
     h.free(s);
+    assert_eq!(h.a.current_allocated_memory(), 16 * KIB);
+    // Committed: it now waits for the default stream's work (audit #20).
+    h.a.commit().unwrap();
+    h.check();
     assert_eq!(h.a.current_allocated_memory(), 16 * KIB);
     dev.release_stream(S0).unwrap();
     h.a.free_inactive_buffers().unwrap();
@@ -742,11 +805,15 @@ fn scalar_buffers_with_a_value_on_host_visible_memory_and_backend_alignment() {
     assert_eq!(h.a.current_allocated_memory(), 256);
     let t = h.a.alloc_scalar_buffer_with_value(&[1]).unwrap();
     assert_eq!(t.0 - s.0, 256, "placed at the backend's alignment");
-    let e = h.a.alloc_scalar_buffer_with_value(&[0; 9]).unwrap_err();
-    assert!(matches!(e, AllocError::InvalidArgument(_)));
+    // Any size goes to the scalar pool, as PyTorch's (audit #37).
+    let u = h.a.alloc_scalar_buffer_with_value(&[9; 300]).unwrap();
+    assert!(h.a.is_shared_buffer(u));
+    assert_eq!(h.a.unaligned_buffer_size(u), Some(300));
+    assert_eq!(h.a.current_allocated_memory(), 256 + 256 + 512);
     h.check();
     h.free(s);
     h.free(t);
+    h.free(u);
     // A 1000-byte request is 1024 bytes at 256-byte alignment.
     let p = h.malloc(1000);
     let snap = h.a.snapshot();
@@ -781,7 +848,7 @@ fn bad_input_is_a_typed_error_that_changes_nothing() {
     );
     let e = h.try_malloc(64 * GIB, UsageFlags::PRIVATE).unwrap_err();
     assert!(
-        e.to_string().contains("Invalid buffer size: 64.00 GB"),
+        e.to_string().contains("Invalid buffer size: 64.00 GiB"),
         "{e}"
     );
     same(&h);
@@ -858,11 +925,18 @@ fn the_impsallocator_surface() {
 
 #[test]
 fn debug_output_speaks_pytorchs_words_spec_4_5() {
+    for era in ERAS {
+        debug_output_in(era);
+    }
+}
+
+fn debug_output_in(era: SizeFormat) {
     let out: Arc<Mutex<Vec<String>>> = Arc::default();
     let h = heap(GIB, true, |s| {
         s.debug = DebugVerbosity::from_bits(15).unwrap();
         s.high_watermark_ratio = 0.0;
         s.low_watermark_ratio = 0.0;
+        s.size_format = era;
     });
     tracing::subscriber::with_default(Collect(out.clone()), || {
         h.a.private_allocator();
@@ -874,29 +948,27 @@ fn debug_output_speaks_pytorchs_words_spec_4_5() {
     });
     let msgs = out.lock().unwrap().clone();
     let starts = [
-        "Initializing private heap allocator on unified device memory of size 1024.00 MB",
-        "Allocated private heap #1 of size 8.00 MB (#heaps: 1, current allocated: 8.00 MB)",
-        "Allocated private buffer #1 of size 1024.00 KB at 0x",
-        "Reusing private buffer #1 of size 1024.00 KB at 0x",
-        "Attempting to release cached buffers (MPS allocated: 8.00 MB, other allocations: 0 bytes)",
-        "Releasing 1 buffers from small private pool (total size: 1024.00 KB, #buffers: 1)",
-        "Released buffer #1 of size 1024.00 KB from heap #1 (heap size: 8.00 MB, use#: 2, retain#: 1, gc#: 0)",
-        "Released heap #1 of size 8.00 MB (current allocated: 0 bytes, retain#: 1)",
-    ];
+        "Initializing private heap allocator on unified device memory of size 1024.00 MiB",
+        "Allocated private heap #1 of size 8.00 MiB (#heaps: 1, current allocated: 8.00 MiB)",
+        "Allocated private buffer #1 of size 1024.00 KiB at 0x",
+        "Reusing private buffer #1 of size 1024.00 KiB at 0x",
+        "Attempting to release cached buffers (MPS allocated: 8.00 MiB, other allocations: 0 bytes)",
+        "Releasing 1 buffers from small private pool (total size: 1024.00 KiB, #buffers: 1)",
+        "Released buffer #1 of size 1024.00 KiB from heap #1 (heap size: 8.00 MiB, use#: 2, retain#: 1, gc#: 0)",
+        "Released heap #1 of size 8.00 MiB (current allocated: 0 bytes, retain#: 1)",
+    ]
+    .map(|m| units(era, m));
     assert_eq!(msgs.len(), starts.len(), "{msgs:#?}");
-    for (m, s) in msgs.iter().zip(starts) {
-        assert!(m.starts_with(s), "{m:?} should start with {s:?}");
+    for (m, s) in msgs.iter().zip(&starts) {
+        assert!(m.starts_with(s.as_str()), "{m:?} should start with {s:?}");
     }
-    assert!(
-        msgs[2].ends_with("from heap #1 (requested: 1024.00 KB, heap: 7.00 MB, total: 8.00 MB)"),
-        "{}",
-        msgs[2]
+    let end = units(
+        era,
+        "from heap #1 (requested: 1024.00 KiB, heap: 7.00 MiB, total: 8.00 MiB)",
     );
-    assert!(
-        msgs[3].ends_with("(requested: 1024.00 KB, use#: 2, retain#: 1)"),
-        "{}",
-        msgs[3]
-    );
+    assert!(msgs[2].ends_with(&end), "{}", msgs[2]);
+    let end = units(era, "(requested: 1024.00 KiB, use#: 2, retain#: 1)");
+    assert!(msgs[3].ends_with(&end), "{}", msgs[3]);
     // LARGE_ONLY hides small-pool buffer messages (not heap messages).
     h.a.set_debug_verbosity(DebugVerbosity::from_bits(2 | 16).unwrap());
     out.lock().unwrap().clear();
@@ -905,21 +977,25 @@ fn debug_output_speaks_pytorchs_words_spec_4_5() {
     });
     let msgs = out.lock().unwrap().clone();
     assert_eq!(msgs.len(), 1, "{msgs:?}");
-    assert!(msgs[0].starts_with("Allocated private heap #2 of size 8.00 MB"));
+    assert!(msgs[0].starts_with(&units(era, "Allocated private heap #2 of size 8.00 MiB")));
     // PROFILING: the watermark limits when they are set.
     out.lock().unwrap().clear();
     tracing::subscriber::with_default(Collect(out.clone()), || {
         let mut s = HeapSettings::new(true);
         s.debug = DebugVerbosity::PROFILING;
+        s.size_format = era;
         let a = HeapAllocator::new(sim(GIB), s).unwrap();
         a.set_high_watermark_ratio(0.0).unwrap();
     });
     assert_eq!(
         *out.lock().unwrap(),
         [
-            "High watermark memory allocation limit: 1.70 GB",
-            "Low watermark memory allocation limit: 1.40 GB",
-            "High watermark memory allocation limit: unlimited"
+            units(era, "High watermark memory allocation limit: 1.70 GiB"),
+            units(era, "Low watermark memory allocation limit: 1.40 GiB"),
+            "High watermark memory allocation limit: unlimited".to_string(),
+            // Dropped: ~MPSHeapAllocatorImpl empties the cache (audit #39).
+            "Attempting to release cached buffers (MPS allocated: 0 bytes, other allocations: 0 bytes)"
+                .to_string(),
         ]
     );
 }
@@ -962,11 +1038,9 @@ fn watermark_settings_parse_and_check_spec_4_4() {
     // The default low ratio (1.4) is above a high ratio of 1.2.
     let e = HeapSettings::from_lookup(true, env(&[(ENV_HIGH_WATERMARK_RATIO, "1.2")])).unwrap_err();
     assert_eq!(e, HeapSettingsError::InvalidLowWatermark(1.4));
-    let e = HeapSettings::from_lookup(true, env(&[(ENV_LOW_WATERMARK_RATIO, "lots")])).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "PYTORCH_MPS_LOW_WATERMARK_RATIO=\"lots\" is not a number"
-    );
+    // strtod: text that is not a number is 0.0 (audit #28; T12 has more).
+    let s = HeapSettings::from_lookup(true, env(&[(ENV_LOW_WATERMARK_RATIO, "lots")])).unwrap();
+    assert_eq!(s.low_watermark_ratio, 0.0);
     assert!(HeapSettings::from_lookup(true, env(&[(ENV_HIGH_WATERMARK_RATIO, "-1")])).is_err());
     // The debug bitmask: strtol with base 0.
     for (text, value) in [
@@ -989,8 +1063,9 @@ fn watermark_settings_parse_and_check_spec_4_4() {
         s.debug,
         DebugVerbosity::ALLOCATIONS | DebugVerbosity::LARGE_ONLY
     );
+    // The whole value is kept (uint32_t m_debug_verbosity; audit #29).
     let s = HeapSettings::from_lookup(true, env(&[(ENV_DEBUG, "-1")])).unwrap();
-    assert_eq!(s.debug.bits(), 31);
+    assert_eq!(s.debug.bits(), u32::MAX);
     // A heap allocator refuses bad ratios.
     let mut bad = HeapSettings::new(true);
     bad.low_watermark_ratio = 1.9;
@@ -1077,7 +1152,7 @@ proptest! {
                         dev.hold_stream(s1).unwrap();
                     }
                     dev.enqueue_work(s1).unwrap();
-                    prop_assert!(h.a.record_events(&[live[i % live.len()]], s1).unwrap());
+                    h.a.record_use(&[live[i % live.len()]], s1).unwrap();
                 }
                 Op::Release => dev.release_stream(s1).unwrap(),
                 Op::Empty => h.a.empty_cache().unwrap(),
@@ -1282,4 +1357,619 @@ fn the_history_records_buffers_and_heaps() {
     h.a.record_history(None);
     h.free(q);
     assert!(h.a.snapshot().device_traces.is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// The audit's tests (`../shared/spec/mps-audit.md`, section 2): the seed's
+// 2.7-era `MPSAllocator.mm` (pytorch/pytorch 57ba412), Metal's alignment
+// taken as the simulated device's 16 KiB. Where the audit's sketch used
+// `record_events` on a private buffer to make it busy, `record_use` does it
+// (PyTorch records no event on a private buffer, audit #31).
+// ---------------------------------------------------------------------------
+
+/// The T1 scenario: a busy 200 MiB buffer and an idle 250 MiB one, both
+/// cached, the device 0.5 MiB under the low limit, then 150 MiB asked for.
+fn failure_chain_scenario(log: bool) -> (H, Option<Arc<Mutex<Vec<EventType>>>>) {
+    // discrete; low limit 0.5 × 1001 MiB = 500.5 MiB; device 600 MiB.
+    let h = heap(600 * MIB, false, |s| {
+        s.recommended_max_memory = Some(1001 * MIB);
+        s.low_watermark_ratio = 0.5;
+        s.high_watermark_ratio = 0.0;
+    });
+    let dev = h.a.backend();
+    let p1 = h.malloc(200 * MIB); // a single-buffer heap of 200 MiB
+    let p2 = h.malloc(250 * MIB); // a single-buffer heap of 250 MiB
+    dev.allocate(50 * MIB, S0).unwrap(); // "other": the device at 500 MiB
+    let s1 = dev.create_stream().unwrap();
+    dev.hold_stream(s1).unwrap();
+    h.a.record_use(&[p1], s1).unwrap(); // p1's retain count 2
+    h.free(p1);
+    h.free(p2);
+    // Pressure, yet garbage collection returns at once (500 < 500.5 MiB).
+    assert_eq!(h.a.low_watermark_value(), 0);
+    let seen = log.then(|| h.log());
+    let _q = h.malloc(150 * MIB);
+    dev.release_stream(s1).unwrap();
+    h.a.free_inactive_buffers().unwrap();
+    h.check();
+    (h, seen)
+}
+
+/// audit #15, T1: `trigger_memory_callbacks` always returns true, so the
+/// second `get_free_buffer` runs without any callback registered: it
+/// releases the idle oversize buffer *keeping* its heap, and the request
+/// lands in that heap (before the fix: 150 MiB in a third heap).
+#[test]
+fn audit_t1_failure_chain_retries_get_free_buffer_without_callbacks() {
+    let (h, _) = failure_chain_scenario(false);
+    // Pass 1 released busy p1 with its heap; GC returned; alloc_buffer
+    // failed (100 MiB free); pass 2 released idle oversize p2 keeping its
+    // heap; release_available_cached_buffers: pool empty; the full flush;
+    // alloc_buffer into p2's heap.
+    assert_eq!(h.a.total_allocated_memory(), 250 * MIB);
+    assert_eq!(h.heaps(), vec![(250 * MIB, SegmentKind("large".into()))]);
+    assert_eq!(h.a.stats().num_device_alloc, 2); // no third heap
+    assert_eq!(h.a.stats().num_alloc_retries, 1);
+}
+
+/// audit #15, T1b: the same with a callback registered (passed before the
+/// fix too: the second pass then ran): `AllocationFailed` fires once, with
+/// the lock released, before the second pass.
+#[test]
+fn audit_t1b_failure_chain_with_a_callback_registered() {
+    let (h, log) = failure_chain_scenario(true);
+    assert_eq!(h.a.total_allocated_memory(), 250 * MIB);
+    assert_eq!(h.heaps(), vec![(250 * MIB, SegmentKind("large".into()))]);
+    assert_eq!(h.a.stats().num_device_alloc, 2);
+    assert_eq!(
+        *log.unwrap().lock().unwrap(),
+        [
+            EventType::Released, // p1 (busy, under pressure), with its heap
+            EventType::AllocationFailed,
+            EventType::Released, // p2 (idle oversize), heap kept
+            EventType::Allocated
+        ]
+    );
+}
+
+/// audit #18, T2: `format_size` by era. The default is the seed's: c10's
+/// (KiB/MiB/GiB from a double); `SizeFormat::Mps26` is PyTorch 2.0-2.6's
+/// own (KB/MB/GB from a float), digits included.
+#[test]
+fn audit_t2_format_size_by_era() {
+    // PyTorch <= 2.6:
+    assert_eq!(format_size_2_6(1536), "1.50 KB");
+    assert_eq!(format_size_2_6(MIB), "1024.00 KB");
+    assert_eq!(format_size_2_6(GIB), "1024.00 MB");
+    assert_eq!(format_size_2_6(524_293_232), "500.01 MB"); // f32 rounding
+    assert_eq!(format_size_2_6(17_185_237_894), "16.00 GB"); // f32 rounding
+                                                             // The seed (2.7 era), c10's format_size:
+    assert_eq!(format_size(0), "0 bytes");
+    assert_eq!(format_size(1024), "1024 bytes");
+    assert_eq!(format_size(1025), "1.00 KiB");
+    assert_eq!(format_size(1536), "1.50 KiB");
+    assert_eq!(format_size(MIB), "1024.00 KiB");
+    assert_eq!(format_size(MIB + 1), "1.00 MiB");
+    assert_eq!(format_size(GIB), "1024.00 MiB");
+    assert_eq!(format_size(GIB + 1), "1.00 GiB");
+    assert_eq!(format_size(524_293_232), "500.00 MiB");
+    assert_eq!(format_size(17_185_237_894), "16.01 GiB");
+    assert_eq!(
+        format_size(524_293_232),
+        reservoir::format::format_size(524_293_232)
+    );
+    // The allocator's own formatSize follows its setting.
+    assert_eq!(unified().a.format_size(524_293_232), "500.00 MiB");
+    let old = heap(64 * GIB, true, |s| s.size_format = SizeFormat::Mps26);
+    assert_eq!(old.a.format_size(524_293_232), "500.01 MB");
+    assert_eq!(SizeFormat::default(), SizeFormat::C10);
+    assert_eq!(HeapSettings::new(true).size_format, SizeFormat::C10);
+}
+
+/// audit #8, #13, #14, #17, #22, #25, #26, T3: the high watermark blocks
+/// even the reuse of a cached buffer; garbage collection keeps the split
+/// heap; `emptyCache` cannot release a heap that holds no buffer.
+#[test]
+fn audit_t3_high_watermark_gc_and_empty_cache_keep_the_empty_split_heap() {
+    let h = heap(64 * GIB, true, |s| {
+        s.recommended_max_memory = Some(GIB);
+        s.high_watermark_ratio = 1.2; // limit 1 288 490 188 B
+        s.low_watermark_ratio = 0.5; // 512 MiB
+    });
+    let a = h.malloc(400 * MIB); // an extra-large 1 GiB heap (no pressure yet)
+    assert_eq!(h.a.total_allocated_memory(), GIB);
+    h.free(a);
+    let e = h.try_malloc(300 * MIB, UsageFlags::PRIVATE).unwrap_err();
+    // get_free_buffer refuses (1024 + 300 > 1228.8 MiB, no aging);
+    // pressure and 300 < 400 → GC: target 512 MiB, a released, the split
+    // heap kept; every alloc_buffer refuses → out of memory.
+    assert_eq!(
+        e.to_string(),
+        "MPS backend out of memory (MPS allocated: 1024.00 MiB, other allocations: 0 bytes, \
+         max allowed: 1.20 GiB). Tried to allocate 300.00 MiB on private pool. Use \
+         PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for memory allocations \
+         (may cause system failure)."
+    );
+    assert_eq!(h.a.buffer_id(a), 0);
+    assert_eq!(h.a.total_allocated_memory(), GIB); // the empty heap stays
+    h.empty();
+    assert_eq!(h.a.total_allocated_memory(), GIB); // emptyCache never visits it
+    h.a.set_high_watermark_ratio(0.0).unwrap();
+    let b = h.malloc(300 * MIB); // lands in the empty extra-large heap
+    assert_eq!(
+        (h.a.total_allocated_memory(), h.a.stats().num_device_alloc),
+        (GIB, 1)
+    );
+    h.free(b);
+    h.empty();
+    assert_eq!(h.a.total_allocated_memory(), 0);
+}
+
+/// audit #9, #26, T4: the GC victim is chosen by the mean `gc_count`, in
+/// (size, address) order, and GC stops at its target.
+#[test]
+fn audit_t4_gc_victims_are_chosen_by_mean_age_not_size() {
+    let h = heap(64 * GIB, false, |s| {
+        s.recommended_max_memory = Some(GIB);
+        s.low_watermark_ratio = 0.5;
+        s.high_watermark_ratio = 0.0;
+    });
+    let a = h.malloc(68 * MIB);
+    let b = h.malloc(64 * MIB);
+    let c = h.malloc(66 * MIB); // all single-buffer heaps (>= 64 MiB, discrete)
+    h.free(a); // a.gc 0
+    let x = h.malloc(70 * MIB); // aging a=1; a new 70 MiB heap
+    h.free(x);
+    let y = h.malloc(70 * MIB); // aging a=2, x=1; reuses x (x.gc = 0)
+    assert_eq!(y, x);
+    h.free(y);
+    h.free(b);
+    h.free(c); // a=2, x=0, b=0, c=0
+    let _z = h.malloc(300 * MIB); // aging a=3, x=b=c=1; the device at 568 MiB
+    let log = h.log();
+    let _w = h.malloc(100 * MIB); // pressure; aging a=4, x=b=c=2; target 56, mean 2.5
+                                  // (size) order: b(64, 2) skipped, c(66, 2) skipped, a(68, 4) released
+                                  // with its heap; 68 >= 56: stop.
+    assert_eq!(
+        *log.lock().unwrap(),
+        [EventType::Released, EventType::Allocated]
+    );
+    let mut sizes: Vec<u64> = h.heaps().iter().map(|k| k.0 / MIB).collect();
+    sizes.sort();
+    assert_eq!(sizes, [64, 66, 70, 100, 300]); // a's 68 MiB heap is gone
+    for p in [b, c, x] {
+        assert_ne!(h.a.buffer_id(p), 0); // still cached
+    }
+    assert_eq!(h.a.buffer_id(a), 0);
+    assert_eq!(
+        h.a.total_allocated_memory(),
+        (64 + 66 + 70 + 300 + 100) * MIB
+    );
+}
+
+/// audit #11, #14, T5: releasing an idle oversize buffer (its heap kept)
+/// clears the memory pressure, so garbage collection does not run.
+#[test]
+fn audit_t5_an_idle_oversize_release_clears_pressure_and_skips_gc() {
+    let h = heap(64 * GIB, false, |s| {
+        s.recommended_max_memory = Some(GIB);
+        s.low_watermark_ratio = 0.25;
+        s.high_watermark_ratio = 0.0;
+    });
+    let a = h.malloc(200 * MIB);
+    let b = h.malloc(100 * MIB); // the device at 300 > 256 MiB
+    h.free(a);
+    h.free(b);
+    let log = h.log();
+    let q = h.malloc(50 * MIB); // b (100) > 50 + 32: oversize; no heap fits; b idle
+    assert_eq!(q, b); // Reservoir's first fit (on Metal: only "the same heap")
+    assert_eq!(
+        *log.lock().unwrap(),
+        [EventType::Released, EventType::Allocated]
+    );
+    assert_ne!(h.a.buffer_id(a), 0); // GC did not run (it would have released a)
+    assert_eq!(h.a.total_allocated_memory(), 300 * MIB);
+}
+
+/// audit #10, T6: small-pool best fit by size, and whole reuse of a buffer
+/// up to 32 MiB larger than the request.
+#[test]
+fn audit_t6_small_pool_best_fit_and_whole_reuse() {
+    let h = unified();
+    let p1 = h.malloc(MIB);
+    let p2 = h.malloc(64 * KIB);
+    h.free(p1);
+    h.free(p2);
+    let q = h.malloc(20_000); // 32 KiB aligned → best fit p2
+    assert_eq!((q, h.a.unaligned_buffer_size(q)), (p2, Some(20_000)));
+    let r = h.malloc(70 * KIB); // 80 KiB → p1 (1 MiB <= 80 KiB + 32 MiB)
+    assert_eq!(r, p1);
+    assert_eq!(h.a.current_allocated_memory(), MIB + 64 * KIB);
+    assert_eq!(h.a.total_allocated_memory(), SMALL_HEAP);
+}
+
+/// audit #4, #34, T7: the pool at the 8/9-byte and 1 MiB edges.
+#[test]
+fn audit_t7_pool_choice_at_the_edges() {
+    let h = unified();
+    let t8 = h.malloc(8);
+    let t9 = h.malloc(9);
+    let s = h.try_malloc(4, UsageFlags::SCALAR).unwrap();
+    assert!(h.a.is_shared_buffer(t8) && h.a.is_pinned_ptr(t8)); // the <= 8 B quirk
+    assert!(!h.a.is_shared_buffer(t9));
+    assert!(h.a.is_shared_buffer(s));
+    assert_eq!(h.a.total_allocated_memory(), 3 * SMALL_HEAP); // shared small, private small, scalar
+    let _m = h.malloc(MIB); // still private small (the same 8 MiB heap)
+    let _l = h.malloc(MIB + 1); // large: a new 32 MiB heap
+    assert_eq!(h.a.total_allocated_memory(), 3 * SMALL_HEAP + LARGE_HEAP);
+    let d = discrete();
+    let p = d.malloc(8);
+    assert!(!d.a.is_shared_buffer(p));
+    assert!(d.a.shared_allocator().is_none());
+}
+
+/// audit #5, #7, T8: heap tiers under memory pressure and without.
+#[test]
+fn audit_t8_heap_tiers_under_pressure_and_without() {
+    let new_heap = |unified: bool, pressure: bool, size: u64| -> u64 {
+        let h = heap(64 * GIB, unified, |s| {
+            s.recommended_max_memory = Some(GIB);
+            s.low_watermark_ratio = 0.5;
+        });
+        let base = if pressure {
+            h.malloc(600 * MIB); // a single heap; the device over 512 MiB
+            600 * MIB
+        } else {
+            0
+        };
+        assert_eq!(h.a.total_allocated_memory(), base);
+        h.malloc(size);
+        h.a.total_allocated_memory() - base
+    };
+    for (unified, size, expected) in [
+        (true, MIB, 8 * MIB),
+        (true, MIB + 1, 32 * MIB),
+        (true, 10 * MIB, 10 * MIB),
+        (true, 511 * MIB, 512 * MIB),
+        (true, 100 * MIB + 5, 102 * MIB),
+    ] {
+        assert_eq!(
+            new_heap(unified, true, size),
+            expected,
+            "under pressure: {size}"
+        );
+    }
+    for (unified, size, expected) in [
+        (true, 10 * MIB, GIB),
+        (false, 63 * MIB, 128 * MIB),
+        (false, 64 * MIB, 64 * MIB),
+    ] {
+        assert_eq!(new_heap(unified, false, size), expected, "{size}");
+    }
+}
+
+/// audit #19, T9: the default free path is the seed's 2.x `free()`: a
+/// buffer with recorded work goes back at once and the next request of
+/// its size reuses it (the retain count is not checked for a fit). The
+/// later redesign's pending set is the `free_waits_for_events` setting.
+#[test]
+fn audit_t9_the_default_free_path_returns_buffers_at_once() {
+    let h = unified();
+    assert!(!HeapSettings::new(true).free_waits_for_events);
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    let p = h.try_malloc(4 * MIB, UsageFlags::SHARED).unwrap(); // shared large, 32 MiB heap
+    dev.hold_stream(s1).unwrap();
+    assert!(h.a.record_events(&[p], s1).unwrap());
+    h.free(p);
+    assert_eq!(h.a.current_allocated_memory(), 0);
+    assert_eq!(h.try_malloc(4 * MIB, UsageFlags::SHARED).unwrap(), p);
+    dev.release_stream(s1).unwrap();
+
+    // The named setting of the later redesign: pending until the work ends.
+    let h = heap(64 * GIB, true, |s| s.free_waits_for_events = true);
+    let dev = h.a.backend();
+    let s1 = dev.create_stream().unwrap();
+    let p = h.try_malloc(4 * MIB, UsageFlags::SHARED).unwrap();
+    dev.hold_stream(s1).unwrap();
+    assert!(h.a.record_events(&[p], s1).unwrap());
+    h.free(p);
+    assert_eq!(h.a.current_allocated_memory(), 4 * MIB);
+    assert_ne!(h.try_malloc(4 * MIB, UsageFlags::SHARED).unwrap(), p);
+    dev.release_stream(s1).unwrap();
+    h.a.free_inactive_buffers().unwrap();
+    h.check();
+    assert_eq!(h.a.current_allocated_memory(), 4 * MIB);
+}
+
+/// audit #31, #32, T10: `recordEvents` records only for shared buffers (in
+/// use or cached) and is true if any was recorded; `waitForEvents` is true
+/// only when it waited.
+#[test]
+fn audit_t10_record_and_wait_return_values() {
+    let h = unified();
+    let s1 = h.a.backend().create_stream().unwrap();
+    let sp = h.try_malloc(MIB, UsageFlags::SHARED).unwrap();
+    let pp = h.malloc(2 * MIB); // private large
+    assert!(!h.a.record_events(&[pp], s1).unwrap()); // private: no event
+    assert!(h.a.record_events(&[sp, DevicePtr(0x10)], s1).unwrap()); // any recorded
+    h.free(sp);
+    assert!(h.a.record_events(&[sp], s1).unwrap()); // a cached shared buffer is found
+    h.check();
+    assert!(!h.a.wait_for_events(&[pp]).unwrap()); // private: nothing waited
+    assert!(!h.a.wait_for_events(&[sp]).unwrap()); // its work is done: nothing to wait for
+    assert!(!h.a.wait_for_events(&[DevicePtr(0x10)]).unwrap());
+}
+
+/// audit #20, T11: a freed scalar waits for its completion handler on the
+/// default stream's current (uncommitted) command buffer.
+#[test]
+fn audit_t11_a_freed_scalar_waits_for_the_next_commit() {
+    let h = unified();
+    let s = h.try_malloc(4, UsageFlags::SCALAR).unwrap();
+    h.free(s); // the handler sits on the current command buffer
+    assert_eq!(h.a.current_allocated_memory(), 16 * KIB);
+    h.a.free_inactive_buffers().unwrap(); // not committed: still waiting
+    assert_eq!(h.a.current_allocated_memory(), 16 * KIB);
+    let t = h.try_malloc(4, UsageFlags::SCALAR).unwrap();
+    assert_ne!(t, s);
+    h.empty(); // COMMIT_AND_WAIT → s returned, then released; t keeps the heap
+    assert_eq!(
+        (h.a.current_allocated_memory(), h.a.total_allocated_memory()),
+        (16 * KIB, SMALL_HEAP)
+    );
+    // commit() alone: the scalar comes back and is reused.
+    h.free(t);
+    h.a.commit().unwrap();
+    h.check();
+    assert_eq!(h.a.current_allocated_memory(), 0);
+    assert_eq!(h.try_malloc(8, UsageFlags::SCALAR).unwrap(), t);
+}
+
+/// audit #28, #29, T12: the environment read as `strtod` / `strtol` read it.
+#[test]
+fn audit_t12_environment_parsing_like_strtod_and_strtol() {
+    let env = |pairs: Vec<(&'static str, &'static str)>| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let high =
+        |v: &'static str| HeapSettings::from_lookup(true, env(vec![(ENV_HIGH_WATERMARK_RATIO, v)]));
+    for (text, ratio) in [
+        ("abc", 0.0),
+        ("", 0.0),
+        ("1.5x", 1.5),
+        ("0x1.8p0", 1.5),
+        (" 1.6", 1.6),
+    ] {
+        let s = high(text).unwrap();
+        assert_eq!(s.high_watermark_ratio, ratio, "{text:?}");
+    }
+    // "abc" switches the limit off.
+    let a = HeapAllocator::new(sim(GIB), high("abc").unwrap()).unwrap();
+    assert_eq!(a.high_watermark_limit(), u64::MAX);
+    assert_eq!(
+        high("nan").unwrap_err().to_string(),
+        "invalid high watermark ratio nan"
+    );
+    assert_eq!(
+        high("2.5").unwrap_err().to_string(),
+        "invalid high watermark ratio 2.5"
+    );
+    let e =
+        HeapSettings::from_lookup(true, env(vec![(ENV_LOW_WATERMARK_RATIO, "1.8")])).unwrap_err();
+    assert_eq!(e.to_string(), "invalid low watermark ratio 1.8");
+    let s = HeapSettings::from_lookup(
+        true,
+        env(vec![
+            (ENV_HIGH_WATERMARK_RATIO, "0"),
+            (ENV_LOW_WATERMARK_RATIO, "1.9"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!((s.high_watermark_ratio, s.low_watermark_ratio), (0.0, 1.9));
+    let s = HeapSettings::from_lookup(true, env(vec![(ENV_DEBUG, "0x12")])).unwrap();
+    assert_eq!(
+        s.debug,
+        DebugVerbosity::ALLOCATIONS | DebugVerbosity::LARGE_ONLY
+    );
+    // DEBUG=16 or 32: "Initializing ..." and "Attempting to release ..."
+    // print (PyTorch tests the whole value for non-zero), nothing else.
+    for v in ["16", "32"] {
+        let s = HeapSettings::from_lookup(true, env(vec![(ENV_DEBUG, v)])).unwrap();
+        let out: Arc<Mutex<Vec<String>>> = Arc::default();
+        tracing::subscriber::with_default(Collect(out.clone()), || {
+            let a = HeapAllocator::new(sim(GIB), s).unwrap();
+            a.private_allocator();
+            let p = a.malloc(MIB, UsageFlags::PRIVATE).unwrap();
+            a.free(p).unwrap();
+            a.empty_cache().unwrap();
+            // Dropping empties the cache again (one more "Attempting").
+        });
+        assert_eq!(
+            *out.lock().unwrap(),
+            [
+                "Initializing private heap allocator on unified device memory of size 1024.00 MiB",
+                "Attempting to release cached buffers (MPS allocated: 8.00 MiB, other allocations: 0 bytes)",
+                "Attempting to release cached buffers (MPS allocated: 0 bytes, other allocations: 0 bytes)",
+            ],
+            "DEBUG={v}"
+        );
+    }
+}
+
+/// audit #5, #11, #12, #25, T13: one extra-large heap shared by four
+/// buffers; the idle-oversize branch inside a split heap.
+#[test]
+fn audit_t13_the_idle_oversize_branch_inside_a_split_heap() {
+    let h = unified();
+    let ps: Vec<_> = (0..4).map(|_| h.malloc(256 * MIB)).collect(); // one full 1 GiB heap
+    assert_eq!(h.a.total_allocated_memory(), GIB);
+    for &p in &ps {
+        h.free(p);
+    }
+    let q = h.malloc(10 * MIB); // a 256 (> 42) oversize; heap full; idle → one released, heap kept
+    assert_eq!(h.a.total_allocated_memory(), GIB);
+    assert_eq!(h.heaps().len(), 1);
+    // Three 256 MiB buffers still cached; q sits where the released one was.
+    assert_eq!(
+        ps.iter()
+            .filter(|&&p| h.a.unaligned_buffer_size(p) == Some(256 * MIB))
+            .count(),
+        3
+    );
+    assert_eq!(q, ps[0]);
+    assert_eq!(h.a.current_allocated_memory(), 10 * MIB);
+    h.free(q);
+    h.empty();
+    assert_eq!(h.a.total_allocated_memory(), 0);
+}
+
+/// audit #16, #23, T14: `release_available_cached_buffers` releases a busy
+/// buffer too, its heap held on the device until the work ends.
+#[test]
+fn audit_t14_release_available_cached_buffers_takes_a_busy_buffer_as_a_zombie() {
+    let h = heap(GIB, false, |s| {
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+    });
+    let dev = h.a.backend();
+    let a = h.malloc(300 * MIB);
+    let b = h.malloc(300 * MIB); // two single-buffer heaps, the device at 600 MiB
+    let s1 = dev.create_stream().unwrap();
+    dev.hold_stream(s1).unwrap();
+    h.a.record_use(&[a], s1).unwrap(); // a's retain count 2
+    h.free(a);
+    h.free(b);
+    let _c = h.malloc(500 * MIB);
+    // alloc_buffer fails (424 MiB free); get_free_buffer finds nothing of
+    // 500; release_available_cached_buffers releases both 300s from the
+    // largest down (a's heap leaves the allocator, its memory held); 600 >=
+    // 500; alloc_buffer: 1024 - 300 held >= 500 → a new 500 MiB heap.
+    assert_eq!(h.a.total_allocated_memory(), 500 * MIB);
+    assert_eq!(h.a.driver_allocated_memory(), 800 * MIB); // the zombie heap
+    assert_eq!(h.a.buffer_id(a), 0);
+    assert_eq!(h.a.stats().num_alloc_retries, 0); // the full flush not reached
+    dev.release_stream(s1).unwrap();
+    h.a.free_inactive_buffers().unwrap();
+    h.check();
+    assert_eq!(h.a.driver_allocated_memory(), 500 * MIB);
+}
+
+/// audit #36: by default only `AllocationFailed` fires, as in PyTorch 2.x;
+/// the other four events are the `all_callback_events` extension.
+#[test]
+fn audit_36_only_allocation_failed_fires_by_default() {
+    let h = heap(GIB, true, |s| {
+        s.high_watermark_ratio = 0.0;
+        s.low_watermark_ratio = 0.0;
+        s.max_buffer_length = Some(4 * GIB);
+    });
+    let log = h.log_only();
+    let p = h.malloc(MIB);
+    h.free(p);
+    let q = h.malloc(MIB);
+    h.free(q);
+    h.empty();
+    assert!(h.try_malloc(2 * GIB, UsageFlags::PRIVATE).is_err());
+    assert_eq!(*log.lock().unwrap(), [EventType::AllocationFailed]);
+}
+
+/// audit #39: dropping the allocator empties its cache (`~MPSHeapAllocatorImpl`),
+/// buffers still in use keeping their heaps; a failing backend is logged,
+/// not raised.
+#[test]
+fn audit_39_drop_empties_the_cache() {
+    let dev = Arc::new(sim(GIB));
+    let a = HeapAllocator::new(dev.clone(), HeapSettings::new(true)).unwrap();
+    let p = a.malloc(3 * MIB, UsageFlags::PRIVATE).unwrap();
+    let _kept = a.malloc(MIB, UsageFlags::PRIVATE).unwrap();
+    a.free(p).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, GIB - 32 * MIB - SMALL_HEAP);
+    drop(a);
+    // The cached 3 MiB buffer and its 32 MiB heap went back; the small heap
+    // of the buffer still in use stays.
+    assert_eq!(dev.mem_info().unwrap().free, GIB - SMALL_HEAP);
+
+    // A backend that fails to synchronise: the drop logs and goes on.
+    let out: Arc<Mutex<Vec<String>>> = Arc::default();
+    let a = HeapAllocator::new(FailingSync(sim(GIB)), HeapSettings::new(true)).unwrap();
+    let p = a.malloc(MIB, UsageFlags::PRIVATE).unwrap();
+    a.free(p).unwrap();
+    tracing::subscriber::with_default(Collect(out.clone()), || drop(a));
+    let msgs = out.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert!(
+        msgs[0].starts_with("the heap allocator could not empty its cache when dropped"),
+        "{msgs:?}"
+    );
+}
+
+/// A simulated device whose stream synchronisation fails.
+struct FailingSync(SimDevice);
+
+impl Backend for FailingSync {
+    fn name(&self) -> &'static str {
+        "failing sync"
+    }
+    fn allocate(&self, size: u64, stream: StreamId) -> Result<DevicePtr, BackendError> {
+        self.0.allocate(size, stream)
+    }
+    fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        Backend::free(&self.0, ptr, size)
+    }
+    fn mem_info(&self) -> Result<reservoir::MemInfo, BackendError> {
+        self.0.mem_info()
+    }
+    fn create_stream(&self) -> Result<StreamId, BackendError> {
+        self.0.create_stream()
+    }
+    fn record_event(&self, stream: StreamId) -> Result<reservoir::EventId, BackendError> {
+        self.0.record_event(stream)
+    }
+    fn query_event(&self, event: reservoir::EventId) -> Result<bool, BackendError> {
+        self.0.query_event(event)
+    }
+    fn synchronize_event(&self, event: reservoir::EventId) -> Result<(), BackendError> {
+        self.0.synchronize_event(event)
+    }
+    fn destroy_event(&self, event: reservoir::EventId) -> Result<(), BackendError> {
+        self.0.destroy_event(event)
+    }
+    fn synchronize_stream(&self, _stream: StreamId) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: "failing sync",
+            what: "synchronisation",
+        })
+    }
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.0.synchronize_device()
+    }
+}
+
+/// audit #37: `allocScalarBufferWithValue` takes any size into the scalar
+/// pool (PyTorch's), here on a backend the host can write.
+#[test]
+fn audit_37_scalar_buffers_with_a_value_of_any_size() {
+    let dev = HostVisible {
+        sim: sim(GIB),
+        writes: Mutex::default(),
+    };
+    let h = H {
+        a: HeapAllocator::new(dev, HeapSettings::new(true)).unwrap(),
+    };
+    let big =
+        h.a.alloc_scalar_buffer_with_value(&vec![7; 2 << 20])
+            .unwrap();
+    h.check();
+    assert!(h.a.is_shared_buffer(big));
+    // A 2 MiB scalar: the scalar pool, a 32 MiB heap (createHeapBlock's tiers).
+    assert_eq!(h.a.total_allocated_memory(), LARGE_HEAP);
+    h.free(big);
+    h.empty();
+    assert_eq!(h.a.total_allocated_memory(), 0);
 }
