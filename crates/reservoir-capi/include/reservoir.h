@@ -8,6 +8,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+// The size of each thread's last-error buffer, its closing NUL included:
+// a longer message is cut at a character boundary and ends in `"…"`.
+// Messages name one bad value each (configuration strings are quoted by a
+// window, paths are bounded by the system), so this is never reached in
+// practice; it keeps the buffer's address fixed.
+#define RESERVOIR_LAST_ERROR_CAPACITY (16 * 1024)
+
 // What an entry point answers. `RESERVOIR_OK` is 0; every other value is
 // an error, and [`reservoir_last_error`] then holds a message naming the
 // function and the bad value.
@@ -190,9 +197,17 @@ enum ReservoirStatus reservoir_allocator_stat(struct ReservoirAllocator *h,
                                               const char *key,
                                               int64_t *value);
 
-// This thread's last error message: empty after a successful call. The
-// string is owned by the library and valid until this thread's next
-// Reservoir call.
+// This thread's last error message, NUL-terminated: empty (`""`) when the
+// thread's last Reservoir call succeeded.
+//
+// The text lives in a per-thread buffer owned by the library, of
+// `RESERVOIR_LAST_ERROR_CAPACITY` (16 KiB) bytes, allocated at the thread's
+// first error and never freed, moved or shrunk until the thread exits. So a
+// returned pointer stays valid for the life of the thread, whatever is
+// called next: a successful call leaves the text as it is (only this
+// function answers `""` afterwards), and a later error overwrites it in
+// place with the new message. Copy the text to keep it past the thread's
+// next error. A message longer than the buffer is cut and ends in `"…"`.
 const char *reservoir_last_error(void);
 
 // The name of a status code (`"RESERVOIR_ERR_POISONED"`), a static

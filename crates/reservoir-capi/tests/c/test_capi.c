@@ -341,8 +341,53 @@ static void bad_inputs(const char *dir) {
     OK(reservoir_allocator_destroy(h));
 }
 
+/* reservoir_last_error's text stays readable whatever is called next (issue
+ * 29): a success leaves it as it was, a later error overwrites it in place.
+ * Under valgrind (tests/c_program.rs runs `test_capi DIR last-error` so when
+ * valgrind is installed) a freed message would be an invalid read. */
+static void last_error_lifetime(void) {
+    ReservoirAllocator *h = NULL;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 1024 * MiB, NULL, &h));
+    void *p = NULL;
+    EXPECT_ERR(reservoir_allocator_alloc(h, 0, 0, &p), RESERVOIR_ERR_INVALID_ARGUMENT, "size 0");
+    const char *old = reservoir_last_error();
+    char copy[256];
+    snprintf(copy, sizeof copy, "%s", old);
+    OK(reservoir_allocator_alloc(h, 4096, 0, &p));
+    CHECK(reservoir_last_error()[0] == '\0', "no error after a success: %s", reservoir_last_error());
+    CHECK(strcmp(old, copy) == 0, "the message read after a success: \"%s\", was \"%s\"", old, copy);
+    OK(reservoir_allocator_free(h, p));
+    CHECK(strcmp(old, copy) == 0, "the message read after two successes: \"%s\"", old);
+    /* The issue's printf("%s", ..., reservoir_last_error()) with the failing
+     * call evaluated after it: the old pointer now reads the new message. */
+    EXPECT_ERR(reservoir_allocator_alloc(h, 0, 0, &p), RESERVOIR_ERR_INVALID_ARGUMENT, "size 0");
+    const char *before = reservoir_last_error();
+    ReservoirStatus st = reservoir_allocator_free(h, (void *)(uintptr_t)0x1234);
+    CHECK(st == RESERVOIR_ERR_INVALID_POINTER, "%s", reservoir_status_name(st));
+    CHECK(strstr(before, "0x1234") != NULL, "the old pointer reads the new message: %s", before);
+    CHECK(before == reservoir_last_error(), "one buffer per thread: %p %p", (const void *)before,
+          (const void *)reservoir_last_error());
+    /* A pointer taken from the static "" after a success stays "" too. */
+    OK(reservoir_allocator_empty_cache(h));
+    const char *empty = reservoir_last_error();
+    /* The issue's own line: whichever argument C evaluates first, both
+     * strings are live memory. */
+    char line[512];
+    snprintf(line, sizeof line, "%p %s", reservoir_alloc(-1, 0, NULL), reservoir_last_error());
+    CHECK(strstr(reservoir_last_error(), "size -1 is negative") != NULL, "%s", reservoir_last_error());
+    CHECK(empty[0] == '\0', "the empty string stays empty: %s", empty);
+    OK(reservoir_allocator_destroy(h));
+    CHECK(strstr(before, "size -1 is negative") != NULL, "after destroy: %s", before);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : ".";
+    if (argc > 2 && strcmp(argv[2], "last-error") == 0) {
+        last_error_lifetime();
+        printf("capi-c: %d checks, %d failed\n", checks, failed);
+        return failed != 0;
+    }
+    last_error_lifetime();
     normal_use(dir);
     host_memory();
     threads();
