@@ -103,8 +103,9 @@ enum ReservoirStatus reservoir_allocator_destroy(struct ReservoirAllocator *h);
 // Allocate `size` bytes (1..=`PTRDIFF_MAX`) for use on `stream` and write
 // the pointer to `*out` (null on failure). Streams: 0 is the default
 // stream; the simulated and host devices take ids from
-// [`reservoir_allocator_create_stream`]; a CUDA allocator takes a
-// `cudaStream_t` of its device cast to an integer.
+// [`reservoir_allocator_create_stream`] on the same handle (any other
+// value is `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing); a CUDA
+// allocator takes a `cudaStream_t` of its device cast to an integer.
 //
 // # Safety
 // `out` is null or valid for a write; a non-zero `stream` of a CUDA
@@ -121,6 +122,8 @@ enum ReservoirStatus reservoir_allocator_free(struct ReservoirAllocator *h, void
 
 // Mark `ptr` as used on `stream` too (`recordStream`): its block is reused
 // only after the work queued on `stream` when it is freed has completed.
+// `stream` as for [`reservoir_allocator_alloc`]: an unknown one is
+// `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing.
 //
 // # Safety
 // A non-zero `stream` of a CUDA allocator is a live stream of its device.
@@ -129,6 +132,12 @@ enum ReservoirStatus reservoir_allocator_record_stream(struct ReservoirAllocator
                                                        uint64_t stream);
 
 // Make a stream on the allocator's device and write its id to `*out`.
+// On the simulated and host devices the id is an opaque value of this
+// handle only (another handle's id, or any other number, is refused by
+// the calls that name it), and a device holds at most 65,536 streams,
+// the default stream included: streams cannot be destroyed, so past that
+// this answers `RESERVOIR_ERR_BACKEND`. A CUDA allocator answers a
+// `CUstream` the device owns.
 //
 // # Safety
 // `out` is null or valid for a write.

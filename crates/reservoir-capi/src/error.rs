@@ -97,7 +97,9 @@ impl From<AllocError> for Failure {
         let status = match &e {
             AllocError::OutOfMemory(_) => RESERVOIR_ERR_OUT_OF_MEMORY,
             AllocError::InvalidPointer { .. } => RESERVOIR_ERR_INVALID_POINTER,
-            AllocError::InvalidArgument(_) => RESERVOIR_ERR_INVALID_ARGUMENT,
+            AllocError::InvalidArgument(_) | AllocError::UnknownStream { .. } => {
+                RESERVOIR_ERR_INVALID_ARGUMENT
+            }
             AllocError::InvalidState(_) => RESERVOIR_ERR_INVALID_STATE,
             _ => RESERVOIR_ERR_BACKEND,
         };

@@ -169,6 +169,13 @@ static void host_memory(void) {
     void *q = NULL;
     EXPECT_ERR(reservoir_allocator_alloc(h, 300 * MiB, 0, &q), RESERVOIR_ERR_OUT_OF_MEMORY,
                "314572800");
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, 12345, &q), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 12345");
+    EXPECT_ERR(reservoir_allocator_record_stream(h, p, 999), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 999");
+    uint64_t hs = 0;
+    OK(reservoir_allocator_create_stream(h, &hs));
+    OK(reservoir_allocator_record_stream(h, p, hs));
     OK(reservoir_allocator_free(h, p));
     OK(reservoir_allocator_empty_cache(h));
     CHECK(stat(h, "reserved_bytes.all.current") == 0, "host memory released");
@@ -262,6 +269,49 @@ static void bad_inputs(const char *dir) {
                RESERVOIR_ERR_INVALID_POINTER, "0x1234");
     same_stats(h, &after_pair, "record_stream of a foreign pointer");
 
+    /* Streams: ids come from reservoir_allocator_create_stream of the same
+     * handle; any other value is refused by the call naming it (issue 29). */
+    uint64_t mine = 0, theirs = 0;
+    ReservoirAllocator *other = NULL;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 1024 * MiB, NULL, &other));
+    OK(reservoir_allocator_create_stream(other, &theirs));
+    OK(reservoir_allocator_create_stream(h, &mine));
+    CHECK(mine != theirs, "two handles' first streams differ: %llu", (unsigned long long)mine);
+    Stats with_stream;
+    read_stats(h, &with_stream);
+    p = (void *)1;
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, 12345, &p), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 12345 is not a stream of allocator");
+    CHECK(p == NULL, "failed alloc writes null");
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, UINT64_MAX, &p), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 18446744073709551615");
+    snprintf(want, sizeof want, "stream %llu", (unsigned long long)theirs);
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, theirs, &p), RESERVOIR_ERR_INVALID_ARGUMENT, want);
+    snprintf(want, sizeof want, "stream %llu", (unsigned long long)(mine + 1));
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, mine + 1, &p), RESERVOIR_ERR_INVALID_ARGUMENT, want);
+    EXPECT_ERR(reservoir_allocator_record_stream(h, live, 999), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 999");
+    EXPECT_ERR(reservoir_allocator_record_stream(h, live, theirs), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "not a stream of allocator");
+    same_stats(h, &with_stream, "unknown streams");
+    OK(reservoir_allocator_alloc(h, 16, mine, &p));
+    OK(reservoir_allocator_record_stream(h, p, mine));
+    OK(reservoir_allocator_free(h, p));
+    OK(reservoir_allocator_alloc(other, 16, theirs, &p));
+    OK(reservoir_allocator_free(other, p));
+    OK(reservoir_allocator_empty_cache(h));
+    OK(reservoir_allocator_destroy(other));
+    /* A device holds at most 65,536 streams (the default one included). */
+    uint64_t s = 0, made = 1;
+    ReservoirStatus st = RESERVOIR_OK;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, NULL, &other));
+    while (made <= 70000 && (st = reservoir_allocator_create_stream(other, &s)) == RESERVOIR_OK) made++;
+    CHECK(made == 65536 && st == RESERVOIR_ERR_BACKEND, "%llu streams, then %s",
+          (unsigned long long)made, reservoir_status_name(st));
+    CHECK(strstr(reservoir_last_error(), "65536") != NULL, "%s", reservoir_last_error());
+    OK(reservoir_allocator_destroy(other));
+    read_stats(h, &after_pair);
+
     /* Sizes. */
     p = (void *)1;
     EXPECT_ERR(reservoir_allocator_alloc(h, 0, 0, &p), RESERVOIR_ERR_INVALID_ARGUMENT, "size 0");
@@ -301,6 +351,25 @@ static void bad_inputs(const char *dir) {
                RESERVOIR_ERR_INVALID_CONFIG, "no_such_key");
     EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, "policy:frugal", &bad),
                RESERVOIR_ERR_INVALID_CONFIG, "frugal");
+    CHECK(bad == NULL, "failed create writes null");
+    /* A config string is at most 64 KiB (issue 29: 64 MiB of '[' took 4.3 GB),
+     * and a message quotes a window of a long one, not the whole string. */
+    size_t big = (size_t)64 << 20;
+    char *huge = malloc(big + 1);
+    CHECK(huge != NULL, "malloc");
+    if (huge != NULL) {
+        memset(huge, '[', big);
+        huge[big] = '\0';
+        EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, huge, &bad),
+                   RESERVOIR_ERR_INVALID_CONFIG, "67108864 bytes, over the limit of 65536");
+        CHECK(strlen(reservoir_last_error()) < 400, "message of %zu bytes", strlen(reservoir_last_error()));
+        memset(huge, 'k', 60000);
+        strcpy(huge + 60000, ":1");
+        EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, huge, &bad),
+                   RESERVOIR_ERR_INVALID_CONFIG, "unknown allocator setting `kkkk");
+        CHECK(strlen(reservoir_last_error()) < 1000, "message of %zu bytes", strlen(reservoir_last_error()));
+        free(huge);
+    }
     CHECK(bad == NULL, "failed create writes null");
     /* Reservoir's own policies are named in the same string. */
     ReservoirAllocator *frugal = NULL;

@@ -294,6 +294,10 @@ impl<B: Backend> StreamShards<B> {
             let shard = match slot.get() {
                 Some(shard) => shard,
                 None => {
+                    // An unknown stream gets no shard (and takes no slot).
+                    self.backend
+                        .check_stream(stream)
+                        .map_err(|e| AllocError::from_stream_check(stream, e))?;
                     // Held until the shard is published, so that a concurrent
                     // `record_memory_history` either sees the shard or has
                     // already set what the shard is created with.

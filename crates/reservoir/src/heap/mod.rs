@@ -334,6 +334,10 @@ impl<B: Backend> HeapAllocator<B> {
     /// `stream` so far completes. True when every pointer was a buffer in
     /// use; unknown pointers are skipped.
     pub fn record_events(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<bool, AllocError> {
+        // An unknown stream is refused before any event is recorded.
+        self.backend
+            .check_stream(stream)
+            .map_err(|e| AllocError::from_stream_check(stream, e))?;
         let mut g = self.state.lock();
         let mut all = true;
         for &ptr in ptrs {
