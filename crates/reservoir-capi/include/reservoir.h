@@ -167,7 +167,10 @@ enum ReservoirStatus reservoir_allocator_record_history(struct ReservoirAllocato
 
 // Write the allocator's memory snapshot (segments, blocks, history) to
 // the file `path` as a pickle, exactly as `torch.cuda.memory._snapshot()`
-// is pickled (loads in pytorch.org/memory_viz).
+// is pickled (loads in pytorch.org/memory_viz). On Unix `path` is any
+// bytes, as the system takes them. The pickle is streamed to the file (its
+// size in memory is the history's, not the file's); on failure the file
+// is removed.
 //
 // # Safety
 // `path` is null or a NUL-terminated string.

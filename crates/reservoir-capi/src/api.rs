@@ -60,9 +60,13 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<Option<&'a str>, Fail
     }
     // SAFETY: non-null and NUL-terminated by the caller's contract.
     let c = unsafe { CStr::from_ptr(s) };
-    c.to_str()
-        .map(Some)
-        .map_err(|e| Failure::invalid(format!("{what} {c:?} is not UTF-8: {e}")))
+    c.to_str().map(Some).map_err(|e| {
+        // A window of a long string, not all of it.
+        let b = c.to_bytes();
+        let shown = String::from_utf8_lossy(&b[..b.len().min(80)]);
+        let more = if b.len() > 80 { "…" } else { "" };
+        Failure::invalid(format!("{what} {shown:?}{more} is not UTF-8: {e}"))
+    })
 }
 
 /// The bits of a simulated or host stream value that name its handle: a
@@ -413,9 +417,41 @@ pub extern "C" fn reservoir_allocator_record_history(
     })
 }
 
+/// The caller's NUL-terminated path `s`: any bytes on Unix (Linux paths
+/// need not be UTF-8), UTF-8 elsewhere.
+///
+/// # Safety
+/// `s` is null or a NUL-terminated string that outlives the call.
+unsafe fn path_arg<'a>(s: *const c_char, what: &str) -> Result<&'a std::path::Path, Failure> {
+    if s.is_null() {
+        return Err(Failure::invalid(format!("{what} is null")));
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let c = unsafe { CStr::from_ptr(s) };
+    if c.is_empty() {
+        return Err(Failure::invalid(format!("{what} is empty")));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        Ok(std::path::Path::new(std::ffi::OsStr::from_bytes(
+            c.to_bytes(),
+        )))
+    }
+    #[cfg(not(unix))]
+    {
+        c.to_str()
+            .map(std::path::Path::new)
+            .map_err(|e| Failure::invalid(format!("{what} {c:?} is not UTF-8: {e}")))
+    }
+}
+
 /// Write the allocator's memory snapshot (segments, blocks, history) to
 /// the file `path` as a pickle, exactly as `torch.cuda.memory._snapshot()`
-/// is pickled (loads in pytorch.org/memory_viz).
+/// is pickled (loads in pytorch.org/memory_viz). On Unix `path` is any
+/// bytes, as the system takes them. The pickle is streamed to the file (its
+/// size in memory is the history's, not the file's); on failure the file
+/// is removed.
 ///
 /// # Safety
 /// `path` is null or a NUL-terminated string.
@@ -426,15 +462,17 @@ pub unsafe extern "C" fn reservoir_allocator_snapshot(
 ) -> ReservoirStatus {
     guard("reservoir_allocator_snapshot", || {
         // SAFETY: `path` is null or NUL-terminated (caller's contract).
-        let path =
-            unsafe { text(path, "path") }?.ok_or_else(|| Failure::invalid("path is null"))?;
-        let bytes = with_handle(h, |a| {
-            each_backend!(a, a => a.snapshot(None))
-                .to_pickle()
-                .map_err(|e| Failure::new(RESERVOIR_ERR_IO, format!("encoding the snapshot: {e}")))
-        })?;
-        std::fs::write(path, bytes)
-            .map_err(|e| Failure::new(RESERVOIR_ERR_IO, format!("writing {path:?}: {e}")))
+        let path = unsafe { path_arg(path, "path") }?;
+        let shown = path.display();
+        let snapshot = with_handle(h, |a| Ok(each_backend!(a, a => a.snapshot(None))))?;
+        let file = std::fs::File::create(path)
+            .map_err(|e| Failure::new(RESERVOIR_ERR_IO, format!("creating {shown:?}: {e}")))?;
+        // Whole 64 KiB frames reach the buffer; it flushes at the end.
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
+        snapshot.write_pickle(&mut w).map_err(|e| {
+            let _ = std::fs::remove_file(path);
+            Failure::new(RESERVOIR_ERR_IO, format!("writing {shown:?}: {e}"))
+        })
     })
 }
 

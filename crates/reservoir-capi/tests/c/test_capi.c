@@ -137,6 +137,17 @@ static void normal_use(const char *dir) {
         CHECK(first == 0x80, "pickle starts with PROTO, got %d", first);
         fclose(fp);
     }
+    /* A path that is not UTF-8 (Linux paths are bytes). */
+    snprintf(path, sizeof path, "%s/snap\xff\xfe.pickle", dir);
+    OK(reservoir_allocator_snapshot(h, path));
+    fp = fopen(path, "rb");
+    CHECK(fp != NULL, "snapshot file with a non-UTF-8 name");
+    if (fp) {
+        CHECK(fgetc(fp) == 0x80, "pickle starts with PROTO");
+        fclose(fp);
+        remove(path);
+    }
+    EXPECT_ERR(reservoir_allocator_snapshot(h, ""), RESERVOIR_ERR_INVALID_ARGUMENT, "path is empty");
     OK(reservoir_allocator_record_history(h, false, 0));
     OK(reservoir_allocator_free(h, a));
 
