@@ -631,13 +631,25 @@ fn streams_are_checked_and_bounded() {
     let p = a.raw_alloc(4096, s1).unwrap();
     let before = a.memory_stats();
     let e = a.raw_alloc(4096, StreamId(12345)).unwrap_err();
-    assert!(matches!(e, AllocError::UnknownStream { stream: StreamId(12345), .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            AllocError::UnknownStream {
+                stream: StreamId(12345),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let e = a.record_stream(p, StreamId(999)).unwrap_err();
-    assert!(e.to_string().contains("unknown stream 999 on the host device"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("unknown stream 999 on the host device"),
+        "{e}"
+    );
     assert_eq!(a.memory_stats(), before);
     a.record_stream(p, s2).unwrap();
     a.raw_free(p).unwrap();
     a.empty_cache().unwrap();
     assert_eq!(a.memory_stats()["reserved_bytes.all.current"], 0);
 }
-
