@@ -65,12 +65,14 @@ impl Snapshot {
     /// [`BufWriter`](std::io::BufWriter) or not: whole frames are written.
     pub fn write_pickle(&self, sink: &mut dyn std::io::Write) -> Result<(), WriteError> {
         use pickle::{Container, Stream};
-        let mut e = Encoder::default();
         // A first pass counts the uses of each stack, so that the writing
         // pass keeps only the stacks and frames used more than once: the
         // writer memoizes a container exactly when it is referenced twice,
         // as in the tree `to_value` builds (same bytes as `to_pickle`).
-        e.counting = true;
+        let mut e = Encoder {
+            counting: true,
+            ..Encoder::default()
+        };
         for g in &self.segments {
             e.segment(g);
         }
