@@ -8,6 +8,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+// The size of each thread's last-error buffer, its closing NUL included:
+// a longer message is cut at a character boundary and ends in `"…"`.
+// Messages name one bad value each (configuration strings are quoted by a
+// window, paths are bounded by the system), so this is never reached in
+// practice; it keeps the buffer's address fixed.
+#define RESERVOIR_LAST_ERROR_CAPACITY (16 * 1024)
+
 // What an entry point answers. `RESERVOIR_OK` is 0; every other value is
 // an error, and [`reservoir_last_error`] then holds a message naming the
 // function and the bad value.
@@ -96,8 +103,9 @@ enum ReservoirStatus reservoir_allocator_destroy(struct ReservoirAllocator *h);
 // Allocate `size` bytes (1..=`PTRDIFF_MAX`) for use on `stream` and write
 // the pointer to `*out` (null on failure). Streams: 0 is the default
 // stream; the simulated and host devices take ids from
-// [`reservoir_allocator_create_stream`]; a CUDA allocator takes a
-// `cudaStream_t` of its device cast to an integer.
+// [`reservoir_allocator_create_stream`] on the same handle (any other
+// value is `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing); a CUDA
+// allocator takes a `cudaStream_t` of its device cast to an integer.
 //
 // # Safety
 // `out` is null or valid for a write; a non-zero `stream` of a CUDA
@@ -114,6 +122,8 @@ enum ReservoirStatus reservoir_allocator_free(struct ReservoirAllocator *h, void
 
 // Mark `ptr` as used on `stream` too (`recordStream`): its block is reused
 // only after the work queued on `stream` when it is freed has completed.
+// `stream` as for [`reservoir_allocator_alloc`]: an unknown one is
+// `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing.
 //
 // # Safety
 // A non-zero `stream` of a CUDA allocator is a live stream of its device.
@@ -122,6 +132,12 @@ enum ReservoirStatus reservoir_allocator_record_stream(struct ReservoirAllocator
                                                        uint64_t stream);
 
 // Make a stream on the allocator's device and write its id to `*out`.
+// On the simulated and host devices the id is an opaque value of this
+// handle only (another handle's id, or any other number, is refused by
+// the calls that name it), and a device holds at most 65,536 streams,
+// the default stream included: streams cannot be destroyed, so past that
+// this answers `RESERVOIR_ERR_BACKEND`. A CUDA allocator answers a
+// `CUstream` the device owns.
 //
 // # Safety
 // `out` is null or valid for a write.
@@ -151,7 +167,10 @@ enum ReservoirStatus reservoir_allocator_record_history(struct ReservoirAllocato
 
 // Write the allocator's memory snapshot (segments, blocks, history) to
 // the file `path` as a pickle, exactly as `torch.cuda.memory._snapshot()`
-// is pickled (loads in pytorch.org/memory_viz).
+// is pickled (loads in pytorch.org/memory_viz). On Unix `path` is any
+// bytes, as the system takes them. The pickle is streamed to the file (its
+// size in memory is the history's, not the file's); on failure the file
+// is removed.
 //
 // # Safety
 // `path` is null or a NUL-terminated string.
@@ -190,9 +209,17 @@ enum ReservoirStatus reservoir_allocator_stat(struct ReservoirAllocator *h,
                                               const char *key,
                                               int64_t *value);
 
-// This thread's last error message: empty after a successful call. The
-// string is owned by the library and valid until this thread's next
-// Reservoir call.
+// This thread's last error message, NUL-terminated: empty (`""`) when the
+// thread's last Reservoir call succeeded.
+//
+// The text lives in a per-thread buffer owned by the library, of
+// `RESERVOIR_LAST_ERROR_CAPACITY` (16 KiB) bytes, allocated at the thread's
+// first error and never freed, moved or shrunk until the thread exits. So a
+// returned pointer stays valid for the life of the thread, whatever is
+// called next: a successful call leaves the text as it is (only this
+// function answers `""` afterwards), and a later error overwrites it in
+// place with the new message. Copy the text to keep it past the thread's
+// next error. A message longer than the buffer is cut and ends in `"…"`.
 const char *reservoir_last_error(void);
 
 // The name of a status code (`"RESERVOIR_ERR_POISONED"`), a static

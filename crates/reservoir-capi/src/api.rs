@@ -60,21 +60,82 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<Option<&'a str>, Fail
     }
     // SAFETY: non-null and NUL-terminated by the caller's contract.
     let c = unsafe { CStr::from_ptr(s) };
-    c.to_str()
-        .map(Some)
-        .map_err(|e| Failure::invalid(format!("{what} {c:?} is not UTF-8: {e}")))
+    c.to_str().map(Some).map_err(|e| {
+        // A window of a long string, not all of it.
+        let b = c.to_bytes();
+        let shown = String::from_utf8_lossy(&b[..b.len().min(80)]);
+        let more = if b.len() > 80 { "…" } else { "" };
+        Failure::invalid(format!("{what} {shown:?}{more} is not UTF-8: {e}"))
+    })
 }
 
-fn stream_arg(a: &AnyAllocator, stream: u64) -> StreamId {
-    if let AnyAllocator::Cuda(a) = a {
-        if stream != 0 {
-            // SAFETY: the caller promises (see the entry points' docs) that a
-            // non-zero stream of a CUDA allocator is a live `CUstream` of
-            // its device.
-            return unsafe { a.backend().adopt_stream(stream as usize as _) };
-        }
+/// The bits of a simulated or host stream value that name its handle: a
+/// stream value is `handle generation << 32 | the device's stream id`, so a
+/// stream of another handle (or a number never handed out) is refused
+/// instead of naming some stream of this device.
+const STREAM_HANDLE_SHIFT: u32 = 32;
+
+/// The handle bits of `h`'s stream values (its generation, see `handle.rs`).
+fn stream_tag(h: *const ReservoirAllocator) -> u64 {
+    ((h as usize as u64) >> 16) & 0xffff_ffff
+}
+
+/// The stream value C sees for `h`'s device stream `s`.
+fn stream_value(
+    h: *const ReservoirAllocator,
+    a: &AnyAllocator,
+    s: StreamId,
+) -> Result<u64, Failure> {
+    if matches!(a, AnyAllocator::Cuda(_)) || s == StreamId::DEFAULT {
+        return Ok(s.0);
     }
-    StreamId(stream)
+    if s.0 >> STREAM_HANDLE_SHIFT != 0 {
+        return Err(Failure::new(
+            crate::error::RESERVOIR_ERR_BACKEND,
+            format!("the device made stream id {} (beyond 2^32)", s.0),
+        ));
+    }
+    Ok(stream_tag(h) << STREAM_HANDLE_SHIFT | s.0)
+}
+
+/// The stream the C value `stream` names on `h`'s allocator `a`: the
+/// default stream for 0; on the simulated and host devices, a stream of
+/// this handle (else `RESERVOIR_ERR_INVALID_ARGUMENT`; whether the device
+/// knows it is checked by the allocator); on CUDA, the adopted `CUstream`.
+fn stream_arg(
+    h: *const ReservoirAllocator,
+    a: &AnyAllocator,
+    stream: u64,
+) -> Result<StreamId, Failure> {
+    if stream == 0 {
+        return Ok(StreamId::DEFAULT);
+    }
+    if let AnyAllocator::Cuda(a) = a {
+        // SAFETY: the caller promises (see the entry points' docs) that a
+        // non-zero stream of a CUDA allocator is a live `CUstream` of
+        // its device.
+        return Ok(unsafe { a.backend().adopt_stream(stream as usize as _) });
+    }
+    if stream >> STREAM_HANDLE_SHIFT != stream_tag(h) {
+        return Err(unknown_stream(h, stream));
+    }
+    Ok(StreamId(stream & ((1 << STREAM_HANDLE_SHIFT) - 1)))
+}
+
+fn unknown_stream(h: *const ReservoirAllocator, stream: u64) -> Failure {
+    Failure::invalid(format!(
+        "stream {stream} is not a stream of allocator {h:p} (streams come from \
+         reservoir_allocator_create_stream on the same handle; 0 is the default stream); \
+         nothing was changed"
+    ))
+}
+
+/// `e`, with an unknown stream named by its C value `stream`.
+fn stream_failure(h: *const ReservoirAllocator, stream: u64, e: reservoir::AllocError) -> Failure {
+    match e {
+        reservoir::AllocError::UnknownStream { .. } => unknown_stream(h, stream),
+        e => Failure::from(e),
+    }
 }
 
 fn build(
@@ -136,8 +197,15 @@ fn build(
 pub(crate) fn parse_config(config: Option<&str>) -> Result<AllocatorConfig, Failure> {
     match config {
         None => Ok(AllocatorConfig::default()),
-        Some(s) => AllocatorConfig::parse_with_policy(s)
-            .map_err(|e| Failure::new(RESERVOIR_ERR_INVALID_CONFIG, format!("config {s:?}: {e}"))),
+        // The message quotes a window of a long string (80 characters around
+        // the error), never the whole of it.
+        Some(s) => AllocatorConfig::parse_with_policy(s).map_err(|e| {
+            let quoted = reservoir::config::quote_window(s, e.offset().unwrap_or(0));
+            Failure::new(
+                RESERVOIR_ERR_INVALID_CONFIG,
+                format!("config {quoted:?}: {e}"),
+            )
+        }),
     }
 }
 
@@ -189,8 +257,9 @@ pub extern "C" fn reservoir_allocator_destroy(h: *mut ReservoirAllocator) -> Res
 /// Allocate `size` bytes (1..=`PTRDIFF_MAX`) for use on `stream` and write
 /// the pointer to `*out` (null on failure). Streams: 0 is the default
 /// stream; the simulated and host devices take ids from
-/// [`reservoir_allocator_create_stream`]; a CUDA allocator takes a
-/// `cudaStream_t` of its device cast to an integer.
+/// [`reservoir_allocator_create_stream`] on the same handle (any other
+/// value is `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing); a CUDA
+/// allocator takes a `cudaStream_t` of its device cast to an integer.
 ///
 /// # Safety
 /// `out` is null or valid for a write; a non-zero `stream` of a CUDA
@@ -211,9 +280,11 @@ pub unsafe extern "C" fn reservoir_allocator_alloc(
             )));
         }
         let p = with_handle(h, |a| {
-            let s = stream_arg(a, stream);
-            each_backend!(a, a => a.raw_alloc(size, s))
-                .map_err(|e| Failure::context(e, format_args!("size {size}")))
+            let s = stream_arg(h, a, stream)?;
+            each_backend!(a, a => a.raw_alloc(size, s)).map_err(|e| match e {
+                e @ reservoir::AllocError::UnknownStream { .. } => stream_failure(h, stream, e),
+                e => Failure::context(e, format_args!("size {size}")),
+            })
         })?;
         // SAFETY: checked writable above.
         unsafe { put(out, p.0 as usize as *mut c_void, "out") }
@@ -244,6 +315,8 @@ pub extern "C" fn reservoir_allocator_free(
 
 /// Mark `ptr` as used on `stream` too (`recordStream`): its block is reused
 /// only after the work queued on `stream` when it is freed has completed.
+/// `stream` as for [`reservoir_allocator_alloc`]: an unknown one is
+/// `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing.
 ///
 /// # Safety
 /// A non-zero `stream` of a CUDA allocator is a live stream of its device.
@@ -255,14 +328,20 @@ pub unsafe extern "C" fn reservoir_allocator_record_stream(
 ) -> ReservoirStatus {
     guard("reservoir_allocator_record_stream", || {
         with_handle(h, |a| {
-            let s = stream_arg(a, stream);
+            let s = stream_arg(h, a, stream)?;
             let p = DevicePtr(ptr as usize as u64);
-            Ok(each_backend!(a, a => a.record_stream(p, s))?)
+            each_backend!(a, a => a.record_stream(p, s)).map_err(|e| stream_failure(h, stream, e))
         })
     })
 }
 
 /// Make a stream on the allocator's device and write its id to `*out`.
+/// On the simulated and host devices the id is an opaque value of this
+/// handle only (another handle's id, or any other number, is refused by
+/// the calls that name it), and a device holds at most 65,536 streams,
+/// the default stream included: streams cannot be destroyed, so past that
+/// this answers `RESERVOIR_ERR_BACKEND`. A CUDA allocator answers a
+/// `CUstream` the device owns.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -273,11 +352,12 @@ pub unsafe extern "C" fn reservoir_allocator_create_stream(
 ) -> ReservoirStatus {
     guard("reservoir_allocator_create_stream", || {
         let s = with_handle(h, |a| {
-            each_backend!(a, a => reservoir::Backend::create_stream(a.backend()))
-                .map_err(|e| Failure::from(reservoir::AllocError::from(e)))
+            let s = each_backend!(a, a => reservoir::Backend::create_stream(a.backend()))
+                .map_err(|e| Failure::from(reservoir::AllocError::from(e)))?;
+            stream_value(h, a, s)
         })?;
         // SAFETY: `out` is null or writable (caller's contract).
-        unsafe { put(out, s.0, "out") }
+        unsafe { put(out, s, "out") }
     })
 }
 
@@ -337,9 +417,41 @@ pub extern "C" fn reservoir_allocator_record_history(
     })
 }
 
+/// The caller's NUL-terminated path `s`: any bytes on Unix (Linux paths
+/// need not be UTF-8), UTF-8 elsewhere.
+///
+/// # Safety
+/// `s` is null or a NUL-terminated string that outlives the call.
+unsafe fn path_arg<'a>(s: *const c_char, what: &str) -> Result<&'a std::path::Path, Failure> {
+    if s.is_null() {
+        return Err(Failure::invalid(format!("{what} is null")));
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let c = unsafe { CStr::from_ptr(s) };
+    if c.is_empty() {
+        return Err(Failure::invalid(format!("{what} is empty")));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        Ok(std::path::Path::new(std::ffi::OsStr::from_bytes(
+            c.to_bytes(),
+        )))
+    }
+    #[cfg(not(unix))]
+    {
+        c.to_str()
+            .map(std::path::Path::new)
+            .map_err(|e| Failure::invalid(format!("{what} {c:?} is not UTF-8: {e}")))
+    }
+}
+
 /// Write the allocator's memory snapshot (segments, blocks, history) to
 /// the file `path` as a pickle, exactly as `torch.cuda.memory._snapshot()`
-/// is pickled (loads in pytorch.org/memory_viz).
+/// is pickled (loads in pytorch.org/memory_viz). On Unix `path` is any
+/// bytes, as the system takes them. The pickle is streamed to the file (its
+/// size in memory is the history's, not the file's); on failure the file
+/// is removed.
 ///
 /// # Safety
 /// `path` is null or a NUL-terminated string.
@@ -350,15 +462,17 @@ pub unsafe extern "C" fn reservoir_allocator_snapshot(
 ) -> ReservoirStatus {
     guard("reservoir_allocator_snapshot", || {
         // SAFETY: `path` is null or NUL-terminated (caller's contract).
-        let path =
-            unsafe { text(path, "path") }?.ok_or_else(|| Failure::invalid("path is null"))?;
-        let bytes = with_handle(h, |a| {
-            each_backend!(a, a => a.snapshot(None))
-                .to_pickle()
-                .map_err(|e| Failure::new(RESERVOIR_ERR_IO, format!("encoding the snapshot: {e}")))
-        })?;
-        std::fs::write(path, bytes)
-            .map_err(|e| Failure::new(RESERVOIR_ERR_IO, format!("writing {path:?}: {e}")))
+        let path = unsafe { path_arg(path, "path") }?;
+        let shown = path.display();
+        let snapshot = with_handle(h, |a| Ok(each_backend!(a, a => a.snapshot(None))))?;
+        let file = std::fs::File::create(path)
+            .map_err(|e| Failure::new(RESERVOIR_ERR_IO, format!("creating {shown:?}: {e}")))?;
+        // Whole 64 KiB frames reach the buffer; it flushes at the end.
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
+        snapshot.write_pickle(&mut w).map_err(|e| {
+            let _ = std::fs::remove_file(path);
+            Failure::new(RESERVOIR_ERR_IO, format!("writing {shown:?}: {e}"))
+        })
     })
 }
 

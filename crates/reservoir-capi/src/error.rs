@@ -2,7 +2,7 @@
 //! entry point runs in (no panic crosses the C boundary).
 
 use std::cell::RefCell;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use reservoir::AllocError;
@@ -97,7 +97,9 @@ impl From<AllocError> for Failure {
         let status = match &e {
             AllocError::OutOfMemory(_) => RESERVOIR_ERR_OUT_OF_MEMORY,
             AllocError::InvalidPointer { .. } => RESERVOIR_ERR_INVALID_POINTER,
-            AllocError::InvalidArgument(_) => RESERVOIR_ERR_INVALID_ARGUMENT,
+            AllocError::InvalidArgument(_) | AllocError::UnknownStream { .. } => {
+                RESERVOIR_ERR_INVALID_ARGUMENT
+            }
             AllocError::InvalidState(_) => RESERVOIR_ERR_INVALID_STATE,
             _ => RESERVOIR_ERR_BACKEND,
         };
@@ -105,27 +107,100 @@ impl From<AllocError> for Failure {
     }
 }
 
+/// The size of each thread's last-error buffer, its closing NUL included:
+/// a longer message is cut at a character boundary and ends in `"…"`.
+/// Messages name one bad value each (configuration strings are quoted by a
+/// window, paths are bounded by the system), so this is never reached in
+/// practice; it keeps the buffer's address fixed.
+pub const RESERVOIR_LAST_ERROR_CAPACITY: usize = 16 * 1024;
+
+/// One thread's last error: a buffer allocated at the thread's first error
+/// and never freed, moved or grown while the thread lives, so a pointer
+/// [`reservoir_last_error`] returned stays readable; only a later error
+/// overwrites its text in place.
+struct LastError {
+    /// `RESERVOIR_LAST_ERROR_CAPACITY` bytes holding a NUL-terminated
+    /// message, from `Box::into_raw` (freed by `Drop` at thread exit); every
+    /// read and write goes through this one raw pointer, so a pointer handed
+    /// to C stays valid across later writes.
+    buf: *mut u8,
+    /// Did the thread's last call fail? (A success leaves `buf` as it is
+    /// and makes [`reservoir_last_error`] answer `""`.)
+    current: bool,
+}
+
+impl LastError {
+    /// The buffer, allocated on first use.
+    fn buffer(&mut self) -> *mut u8 {
+        if self.buf.is_null() {
+            let b = vec![0u8; RESERVOIR_LAST_ERROR_CAPACITY].into_boxed_slice();
+            self.buf = Box::into_raw(b).cast::<u8>();
+        }
+        self.buf
+    }
+}
+
+impl Drop for LastError {
+    fn drop(&mut self) {
+        if !self.buf.is_null() {
+            let slice = std::ptr::slice_from_raw_parts_mut(self.buf, RESERVOIR_LAST_ERROR_CAPACITY);
+            // SAFETY: `buf` came from `Box::into_raw` of a boxed slice of
+            // this length and is freed only here, once.
+            drop(unsafe { Box::from_raw(slice) });
+        }
+    }
+}
+
 thread_local! {
-    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    static LAST_ERROR: RefCell<LastError> = const {
+        RefCell::new(LastError { buf: std::ptr::null_mut(), current: false })
+    };
+}
+
+/// `message` cut to fit `capacity - 1` bytes (the NUL) at a character
+/// boundary, ending in `"…"` when cut, and at its first interior NUL (C
+/// cannot show what follows).
+fn fit(message: &str, capacity: usize) -> &str {
+    let message = message.split('\0').next().unwrap_or_default();
+    if message.len() < capacity {
+        return message;
+    }
+    let mut end = capacity - 1 - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    &message[..end]
 }
 
 /// Store `message` as this thread's last error (and log it).
 pub(crate) fn set_last_error(status: ReservoirStatus, message: String) {
     tracing::debug!(target: "reservoir::capi", ?status, "{message}");
-    // An interior NUL cannot be shown by C: cut the message there.
-    let bytes: Vec<u8> = message
-        .into_bytes()
-        .into_iter()
-        .take_while(|&b| b != 0)
-        .collect();
-    let c = CString::new(bytes).unwrap_or_default();
-    LAST_ERROR.with(|l| *l.borrow_mut() = Some(c));
+    let text = fit(&message, RESERVOIR_LAST_ERROR_CAPACITY);
+    let cut = text.len() < message.split('\0').next().unwrap_or_default().len();
+    let _ = LAST_ERROR.try_with(|l| {
+        let Ok(mut l) = l.try_borrow_mut() else {
+            return;
+        };
+        let buf = l.buffer();
+        let ellipsis = if cut { "…" } else { "" };
+        let n = text.len() + ellipsis.len();
+        debug_assert!(n < RESERVOIR_LAST_ERROR_CAPACITY);
+        // SAFETY: `buf` holds RESERVOIR_LAST_ERROR_CAPACITY bytes and `fit`
+        // left room for the ellipsis and the NUL; Rust strings do not
+        // overlap the buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf, text.len());
+            std::ptr::copy_nonoverlapping(ellipsis.as_ptr(), buf.add(text.len()), ellipsis.len());
+            buf.add(n).write(0);
+        }
+        l.current = true;
+    });
 }
 
 fn clear_last_error() {
-    LAST_ERROR.with(|l| {
+    let _ = LAST_ERROR.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
-            *l = None;
+            l.current = false;
         }
     });
 }
@@ -162,17 +237,27 @@ pub(crate) fn guard(name: &str, f: impl FnOnce() -> Result<(), Failure>) -> Rese
     }
 }
 
-/// This thread's last error message: empty after a successful call. The
-/// string is owned by the library and valid until this thread's next
-/// Reservoir call.
+/// This thread's last error message, NUL-terminated: empty (`""`) when the
+/// thread's last Reservoir call succeeded.
+///
+/// The text lives in a per-thread buffer owned by the library, of
+/// `RESERVOIR_LAST_ERROR_CAPACITY` (16 KiB) bytes, allocated at the thread's
+/// first error and never freed, moved or shrunk until the thread exits. So a
+/// returned pointer stays valid for the life of the thread, whatever is
+/// called next: a successful call leaves the text as it is (only this
+/// function answers `""` afterwards), and a later error overwrites it in
+/// place with the new message. Copy the text to keep it past the thread's
+/// next error. A message longer than the buffer is cut and ends in `"…"`.
 #[no_mangle]
 pub extern "C" fn reservoir_last_error() -> *const c_char {
     const EMPTY: &CStr = c"";
     catch_unwind(|| {
-        LAST_ERROR.with(|l| match l.try_borrow() {
-            Ok(l) => l.as_ref().map_or(EMPTY.as_ptr(), |c| c.as_ptr()),
-            Err(_) => EMPTY.as_ptr(),
-        })
+        LAST_ERROR
+            .try_with(|l| match l.try_borrow() {
+                Ok(l) if l.current && !l.buf.is_null() => l.buf.cast_const().cast::<c_char>(),
+                _ => EMPTY.as_ptr(),
+            })
+            .unwrap_or(EMPTY.as_ptr())
     })
     .unwrap_or(EMPTY.as_ptr())
 }
@@ -203,12 +288,42 @@ pub extern "C" fn reservoir_status_name(status: i32) -> *const c_char {
         .map_or(c"RESERVOIR_UNKNOWN_STATUS".as_ptr(), |n| n.as_ptr())
 }
 
-/// This thread's last error message, as Rust text (for logging).
+/// This thread's last error message, as Rust text (for logging): empty
+/// after a successful call.
 pub(crate) fn last_error_string() -> String {
-    LAST_ERROR.with(|l| {
-        l.try_borrow()
-            .ok()
-            .and_then(|l| l.as_ref().map(|c| c.to_string_lossy().into_owned()))
-            .unwrap_or_default()
-    })
+    let p = reservoir_last_error();
+    // SAFETY: `reservoir_last_error` returns a NUL-terminated string that
+    // stays valid for the life of this thread.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(RESERVOIR_LAST_ERROR_CAPACITY);
+        set_last_error(RESERVOIR_ERR_INVALID_CONFIG, long);
+        let text = last_error_string();
+        assert!(text.len() < RESERVOIR_LAST_ERROR_CAPACITY, "{}", text.len());
+        assert!(text.ends_with('…'), "{}", &text[text.len() - 8..]);
+        assert!(text.trim_end_matches('…').chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn the_pointer_outlives_the_next_calls() {
+        set_last_error(RESERVOIR_ERR_INVALID_ARGUMENT, "first\0hidden".into());
+        let p = reservoir_last_error();
+        // SAFETY: valid for the life of the thread.
+        assert_eq!(unsafe { CStr::from_ptr(p) }, c"first");
+        clear_last_error();
+        assert_eq!(last_error_string(), "");
+        // SAFETY: as above: a success keeps the text.
+        assert_eq!(unsafe { CStr::from_ptr(p) }, c"first");
+        set_last_error(RESERVOIR_ERR_INVALID_ARGUMENT, "second".into());
+        assert_eq!(reservoir_last_error(), p, "overwritten in place");
+        // SAFETY: as above.
+        assert_eq!(unsafe { CStr::from_ptr(p) }, c"second");
+    }
 }

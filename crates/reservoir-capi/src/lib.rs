@@ -40,7 +40,9 @@
 //!   backend holds, live blocks included: free your blocks first.
 //! * Memory handed out belongs to the caller until freed through the same
 //!   handle. Strings returned by the library (`reservoir_last_error`,
-//!   `reservoir_status_name`) are owned by it.
+//!   `reservoir_status_name`) are owned by it. `reservoir_last_error`'s
+//!   string is a per-thread buffer that stays valid until the thread exits:
+//!   a successful call leaves its text, a later error overwrites it in place.
 //!
 //! ## Threads
 //!
@@ -74,7 +76,10 @@ pub use api::{
     reservoir_allocator_snapshot, reservoir_allocator_stat, reservoir_allocator_stat_at,
     reservoir_allocator_stats_count, ReservoirBackend,
 };
-pub use error::{reservoir_last_error, reservoir_status_name, Failure, ReservoirStatus};
+pub use error::{
+    reservoir_last_error, reservoir_status_name, Failure, ReservoirStatus,
+    RESERVOIR_LAST_ERROR_CAPACITY,
+};
 pub use handle::ReservoirAllocator;
 pub use torch::{
     reservoir_alloc, reservoir_free, reservoir_torch_configure, reservoir_torch_empty_cache,

@@ -83,6 +83,8 @@ pub struct CudaDevice {
     peer: bool,
     fake: Option<FakeDriver>,
     pub(crate) state: Mutex<State>,
+    /// Adopted streams forgotten so far ([`Backend::stream_epoch`]).
+    forgotten_streams: std::sync::atomic::AtomicU64,
     /// Keeps the library referenced while the device lives.
     _driver: Driver,
 }
@@ -167,6 +169,7 @@ impl CudaDevice {
                 ipc_opened: BTreeMap::new(),
                 peers: BTreeSet::new(),
             }),
+            forgotten_streams: std::sync::atomic::AtomicU64::new(0),
             _driver: drv,
         };
         // From here on `device` releases the context if set-up fails.
@@ -273,6 +276,8 @@ impl CudaDevice {
         match st.streams.get(&stream.0) {
             Some(false) if stream.0 != 0 => {
                 st.streams.remove(&stream.0);
+                self.forgotten_streams
+                    .fetch_add(1, std::sync::atomic::Ordering::Release);
                 Ok(())
             }
             _ => Err(BackendError::InvalidValue(format!(
@@ -641,6 +646,17 @@ impl Backend for CudaDevice {
         })?;
         st.streams.insert(s as u64, true);
         Ok(StreamId(s as u64))
+    }
+
+    /// A created or adopted stream, or the default stream.
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.state.lock().stream(stream).map(|_| ())
+    }
+
+    /// Changes when [`forget_stream`](CudaDevice::forget_stream) forgets one.
+    fn stream_epoch(&self) -> u64 {
+        self.forgotten_streams
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// `cuEventRecord` of a pooled `CU_EVENT_DISABLE_TIMING` event.

@@ -62,6 +62,15 @@ pub struct HostConfig {
     /// descriptor per live allocation. Default false (anonymous private
     /// memory). Linux only.
     pub shareable: bool,
+    /// The most streams the device holds, the default stream and
+    /// registered streams included: [`create_stream`] past it fails.
+    /// Default [`DEFAULT_STREAM_LIMIT`] (65,536).
+    /// [`HostDevice::register_stream`](crate::HostDevice::register_stream)
+    /// is not limited.
+    ///
+    /// [`create_stream`]: reservoir::Backend::create_stream
+    /// [`DEFAULT_STREAM_LIMIT`]: reservoir::backend::DEFAULT_STREAM_LIMIT
+    pub max_streams: usize,
 }
 
 impl Default for HostConfig {
@@ -70,6 +79,7 @@ impl Default for HostConfig {
             capacity: default_capacity(),
             vm_granularity: DEFAULT_GRANULARITY,
             shareable: false,
+            max_streams: reservoir::backend::DEFAULT_STREAM_LIMIT,
         }
     }
 }

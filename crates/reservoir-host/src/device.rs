@@ -168,6 +168,8 @@ struct State {
     streams: BTreeSet<u64>,
     /// Next id `create_stream` tries.
     next_stream: u64,
+    /// [`HostConfig::max_streams`].
+    max_streams: usize,
     /// Live events and the stream each was recorded on.
     events: HashMap<u64, StreamId>,
     /// Next event id.
@@ -591,7 +593,10 @@ impl State {
         if self.streams.contains(&s.0) {
             Ok(())
         } else {
-            Err(invalid(format!("unknown stream {s} on the host device")))
+            Err(invalid(format!(
+                "unknown stream {s} on the host device (streams come from create_stream; 0 is \
+                 the default stream)"
+            )))
         }
     }
 
@@ -659,6 +664,7 @@ impl HostDevice {
                 resv: BTreeMap::new(),
                 streams: BTreeSet::from([StreamId::DEFAULT.0]),
                 next_stream: 1,
+                max_streams: config.max_streams,
                 events: HashMap::new(),
                 next_event: 1,
                 c: HostCounters::default(),
@@ -930,6 +936,13 @@ impl Backend for HostDevice {
 
     fn create_stream(&self) -> Result<StreamId, BackendError> {
         let mut s = self.state.lock();
+        let (live, max) = (s.streams.len(), s.max_streams);
+        if live >= max {
+            return Err(BackendError::Driver(format!(
+                "the host device holds {live} streams, its limit (HostConfig::max_streams = \
+                 {max}); streams cannot be destroyed, so reuse the ones you have or raise the limit"
+            )));
+        }
         while s.streams.contains(&s.next_stream) {
             s.next_stream += 1;
         }
@@ -938,6 +951,10 @@ impl Backend for HostDevice {
         s.streams.insert(id);
         s.c.streams_created += 1;
         Ok(StreamId(id))
+    }
+
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.state.lock().check_stream(stream)
     }
 
     /// Host work is synchronous: the event is complete when recorded.

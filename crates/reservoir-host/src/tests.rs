@@ -533,6 +533,7 @@ proptest! {
             capacity,
             vm_granularity: page_size,
             shareable: false,
+            ..HostConfig::default()
         })
         .unwrap();
         let r = dev.reserve(PAGES * page_size).unwrap();
@@ -607,4 +608,48 @@ proptest! {
         dev.release(r).unwrap();
         prop_assert!(dev.leak_report().is_empty());
     }
+}
+
+/// Issue 29: the host device knows its streams (an unknown one is refused
+/// by the caching allocator, changing nothing) and holds at most
+/// `max_streams` of them.
+#[test]
+fn streams_are_checked_and_bounded() {
+    use reservoir::{AllocError, AllocatorConfig, CachingAllocator};
+    let dev = HostDevice::new(HostConfig {
+        capacity: 64 << 20,
+        max_streams: 3,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let s1 = dev.create_stream().unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let e = dev.create_stream().unwrap_err();
+    assert!(e.to_string().contains("HostConfig::max_streams = 3"), "{e}");
+    assert!(dev.check_stream(StreamId(12345)).is_err());
+    let a = CachingAllocator::new(dev, AllocatorConfig::default());
+    let p = a.raw_alloc(4096, s1).unwrap();
+    let before = a.memory_stats();
+    let e = a.raw_alloc(4096, StreamId(12345)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AllocError::UnknownStream {
+                stream: StreamId(12345),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = a.record_stream(p, StreamId(999)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("unknown stream 999 on the host device"),
+        "{e}"
+    );
+    assert_eq!(a.memory_stats(), before);
+    a.record_stream(p, s2).unwrap();
+    a.raw_free(p).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_stats()["reserved_bytes.all.current"], 0);
 }

@@ -597,6 +597,10 @@ impl Backend for OpenClDevice {
         Ok(StreamId(id))
     }
 
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.state.lock().queue(stream).map(|_| ())
+    }
+
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
         let mut st = self.state.lock();
         let q = st.queue(stream)?;

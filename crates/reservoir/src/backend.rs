@@ -19,6 +19,15 @@
 
 pub use crate::ids::{DevicePtr, EventId, StreamId};
 
+/// The default limit on the streams one simulated or host device holds (the
+/// default stream, created and registered ones): 65,536, far more than a
+/// program uses (PyTorch pools 32 streams per priority and device), and
+/// about 7 MiB of stream state. `create_stream` past it is a
+/// [`BackendError::Driver`] naming the limit; raise it with
+/// `SimConfig::max_streams` or `HostConfig::max_streams`. Backends have no
+/// way to destroy a stream, so the limit bounds a device's stream state.
+pub const DEFAULT_STREAM_LIMIT: usize = 65_536;
+
 /// Free and total device memory, as `cudaMemGetInfo` reports it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct MemInfo {
@@ -99,6 +108,25 @@ pub trait Backend: Send + Sync {
 
     /// Create a new stream.
     fn create_stream(&self) -> Result<StreamId, BackendError>;
+
+    /// Is `stream` a stream of this device: the default stream
+    /// ([`StreamId::DEFAULT`], always), one [`create_stream`](Backend::create_stream)
+    /// made, or one the backend was told of (a replay's registered stream, an
+    /// adopted CUDA stream)? An unknown stream is
+    /// [`BackendError::InvalidValue`] naming it. The allocators call it
+    /// before they act on a stream a caller names, and remember the streams
+    /// that passed until [`stream_epoch`](Backend::stream_epoch) changes.
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError>;
+
+    /// A number that changes whenever a stream that passed
+    /// [`check_stream`](Backend::check_stream) stops being valid (a CUDA
+    /// device forgetting an adopted stream), so that callers drop the streams
+    /// they remember. The default, a constant, says a stream stays valid for
+    /// the device's life. Called on every allocation on a non-default
+    /// stream: keep it to an atomic load.
+    fn stream_epoch(&self) -> u64 {
+        0
+    }
 
     /// Record an event on `stream`: it completes when the work enqueued on
     /// `stream` so far has completed.
@@ -218,6 +246,12 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn create_stream(&self) -> Result<StreamId, BackendError> {
         (**self).create_stream()
+    }
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        (**self).check_stream(stream)
+    }
+    fn stream_epoch(&self) -> u64 {
+        (**self).stream_epoch()
     }
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
         (**self).record_event(stream)

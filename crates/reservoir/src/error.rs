@@ -76,9 +76,30 @@ pub enum AllocError {
     /// The operation is refused in the allocator's current state.
     #[error("{0}")]
     InvalidState(String),
+    /// The stream is not a stream of the allocator's device: never created
+    /// there ([`Backend::create_stream`](crate::Backend::create_stream)),
+    /// registered or adopted. Refused by the call that names it, which
+    /// changes nothing.
+    #[error("{message}; nothing was changed")]
+    UnknownStream {
+        /// The stream named.
+        stream: StreamId,
+        /// The device's words, naming the stream.
+        message: String,
+    },
 }
 
 impl AllocError {
+    /// The error of a failed [`Backend::check_stream`](crate::Backend::check_stream)
+    /// of `stream`: [`AllocError::UnknownStream`] for the backend's
+    /// [`BackendError::InvalidValue`], the backend's error otherwise.
+    pub(crate) fn from_stream_check(stream: StreamId, e: BackendError) -> AllocError {
+        match e {
+            BackendError::InvalidValue(message) => AllocError::UnknownStream { stream, message },
+            e => AllocError::Backend(e),
+        }
+    }
+
     /// The out-of-memory details, if this is an out-of-memory error.
     pub fn as_oom(&self) -> Option<&OutOfMemoryError> {
         match self {

@@ -33,7 +33,7 @@ mod value;
 mod write;
 
 pub use value::{BigInt, GlobalName, Value};
-pub use write::{to_vec, to_vec_with, WriteError, WriteOptions};
+pub use write::{to_vec, to_vec_with, to_writer_with, Container, Stream, WriteError, WriteOptions};
 
 /// Pickle opcodes (the byte that starts each instruction), by their names in
 /// CPython's `pickletools`.

@@ -281,6 +281,14 @@ impl<B: Backend> Backend for PluggableBackend<B> {
         self.inner.create_stream()
     }
 
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.inner.check_stream(stream)
+    }
+
+    fn stream_epoch(&self) -> u64 {
+        self.inner.stream_epoch()
+    }
+
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
         self.inner.record_event(stream)
     }

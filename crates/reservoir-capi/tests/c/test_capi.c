@@ -137,6 +137,17 @@ static void normal_use(const char *dir) {
         CHECK(first == 0x80, "pickle starts with PROTO, got %d", first);
         fclose(fp);
     }
+    /* A path that is not UTF-8 (Linux paths are bytes). */
+    snprintf(path, sizeof path, "%s/snap\xff\xfe.pickle", dir);
+    OK(reservoir_allocator_snapshot(h, path));
+    fp = fopen(path, "rb");
+    CHECK(fp != NULL, "snapshot file with a non-UTF-8 name");
+    if (fp) {
+        CHECK(fgetc(fp) == 0x80, "pickle starts with PROTO");
+        fclose(fp);
+        remove(path);
+    }
+    EXPECT_ERR(reservoir_allocator_snapshot(h, ""), RESERVOIR_ERR_INVALID_ARGUMENT, "path is empty");
     OK(reservoir_allocator_record_history(h, false, 0));
     OK(reservoir_allocator_free(h, a));
 
@@ -169,6 +180,13 @@ static void host_memory(void) {
     void *q = NULL;
     EXPECT_ERR(reservoir_allocator_alloc(h, 300 * MiB, 0, &q), RESERVOIR_ERR_OUT_OF_MEMORY,
                "314572800");
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, 12345, &q), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 12345");
+    EXPECT_ERR(reservoir_allocator_record_stream(h, p, 999), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 999");
+    uint64_t hs = 0;
+    OK(reservoir_allocator_create_stream(h, &hs));
+    OK(reservoir_allocator_record_stream(h, p, hs));
     OK(reservoir_allocator_free(h, p));
     OK(reservoir_allocator_empty_cache(h));
     CHECK(stat(h, "reserved_bytes.all.current") == 0, "host memory released");
@@ -262,6 +280,49 @@ static void bad_inputs(const char *dir) {
                RESERVOIR_ERR_INVALID_POINTER, "0x1234");
     same_stats(h, &after_pair, "record_stream of a foreign pointer");
 
+    /* Streams: ids come from reservoir_allocator_create_stream of the same
+     * handle; any other value is refused by the call naming it (issue 29). */
+    uint64_t mine = 0, theirs = 0;
+    ReservoirAllocator *other = NULL;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 1024 * MiB, NULL, &other));
+    OK(reservoir_allocator_create_stream(other, &theirs));
+    OK(reservoir_allocator_create_stream(h, &mine));
+    CHECK(mine != theirs, "two handles' first streams differ: %llu", (unsigned long long)mine);
+    Stats with_stream;
+    read_stats(h, &with_stream);
+    p = (void *)1;
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, 12345, &p), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 12345 is not a stream of allocator");
+    CHECK(p == NULL, "failed alloc writes null");
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, UINT64_MAX, &p), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 18446744073709551615");
+    snprintf(want, sizeof want, "stream %llu", (unsigned long long)theirs);
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, theirs, &p), RESERVOIR_ERR_INVALID_ARGUMENT, want);
+    snprintf(want, sizeof want, "stream %llu", (unsigned long long)(mine + 1));
+    EXPECT_ERR(reservoir_allocator_alloc(h, 16, mine + 1, &p), RESERVOIR_ERR_INVALID_ARGUMENT, want);
+    EXPECT_ERR(reservoir_allocator_record_stream(h, live, 999), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "stream 999");
+    EXPECT_ERR(reservoir_allocator_record_stream(h, live, theirs), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "not a stream of allocator");
+    same_stats(h, &with_stream, "unknown streams");
+    OK(reservoir_allocator_alloc(h, 16, mine, &p));
+    OK(reservoir_allocator_record_stream(h, p, mine));
+    OK(reservoir_allocator_free(h, p));
+    OK(reservoir_allocator_alloc(other, 16, theirs, &p));
+    OK(reservoir_allocator_free(other, p));
+    OK(reservoir_allocator_empty_cache(h));
+    OK(reservoir_allocator_destroy(other));
+    /* A device holds at most 65,536 streams (the default one included). */
+    uint64_t s = 0, made = 1;
+    ReservoirStatus st = RESERVOIR_OK;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, NULL, &other));
+    while (made <= 70000 && (st = reservoir_allocator_create_stream(other, &s)) == RESERVOIR_OK) made++;
+    CHECK(made == 65536 && st == RESERVOIR_ERR_BACKEND, "%llu streams, then %s",
+          (unsigned long long)made, reservoir_status_name(st));
+    CHECK(strstr(reservoir_last_error(), "65536") != NULL, "%s", reservoir_last_error());
+    OK(reservoir_allocator_destroy(other));
+    read_stats(h, &after_pair);
+
     /* Sizes. */
     p = (void *)1;
     EXPECT_ERR(reservoir_allocator_alloc(h, 0, 0, &p), RESERVOIR_ERR_INVALID_ARGUMENT, "size 0");
@@ -302,6 +363,25 @@ static void bad_inputs(const char *dir) {
     EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, "policy:frugal", &bad),
                RESERVOIR_ERR_INVALID_CONFIG, "frugal");
     CHECK(bad == NULL, "failed create writes null");
+    /* A config string is at most 64 KiB (issue 29: 64 MiB of '[' took 4.3 GB),
+     * and a message quotes a window of a long one, not the whole string. */
+    size_t big = (size_t)64 << 20;
+    char *huge = malloc(big + 1);
+    CHECK(huge != NULL, "malloc");
+    if (huge != NULL) {
+        memset(huge, '[', big);
+        huge[big] = '\0';
+        EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, huge, &bad),
+                   RESERVOIR_ERR_INVALID_CONFIG, "67108864 bytes, over the limit of 65536");
+        CHECK(strlen(reservoir_last_error()) < 400, "message of %zu bytes", strlen(reservoir_last_error()));
+        memset(huge, 'k', 60000);
+        strcpy(huge + 60000, ":1");
+        EXPECT_ERR(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 0, huge, &bad),
+                   RESERVOIR_ERR_INVALID_CONFIG, "unknown allocator setting `kkkk");
+        CHECK(strlen(reservoir_last_error()) < 1000, "message of %zu bytes", strlen(reservoir_last_error()));
+        free(huge);
+    }
+    CHECK(bad == NULL, "failed create writes null");
     /* Reservoir's own policies are named in the same string. */
     ReservoirAllocator *frugal = NULL;
     OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 1024 * MiB, "max_split_size_mb:64,policy:reservoir",
@@ -341,8 +421,53 @@ static void bad_inputs(const char *dir) {
     OK(reservoir_allocator_destroy(h));
 }
 
+/* reservoir_last_error's text stays readable whatever is called next (issue
+ * 29): a success leaves it as it was, a later error overwrites it in place.
+ * Under valgrind (tests/c_program.rs runs `test_capi DIR last-error` so when
+ * valgrind is installed) a freed message would be an invalid read. */
+static void last_error_lifetime(void) {
+    ReservoirAllocator *h = NULL;
+    OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 1024 * MiB, NULL, &h));
+    void *p = NULL;
+    EXPECT_ERR(reservoir_allocator_alloc(h, 0, 0, &p), RESERVOIR_ERR_INVALID_ARGUMENT, "size 0");
+    const char *old = reservoir_last_error();
+    char copy[256];
+    snprintf(copy, sizeof copy, "%s", old);
+    OK(reservoir_allocator_alloc(h, 4096, 0, &p));
+    CHECK(reservoir_last_error()[0] == '\0', "no error after a success: %s", reservoir_last_error());
+    CHECK(strcmp(old, copy) == 0, "the message read after a success: \"%s\", was \"%s\"", old, copy);
+    OK(reservoir_allocator_free(h, p));
+    CHECK(strcmp(old, copy) == 0, "the message read after two successes: \"%s\"", old);
+    /* The issue's printf("%s", ..., reservoir_last_error()) with the failing
+     * call evaluated after it: the old pointer now reads the new message. */
+    EXPECT_ERR(reservoir_allocator_alloc(h, 0, 0, &p), RESERVOIR_ERR_INVALID_ARGUMENT, "size 0");
+    const char *before = reservoir_last_error();
+    ReservoirStatus st = reservoir_allocator_free(h, (void *)(uintptr_t)0x1234);
+    CHECK(st == RESERVOIR_ERR_INVALID_POINTER, "%s", reservoir_status_name(st));
+    CHECK(strstr(before, "0x1234") != NULL, "the old pointer reads the new message: %s", before);
+    CHECK(before == reservoir_last_error(), "one buffer per thread: %p %p", (const void *)before,
+          (const void *)reservoir_last_error());
+    /* A pointer taken from the static "" after a success stays "" too. */
+    OK(reservoir_allocator_empty_cache(h));
+    const char *empty = reservoir_last_error();
+    /* The issue's own line: whichever argument C evaluates first, both
+     * strings are live memory. */
+    char line[512];
+    snprintf(line, sizeof line, "%p %s", reservoir_alloc(-1, 0, NULL), reservoir_last_error());
+    CHECK(strstr(reservoir_last_error(), "size -1 is negative") != NULL, "%s", reservoir_last_error());
+    CHECK(empty[0] == '\0', "the empty string stays empty: %s", empty);
+    OK(reservoir_allocator_destroy(h));
+    CHECK(strstr(before, "size -1 is negative") != NULL, "after destroy: %s", before);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : ".";
+    if (argc > 2 && strcmp(argv[2], "last-error") == 0) {
+        last_error_lifetime();
+        printf("capi-c: %d checks, %d failed\n", checks, failed);
+        return failed != 0;
+    }
+    last_error_lifetime();
     normal_use(dir);
     host_memory();
     threads();

@@ -123,6 +123,47 @@ fn a_foreign_stream_is_adopted_by_its_handle() {
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
 }
 
+/// Issue 29: the caching allocator refuses a stream the device does not
+/// know, and again once an adopted stream is forgotten (`stream_epoch`).
+#[test]
+fn the_caching_allocator_refuses_unknown_and_forgotten_streams() {
+    let Some((_turn, dev)) = device(GIB, Mode::Default) else {
+        return;
+    };
+    use cudarc::driver::sys;
+    let dev = std::sync::Arc::new(dev);
+    let a = CachingAllocator::new(dev.clone(), AllocatorConfig::default());
+    let mut raw: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: the device's constructor made its primary context current on
+    // this thread; `raw` is a live local.
+    let r = unsafe { sys::cuStreamCreate(&mut raw, 0) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    let e = a.raw_alloc(MIB, StreamId(raw as u64)).unwrap_err();
+    assert!(
+        matches!(e, reservoir::AllocError::UnknownStream { .. }),
+        "{e:?}"
+    );
+    // SAFETY: a live stream of the primary context, destroyed below only
+    // after it is forgotten.
+    let s = unsafe { dev.adopt_stream(raw) };
+    let p = a.raw_alloc(MIB, s).unwrap();
+    a.raw_free(p).unwrap();
+    let epoch = dev.stream_epoch();
+    dev.forget_stream(s).unwrap();
+    assert_ne!(dev.stream_epoch(), epoch);
+    let e = a.raw_alloc(MIB, s).unwrap_err();
+    assert!(
+        matches!(e, reservoir::AllocError::UnknownStream { .. }),
+        "a forgotten stream: {e:?}"
+    );
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    drop(a);
+    // SAFETY: the stream is live and no longer known to the device.
+    let r = unsafe { sys::cuStreamDestroy_v2(raw) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+}
+
 #[test]
 fn virtual_memory_maps_one_handle_per_page() {
     let Some((_turn, dev)) = device(16 * MIB, Mode::Default) else {

@@ -244,6 +244,8 @@ def _lib() -> ctypes.CDLL:
         lib.reservoir_torch_record_stream.restype = ctypes.c_int
         lib.reservoir_last_error.argtypes = []
         lib.reservoir_last_error.restype = ctypes.c_char_p
+        lib.reservoir_status_name.argtypes = [ctypes.c_int]
+        lib.reservoir_status_name.restype = ctypes.c_char_p
         _cdll = lib
     return _cdll
 
@@ -267,7 +269,9 @@ def _record_stream(tensor: torch.Tensor, stream: torch.cuda.Stream, ignore_forei
     status = lib.reservoir_torch_record_stream(ptr, stream.cuda_stream)
     if status != 0 and not (ignore_foreign and status == _ERR_INVALID_POINTER):
         msg = lib.reservoir_last_error().decode(errors="replace")
-        raise ReservoirError(f"status {status}: {msg}")
+        # Named like every other error ("RESERVOIR_ERR_INVALID_POINTER: ...").
+        name = lib.reservoir_status_name(status).decode(errors="replace")
+        raise ReservoirError(f"{name}: {msg}")
 
 
 def last_error() -> str:

@@ -82,6 +82,10 @@ impl DeviceState {
         stream: StreamId,
         report_oom: bool,
     ) -> Result<BlockId, MallocError> {
+        // Reservoir: an unknown stream is refused before anything changes
+        // (PyTorch is only handed streams c10 made).
+        self.check_stream(backend, stream)
+            .map_err(MallocError::Other)?;
         if orig_size >= ONE_EXABYTE {
             return Err(self.too_large(backend.device_kind(), orig_size, stream));
         }

@@ -405,6 +405,7 @@ impl<B: Backend> CachingAllocator<B> {
         let Some(&id) = state.allocated.get(&ptr.0) else {
             return Err(AllocError::InvalidPointer { ptr });
         };
+        state.check_stream(&self.backend, stream)?;
         state.record_stream(id, stream);
         Ok(())
     }

@@ -119,11 +119,13 @@ thread_local! {
 /// ```
 /// use reservoir::caching::StreamShards;
 /// use reservoir::sim::SimDevice;
-/// use reservoir::{AllocatorConfig, StreamId};
+/// use reservoir::{AllocatorConfig, Backend, StreamId};
 ///
 /// let shards = StreamShards::new(SimDevice::default(), AllocatorConfig::default()).unwrap();
-/// let a = shards.raw_alloc(4096, StreamId(1)).unwrap();
-/// let b = shards.raw_alloc(4096, StreamId(2)).unwrap();
+/// let s1 = shards.backend().create_stream().unwrap(); // StreamId(1)
+/// let s2 = shards.backend().create_stream().unwrap();
+/// let a = shards.raw_alloc(4096, s1).unwrap();
+/// let b = shards.raw_alloc(4096, s2).unwrap();
 /// std::thread::scope(|s| {
 ///     s.spawn(|| shards.raw_free(a).unwrap()); // a free from another thread
 /// });
@@ -294,6 +296,10 @@ impl<B: Backend> StreamShards<B> {
             let shard = match slot.get() {
                 Some(shard) => shard,
                 None => {
+                    // An unknown stream gets no shard (and takes no slot).
+                    self.backend
+                        .check_stream(stream)
+                        .map_err(|e| AllocError::from_stream_check(stream, e))?;
                     // Held until the shard is published, so that a concurrent
                     // `record_memory_history` either sees the shard or has
                     // already set what the shard is created with.

@@ -75,6 +75,68 @@ pub(crate) struct DeviceState {
     /// (see `device_reserved.rs`); `None` for a lone `CachingAllocator`.
     /// Invariant: changed by exactly what `stats.reserved_bytes` changes.
     pub device_reserved: Option<std::sync::Arc<super::device_reserved::DeviceReserved>>,
+    /// Streams the backend confirmed ([`Backend::check_stream`]), so that
+    /// only a stream's first use asks it (see [`KnownStreams`]).
+    pub known_streams: KnownStreams,
+}
+
+/// The non-default streams a backend confirmed, valid while its
+/// [`Backend::stream_epoch`] stays at `epoch`. Not part of PyTorch's state:
+/// PyTorch trusts every stream it is handed (they come from `c10::Stream`).
+#[derive(Default)]
+pub(crate) struct KnownStreams {
+    epoch: u64,
+    /// The last stream confirmed (the common case: one side stream in a row).
+    last: Option<u64>,
+    set: rustc_hash::FxHashSet<u64>,
+}
+
+impl DeviceState {
+    /// Refuse a stream the backend does not know, before anything changes:
+    /// [`AllocError::UnknownStream`] naming it. The default stream is always
+    /// known.
+    #[inline]
+    pub fn check_stream<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        stream: crate::backend::StreamId,
+    ) -> Result<(), AllocError> {
+        if stream == crate::backend::StreamId::DEFAULT {
+            return Ok(());
+        }
+        let k = &self.known_streams;
+        if k.last == Some(stream.0) && k.epoch == backend.stream_epoch() {
+            return Ok(());
+        }
+        self.check_stream_slow(backend, stream)
+    }
+
+    #[inline(never)]
+    fn check_stream_slow<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        stream: crate::backend::StreamId,
+    ) -> Result<(), AllocError> {
+        let epoch = backend.stream_epoch();
+        let k = &mut self.known_streams;
+        if k.epoch != epoch {
+            k.set.clear();
+            k.last = None;
+            k.epoch = epoch;
+        }
+        if !k.set.contains(&stream.0) {
+            backend
+                .check_stream(stream)
+                .map_err(|e| AllocError::from_stream_check(stream, e))?;
+            // Re-read: `check_stream` may have run while another stream was
+            // forgotten.
+            if backend.stream_epoch() == epoch {
+                k.set.insert(stream.0);
+            }
+        }
+        k.last = Some(stream.0);
+        Ok(())
+    }
 }
 
 impl DeviceState {
@@ -99,6 +161,7 @@ impl DeviceState {
             oom_observers: Vec::new(),
             cross_stream_reuses: 0,
             device_reserved: None,
+            known_streams: KnownStreams::default(),
         }
     }
 

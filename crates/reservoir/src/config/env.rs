@@ -109,7 +109,7 @@ impl AllocatorConfig {
     ) -> Result<Vec<ConfigWarning>, ConfigError> {
         let mut warnings = Vec::new();
         let mut next = self.clone();
-        let tokens = Tokens::new(s);
+        let tokens = Tokens::new(s)?;
         accelerator::parse_args(&mut next, &tokens, &mut warnings)?;
         next.last_settings = s.to_owned();
         cuda::parse_args(&mut next, &tokens, &mut warnings)?;
@@ -139,12 +139,13 @@ fn startup_parse(
     }
     let mut cfg = AllocatorConfig::default();
     if let Some((src, var)) = cuda_src {
-        let tokens = Tokens::new(src);
+        let tokens = Tokens::new(src).map_err(wrap(var))?;
         cfg.backend = cuda::backend_scan(&tokens).map_err(wrap(var))?;
         cuda::parse_args(&mut cfg, &tokens, warnings).map_err(wrap(var))?;
     }
     if let Some((src, var)) = common_src {
-        accelerator::parse_args(&mut cfg, &Tokens::new(src), warnings).map_err(wrap(var))?;
+        let tokens = Tokens::new(src).map_err(wrap(var))?;
+        accelerator::parse_args(&mut cfg, &tokens, warnings).map_err(wrap(var))?;
         cfg.last_settings = src.to_owned();
     }
     Ok(cfg)

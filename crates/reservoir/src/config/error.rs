@@ -190,13 +190,65 @@ pub enum PyTorchException {
     OutOfRange,
 }
 
+/// The longest settings string read, in bytes: 64 KiB. PyTorch's strings
+/// are a few hundred bytes (every key once is under 1 KiB); a longer one is
+/// refused with [`ConfigError::TooLong`] before it is tokenised, so that a
+/// hostile string costs neither memory (a token per byte) nor a message
+/// that repeats it. Not PyTorch's: PyTorch reads any length.
+pub const MAX_SETTINGS_LEN: usize = 64 * 1024;
+
+/// The most characters of a settings string (or of one of its tokens) an
+/// error message quotes: [`quote_window`].
+pub const QUOTE_WINDOW: usize = 80;
+
+/// `s` whole when it has at most [`QUOTE_WINDOW`] characters; otherwise the
+/// [`QUOTE_WINDOW`] characters around byte `offset` (clamped to `s`), with
+/// `…` where text was left out.
+pub fn quote_window(s: &str, offset: usize) -> String {
+    if s.chars().count() <= QUOTE_WINDOW {
+        return s.to_owned();
+    }
+    let mut at = offset.min(s.len());
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    // Up to a quarter of the window before the offset, the rest after.
+    let before: Vec<(usize, char)> = s[..at]
+        .char_indices()
+        .rev()
+        .take(QUOTE_WINDOW / 4)
+        .collect();
+    let start = before.last().map_or(at, |&(i, _)| i);
+    let rest = QUOTE_WINDOW - before.len();
+    let end = s[at..]
+        .char_indices()
+        .nth(rest)
+        .map_or(s.len(), |(i, _)| at + i);
+    let mut out = String::new();
+    if start > 0 {
+        out.push('…');
+    }
+    out.push_str(&s[start..end]);
+    if end < s.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// A token quoted by Reservoir's messages: at most [`QUOTE_WINDOW`]
+/// characters, from its start.
+fn short(token: &str) -> String {
+    quote_window(token, 0)
+}
+
 /// A settings string PyTorch would reject.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// A key that PyTorch 2.15 does not know.
     #[error(
-        "unknown allocator setting `{key}` (token {index}, byte {offset}); {}",
+        "unknown allocator setting `{}` (token {index}, byte {offset}); {}",
+        short(key),
         unknown_key_advice(key)
     )]
     UnknownKey {
@@ -211,14 +263,20 @@ pub enum ConfigError {
     },
     /// A Reservoir policy name (`policy:NAME`) that does not exist.
     #[error(
-        "unknown Reservoir policy `{name}` in `policy:{name}`; known: pytorch, reservoir, cross_stream_reuse"
+        "unknown Reservoir policy `{}` in `policy:{}`; known: pytorch, reservoir, cross_stream_reuse",
+        short(name),
+        short(name)
     )]
     UnknownPolicy {
         /// The name as written (whitespace removed).
         name: String,
     },
     /// A value that breaks the key's rule.
-    #[error("invalid value `{value}` for `{key}` (token {index}, byte {offset}): {rule}")]
+    #[error(
+        "invalid value `{}` for `{}` (token {index}, byte {offset}): {rule}",
+        short(value),
+        short(key)
+    )]
     InvalidValue {
         /// The key.
         key: String,
@@ -255,6 +313,19 @@ pub enum ConfigError {
         /// Byte offset of the value.
         offset: usize,
     },
+    /// The string is longer than [`MAX_SETTINGS_LEN`]; nothing of it was
+    /// read. Reservoir's limit, not PyTorch's.
+    #[error(
+        "the allocator settings string is {len} bytes, over the limit of {max} bytes \
+         (reservoir::config::MAX_SETTINGS_LEN; real settings strings are a few hundred bytes): \
+         shorten it"
+    )]
+    TooLong {
+        /// The string's length in bytes.
+        len: usize,
+        /// The limit, [`MAX_SETTINGS_LEN`].
+        max: usize,
+    },
     /// An error in the value of an environment variable.
     #[error("{var}: {error}")]
     Env {
@@ -268,8 +339,11 @@ pub enum ConfigError {
 /// "Did you mean" for a misspelt key, else the list of accepted keys.
 fn unknown_key_advice(key: &str) -> String {
     let lower = key.to_ascii_lowercase();
+    // The distance is at least the difference in length: a long key is
+    // compared with nothing (and costs nothing).
     let best = KNOWN_KEYS
         .iter()
+        .filter(|k| lower.len() <= k.len() + 3)
         .map(|k| (edit_distance(&lower, k), *k))
         .min();
     match best {
@@ -303,6 +377,19 @@ const CPP_FILE: &str = "/__w/pytorch/pytorch/c10/core/AllocatorConfig.cpp";
 const CUDA_CPP_FILE: &str = "/__w/pytorch/pytorch/c10/cuda/CUDAAllocatorConfig.cpp";
 
 impl ConfigError {
+    /// The byte offset in the settings string where the error shows, if it
+    /// has one (for [`quote_window`]).
+    pub fn offset(&self) -> Option<usize> {
+        match self {
+            ConfigError::UnknownKey { offset, .. }
+            | ConfigError::InvalidValue { offset, .. }
+            | ConfigError::Syntax { offset, .. }
+            | ConfigError::BackendMismatch { offset, .. } => Some(*offset),
+            ConfigError::Env { error, .. } => error.offset(),
+            ConfigError::UnknownPolicy { .. } | ConfigError::TooLong { .. } => None,
+        }
+    }
+
     /// The message PyTorch 2.15 raises for this error (without its C++
     /// stack trace), e.g. `Unrecognized key 'bogus' in CUDA allocator config.`.
     pub fn pytorch_message(&self) -> String {
@@ -384,6 +471,8 @@ impl ConfigError {
                 "tokenizer[i] == get()->name() INTERNAL ASSERT FAILED at \"{CUDA_CPP_FILE}\":64, please report a bug to PyTorch. Allocator backend parsed at runtime != allocator backend parsed at load time, {requested} != {loaded}"
             ),
             ConfigError::Env { error, .. } => error.pytorch_message(),
+            // PyTorch has no limit: Reservoir's own words.
+            ConfigError::TooLong { .. } => self.to_string(),
             // PyTorch knows no `policy` key at all.
             ConfigError::UnknownPolicy { .. } => {
                 "Unrecognized key 'policy' in Accelerator allocator config.".to_owned()
@@ -394,9 +483,9 @@ impl ConfigError {
     /// The exception PyTorch 2.15 raises for this error.
     pub fn pytorch_exception(&self) -> PyTorchException {
         match self {
-            ConfigError::UnknownKey { .. } | ConfigError::UnknownPolicy { .. } => {
-                PyTorchException::ValueError
-            }
+            ConfigError::UnknownKey { .. }
+            | ConfigError::UnknownPolicy { .. }
+            | ConfigError::TooLong { .. } => PyTorchException::ValueError,
             ConfigError::InvalidValue { rule, .. } => match rule {
                 ValueRule::Integer | ValueRule::Number => PyTorchException::InvalidArgument,
                 ValueRule::IntegerInRange | ValueRule::NumberInRange => {

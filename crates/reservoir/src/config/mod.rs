@@ -145,6 +145,7 @@ mod tests;
 
 pub use cuda::MAX_REGISTER_THREADS;
 pub use env::{ENV_ALLOC_CONF, ENV_CUDA_ALLOC_CONF, ENV_HIP_ALLOC_CONF};
+pub use error::{quote_window, MAX_SETTINGS_LEN, QUOTE_WINDOW};
 pub use error::{
     AssertSite, ConfigError, ConfigWarning, KeyParser, PyTorchException, SyntaxProblem, ValueRule,
 };

@@ -104,6 +104,7 @@ impl AllocatorConfig {
     /// [`AllocatorConfig::parse`], so a string without them reads exactly
     /// as in PyTorch. `policy:reservoir` also turns on expandable segments.
     pub fn parse_with_policy(s: &str) -> Result<AllocatorConfig, ConfigError> {
+        super::tokenizer::check_len(s)?;
         let mut policy = None;
         let mut rest = Vec::new();
         for entry in s.split(',') {

@@ -949,3 +949,77 @@ fn settings_string_round_trip() {
 }
 
 mod golden;
+
+// Issue 29: a settings string is bounded, and messages quote a window of it.
+#[test]
+fn a_settings_string_over_the_limit_is_refused_before_it_is_read() {
+    let huge = "[".repeat(64 << 20);
+    for r in [
+        AllocatorConfig::parse(&huge),
+        AllocatorConfig::parse_with_policy(&huge),
+        AllocatorConfig::default()
+            .apply_runtime(&huge)
+            .map(|()| AllocatorConfig::default()),
+        AllocatorConfig::from_env_with(|v| (v == ENV_CUDA_ALLOC_CONF).then(|| huge.clone())),
+    ] {
+        let e = r.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("67108864 bytes") && text.contains("65536"),
+            "{text}"
+        );
+        assert!(text.len() < 300, "{} bytes", text.len());
+        assert!(e.pytorch_message().len() < 300);
+        assert_eq!(e.pytorch_exception(), PyTorchException::ValueError);
+    }
+    // The limit itself is accepted (a string of spaces reads as empty).
+    let at_limit = " ".repeat(MAX_SETTINGS_LEN);
+    assert!(AllocatorConfig::parse(&at_limit).is_ok());
+    let over = " ".repeat(MAX_SETTINGS_LEN + 1);
+    assert!(matches!(
+        AllocatorConfig::parse(&over),
+        Err(ConfigError::TooLong { len, max: MAX_SETTINGS_LEN }) if len == MAX_SETTINGS_LEN + 1
+    ));
+}
+
+#[test]
+fn messages_quote_a_window_of_long_tokens() {
+    let key = "k".repeat(60_000);
+    let e = parse_err(&format!("{key}:1"));
+    let text = e.to_string();
+    assert!(text.len() < 1000, "{} bytes: {}", text.len(), &text[..200]);
+    assert!(
+        text.contains(&format!("`{}…`", "k".repeat(QUOTE_WINDOW))),
+        "{text}"
+    );
+    let value = "9".repeat(50_000);
+    let e = parse_err(&format!("max_split_size_mb:{value}"));
+    assert!(e.to_string().len() < 1000, "{}", e.to_string().len());
+    assert_eq!(e.offset(), Some(18));
+    // Short inputs are quoted whole, as before.
+    let e = parse_err("bogus:1");
+    assert!(e
+        .to_string()
+        .starts_with("unknown allocator setting `bogus` (token 0, byte 0)"));
+    assert_eq!(
+        e.pytorch_message(),
+        "Unrecognized key 'bogus' in CUDA allocator config."
+    );
+}
+
+#[test]
+fn quote_window_keeps_short_strings_and_cuts_long_ones_around_the_offset() {
+    assert_eq!(quote_window("abc", 1), "abc");
+    let s: String = ('a'..='z').cycle().take(1000).collect();
+    let w = quote_window(&s, 500);
+    assert_eq!(w.chars().count(), QUOTE_WINDOW + 2, "{w}");
+    assert!(w.starts_with('…') && w.ends_with('…'));
+    assert!(w.contains(&s[480..560]), "{w}");
+    let w = quote_window(&s, 0);
+    assert!(!w.starts_with('…') && w.ends_with('…'));
+    let w = quote_window(&s, 5000);
+    assert!(w.starts_with('…') && !w.ends_with('…'));
+    let multi = "é".repeat(500);
+    let w = quote_window(&multi, 501); // inside a character
+    assert_eq!(w.trim_matches('…').chars().count(), QUOTE_WINDOW);
+}

@@ -5,6 +5,18 @@
 use super::cnum::{c_stod, c_stoull, is_c_space, NumError};
 use super::error::{AssertSite, ConfigError, SyntaxProblem, ValueRule};
 
+/// [`ConfigError::TooLong`] when `s` is longer than
+/// [`MAX_SETTINGS_LEN`](super::MAX_SETTINGS_LEN).
+pub(super) fn check_len(s: &str) -> Result<(), ConfigError> {
+    if s.len() > super::MAX_SETTINGS_LEN {
+        return Err(ConfigError::TooLong {
+            len: s.len(),
+            max: super::MAX_SETTINGS_LEN,
+        });
+    }
+    Ok(())
+}
+
 struct Token {
     text: String,
     offset: usize,
@@ -17,7 +29,10 @@ pub(super) struct Tokens {
 }
 
 impl Tokens {
-    pub(super) fn new(s: &str) -> Tokens {
+    /// The tokens of `s`; [`ConfigError::TooLong`] past
+    /// [`MAX_SETTINGS_LEN`](super::MAX_SETTINGS_LEN) bytes.
+    pub(super) fn new(s: &str) -> Result<Tokens, ConfigError> {
+        check_len(s)?;
         let mut toks = Vec::new();
         let mut buf = String::new();
         let mut start = 0;
@@ -46,7 +61,7 @@ impl Tokens {
                 offset: start,
             });
         }
-        Tokens { toks, end: s.len() }
+        Ok(Tokens { toks, end: s.len() })
     }
 
     pub(super) fn len(&self) -> usize {

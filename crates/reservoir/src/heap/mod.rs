@@ -373,6 +373,10 @@ impl<B: Backend> HeapAllocator<B> {
     /// until that work completes. For private buffers, and for work that
     /// records no event, see [`record_use`](Self::record_use).
     pub fn record_events(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<bool, AllocError> {
+        // An unknown stream is refused before any event is recorded.
+        self.backend
+            .check_stream(stream)
+            .map_err(|e| AllocError::from_stream_check(stream, e))?;
         let mut g = self.state.lock();
         let mut recorded = false;
         for &ptr in ptrs {

@@ -1,5 +1,11 @@
 //! The writer: emits only what `MemoryViz.js` and Python both read.
+//!
+//! Bytes go to a sink ([`std::io::Write`]) one frame (64 KiB) at a time, so
+//! writing a file holds one frame, never the whole pickle; [`Stream`] also
+//! lets a caller write the items of a list or dict one by one (a snapshot's
+//! trace entries), so that they need not all exist as [`Value`]s at once.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -47,6 +53,9 @@ pub enum WriteError {
     /// Containers nest deeper than [`WriteOptions::max_depth`].
     #[error("containers nest deeper than {0}")]
     Depth(usize),
+    /// The sink failed (the operating system's words).
+    #[error("writing the pickle failed: {0}")]
+    Io(String),
 }
 
 /// Write `value` with the default [`WriteOptions`] (protocol 4, memoized).
@@ -56,28 +65,126 @@ pub fn to_vec(value: &Value) -> Result<Vec<u8>, WriteError> {
 
 /// Write `value` with explicit options.
 pub fn to_vec_with(value: &Value, opts: &WriteOptions) -> Result<Vec<u8>, WriteError> {
-    if !(2..=4).contains(&opts.protocol) {
-        return Err(WriteError::Protocol(opts.protocol));
+    let mut out = Vec::with_capacity(1 << 16);
+    to_writer_with(value, opts, &mut out)?;
+    Ok(out)
+}
+
+/// Write `value` to `sink` with explicit options, a frame (64 KiB) at a
+/// time: the same bytes as [`to_vec_with`]. Wrap a file in a
+/// [`std::io::BufWriter`] or not: whole frames are written.
+pub fn to_writer_with(
+    value: &Value,
+    opts: &WriteOptions,
+    sink: &mut dyn Write,
+) -> Result<(), WriteError> {
+    let mut s = Stream::new(opts, sink)?;
+    s.value(value, 0)?;
+    s.finish()
+}
+
+/// The kind of container [`Stream::begin`] opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Container {
+    /// A list: each item one value.
+    List,
+    /// A dict: each item a key and a value.
+    Dict,
+}
+
+/// A pickle written piece by piece to a sink: whole values with
+/// [`value`](Stream::value), or a list or dict whose items come one at a
+/// time ([`begin`](Stream::begin), then [`item`](Stream::item) for each).
+/// The bytes are those [`to_vec_with`] writes for the same values.
+pub struct Stream<'s> {
+    w: Writer<'s>,
+}
+
+impl<'s> Stream<'s> {
+    /// Start a pickle (`PROTO`, and a frame for protocol 4).
+    pub fn new(opts: &WriteOptions, sink: &'s mut dyn Write) -> Result<Stream<'s>, WriteError> {
+        if !(2..=4).contains(&opts.protocol) {
+            return Err(WriteError::Protocol(opts.protocol));
+        }
+        let mut w = Writer {
+            sink,
+            out: Vec::with_capacity(FRAME_TARGET + 1024),
+            proto: opts.protocol,
+            memoize: opts.memoize,
+            max_depth: opts.max_depth,
+            memo_len: 0,
+            strings: FxHashMap::default(),
+            shared: FxHashMap::default(),
+            keep: Vec::new(),
+            frame_start: None,
+        };
+        w.out.push(op::PROTO);
+        w.out.push(opts.protocol);
+        if w.proto >= 4 {
+            w.start_frame();
+        }
+        Ok(Stream { w })
     }
-    let mut w = Writer {
-        out: Vec::with_capacity(1 << 16),
-        proto: opts.protocol,
-        memoize: opts.memoize,
-        max_depth: opts.max_depth,
-        memo_len: 0,
-        strings: FxHashMap::default(),
-        shared: FxHashMap::default(),
-        frame_start: None,
-    };
-    w.out.push(op::PROTO);
-    w.out.push(opts.protocol);
-    if w.proto >= 4 {
-        w.start_frame();
+
+    /// Write one whole value at nesting `depth` (0 at the top).
+    pub fn value(&mut self, v: &Value, depth: usize) -> Result<(), WriteError> {
+        self.w.value(v, depth)?;
+        self.w.flush_full()
     }
-    w.value(value, 0)?;
-    w.out.push(op::STOP);
-    w.end_frame();
-    Ok(w.out)
+
+    /// Open an empty container at nesting `depth`, as an unshared
+    /// [`Value::List`] or [`Value::Dict`] is written; fill it with
+    /// [`item`](Stream::item).
+    pub fn begin(&mut self, kind: Container, depth: usize) -> Result<(), WriteError> {
+        self.w.check_depth(depth)?;
+        self.w.out.push(match kind {
+            Container::List => op::EMPTY_LIST,
+            Container::Dict => op::EMPTY_DICT,
+        });
+        Ok(())
+    }
+
+    /// Item `index` of `len` of the container last opened: `write` writes
+    /// it (one value for a list, key then value for a dict) with
+    /// [`value`](Stream::value) or a nested [`begin`](Stream::begin). Items
+    /// are batched as [`to_vec_with`] batches them.
+    pub fn item(
+        &mut self,
+        kind: Container,
+        index: usize,
+        len: usize,
+        write: impl FnOnce(&mut Stream<'s>) -> Result<(), WriteError>,
+    ) -> Result<(), WriteError> {
+        let chunk_start = index - index % BATCH;
+        let chunk_len = BATCH.min(len - chunk_start);
+        if index == chunk_start && chunk_len > 1 {
+            self.w.out.push(op::MARK);
+        }
+        write(self)?;
+        self.w.boundary()?;
+        if index + 1 == chunk_start + chunk_len {
+            self.w.out.push(match (kind, chunk_len > 1) {
+                (Container::List, true) => op::APPENDS,
+                (Container::List, false) => op::APPEND,
+                (Container::Dict, true) => op::SETITEMS,
+                (Container::Dict, false) => op::SETITEM,
+            });
+            self.w.boundary()?;
+        }
+        self.w.flush_full()
+    }
+
+    /// End the pickle (`STOP`) and write what is left to the sink.
+    pub fn finish(mut self) -> Result<(), WriteError> {
+        self.w.out.push(op::STOP);
+        self.w.end_frame();
+        self.w.flush_out()?;
+        self.w.sink.flush().map_err(io_error)
+    }
+}
+
+fn io_error(e: std::io::Error) -> WriteError {
+    WriteError::Io(e.to_string())
 }
 
 const FRAME_TARGET: usize = 64 * 1024;
@@ -90,19 +197,47 @@ enum Kind {
     Dict,
 }
 
-struct Writer<'v> {
+struct Writer<'s> {
+    sink: &'s mut dyn Write,
+    /// Bytes not yet written to `sink`: the current frame (protocol 4).
     out: Vec<u8>,
     proto: u8,
     memoize: bool,
     max_depth: usize,
     memo_len: u32,
-    strings: FxHashMap<&'v str, u32>,
+    strings: FxHashMap<Arc<str>, u32>,
     shared: FxHashMap<(usize, Kind), u32>,
-    /// Position of the current `FRAME` opcode (protocol 4).
+    /// The memoized containers, kept alive while their address is a key of
+    /// `shared` (values written piece by piece may be dropped meanwhile).
+    keep: Vec<Value>,
+    /// Position of the current `FRAME` opcode in `out` (protocol 4).
     frame_start: Option<usize>,
 }
 
-impl<'v> Writer<'v> {
+impl Writer<'_> {
+    /// Write `out` to the sink.
+    fn flush_out(&mut self) -> Result<(), WriteError> {
+        self.sink.write_all(&self.out).map_err(io_error)?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Write the closed frames (protocol 4), or everything once it passes a
+    /// frame's size (protocols 2 and 3, which have no frames).
+    fn flush_full(&mut self) -> Result<(), WriteError> {
+        match self.frame_start {
+            Some(start) if start > 0 => {
+                self.sink.write_all(&self.out[..start]).map_err(io_error)?;
+                self.out.drain(..start);
+                self.frame_start = Some(0);
+            }
+            Some(_) => {}
+            None if self.out.len() >= FRAME_TARGET => self.flush_out()?,
+            None => {}
+        }
+        Ok(())
+    }
+
     fn start_frame(&mut self) {
         self.frame_start = Some(self.out.len());
         self.out.push(op::FRAME);
@@ -116,14 +251,16 @@ impl<'v> Writer<'v> {
         }
     }
 
-    /// Called between opcodes: closes the frame once it is big enough.
-    fn boundary(&mut self) {
+    /// Called between opcodes: closes the frame once it is big enough, and
+    /// writes the closed frames to the sink.
+    fn boundary(&mut self) -> Result<(), WriteError> {
         if let Some(start) = self.frame_start {
             if self.out.len() - start - 9 >= FRAME_TARGET {
                 self.end_frame();
                 self.start_frame();
             }
         }
+        self.flush_full()
     }
 
     fn put(&mut self) -> Result<u32, WriteError> {
@@ -162,7 +299,7 @@ impl<'v> Writer<'v> {
         }
     }
 
-    fn value(&mut self, v: &'v Value, depth: usize) -> Result<(), WriteError> {
+    fn value(&mut self, v: &Value, depth: usize) -> Result<(), WriteError> {
         match v {
             Value::None => self.out.push(op::NONE),
             Value::Bool(true) => self.out.push(op::NEWTRUE),
@@ -191,21 +328,21 @@ impl<'v> Writer<'v> {
                 }
                 self.check_depth(depth)?;
                 self.out.push(op::EMPTY_LIST);
-                self.remember(key)?;
+                self.remember(key, v)?;
                 for chunk in items.chunks(BATCH) {
                     if chunk.len() > 1 {
                         self.out.push(op::MARK);
                     }
                     for item in chunk {
                         self.value(item, depth + 1)?;
-                        self.boundary();
+                        self.boundary()?;
                     }
                     self.out.push(if chunk.len() > 1 {
                         op::APPENDS
                     } else {
                         op::APPEND
                     });
-                    self.boundary();
+                    self.boundary()?;
                 }
             }
             Value::Dict(pairs) => {
@@ -215,7 +352,7 @@ impl<'v> Writer<'v> {
                 }
                 self.check_depth(depth)?;
                 self.out.push(op::EMPTY_DICT);
-                self.remember(key)?;
+                self.remember(key, v)?;
                 for chunk in pairs.chunks(BATCH) {
                     if chunk.len() > 1 {
                         self.out.push(op::MARK);
@@ -223,14 +360,14 @@ impl<'v> Writer<'v> {
                     for (k, v) in chunk {
                         self.value(k, depth + 1)?;
                         self.value(v, depth + 1)?;
-                        self.boundary();
+                        self.boundary()?;
                     }
                     self.out.push(if chunk.len() > 1 {
                         op::SETITEMS
                     } else {
                         op::SETITEM
                     });
-                    self.boundary();
+                    self.boundary()?;
                 }
             }
             Value::Tuple(items) => {
@@ -251,11 +388,11 @@ impl<'v> Writer<'v> {
                     self.out.push(op::MARK);
                     for item in items.iter() {
                         self.value(item, depth + 1)?;
-                        self.boundary();
+                        self.boundary()?;
                     }
                     self.out.push(op::TUPLE);
                 }
-                self.remember(key)?;
+                self.remember(key, v)?;
             }
         }
         Ok(())
@@ -280,10 +417,11 @@ impl<'v> Writer<'v> {
         }
     }
 
-    fn remember(&mut self, key: Option<(usize, Kind)>) -> Result<(), WriteError> {
+    fn remember(&mut self, key: Option<(usize, Kind)>, v: &Value) -> Result<(), WriteError> {
         if let Some(k) = key {
             let idx = self.put()?;
             self.shared.insert(k, idx);
+            self.keep.push(v.clone());
         }
         Ok(())
     }
@@ -316,9 +454,9 @@ impl<'v> Writer<'v> {
         }
     }
 
-    fn string(&mut self, s: &'v str) -> Result<(), WriteError> {
+    fn string(&mut self, s: &Arc<str>) -> Result<(), WriteError> {
         if self.memoize {
-            if let Some(&idx) = self.strings.get(s) {
+            if let Some(&idx) = self.strings.get(&**s) {
                 self.get(idx);
                 return Ok(());
             }
@@ -338,7 +476,7 @@ impl<'v> Writer<'v> {
         self.out.extend_from_slice(s.as_bytes());
         if self.memoize {
             let idx = self.put()?;
-            self.strings.insert(s, idx);
+            self.strings.insert(s.clone(), idx);
         }
         Ok(())
     }

@@ -513,6 +513,10 @@ impl Backend for AsyncSimDevice {
         Ok(id)
     }
 
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.state.lock().index(stream).map(|_| ())
+    }
+
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
         let mut st = self.state.lock();
         let i = st.index(stream)?;

@@ -245,6 +245,13 @@ pub struct SimConfig {
     pub hold_semantics: HoldSemantics,
     /// Record the device-call log from the start. Default false.
     pub call_log: bool,
+    /// The most streams the device holds, the default stream and
+    /// registered streams included: [`create_stream`](Backend::create_stream)
+    /// past it fails. Default
+    /// [`DEFAULT_STREAM_LIMIT`](crate::backend::DEFAULT_STREAM_LIMIT)
+    /// (65,536). [`SimDevice::register_stream`] is not limited (a replay
+    /// registers its trace's streams).
+    pub max_streams: usize,
 }
 
 impl Default for SimConfig {
@@ -261,6 +268,7 @@ impl Default for SimConfig {
             cost: CostModel::default(),
             hold_semantics: HoldSemantics::AllEvents,
             call_log: false,
+            max_streams: crate::backend::DEFAULT_STREAM_LIMIT,
         }
     }
 }
@@ -462,6 +470,8 @@ struct State {
     log: Vec<DeviceCall>,
     tag: Option<u64>,
     streams: streams::Streams,
+    /// [`SimConfig::max_streams`].
+    max_streams: usize,
 }
 
 /// The simulated device. See the [module documentation](self).
@@ -530,6 +540,7 @@ impl SimDevice {
                 log: Vec::new(),
                 tag: None,
                 streams: streams::Streams::new(config.hold_semantics),
+                max_streams: config.max_streams,
             }),
         }
     }
@@ -1107,7 +1118,19 @@ impl Backend for SimDevice {
     }
 
     fn create_stream(&self) -> Result<StreamId, BackendError> {
-        Ok(self.state.lock().streams.create())
+        let mut st = self.state.lock();
+        let (live, max) = (st.streams.len(), st.max_streams);
+        if live >= max {
+            return Err(BackendError::Driver(format!(
+                "the sim device holds {live} streams, its limit (SimConfig::max_streams = {max}); \
+                 streams cannot be destroyed, so reuse the ones you have or raise the limit"
+            )));
+        }
+        Ok(st.streams.create())
+    }
+
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.state.lock().streams.check(stream)
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {

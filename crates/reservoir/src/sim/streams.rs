@@ -106,7 +106,10 @@ pub(crate) struct Streams {
 }
 
 fn unknown_stream(s: StreamId) -> BackendError {
-    BackendError::InvalidValue(format!("unknown stream {s} on the sim device"))
+    BackendError::InvalidValue(format!(
+        "unknown stream {s} on the sim device (streams come from create_stream; 0 is the \
+         default stream)"
+    ))
 }
 
 fn unknown_event(e: EventId) -> BackendError {
@@ -170,6 +173,17 @@ impl Streams {
             self.add(id);
             self.streams_created += 1;
         }
+    }
+
+    /// Streams known, the default stream included.
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// `Ok` for a known stream, [`BackendError::InvalidValue`] naming it
+    /// otherwise.
+    pub(crate) fn check(&self, s: StreamId) -> Result<(), BackendError> {
+        self.index(s).map(|_| ())
     }
 
     pub(crate) fn live_events(&self) -> usize {

@@ -56,6 +56,77 @@ impl Snapshot {
         pickle::to_vec(&self.to_value())
     }
 
+    /// Write the snapshot's pickle to `sink`: the bytes of
+    /// [`to_pickle`](Snapshot::to_pickle), streamed. The trace entries are
+    /// encoded and written one at a time, and the sink gets one 64 KiB frame
+    /// at a time, so the memory used is the snapshot's own plus the shared
+    /// stacks, not the pickle's size (a 312 MB pickle of a long history took
+    /// 3.6 GB through `to_pickle`). Wrap a file in a
+    /// [`BufWriter`](std::io::BufWriter) or not: whole frames are written.
+    pub fn write_pickle(&self, sink: &mut dyn std::io::Write) -> Result<(), WriteError> {
+        use pickle::{Container, Stream};
+        // A first pass counts the uses of each stack, so that the writing
+        // pass keeps only the stacks and frames used more than once: the
+        // writer memoizes a container exactly when it is referenced twice,
+        // as in the tree `to_value` builds (same bytes as `to_pickle`).
+        let mut e = Encoder {
+            counting: true,
+            ..Encoder::default()
+        };
+        for g in &self.segments {
+            e.segment(g);
+        }
+        for x in self.device_traces.iter().flatten() {
+            e.entry(x);
+        }
+        e.counting = false;
+        e.selective = true;
+        let mut s = Stream::new(&WriteOptions::default(), sink)?;
+        let top_len = 2
+            + usize::from(self.allocator_settings.is_some())
+            + usize::from(self.external_annotations.is_some())
+            + self.extra.0.len();
+        s.begin(Container::Dict, 0)?;
+        s.item(Container::Dict, 0, top_len, |s| {
+            s.value(&e.s("segments"), 1)?;
+            let segments = Value::list(self.segments.iter().map(|g| e.segment(g)).collect());
+            s.value(&segments, 1)
+        })?;
+        s.item(Container::Dict, 1, top_len, |s| {
+            s.value(&e.s("device_traces"), 1)?;
+            let devices = self.device_traces.len();
+            s.begin(Container::List, 1)?;
+            for (d, trace) in self.device_traces.iter().enumerate() {
+                s.item(Container::List, d, devices, |s| {
+                    s.begin(Container::List, 2)?;
+                    for (i, x) in trace.iter().enumerate() {
+                        s.item(Container::List, i, trace.len(), |s| s.value(&e.entry(x), 3))?;
+                    }
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })?;
+        let mut rest = Vec::new();
+        if let Some(a) = &self.allocator_settings {
+            rest.push((e.s("allocator_settings"), e.settings(a)));
+        }
+        if let Some(a) = &self.external_annotations {
+            rest.push((
+                e.s("external_annotations"),
+                Value::list(a.iter().map(|x| e.annotation(x)).collect()),
+            ));
+        }
+        e.extra(&mut rest, &self.extra);
+        for (i, (k, v)) in rest.iter().enumerate() {
+            s.item(Container::Dict, 2 + i, top_len, |s| {
+                s.value(k, 1)?;
+                s.value(v, 1)
+            })?;
+        }
+        s.finish()
+    }
+
     /// The snapshot as a pickle written with explicit options.
     pub fn to_pickle_with(&self, opts: &WriteOptions) -> Result<Vec<u8>, WriteError> {
         pickle::to_vec_with(&self.to_value(), opts)
@@ -67,6 +138,15 @@ struct Encoder<'a> {
     strings: FxHashMap<&'a str, Value>,
     frame_lists: FxHashMap<(usize, usize), Value>,
     frame_dicts: FxHashMap<&'a Frame, Value>,
+    /// Counting pass of [`Snapshot::write_pickle`]: `frames` only counts.
+    counting: bool,
+    /// Keep only stacks and frames used more than once (the writing pass of
+    /// [`Snapshot::write_pickle`]); `to_value` keeps all.
+    selective: bool,
+    /// Uses of each stack (counting pass).
+    list_uses: FxHashMap<(usize, usize), u32>,
+    /// Distinct stacks holding each frame (counting pass).
+    frame_uses: FxHashMap<&'a Frame, u32>,
 }
 
 impl<'a> Encoder<'a> {
@@ -92,11 +172,23 @@ impl<'a> Encoder<'a> {
 
     fn frames(&mut self, frames: &'a Arc<[Frame]>) -> Value {
         let key = (Arc::as_ptr(frames) as *const u8 as usize, frames.len());
+        if self.counting {
+            let n = self.list_uses.entry(key).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                for f in frames.iter() {
+                    *self.frame_uses.entry(f).or_insert(0) += 1;
+                }
+            }
+            return Value::None;
+        }
         if let Some(v) = self.frame_lists.get(&key) {
             return v.clone();
         }
         let v = Value::list(frames.iter().map(|f| self.frame(f)).collect());
-        self.frame_lists.insert(key, v.clone());
+        if !self.selective || self.list_uses.get(&key).is_some_and(|&n| n > 1) {
+            self.frame_lists.insert(key, v.clone());
+        }
         v
     }
 
@@ -117,7 +209,9 @@ impl<'a> Encoder<'a> {
         };
         self.kv(&mut d, "line", line);
         let v = Value::dict(d);
-        self.frame_dicts.insert(f, v.clone());
+        if !self.selective || self.frame_uses.get(f).is_some_and(|&n| n > 1) {
+            self.frame_dicts.insert(f, v.clone());
+        }
         v
     }
 

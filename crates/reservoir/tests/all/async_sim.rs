@@ -216,6 +216,9 @@ impl Backend for NoWait {
     fn create_stream(&self) -> Result<StreamId, reservoir::BackendError> {
         self.0.create_stream()
     }
+    fn check_stream(&self, s: StreamId) -> Result<(), reservoir::BackendError> {
+        self.0.check_stream(s)
+    }
     fn record_event(&self, s: StreamId) -> Result<reservoir::EventId, reservoir::BackendError> {
         self.0.record_event(s)
     }

@@ -751,6 +751,9 @@ impl Backend for HostVisible {
     fn create_stream(&self) -> Result<StreamId, BackendError> {
         self.sim.create_stream()
     }
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.sim.check_stream(stream)
+    }
     fn record_event(&self, stream: StreamId) -> Result<reservoir::EventId, BackendError> {
         self.sim.record_event(stream)
     }

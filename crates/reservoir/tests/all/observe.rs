@@ -1213,3 +1213,89 @@ mod random {
         }
     }
 }
+
+/// Issue 29: `Snapshot::write_pickle` streams the very bytes of
+/// `to_pickle` (several frames, several batches of 1,000 entries, shared
+/// stacks memoized), and a failing sink is an error, not a panic.
+#[test]
+fn a_streamed_snapshot_pickle_is_the_same_bytes() {
+    use reservoir::pickle::{to_vec_with, to_writer_with, WriteError, WriteOptions};
+    let c = Checked::default_device();
+    c.a.record_memory_history(HistoryConfig {
+        context: RecordContext::All,
+        max_entries: usize::MAX,
+        ..HistoryConfig::default()
+    });
+    let stacks: Vec<Arc<[Frame]>> = (0..7)
+        .map(|i| {
+            Arc::from(vec![Frame {
+                name: format!("layer{i}"),
+                filename: "model.py".into(),
+                line: i,
+            }])
+        })
+        .collect();
+    let mut live = Vec::new();
+    for i in 0..2600u64 {
+        let f = stacks[(i % 7) as usize].clone();
+        live.push(c.a.raw_alloc_with_frames(512 + i * 4096, S0, f).unwrap());
+        if i % 3 == 0 {
+            let p = live.swap_remove(0);
+            c.a.raw_free_with_frames(p, stacks[(i % 5) as usize].clone())
+                .unwrap();
+        }
+    }
+    let snap = c.a.snapshot(None);
+    assert!(snap.device_traces[0].len() > 3000);
+    let whole = snap.to_pickle().unwrap();
+    assert!(
+        whole.len() > 3 * 65536,
+        "{} bytes: several frames",
+        whole.len()
+    );
+    let mut streamed = Vec::new();
+    snap.write_pickle(&mut streamed).unwrap();
+    assert!(
+        streamed == whole,
+        "{} vs {} bytes",
+        streamed.len(),
+        whole.len()
+    );
+
+    // The generic writer, every protocol, into a sink.
+    let value = snap.to_value();
+    for protocol in [2, 3, 4] {
+        let opts = WriteOptions {
+            protocol,
+            ..WriteOptions::default()
+        };
+        let mut out = Vec::new();
+        to_writer_with(&value, &opts, &mut out).unwrap();
+        assert!(
+            out == to_vec_with(&value, &opts).unwrap(),
+            "protocol {protocol}"
+        );
+    }
+
+    struct Full(usize);
+    impl std::io::Write for Full {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.0 < b.len() {
+                return Err(std::io::Error::other("disk full"));
+            }
+            self.0 -= b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let e = snap.write_pickle(&mut Full(100_000)).unwrap_err();
+    assert!(
+        matches!(&e, WriteError::Io(m) if m.contains("disk full")),
+        "{e}"
+    );
+    for live in live {
+        c.free(live);
+    }
+}

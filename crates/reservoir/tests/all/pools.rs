@@ -14,6 +14,7 @@ const S1: StreamId = StreamId(1);
 fn pool_blocks_serve_only_the_pool() {
     // spec 1.14: routing by filter; private blocks never serve other allocations.
     let c = Checked::default_device();
+    c.a.backend().register_stream(S1); // streams are checked (issue 29)
     c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
         .unwrap();
     let in_pool = c.alloc_on(30 * MIB, S1);
@@ -67,6 +68,7 @@ fn pool_errors_change_nothing() {
 fn released_pools_are_freed_by_empty_cache() {
     // spec 1.14: releasePool -> freeable; memory returned by a later empty_cache.
     let c = Checked::default_device();
+    c.a.backend().register_stream(S1); // streams are checked (issue 29)
     c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
         .unwrap();
     let p = c.alloc_on(30 * MIB, S1);
@@ -93,6 +95,8 @@ fn released_pools_are_freed_by_empty_cache() {
 fn empty_cache_of_one_pool() {
     // spec 1.9 (N): emptyCache(mempool_id) releases only that freeable pool.
     let c = Checked::default_device();
+    c.a.backend().register_stream(S1); // streams are checked (issue 29)
+    c.a.backend().register_stream(StreamId(2));
     let q = MempoolId(2, 0);
     for (id, s) in [(P, S1), (q, StreamId(2))] {
         c.a.begin_allocate_to_pool(id, PoolFilter::Stream(s))
@@ -119,6 +123,7 @@ fn empty_cache_of_one_pool() {
 fn oom_message_names_private_pool_memory() {
     // spec 1.9: the private-pool line of the OOM message (free cached blocks of private pools).
     let c = Checked::new("", 100 * MIB);
+    c.a.backend().register_stream(S1); // streams are checked (issue 29)
     c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
         .unwrap();
     let p = c.alloc_on(40 * MIB, S1);
@@ -184,6 +189,7 @@ fn checkpoint_diverge_restore() {
     // spec 1.15: checkpoint, diverge, restore; the pool's segments compare
     // block by block with the checkpointed ones.
     let c = Checked::default_device();
+    c.a.backend().register_stream(S1); // streams are checked (issue 29)
     c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
         .unwrap();
     let a = c.alloc_on(4 * MIB, S1);
@@ -233,6 +239,7 @@ fn checkpoint_errors() {
     // spec 1.15: unknown and freeable pools cannot be checkpointed; a bad
     // checkpoint is refused before anything changes.
     let c = Checked::default_device();
+    c.a.backend().register_stream(S1); // streams are checked (issue 29)
     assert_eq!(
         c.a.checkpoint_pool(P).unwrap_err().to_string(),
         "Could not find pool of id"

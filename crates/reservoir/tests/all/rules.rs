@@ -105,6 +105,7 @@ fn best_fit_prefers_the_smallest_fitting_block() {
 fn free_blocks_are_never_shared_across_streams() {
     // spec 1.6: the search is keyed by stream; another stream's block never fits.
     let c = Checked::default_device();
+    c.a.backend().register_stream(StreamId(1)); // streams are checked (issue 29)
     let s1 = StreamId(1);
     let p = c.alloc_on(30 * MIB, s1);
     c.free(p);
@@ -250,6 +251,7 @@ fn cache_flush_and_retry_after_driver_oom() {
     // spec 1.5 step 5 / 1.9: alloc_block fails, release_cached_blocks frees the
     // other stream's cached segment, the retry succeeds.
     let c = Checked::new("", 100 * MIB);
+    c.a.backend().register_stream(StreamId(1)); // streams are checked (issue 29)
     let p = c.alloc_on(60 * MIB, StreamId(1));
     c.free(p);
     c.alloc(60 * MIB);

@@ -13,7 +13,15 @@ fn shards_with_capacity(capacity: u64) -> StreamShards<SimDevice> {
         capacity,
         ..SimConfig::default()
     });
+    with_streams(&dev, [1, 2, 3]);
     StreamShards::new(dev, AllocatorConfig::default()).unwrap()
+}
+
+/// Make streams `ids` known to `dev` (streams are checked, issue 29).
+fn with_streams(dev: &SimDevice, ids: impl IntoIterator<Item = u64>) {
+    for id in ids {
+        dev.register_stream(StreamId(id));
+    }
 }
 
 #[test]
@@ -109,8 +117,9 @@ fn settings_it_cannot_honour_are_refused_naming_them() {
 
 #[test]
 fn more_streams_than_slots_is_a_typed_error_that_changes_nothing() {
-    let s = StreamShards::with_max_streams(SimDevice::default(), AllocatorConfig::default(), 0, 2)
-        .unwrap();
+    let dev = SimDevice::default();
+    with_streams(&dev, [0x7f00_dead_beef, 1, 7]);
+    let s = StreamShards::with_max_streams(dev, AllocatorConfig::default(), 0, 2).unwrap();
     let big = StreamId(0x7f00_dead_beef); // a stream handle that is an address
     let a = s.raw_alloc(512, big).unwrap();
     let b = s.raw_alloc(512, StreamId(1)).unwrap();
@@ -217,7 +226,9 @@ fn reserved_peak_is_the_devices_and_other_peaks_add_up() {
         &|p| s.raw_free(p).unwrap(),
         &|| s.empty_cache().unwrap(),
     );
-    let one = reservoir::CachingAllocator::new(SimDevice::default(), AllocatorConfig::default());
+    let dev = SimDevice::default();
+    with_streams(&dev, [1, 2]);
+    let one = reservoir::CachingAllocator::new(dev, AllocatorConfig::default());
     run(
         &|n, st| one.raw_alloc(n, st).unwrap(),
         &|p| one.raw_free(p).unwrap(),

@@ -180,3 +180,120 @@ fn oom_flush_synchronizes_pending_frees_and_retries() {
         .unwrap();
     assert_eq!(actions[fc + 1], TraceAction::SegmentFree);
 }
+
+/// Issue 29: a stream the device does not know is refused by the call that
+/// names it, with a typed error naming the stream, and nothing changes (no
+/// counter, no block, no trace entry, no device call).
+#[test]
+fn an_unknown_stream_is_refused_and_changes_nothing() {
+    use reservoir::{AllocError, StreamId};
+    for conf in ["", "expandable_segments:True", "policy:reservoir"] {
+        let c = Checked::new(conf, 8 * GIB);
+        let dev = c.a.backend();
+        let s1 = dev.create_stream().unwrap();
+        let live = c.alloc_on(MIB, s1);
+        let before = (c.flat(), c.segments(), c.a.history().len(), dev.counters());
+        for bad in [StreamId(12345), StreamId(u64::MAX), StreamId(s1.0 + 1)] {
+            let e = c.a.raw_alloc(16, bad).unwrap_err();
+            assert!(
+                matches!(&e, AllocError::UnknownStream { stream, message }
+                    if *stream == bad && message.contains(&format!("unknown stream {bad}"))),
+                "{conf}: {e:?}"
+            );
+            assert!(e.to_string().contains("nothing was changed"), "{e}");
+            let e = c.a.raw_alloc(1 << 62, bad).unwrap_err();
+            assert!(
+                matches!(e, AllocError::UnknownStream { .. }),
+                "before the size: {e}"
+            );
+            let e = c.a.record_stream(live, bad).unwrap_err();
+            assert!(
+                matches!(&e, AllocError::UnknownStream { stream, .. } if *stream == bad),
+                "{e:?}"
+            );
+            c.check();
+            let after = (c.flat(), c.segments(), c.a.history().len(), dev.counters());
+            assert_eq!(after, before, "{conf}: stream {bad} changed something");
+        }
+        // A stream registered later is known from then on.
+        dev.register_stream(StreamId(12345));
+        let p = c.alloc_on(16, StreamId(12345));
+        c.a.record_stream(p, s1).unwrap();
+        c.free(p);
+        c.free(live);
+        c.empty_cache();
+        assert_eq!(c.reserved(), 0);
+    }
+}
+
+/// The device's limit on streams: `create_stream` past it is an error
+/// naming the limit, and the streams made so far keep working.
+#[test]
+fn the_sim_device_holds_a_bounded_number_of_streams() {
+    use reservoir::sim::{SimConfig, SimDevice};
+    let dev = SimDevice::new(SimConfig {
+        max_streams: 4,
+        ..SimConfig::default()
+    });
+    let made: Vec<_> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+    let e = dev.create_stream().unwrap_err();
+    assert!(e.to_string().contains("SimConfig::max_streams = 4"), "{e}");
+    assert!(!e.is_retryable());
+    assert_eq!(dev.streams().len(), 4);
+    let a = reservoir::CachingAllocator::new(dev, reservoir::AllocatorConfig::default());
+    for s in made {
+        let p = a.raw_alloc(MIB, s).unwrap();
+        a.raw_free(p).unwrap();
+    }
+    assert_eq!(
+        reservoir::sim::SimConfig::default().max_streams,
+        reservoir::backend::DEFAULT_STREAM_LIMIT
+    );
+}
+
+/// `StreamShards` refuses an unknown stream before making it a shard (no
+/// slot is used), and so does the heap allocator's `record_events`.
+#[test]
+fn shards_and_the_heap_refuse_unknown_streams() {
+    use reservoir::caching::StreamShards;
+    use reservoir::heap::{HeapAllocator, UsageFlags};
+    use reservoir::sim::SimDevice;
+    use reservoir::{AllocError, AllocatorConfig, StreamId};
+    let s = StreamShards::with_max_streams(SimDevice::default(), AllocatorConfig::default(), 0, 1)
+        .unwrap();
+    let e = s.raw_alloc(512, StreamId(9)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AllocError::UnknownStream {
+                stream: StreamId(9),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(s.streams().is_empty(), "no shard for an unknown stream");
+    let p = s.raw_alloc(512, StreamId::DEFAULT).unwrap(); // the one slot is still free
+    let e = s.record_stream(p, StreamId(9)).unwrap_err();
+    assert!(matches!(e, AllocError::UnknownStream { .. }), "{e:?}");
+    s.raw_free(p).unwrap();
+    s.check_invariants().unwrap();
+
+    let settings = reservoir::config::heap::HeapSettings::new(false);
+    let h = HeapAllocator::new(SimDevice::default(), settings).unwrap();
+    let b = h.malloc(4096, UsageFlags::PRIVATE).unwrap();
+    let before = h.stats();
+    let e = h.record_events(&[b], StreamId(77)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AllocError::UnknownStream {
+                stream: StreamId(77),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(h.stats(), before);
+    h.free(b).unwrap();
+}
