@@ -46,6 +46,8 @@ pub enum EntryPoint {
     MemInfo,
     /// [`Backend::create_stream`].
     CreateStream,
+    /// [`Backend::check_stream`].
+    CheckStream,
     /// [`Backend::record_event`].
     RecordEvent,
     /// [`Backend::query_event`].
@@ -92,11 +94,12 @@ pub enum EntryPoint {
 
 impl EntryPoint {
     /// Every entry point, in declaration order.
-    pub const ALL: [EntryPoint; 25] = [
+    pub const ALL: [EntryPoint; 26] = [
         EntryPoint::Allocate,
         EntryPoint::Free,
         EntryPoint::MemInfo,
         EntryPoint::CreateStream,
+        EntryPoint::CheckStream,
         EntryPoint::RecordEvent,
         EntryPoint::QueryEvent,
         EntryPoint::SynchronizeEvent,
@@ -127,6 +130,7 @@ impl EntryPoint {
             EntryPoint::Free => "free",
             EntryPoint::MemInfo => "mem_info",
             EntryPoint::CreateStream => "create_stream",
+            EntryPoint::CheckStream => "check_stream",
             EntryPoint::RecordEvent => "record_event",
             EntryPoint::QueryEvent => "query_event",
             EntryPoint::SynchronizeEvent => "synchronize_event",
@@ -296,6 +300,13 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn create_stream(&self) -> Result<StreamId, BackendError> {
         self.gate(EntryPoint::CreateStream)?;
         self.inner.create_stream()
+    }
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.gate(EntryPoint::CheckStream)?;
+        self.inner.check_stream(stream)
+    }
+    fn stream_epoch(&self) -> u64 {
+        self.inner.stream_epoch()
     }
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
         self.gate(EntryPoint::RecordEvent)?;

@@ -414,15 +414,32 @@ impl<B: Backend> HeapAllocator<B> {
     /// [`HeapSettings::free_waits_for_events`], `free` look at). Private
     /// and shared buffers alike. Every pointer must be a buffer in use;
     /// otherwise [`AllocError::InvalidPointer`] for the first that is not,
-    /// and nothing is recorded.
+    /// and nothing is recorded. An unknown stream is
+    /// [`AllocError::UnknownStream`]; a device error recording an event
+    /// gives back the events already recorded, so a failed call records
+    /// nothing.
     pub fn record_use(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<(), AllocError> {
+        self.backend
+            .check_stream(stream)
+            .map_err(|e| AllocError::from_stream_check(stream, e))?;
         let mut g = self.state.lock();
         let bufs: Vec<BlockId> = ptrs
             .iter()
             .map(|&ptr| in_use(&g, ptr))
             .collect::<Result<_, _>>()?;
-        for b in bufs {
-            let e = self.backend.record_event(stream)?;
+        let mut events = Vec::with_capacity(bufs.len());
+        for _ in &bufs {
+            match self.backend.record_event(stream) {
+                Ok(e) => events.push(e),
+                Err(e) => {
+                    for done in events {
+                        let _ = self.backend.destroy_event(done);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        for (b, e) in bufs.into_iter().zip(events) {
             g.bufs.get_mut(&b).expect("a buffer").events.push(e);
         }
         Ok(())

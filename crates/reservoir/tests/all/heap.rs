@@ -1931,6 +1931,9 @@ impl Backend for FailingSync {
     fn create_stream(&self) -> Result<StreamId, BackendError> {
         self.0.create_stream()
     }
+    fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        self.0.check_stream(stream)
+    }
     fn record_event(&self, stream: StreamId) -> Result<reservoir::EventId, BackendError> {
         self.0.record_event(stream)
     }
