@@ -223,8 +223,40 @@ const DEFAULT_POLICIES: [&str; 6] = [
     "gc-0.8",
 ];
 
+/// The longest name a setting may have (`--setting NAME=CONF`, `--policy
+/// NAME`), in characters: a name labels a column of the tables. A
+/// `--config CONF` setting is named after its configuration, which may be
+/// longer; the tables cut it (see [`table::MAX_SHOWN_NAME`]). See
+/// docs/limits.md.
+const MAX_SETTING_NAME: usize = table::MAX_SHOWN_NAME;
+
+/// `s` quoted for an error message: whole when short, else its first
+/// [`table::MAX_SHOWN_NAME`] characters and its length (a message should
+/// not repeat a 64 KiB argument).
+fn quoted(s: &str) -> String {
+    match s.char_indices().nth(table::MAX_SHOWN_NAME) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes in all)", &s[..cut], s.len()),
+    }
+}
+
+/// Refuse a setting name longer than [`MAX_SETTING_NAME`].
+fn check_setting_name(what: &str, name: &str) -> Result<()> {
+    let n = name.chars().count();
+    if n > MAX_SETTING_NAME {
+        bail!(
+            "{what} {}: the name is {n} characters long; a setting's name is at most \
+             {MAX_SETTING_NAME} (it labels a column of the table; --config CONF names a \
+             setting after its configuration)",
+            quoted(name)
+        );
+    }
+    Ok(())
+}
+
 /// The setting of a named policy on top of the recorded settings `base`.
 fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
+    check_setting_name("--policy", name)?;
     let param = |prefix: &str| name.strip_prefix(prefix).map(|r| r.trim_start_matches('-'));
     let change = if name == "pytorch" {
         return Ok(ReplaySetting::new("pytorch", base));
@@ -260,7 +292,7 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
     let setting = ReplaySetting::new(name, overlay_config(base, &change));
     setting
         .allocator_config()
-        .with_context(|| format!("--policy {name:?}"))?;
+        .with_context(|| format!("--policy {}", quoted(name)))?;
     Ok(setting)
 }
 
@@ -290,19 +322,22 @@ fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetti
                  max-split-128=max_split_size_mb:128 (use --config CONF for an unnamed setting)"
             );
         }
-        out.push(ReplaySetting::parse(s).with_context(|| format!("--setting {s:?}"))?);
+        if let Some((name, _)) = s.split_once('=') {
+            check_setting_name("--setting", name.trim())?;
+        }
+        out.push(ReplaySetting::parse(s).with_context(|| format!("--setting {}", quoted(s)))?);
     }
     for c in &args.configs {
         let setting = ReplaySetting::from_config(c);
         setting
             .allocator_config()
-            .with_context(|| format!("--config {c:?}"))?;
+            .with_context(|| format!("--config {}", quoted(c)))?;
         out.push(setting);
     }
     let mut seen = HashSet::new();
     for s in &out {
         if !seen.insert(s.name.as_str()) {
-            bail!("the setting name {:?} is given twice", s.name);
+            bail!("the setting name {} is given twice", quoted(&s.name));
         }
     }
     Ok(out)

@@ -940,3 +940,71 @@ fn compare_capacity_sets_the_device_of_every_input() {
     let err = stderr(&o);
     assert!(err.contains("\"lots\"") && err.contains("`bound`"), "{err}");
 }
+
+/// Issue 29 (3): a 65,536-character setting name panicked in the table
+/// ("Formatting argument out of range", exit 101). Names of `--setting`
+/// and `--policy` are refused past 100 characters with a clear error that
+/// does not repeat the whole argument; a long `--config` (named after
+/// itself) is shown cut with an ellipsis in the table, and whole in the
+/// JSON.
+#[test]
+fn long_setting_names_are_refused_or_cut_without_a_panic() {
+    let long = "a".repeat(65_536);
+    let o = reservoir(&[
+        "replay",
+        "-w",
+        "gpt-train:steps=1",
+        "--setting",
+        &format!("{long}=max_split_size_mb:200"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("65536 characters") && err.contains("at most 100"),
+        "{err}"
+    );
+    assert!(
+        err.len() < 1_000,
+        "the error repeats the argument: {} bytes",
+        err.len()
+    );
+    let o = reservoir(&[
+        "replay",
+        "-w",
+        "gpt-train:steps=1",
+        "--policy",
+        &format!("gc-0.{long}"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("at most 100"), "{}", stderr(&o));
+
+    // a config of 60 settings (1,320 characters) names its column
+    let config = vec!["max_split_size_mb:200"; 60].join(",");
+    let o = reservoir(&["replay", "-w", "gpt-train:steps=1", "--config", &config]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let cut = format!("{}…", &config[..99]);
+    assert!(out.contains(&cut), "{out}");
+    assert!(
+        out.contains(&format!("  {config}\n")),
+        "the settings list has it whole"
+    );
+    let o = reservoir(&[
+        "replay",
+        "-w",
+        "gpt-train:steps=1",
+        "--json",
+        "--config",
+        &config,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["setting"].as_str(), Some(config.as_str()));
+
+    // 3,000 settings (65,999 characters): no panic, whatever the length cap
+    // of settings strings says
+    let config = vec!["max_split_size_mb:200"; 3_000].join(",");
+    let o = reservoir(&["replay", "-w", "gpt-train:steps=1", "--config", &config]);
+    assert_ne!(o.status.code(), Some(101), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
