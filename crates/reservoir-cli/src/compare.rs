@@ -28,7 +28,7 @@ const DEFAULT_POLICIES: [&str; 3] = ["pytorch", "expandable", "reservoir"];
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// The folder of recorded traces (searched recursively; `.md` files are
-    /// skipped). Default: `$RESERVOIR_TRACES`, else `../shared/traces`.
+    /// skipped, symbolic links to folders are not followed). Default: `$RESERVOIR_TRACES`, else `../shared/traces`.
     #[arg(long, value_name = "DIR")]
     traces: Option<PathBuf>,
 
@@ -240,26 +240,37 @@ fn violations(rows: &[CompareRow], policy: &str) -> Vec<String> {
     out
 }
 
-/// Every trace file under `dir`, recursively, in path order.
-fn trace_files(dir: &Path) -> Result<Vec<PathBuf>> {
+/// Every trace file under `dir`, recursively, in path order, and the
+/// symbolic links to folders found there, which are not descended: a link
+/// back up (`DIR/self -> .`) would list every trace again at each level
+/// (two such links: 2^40 paths before the OS stops them). A symbolic link
+/// to a file is listed (the loader reads only regular files and refuses
+/// the others, e.g. a link to `/dev/zero`).
+fn trace_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     let mut out = Vec::new();
+    let mut linked_dirs = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let entries =
             std::fs::read_dir(&d).with_context(|| format!("cannot read {}", d.display()))?;
         for e in entries {
-            let p = e
-                .with_context(|| format!("cannot read {}", d.display()))?
-                .path();
-            if p.is_dir() {
+            let e = e.with_context(|| format!("cannot read {}", d.display()))?;
+            let p = e.path();
+            let t = e
+                .file_type()
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            if t.is_dir() {
                 stack.push(p);
+            } else if t.is_symlink() && p.is_dir() {
+                linked_dirs.push(p);
             } else if p.extension().map_or(true, |x| x != "md") {
                 out.push(p);
             }
         }
     }
     out.sort();
-    Ok(out)
+    linked_dirs.sort();
+    Ok((out, linked_dirs))
 }
 
 fn traces_dir(args: &CompareArgs) -> Result<PathBuf> {
@@ -294,7 +305,19 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
     let mut skipped = Vec::new();
     if !args.no_traces {
         let dir = traces_dir(args)?;
-        for path in trace_files(&dir)? {
+        let (files, linked_dirs) = trace_files(&dir)?;
+        for path in linked_dirs {
+            let rel = path
+                .strip_prefix(&dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            skipped.push((
+                rel,
+                "a symbolic link to a folder (not followed: copy or move the folder in)".into(),
+            ));
+        }
+        for path in files {
             let rel = path
                 .strip_prefix(&dir)
                 .unwrap_or(&path)

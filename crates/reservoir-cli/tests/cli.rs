@@ -1008,3 +1008,109 @@ fn long_setting_names_are_refused_or_cut_without_a_panic() {
     assert_ne!(o.status.code(), Some(101), "{}", stderr(&o));
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
 }
+
+/// Issue 29 (4): `reservoir replay /dev/zero` grew past 6 GB and never
+/// ended. Inputs are regular files of at most `RESERVOIR_MAX_INPUT_BYTES`
+/// (8 GiB by default); the error says the size, the limit and how to
+/// raise it.
+#[test]
+fn replay_refuses_devices_and_files_over_the_size_limit() {
+    let t = std::time::Instant::now();
+    let o = reservoir(&["replay", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("/dev/zero: not a regular file (a character device)"),
+        "{err}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let file = file.to_str().unwrap();
+    let run = |limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_reservoir"))
+            .args(["replay", "--policy", "pytorch", "--json", file])
+            .env("RESERVOIR_MAX_INPUT_BYTES", limit)
+            .output()
+            .unwrap()
+    };
+    let o = run("100000");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    for needle in [
+        "140309 bytes",
+        "input size limit of 100000 bytes",
+        "RESERVOIR_MAX_INPUT_BYTES=BYTES",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    let o = run("140309");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run("lots");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("RESERVOIR_MAX_INPUT_BYTES=\"lots\": expected a number of bytes"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Issue 29 (4): `compare --traces DIR` followed symbolic links: with
+/// `DIR/self -> .` each trace was compared 40 times, and a link to
+/// `/dev/zero` was read without end. Links to folders are now listed as
+/// skipped, links to files are read when they are regular files.
+#[test]
+fn compare_does_not_follow_links_to_folders() {
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("reservoir-cli-links-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&file, dir.join("mlp.pickle")).unwrap();
+    std::os::unix::fs::symlink(".", dir.join("self")).unwrap();
+    let compare = |dir: &std::path::Path| {
+        let o = reservoir(&[
+            "compare",
+            "--traces",
+            dir.to_str().unwrap(),
+            "--no-workloads",
+            "--policy",
+            "pytorch",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let v = compare(&dir);
+    let inputs: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["input"].as_str().unwrap())
+        .collect();
+    assert_eq!(inputs, ["mlp.pickle#0"]);
+    assert_eq!(v["skipped"][0]["file"], "self");
+    let why = v["skipped"][0]["reason"].as_str().unwrap();
+    assert!(why.contains("symbolic link to a folder"), "{why}");
+    // a link to a device is refused unread, and listed as skipped
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.pickle")).unwrap();
+    let v = compare(&dir);
+    assert_eq!(v["rows"].as_array().unwrap().len(), 1);
+    let skipped = v["skipped"].as_array().unwrap();
+    let zero = skipped
+        .iter()
+        .find(|s| s["file"] == "zero.pickle")
+        .unwrap_or_else(|| panic!("{skipped:?}"));
+    assert!(
+        zero["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not a regular file"),
+        "{zero}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
