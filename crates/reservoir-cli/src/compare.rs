@@ -323,7 +323,7 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
                 .unwrap_or(&path)
                 .display()
                 .to_string();
-            let (recorded, devices) = match convert_file(&path, None) {
+            let (recorded, devices, _) = match convert_file(&path, None) {
                 Ok(v) => v,
                 Err(e) => {
                     let why = crate::error_chain(&e);

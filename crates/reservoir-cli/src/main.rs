@@ -34,8 +34,8 @@ use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::explain::Explanation;
 use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::snapshot::{
-    convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
-    StartMode,
+    convert, describe_skipped, overlay_config, recorded_setting, replay_recorded, RecordedReport,
+    RecordedTrace, StartMode,
 };
 use reservoir_replay::replay::{
     replay_all, ReplayOptions, ReplayReport, ReplaySetting, StartState,
@@ -356,6 +356,8 @@ struct RecordedInput {
     events: u64,
     settings: Vec<ReplaySetting>,
     capacity: u64,
+    /// Entries of the file skipped for an unknown action.
+    skipped: Skipped,
 }
 
 /// One device trace of a recorded file, converted.
@@ -366,10 +368,25 @@ struct Converted {
     rec: RecordedTrace,
 }
 
+/// The trace entries a reader skipped for an unknown action, by action.
+type Skipped = std::collections::BTreeMap<String, u64>;
+
 /// Load `path` and convert the trace of each device with trace entries
-/// (only `device`, when given); also returns the recorded settings string.
-fn convert_file(path: &std::path::Path, device: Option<u32>) -> Result<(String, Vec<Converted>)> {
+/// (only `device`, when given); also returns the recorded settings string
+/// and the entries skipped for an unknown action, which are warned about
+/// once on standard error.
+fn convert_file(
+    path: &std::path::Path,
+    device: Option<u32>,
+) -> Result<(String, Vec<Converted>, Skipped)> {
     let loaded = snapshot::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+    if !loaded.skipped_actions.is_empty() {
+        eprintln!(
+            "warning: {}: {} (an action this version does not know; the replay leaves them out)",
+            path.display(),
+            describe_skipped(&loaded.skipped_actions)
+        );
+    }
     let input = loaded.to_trace_input();
     let recorded = recorded_setting(input.allocator_settings.as_ref());
     let config = recorded
@@ -398,12 +415,12 @@ fn convert_file(path: &std::path::Path, device: Option<u32>) -> Result<(String, 
             ),
         }
     }
-    Ok((recorded.config, out))
+    Ok((recorded.config, out, loaded.skipped_actions))
 }
 
 /// Load `path` and convert the trace of each selected device.
 fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
-    let (recorded, devices) = convert_file(path, args.device)?;
+    let (recorded, devices, skipped) = convert_file(path, args.device)?;
     let settings = settings(args, Some(&recorded))?;
     let mut out = Vec::new();
     for Converted { events, rec, .. } in devices {
@@ -417,6 +434,7 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
             rec,
             settings: settings.clone(),
             capacity,
+            skipped: skipped.clone(),
         });
     }
     Ok(out)
@@ -512,6 +530,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                 events: input.events,
                 report,
                 fidelity: fid,
+                skipped_entries: input.skipped.clone(),
             };
             json.push(serde_json::to_value(&rr).context("serializing a report")?);
             fids.push((s.name.clone(), rr.fidelity.clone()));
@@ -559,10 +578,13 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                      block placements {}/{}, peak reserved {} (recorded {}), OOMs {} (recorded {})",
                     f.segment_events_matched,
                     f.segment_events_total,
-                    if f.segment_events_exact {
-                        "exact"
-                    } else {
-                        "differs"
+                    match (input.skipped.is_empty(), f.segment_events_exact) {
+                        (true, true) => "exact".to_string(),
+                        (true, false) => "differs".to_string(),
+                        (false, _) => format!(
+                            "not exact: {} from the recording",
+                            describe_skipped(&input.skipped)
+                        ),
                     },
                     f.placements_matched,
                     f.placements_total,
@@ -594,7 +616,8 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                     &reports,
                     &fids,
                 )?
-                .with_explanations(explanations),
+                .with_explanations(explanations)
+                .with_skipped(describe_skipped(&input.skipped)),
             );
         }
     }

@@ -1114,3 +1114,58 @@ fn compare_does_not_follow_links_to_folders() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 29 (8): trace entries of an unknown action were dropped without a
+/// warning while the fidelity line still said "exact". The snapshot of
+/// tomi-mlp with its `free_requested` action renamed (same length, so the
+/// pickle stays valid) to an action no PyTorch wrote.
+#[test]
+fn unknown_trace_actions_are_warned_about_and_not_called_exact() {
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let bytes = std::fs::read(&file).unwrap();
+    let (from, to) = (b"free_requested", b"free_announced");
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the action is in the pickle");
+    let mut renamed = bytes.clone();
+    renamed[at..at + to.len()].copy_from_slice(to);
+    let path = std::env::temp_dir().join(format!(
+        "reservoir-unknown-action-{}.pickle",
+        std::process::id()
+    ));
+    std::fs::write(&path, &renamed).unwrap();
+    let p = path.to_str().unwrap();
+
+    let o = reservoir(&["replay", "--policy", "pytorch", p]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let warning = "236 entries of unknown action \"free_announced\" skipped";
+    assert_eq!(err.matches(warning).count(), 1, "warned once: {err}");
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("fidelity of pytorch"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(!line.contains("(exact)"), "{line}");
+    assert!(line.contains(&format!("not exact: {warning}")), "{line}");
+    let o = reservoir(&["replay", "--policy", "pytorch", "--json", p]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["skipped_entries"]["free_announced"], 236);
+
+    // the unchanged file: exact, no warning, no key
+    let o = reservoir(&[
+        "replay",
+        "--policy",
+        "pytorch",
+        "--json",
+        file.to_str().unwrap(),
+    ]);
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v[0].get("skipped_entries").is_none(), "{}", v[0]);
+    let _ = std::fs::remove_file(&path);
+}

@@ -348,6 +348,9 @@ pub struct LoadedInput {
     pub content: LoadedContent,
     /// Things skipped or guessed while reading, with counts.
     pub warnings: Vec<String>,
+    /// Trace entries skipped for an action the reader does not know, by
+    /// action name (see [`Decoded::skipped_actions`]).
+    pub skipped_actions: std::collections::BTreeMap<String, u64>,
 }
 
 impl LoadedInput {
@@ -402,6 +405,7 @@ pub fn load_pickle(bytes: &[u8]) -> Result<LoadedInput, Error> {
         format: InputFormat::Snapshot(d.format),
         content: LoadedContent::Snapshot(d.snapshot),
         warnings: d.warnings,
+        skipped_actions: d.skipped_actions,
     })
 }
 
@@ -428,6 +432,7 @@ pub fn load_alloc_data(bytes: &[u8]) -> Result<LoadedInput, Error> {
         format: InputFormat::AllocData,
         content: LoadedContent::Events(trace),
         warnings,
+        skipped_actions: Default::default(),
     })
 }
 
@@ -443,6 +448,7 @@ pub fn load_allocator_sim_log(bytes: &[u8]) -> Result<LoadedInput, Error> {
         format: InputFormat::AllocatorSimLog,
         content: LoadedContent::Events(trace),
         warnings: Vec::new(),
+        skipped_actions: Default::default(),
     })
 }
 
