@@ -104,7 +104,7 @@ fn parse_capacity(s: &str) -> Result<Capacity, String> {
     if s.trim().eq_ignore_ascii_case("bound") {
         return Ok(Capacity::Bound);
     }
-    crate::size::parse_size(s)
+    crate::size::parse_capacity(s)
         .map(Capacity::Size)
         .map_err(|e| format!("{e}, or `bound` (each input's bound)"))
 }

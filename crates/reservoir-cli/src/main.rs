@@ -113,10 +113,10 @@ struct ReplayArgs {
     configs: Vec<String>,
 
     /// Simulated device capacity: bytes, or a number with K/M/G/T (binary
-    /// units, optional iB/B), e.g. 80GiB, 24G, 1.5T. Default: for a
-    /// recorded trace with OOMs, the capacity that reproduces them
+    /// units, optional iB/B), e.g. 80GiB, 24G, 1.5T; at most 16 TiB.
+    /// Default: for a recorded trace with OOMs, the capacity that reproduces them
     /// (device_free + reserved at the first oom entry); else 80GiB.
-    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_capacity)]
     capacity: Option<u64>,
 
     /// The device whose trace to replay (default: every device with events).
