@@ -17,7 +17,7 @@ use reservoir_replay::compare::{
 };
 use reservoir_replay::replay::snapshot::StartMode;
 use reservoir_replay::replay::StartState;
-use reservoir_replay::workload::{self, Workload};
+use reservoir_replay::workload;
 
 use crate::table::format_ns;
 use crate::{convert_file, policy_setting, Converted};
@@ -353,7 +353,7 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
             args.workloads.iter().map(String::as_str).collect()
         };
         for spec in specs {
-            let w = Workload::parse(spec).with_context(|| format!("workload {spec:?}"))?;
+            let w = crate::load_workload(spec)?;
             out.push(CompareInput {
                 name: format!("workload {spec}"),
                 trace: w.trace(),

@@ -343,8 +343,14 @@ fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetti
     Ok(out)
 }
 
+/// Parse a workload spec and check its size (at most
+/// [`workload::max_workload_ops`] ops) before anything generates it.
 fn load_workload(spec: &str) -> Result<Workload> {
-    Workload::parse(spec).with_context(|| format!("workload {spec:?}"))
+    let w = Workload::parse(spec).with_context(|| format!("workload {}", quoted(spec)))?;
+    workload::max_workload_ops()
+        .and_then(|limit| w.check_size(limit))
+        .with_context(|| format!("workload {}", quoted(spec)))?;
+    Ok(w)
 }
 
 /// One device trace of a recorded file, converted.

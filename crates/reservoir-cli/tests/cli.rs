@@ -1232,3 +1232,47 @@ fn capacity_past_the_largest_simulated_device_is_refused() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v[0]["capacity"].as_u64(), Some(16 << 40));
 }
+
+/// Issue 29 (5): `--workload gpt-train:layers=100000` reached 5.8 GB in
+/// 12 s. A workload's ops are counted (without keeping them, stopping at
+/// the limit) before it is generated; past `RESERVOIR_MAX_WORKLOAD_OPS`
+/// (20 M by default) it is refused with the limit and how to raise it.
+#[test]
+fn workloads_past_the_size_limit_are_refused_up_front() {
+    for cmd in [
+        &["replay", "-w", "gpt-train:layers=100000"][..],
+        &["workload", "gpt-train:layers=100000"][..],
+        &["compare", "--no-traces", "-w", "gpt-train:layers=100000"][..],
+        &["replay", "-w", "llm-infer:requests=2000000"][..],
+    ] {
+        let t = std::time::Instant::now();
+        let o = reservoir(cmd);
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("more than 20000000 ops") && err.contains("RESERVOIR_MAX_WORKLOAD_OPS=N"),
+            "{cmd:?}: {err}"
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "{cmd:?}");
+    }
+    let with_limit = |limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_reservoir"))
+            .args(["workload", "gpt-train"])
+            .env("RESERVOIR_MAX_WORKLOAD_OPS", limit)
+            .output()
+            .unwrap()
+    };
+    // gpt-train has 3,710 ops
+    let o = with_limit("3709");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("more than 3709 ops"), "{}", stderr(&o));
+    let o = with_limit("3710");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = with_limit("many");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("RESERVOIR_MAX_WORKLOAD_OPS=\"many\": expected a number of ops"),
+        "{}",
+        stderr(&o)
+    );
+}
