@@ -113,6 +113,17 @@ fn parse_capacity(s: &str) -> Result<Capacity, String> {
 /// lines, lines starting with `#` and what follows ` #` are skipped (input
 /// names hold `#`: `file.pickle#0`).
 fn read_exceptions(path: &Path) -> Result<Vec<String>> {
+    // A list of input names: a regular file of at most 16 MiB (not a FIFO
+    // or a device read without end).
+    const MAX_BYTES: u64 = 16 << 20;
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
+    if !meta.is_file() || meta.len() > MAX_BYTES {
+        bail!(
+            "--steady-exceptions {}: not a regular file of at most {MAX_BYTES} bytes",
+            path.display()
+        );
+    }
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
     Ok(text
@@ -637,5 +648,7 @@ mod tests {
         let names = read_exceptions(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         assert_eq!(names, ["octree/a.pickle#0", "workload gpt-train"]);
+        let e = read_exceptions(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }
