@@ -954,12 +954,18 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                 match r {
                     Ok(ptr) => self.live.set(*id, IdState::Live(ptr)),
                     Err(AllocError::OutOfMemory(e)) => self.note_oom(i, *id, *bytes, s, e.message),
-                    // The device ran out of memory where the allocator does
-                    // not turn that into its own out-of-memory error (an
-                    // expandable segment whose page is larger than the
-                    // device): the setting ran out of memory all the same,
-                    // which its report says, rather than failing the replay
-                    // of every setting.
+                    // The device ran out of memory where PyTorch, and so the
+                    // allocator, does not turn that into its own
+                    // out-of-memory error: the address range of a new
+                    // expandable segment cannot be reserved (pages of
+                    // `large_segment_size_mb:1000000000` are larger than
+                    // the address space; PyTorch checks
+                    // `cuMemAddressReserve` with `C10_CUDA_DRIVER_CHECK`, a
+                    // "CUDA driver error: out of memory"). A page the device
+                    // cannot map is the allocator's own OOM above. The
+                    // program cannot run under this setting all the same,
+                    // which its report says (with the device's words),
+                    // rather than failing the replay of every setting.
                     Err(AllocError::Backend(e)) if e.is_retryable() => {
                         self.note_oom(i, *id, *bytes, s, format!("device error: {e}"))
                     }
