@@ -17,7 +17,7 @@ use reservoir_replay::compare::{
 };
 use reservoir_replay::replay::snapshot::StartMode;
 use reservoir_replay::replay::StartState;
-use reservoir_replay::workload::{self, Workload};
+use reservoir_replay::workload;
 
 use crate::table::format_ns;
 use crate::{convert_file, policy_setting, Converted};
@@ -28,7 +28,7 @@ const DEFAULT_POLICIES: [&str; 3] = ["pytorch", "expandable", "reservoir"];
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// The folder of recorded traces (searched recursively; `.md` files are
-    /// skipped). Default: `$RESERVOIR_TRACES`, else `../shared/traces`.
+    /// skipped, symbolic links to folders are not followed). Default: `$RESERVOIR_TRACES`, else `../shared/traces`.
     #[arg(long, value_name = "DIR")]
     traces: Option<PathBuf>,
 
@@ -104,7 +104,7 @@ fn parse_capacity(s: &str) -> Result<Capacity, String> {
     if s.trim().eq_ignore_ascii_case("bound") {
         return Ok(Capacity::Bound);
     }
-    crate::size::parse_size(s)
+    crate::size::parse_capacity(s)
         .map(Capacity::Size)
         .map_err(|e| format!("{e}, or `bound` (each input's bound)"))
 }
@@ -113,6 +113,17 @@ fn parse_capacity(s: &str) -> Result<Capacity, String> {
 /// lines, lines starting with `#` and what follows ` #` are skipped (input
 /// names hold `#`: `file.pickle#0`).
 fn read_exceptions(path: &Path) -> Result<Vec<String>> {
+    // A list of input names: a regular file of at most 16 MiB (not a FIFO
+    // or a device read without end).
+    const MAX_BYTES: u64 = 16 << 20;
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
+    if !meta.is_file() || meta.len() > MAX_BYTES {
+        bail!(
+            "--steady-exceptions {}: not a regular file of at most {MAX_BYTES} bytes",
+            path.display()
+        );
+    }
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
     Ok(text
@@ -240,26 +251,37 @@ fn violations(rows: &[CompareRow], policy: &str) -> Vec<String> {
     out
 }
 
-/// Every trace file under `dir`, recursively, in path order.
-fn trace_files(dir: &Path) -> Result<Vec<PathBuf>> {
+/// Every trace file under `dir`, recursively, in path order, and the
+/// symbolic links to folders found there, which are not descended: a link
+/// back up (`DIR/self -> .`) would list every trace again at each level
+/// (two such links: 2^40 paths before the OS stops them). A symbolic link
+/// to a file is listed (the loader reads only regular files and refuses
+/// the others, e.g. a link to `/dev/zero`).
+fn trace_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     let mut out = Vec::new();
+    let mut linked_dirs = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let entries =
             std::fs::read_dir(&d).with_context(|| format!("cannot read {}", d.display()))?;
         for e in entries {
-            let p = e
-                .with_context(|| format!("cannot read {}", d.display()))?
-                .path();
-            if p.is_dir() {
+            let e = e.with_context(|| format!("cannot read {}", d.display()))?;
+            let p = e.path();
+            let t = e
+                .file_type()
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            if t.is_dir() {
                 stack.push(p);
+            } else if t.is_symlink() && p.is_dir() {
+                linked_dirs.push(p);
             } else if p.extension().map_or(true, |x| x != "md") {
                 out.push(p);
             }
         }
     }
     out.sort();
-    Ok(out)
+    linked_dirs.sort();
+    Ok((out, linked_dirs))
 }
 
 fn traces_dir(args: &CompareArgs) -> Result<PathBuf> {
@@ -294,13 +316,25 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
     let mut skipped = Vec::new();
     if !args.no_traces {
         let dir = traces_dir(args)?;
-        for path in trace_files(&dir)? {
+        let (files, linked_dirs) = trace_files(&dir)?;
+        for path in linked_dirs {
             let rel = path
                 .strip_prefix(&dir)
                 .unwrap_or(&path)
                 .display()
                 .to_string();
-            let (recorded, devices) = match convert_file(&path, None) {
+            skipped.push((
+                rel,
+                "a symbolic link to a folder (not followed: copy or move the folder in)".into(),
+            ));
+        }
+        for path in files {
+            let rel = path
+                .strip_prefix(&dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let (recorded, devices, _) = match convert_file(&path, None) {
                 Ok(v) => v,
                 Err(e) => {
                     let why = crate::error_chain(&e);
@@ -330,7 +364,7 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
             args.workloads.iter().map(String::as_str).collect()
         };
         for spec in specs {
-            let w = Workload::parse(spec).with_context(|| format!("workload {spec:?}"))?;
+            let w = crate::load_workload(spec)?;
             out.push(CompareInput {
                 name: format!("workload {spec}"),
                 trace: w.trace(),
@@ -614,5 +648,7 @@ mod tests {
         let names = read_exceptions(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         assert_eq!(names, ["octree/a.pickle#0", "workload gpt-train"]);
+        let e = read_exceptions(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
 
+use crate::table::shown_name;
 use reservoir::format::format_size;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{explain, Explanation, SiteUsage, Unusable};
@@ -89,7 +90,7 @@ pub fn render_text(ex: &[Explanation]) -> String {
             let _ = writeln!(
                 out,
                 "\n{}: reserved peak {} at op {} ({} allocated); live allocations by site:",
-                e.setting,
+                shown_name(&e.setting),
                 format_size(p.reserved),
                 p.op,
                 format_size(p.allocated)
@@ -100,7 +101,7 @@ pub fn render_text(ex: &[Explanation]) -> String {
             let _ = writeln!(
                 out,
                 "\n{}: first OOM at op {}: {} (rounded {}) on stream {} from {}; {} reserved, {} allocated after it",
-                e.setting,
+                shown_name(&e.setting),
                 o.op,
                 format_size(o.bytes),
                 format_size(o.rounded),

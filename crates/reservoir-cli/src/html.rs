@@ -37,6 +37,9 @@ pub struct Section {
     segments: Vec<Segment>,
     /// Each setting's peak and first OOM explained.
     explanations: Vec<Explanation>,
+    /// The trace entries the reader skipped (unknown actions), in words;
+    /// empty when none.
+    skipped: String,
 }
 
 impl Section {
@@ -113,12 +116,20 @@ impl Section {
             peak_op: peak_op.unwrap_or(0),
             segments,
             explanations: Vec::new(),
+            skipped: String::new(),
         })
     }
 
     /// The section with each setting's peak and first OOM explained.
     pub fn with_explanations(mut self, explanations: Vec<Explanation>) -> Section {
         self.explanations = explanations;
+        self
+    }
+
+    /// The section with the trace entries the reader skipped, in words
+    /// (its fidelity is then not called exact).
+    pub fn with_skipped(mut self, skipped: String) -> Section {
+        self.skipped = skipped;
         self
     }
 }
@@ -420,10 +431,12 @@ fn numbers(out: &mut String, s: &Section) {
                 esc(name),
                 f.segment_events_matched,
                 f.segment_events_total,
-                if f.segment_events_exact {
-                    " (exact)"
+                if !s.skipped.is_empty() {
+                    format!(" (not exact: {} from the recording)", esc(&s.skipped))
+                } else if f.segment_events_exact {
+                    " (exact)".to_string()
                 } else {
-                    ""
+                    String::new()
                 },
                 f.placements_matched,
                 f.placements_total,

@@ -34,8 +34,8 @@ use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::explain::Explanation;
 use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::snapshot::{
-    convert, overlay_config, recorded_setting, replay_recorded, RecordedReport, RecordedTrace,
-    StartMode,
+    convert, describe_skipped, overlay_config, recorded_setting, replay_recorded, RecordedReport,
+    RecordedTrace, StartMode,
 };
 use reservoir_replay::replay::{
     replay_all, ReplayOptions, ReplayReport, ReplaySetting, StartState,
@@ -113,10 +113,10 @@ struct ReplayArgs {
     configs: Vec<String>,
 
     /// Simulated device capacity: bytes, or a number with K/M/G/T (binary
-    /// units, optional iB/B), e.g. 80GiB, 24G, 1.5T. Default: for a
-    /// recorded trace with OOMs, the capacity that reproduces them
+    /// units, optional iB/B), e.g. 80GiB, 24G, 1.5T; at most 16 TiB.
+    /// Default: for a recorded trace with OOMs, the capacity that reproduces them
     /// (device_free + reserved at the first oom entry); else 80GiB.
-    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_capacity)]
     capacity: Option<u64>,
 
     /// The device whose trace to replay (default: every device with events).
@@ -223,8 +223,40 @@ const DEFAULT_POLICIES: [&str; 6] = [
     "gc-0.8",
 ];
 
+/// The longest name a setting may have (`--setting NAME=CONF`, `--policy
+/// NAME`), in characters: a name labels a column of the tables. A
+/// `--config CONF` setting is named after its configuration, which may be
+/// longer; the tables cut it (see [`table::MAX_SHOWN_NAME`]). See
+/// docs/limits.md.
+const MAX_SETTING_NAME: usize = table::MAX_SHOWN_NAME;
+
+/// `s` quoted for an error message: whole when short, else its first
+/// [`table::MAX_SHOWN_NAME`] characters and its length (a message should
+/// not repeat a 64 KiB argument).
+fn quoted(s: &str) -> String {
+    match s.char_indices().nth(table::MAX_SHOWN_NAME) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes in all)", &s[..cut], s.len()),
+    }
+}
+
+/// Refuse a setting name longer than [`MAX_SETTING_NAME`].
+fn check_setting_name(what: &str, name: &str) -> Result<()> {
+    let n = name.chars().count();
+    if n > MAX_SETTING_NAME {
+        bail!(
+            "{what} {}: the name is {n} characters long; a setting's name is at most \
+             {MAX_SETTING_NAME} (it labels a column of the table; --config CONF names a \
+             setting after its configuration)",
+            quoted(name)
+        );
+    }
+    Ok(())
+}
+
 /// The setting of a named policy on top of the recorded settings `base`.
 fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
+    check_setting_name("--policy", name)?;
     let param = |prefix: &str| name.strip_prefix(prefix).map(|r| r.trim_start_matches('-'));
     let change = if name == "pytorch" {
         return Ok(ReplaySetting::new("pytorch", base));
@@ -260,7 +292,7 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
     let setting = ReplaySetting::new(name, overlay_config(base, &change));
     setting
         .allocator_config()
-        .with_context(|| format!("--policy {name:?}"))?;
+        .with_context(|| format!("--policy {}", quoted(name)))?;
     Ok(setting)
 }
 
@@ -290,26 +322,35 @@ fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetti
                  max-split-128=max_split_size_mb:128 (use --config CONF for an unnamed setting)"
             );
         }
-        out.push(ReplaySetting::parse(s).with_context(|| format!("--setting {s:?}"))?);
+        if let Some((name, _)) = s.split_once('=') {
+            check_setting_name("--setting", name.trim())?;
+        }
+        out.push(ReplaySetting::parse(s).with_context(|| format!("--setting {}", quoted(s)))?);
     }
     for c in &args.configs {
         let setting = ReplaySetting::from_config(c);
         setting
             .allocator_config()
-            .with_context(|| format!("--config {c:?}"))?;
+            .with_context(|| format!("--config {}", quoted(c)))?;
         out.push(setting);
     }
     let mut seen = HashSet::new();
     for s in &out {
         if !seen.insert(s.name.as_str()) {
-            bail!("the setting name {:?} is given twice", s.name);
+            bail!("the setting name {} is given twice", quoted(&s.name));
         }
     }
     Ok(out)
 }
 
+/// Parse a workload spec and check its size (at most
+/// [`workload::max_workload_ops`] ops) before anything generates it.
 fn load_workload(spec: &str) -> Result<Workload> {
-    Workload::parse(spec).with_context(|| format!("workload {spec:?}"))
+    let w = Workload::parse(spec).with_context(|| format!("workload {}", quoted(spec)))?;
+    workload::max_workload_ops()
+        .and_then(|limit| w.check_size(limit))
+        .with_context(|| format!("workload {}", quoted(spec)))?;
+    Ok(w)
 }
 
 /// One device trace of a recorded file, converted.
@@ -321,6 +362,8 @@ struct RecordedInput {
     events: u64,
     settings: Vec<ReplaySetting>,
     capacity: u64,
+    /// Entries of the file skipped for an unknown action.
+    skipped: Skipped,
 }
 
 /// One device trace of a recorded file, converted.
@@ -331,10 +374,25 @@ struct Converted {
     rec: RecordedTrace,
 }
 
+/// The trace entries a reader skipped for an unknown action, by action.
+type Skipped = std::collections::BTreeMap<String, u64>;
+
 /// Load `path` and convert the trace of each device with trace entries
-/// (only `device`, when given); also returns the recorded settings string.
-fn convert_file(path: &std::path::Path, device: Option<u32>) -> Result<(String, Vec<Converted>)> {
+/// (only `device`, when given); also returns the recorded settings string
+/// and the entries skipped for an unknown action, which are warned about
+/// once on standard error.
+fn convert_file(
+    path: &std::path::Path,
+    device: Option<u32>,
+) -> Result<(String, Vec<Converted>, Skipped)> {
     let loaded = snapshot::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+    if !loaded.skipped_actions.is_empty() {
+        eprintln!(
+            "warning: {}: {} (an action this version does not know; the replay leaves them out)",
+            path.display(),
+            describe_skipped(&loaded.skipped_actions)
+        );
+    }
     let input = loaded.to_trace_input();
     let recorded = recorded_setting(input.allocator_settings.as_ref());
     let config = recorded
@@ -363,12 +421,12 @@ fn convert_file(path: &std::path::Path, device: Option<u32>) -> Result<(String, 
             ),
         }
     }
-    Ok((recorded.config, out))
+    Ok((recorded.config, out, loaded.skipped_actions))
 }
 
 /// Load `path` and convert the trace of each selected device.
 fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
-    let (recorded, devices) = convert_file(path, args.device)?;
+    let (recorded, devices, skipped) = convert_file(path, args.device)?;
     let settings = settings(args, Some(&recorded))?;
     let mut out = Vec::new();
     for Converted { events, rec, .. } in devices {
@@ -382,6 +440,7 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
             rec,
             settings: settings.clone(),
             capacity,
+            skipped: skipped.clone(),
         });
     }
     Ok(out)
@@ -477,6 +536,7 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                 events: input.events,
                 report,
                 fidelity: fid,
+                skipped_entries: input.skipped.clone(),
             };
             json.push(serde_json::to_value(&rr).context("serializing a report")?);
             fids.push((s.name.clone(), rr.fidelity.clone()));
@@ -524,10 +584,13 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                      block placements {}/{}, peak reserved {} (recorded {}), OOMs {} (recorded {})",
                     f.segment_events_matched,
                     f.segment_events_total,
-                    if f.segment_events_exact {
-                        "exact"
-                    } else {
-                        "differs"
+                    match (input.skipped.is_empty(), f.segment_events_exact) {
+                        (true, true) => "exact".to_string(),
+                        (true, false) => "differs".to_string(),
+                        (false, _) => format!(
+                            "not exact: {} from the recording",
+                            describe_skipped(&input.skipped)
+                        ),
                     },
                     f.placements_matched,
                     f.placements_total,
@@ -559,7 +622,8 @@ fn cmd_replay(args: ReplayArgs) -> Result<()> {
                     &reports,
                     &fids,
                 )?
-                .with_explanations(explanations),
+                .with_explanations(explanations)
+                .with_skipped(describe_skipped(&input.skipped)),
             );
         }
     }

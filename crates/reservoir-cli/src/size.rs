@@ -1,5 +1,7 @@
 //! Size arguments: `80GiB`, `512M`, `1.5G`, `1048576`.
 
+use reservoir_replay::replay::capacity::MAX_CAPACITY;
+
 /// What a size argument may look like, for error messages.
 pub const ACCEPTED: &str = "plain bytes (e.g. 1073741824) or a number with a unit \
      K, M, G or T, optionally followed by iB or B (all powers of 1024), \
@@ -41,6 +43,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(bad());
     }
     Ok(bytes as u64)
+}
+
+/// Parse a device capacity: a size ([`parse_size`]) of at most
+/// [`MAX_CAPACITY`] (16 TiB). The simulated device places segments in a
+/// 127 TiB address window and expandable segments reserve up to twice the
+/// device, so a larger device cannot be simulated faithfully (a capacity
+/// of 2^64 - 1 bytes overflowed). See docs/limits.md.
+pub fn parse_capacity(s: &str) -> Result<u64, String> {
+    let bytes = parse_size(s)?;
+    if bytes > MAX_CAPACITY {
+        return Err(format!(
+            "{s:?} is {bytes} bytes, more than the largest simulated device, 16 TiB \
+             ({MAX_CAPACITY} bytes)"
+        ));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -18,6 +18,23 @@ pub fn format_ns(ns: f64) -> String {
     }
 }
 
+/// The most characters of a setting's name the tables show: a longer name
+/// (a `--config` string is named after itself) is cut there with an
+/// ellipsis. The JSON output and the `settings:` list keep every setting's
+/// full configuration. See docs/limits.md.
+pub const MAX_SHOWN_NAME: usize = 100;
+
+/// `name` as the tables show it: at most [`MAX_SHOWN_NAME`] characters, the
+/// last of them `…` when it was cut.
+pub fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.char_indices().nth(MAX_SHOWN_NAME - 1) {
+        Some((cut, _)) if name[cut..].chars().nth(1).is_some() => {
+            format!("{}…", &name[..cut]).into()
+        }
+        _ => name.into(),
+    }
+}
+
 /// The rows of the table: a label and one cell per report.
 fn rows(reports: &[ReplayReport]) -> Vec<(&'static str, Vec<String>)> {
     let col = |f: &dyn Fn(&ReplayReport) -> String| reports.iter().map(f).collect::<Vec<_>>();
@@ -76,22 +93,23 @@ pub fn render(reports: &[ReplayReport]) -> String {
 pub fn render_with(reports: &[ReplayReport], extra: Vec<(&'static str, Vec<String>)>) -> String {
     let mut rows = rows(reports);
     rows.extend(extra);
+    let names: Vec<_> = reports.iter().map(|r| shown_name(&r.setting)).collect();
     let label_w = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
     let widths: Vec<usize> = reports
         .iter()
         .enumerate()
-        .map(|(i, r)| {
+        .map(|(i, _)| {
             rows.iter()
                 .map(|(_, cells)| cells[i].len())
-                .chain(std::iter::once(r.setting.len()))
+                .chain(std::iter::once(names[i].len()))
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
     let _ = write!(out, "{:label_w$}", "");
-    for (r, w) in reports.iter().zip(&widths) {
-        let _ = write!(out, "  {:>w$}", r.setting);
+    for (name, w) in names.iter().zip(&widths) {
+        let _ = write!(out, "  {name:>w$}");
     }
     out.push('\n');
     for (label, cells) in &rows {
@@ -102,17 +120,17 @@ pub fn render_with(reports: &[ReplayReport], extra: Vec<(&'static str, Vec<Strin
         out.push('\n');
     }
     out.push('\n');
-    let name_w = reports.iter().map(|r| r.setting.len()).max().unwrap_or(0);
+    let name_w = names.iter().map(|n| n.len()).max().unwrap_or(0);
     out.push_str("settings:\n");
-    for r in reports {
-        let _ = writeln!(out, "  {:name_w$}  {}", r.setting, r.describe_setting());
+    for (r, name) in reports.iter().zip(&names) {
+        let _ = writeln!(out, "  {name:name_w$}  {}", r.describe_setting());
     }
-    for r in reports {
+    for (r, name) in reports.iter().zip(&names) {
         if let Some(o) = &r.first_oom {
             let _ = writeln!(
                 out,
                 "\nfirst OOM with {} (op {}, line {}; {} OOMs in all):\n  {}",
-                r.setting, o.op, o.line, r.ooms, o.message
+                name, o.op, o.line, r.ooms, o.message
             );
         }
     }
@@ -129,5 +147,16 @@ mod tests {
         assert_eq!(format_ns(1_500.0), "1.50 us");
         assert_eq!(format_ns(2_345_678.0), "2.35 ms");
         assert_eq!(format_ns(3.2e9), "3.20 s");
+    }
+
+    #[test]
+    fn long_names_are_cut_with_an_ellipsis() {
+        let exact = "n".repeat(MAX_SHOWN_NAME);
+        assert_eq!(shown_name(&exact), exact);
+        let long = "é".repeat(MAX_SHOWN_NAME + 1);
+        let shown = shown_name(&long);
+        assert_eq!(shown.chars().count(), MAX_SHOWN_NAME);
+        assert!(shown.ends_with("é…"), "{shown}");
+        assert_eq!(shown_name("pytorch"), "pytorch");
     }
 }

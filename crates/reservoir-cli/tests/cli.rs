@@ -940,3 +940,339 @@ fn compare_capacity_sets_the_device_of_every_input() {
     let err = stderr(&o);
     assert!(err.contains("\"lots\"") && err.contains("`bound`"), "{err}");
 }
+
+/// Issue 29 (3): a 65,536-character setting name panicked in the table
+/// ("Formatting argument out of range", exit 101). Names of `--setting`
+/// and `--policy` are refused past 100 characters with a clear error that
+/// does not repeat the whole argument; a long `--config` (named after
+/// itself) is shown cut with an ellipsis in the table, and whole in the
+/// JSON.
+#[test]
+fn long_setting_names_are_refused_or_cut_without_a_panic() {
+    let long = "a".repeat(65_536);
+    let o = reservoir(&[
+        "replay",
+        "-w",
+        "gpt-train:steps=1",
+        "--setting",
+        &format!("{long}=max_split_size_mb:200"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("65536 characters") && err.contains("at most 100"),
+        "{err}"
+    );
+    assert!(
+        err.len() < 1_000,
+        "the error repeats the argument: {} bytes",
+        err.len()
+    );
+    let o = reservoir(&[
+        "replay",
+        "-w",
+        "gpt-train:steps=1",
+        "--policy",
+        &format!("gc-0.{long}"),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("at most 100"), "{}", stderr(&o));
+
+    // a config of 60 settings (1,320 characters) names its column
+    let config = vec!["max_split_size_mb:200"; 60].join(",");
+    let o = reservoir(&["replay", "-w", "gpt-train:steps=1", "--config", &config]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let cut = format!("{}…", &config[..99]);
+    assert!(out.contains(&cut), "{out}");
+    assert!(
+        out.contains(&format!("  {config}\n")),
+        "the settings list has it whole"
+    );
+    let o = reservoir(&[
+        "replay",
+        "-w",
+        "gpt-train:steps=1",
+        "--json",
+        "--config",
+        &config,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["setting"].as_str(), Some(config.as_str()));
+
+    // 3,000 settings (65,999 characters): no panic, whatever the length cap
+    // of settings strings says
+    let config = vec!["max_split_size_mb:200"; 3_000].join(",");
+    let o = reservoir(&["replay", "-w", "gpt-train:steps=1", "--config", &config]);
+    assert_ne!(o.status.code(), Some(101), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
+
+/// Issue 29 (4): `reservoir replay /dev/zero` grew past 6 GB and never
+/// ended. Inputs are regular files of at most `RESERVOIR_MAX_INPUT_BYTES`
+/// (8 GiB by default); the error says the size, the limit and how to
+/// raise it.
+#[test]
+fn replay_refuses_devices_and_files_over_the_size_limit() {
+    let t = std::time::Instant::now();
+    let o = reservoir(&["replay", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("/dev/zero: not a regular file (a character device)"),
+        "{err}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let file = file.to_str().unwrap();
+    let run = |limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_reservoir"))
+            .args(["replay", "--policy", "pytorch", "--json", file])
+            .env("RESERVOIR_MAX_INPUT_BYTES", limit)
+            .output()
+            .unwrap()
+    };
+    let o = run("100000");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    for needle in [
+        "140309 bytes",
+        "input size limit of 100000 bytes",
+        "RESERVOIR_MAX_INPUT_BYTES=BYTES",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    let o = run("140309");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run("lots");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("RESERVOIR_MAX_INPUT_BYTES=\"lots\": expected a number of bytes"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Issue 29 (4): `compare --traces DIR` followed symbolic links: with
+/// `DIR/self -> .` each trace was compared 40 times, and a link to
+/// `/dev/zero` was read without end. Links to folders are now listed as
+/// skipped, links to files are read when they are regular files.
+#[test]
+fn compare_does_not_follow_links_to_folders() {
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("reservoir-cli-links-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&file, dir.join("mlp.pickle")).unwrap();
+    std::os::unix::fs::symlink(".", dir.join("self")).unwrap();
+    let compare = |dir: &std::path::Path| {
+        let o = reservoir(&[
+            "compare",
+            "--traces",
+            dir.to_str().unwrap(),
+            "--no-workloads",
+            "--policy",
+            "pytorch",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let v = compare(&dir);
+    let inputs: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["input"].as_str().unwrap())
+        .collect();
+    assert_eq!(inputs, ["mlp.pickle#0"]);
+    assert_eq!(v["skipped"][0]["file"], "self");
+    let why = v["skipped"][0]["reason"].as_str().unwrap();
+    assert!(why.contains("symbolic link to a folder"), "{why}");
+    // a link to a device is refused unread, and listed as skipped
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.pickle")).unwrap();
+    let v = compare(&dir);
+    assert_eq!(v["rows"].as_array().unwrap().len(), 1);
+    let skipped = v["skipped"].as_array().unwrap();
+    let zero = skipped
+        .iter()
+        .find(|s| s["file"] == "zero.pickle")
+        .unwrap_or_else(|| panic!("{skipped:?}"));
+    assert!(
+        zero["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not a regular file"),
+        "{zero}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 29 (8): trace entries of an unknown action were dropped without a
+/// warning while the fidelity line still said "exact". The snapshot of
+/// tomi-mlp with its `free_requested` action renamed (same length, so the
+/// pickle stays valid) to an action no PyTorch wrote.
+#[test]
+fn unknown_trace_actions_are_warned_about_and_not_called_exact() {
+    let Some(file) = shared_trace("tomi-mlp/91c77ee1_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let bytes = std::fs::read(&file).unwrap();
+    let (from, to) = (b"free_requested", b"free_announced");
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the action is in the pickle");
+    let mut renamed = bytes.clone();
+    renamed[at..at + to.len()].copy_from_slice(to);
+    let path = std::env::temp_dir().join(format!(
+        "reservoir-unknown-action-{}.pickle",
+        std::process::id()
+    ));
+    std::fs::write(&path, &renamed).unwrap();
+    let p = path.to_str().unwrap();
+
+    let o = reservoir(&["replay", "--policy", "pytorch", p]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let warning = "236 entries of unknown action \"free_announced\" skipped";
+    assert_eq!(err.matches(warning).count(), 1, "warned once: {err}");
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("fidelity of pytorch"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(!line.contains("(exact)"), "{line}");
+    assert!(line.contains(&format!("not exact: {warning}")), "{line}");
+    let o = reservoir(&["replay", "--policy", "pytorch", "--json", p]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["skipped_entries"]["free_announced"], 236);
+
+    // the unchanged file: exact, no warning, no key
+    let o = reservoir(&[
+        "replay",
+        "--policy",
+        "pytorch",
+        "--json",
+        file.to_str().unwrap(),
+    ]);
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v[0].get("skipped_entries").is_none(), "{}", v[0]);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Issue 29 (8): `--policy large-segment-1000000000` failed the whole
+/// command (the explanation of its OOM tried a fix that failed); with
+/// expandable segments its 1 PB pages failed the replay itself. Now that
+/// setting's column reports its OOMs and the other settings run.
+#[test]
+fn a_setting_that_cannot_fit_reports_its_ooms_while_the_others_run() {
+    for args in [
+        &[
+            "--policy",
+            "pytorch",
+            "--policy",
+            "large-segment-1000000000",
+        ][..],
+        &[
+            "--policy",
+            "pytorch",
+            "--setting",
+            "huge-pages=expandable_segments:True,large_segment_size_mb:1000000000",
+        ][..],
+    ] {
+        let o = reservoir(&[&["replay", "-w", "gpt-train:steps=1", "--json"][..], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v[0]["setting"], "pytorch");
+        assert_eq!(v[0]["ooms"], 0, "{args:?}");
+        assert!(v[1]["ooms"].as_u64().unwrap() > 0, "{args:?}: {}", v[1]);
+        assert!(v[1]["first_oom"]["message"].is_string(), "{}", v[1]);
+    }
+}
+
+/// Issue 29 (8): `--capacity 18446744073709551615` overflowed in the
+/// allocator. A capacity past the largest simulated device (16 TiB) is
+/// refused up front, naming the value and the limit; 16 TiB runs.
+#[test]
+fn capacity_past_the_largest_simulated_device_is_refused() {
+    for cmd in [
+        &["replay", "-w", "gpt-train:steps=1"][..],
+        &["compare", "--no-traces", "-w", "gpt-train:steps=1"][..],
+    ] {
+        let o = reservoir(&[cmd, &["--capacity", "18446744073709551615"][..]].concat());
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(
+                "18446744073709551615 bytes, more than the largest simulated device, 16 TiB"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let o = reservoir(&[
+        "replay",
+        "-w",
+        "gpt-train:steps=1",
+        "--json",
+        "--capacity",
+        "16T",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["capacity"].as_u64(), Some(16 << 40));
+}
+
+/// Issue 29 (5): `--workload gpt-train:layers=100000` reached 5.8 GB in
+/// 12 s. A workload's ops are counted (without keeping them, stopping at
+/// the limit) before it is generated; past `RESERVOIR_MAX_WORKLOAD_OPS`
+/// (20 M by default) it is refused with the limit and how to raise it.
+#[test]
+fn workloads_past_the_size_limit_are_refused_up_front() {
+    for cmd in [
+        &["replay", "-w", "gpt-train:layers=100000"][..],
+        &["workload", "gpt-train:layers=100000"][..],
+        &["compare", "--no-traces", "-w", "gpt-train:layers=100000"][..],
+        &["replay", "-w", "llm-infer:requests=2000000"][..],
+    ] {
+        let t = std::time::Instant::now();
+        let o = reservoir(cmd);
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("more than 20000000 ops") && err.contains("RESERVOIR_MAX_WORKLOAD_OPS=N"),
+            "{cmd:?}: {err}"
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "{cmd:?}");
+    }
+    let with_limit = |limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_reservoir"))
+            .args(["workload", "gpt-train"])
+            .env("RESERVOIR_MAX_WORKLOAD_OPS", limit)
+            .output()
+            .unwrap()
+    };
+    // gpt-train has 3,710 ops
+    let o = with_limit("3709");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("more than 3709 ops"), "{}", stderr(&o));
+    let o = with_limit("3710");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = with_limit("many");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("RESERVOIR_MAX_WORKLOAD_OPS=\"many\": expected a number of ops"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -781,3 +781,147 @@ fn hostile_oracle_traces() {
     let e = Trace::parse(&format!("{}q\n", "e\n".repeat(1000))).unwrap_err();
     assert_eq!(e.line, 1001);
 }
+
+// ---------------------------------------------------------------------------
+// Files that are not inputs (issue 29, 4): read only what is needed to
+// refuse them.
+
+/// A fresh, empty folder for one test.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("reservoir-hostile-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A sparse file of `len` bytes that starts with `head`.
+fn sparse_file(path: &Path, head: &[u8], len: u64) {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(head).unwrap();
+    f.set_len(len).unwrap();
+}
+
+/// A 4 GiB sparse file of zeros cost 4 GiB of memory before the loader
+/// said "starts with byte 0x00": now its first bytes are judged first.
+#[test]
+fn a_big_file_of_an_unknown_format_is_refused_from_its_first_bytes() {
+    let dir = scratch("sparse");
+    let path = dir.join("zeros.pickle");
+    sparse_file(&path, &[], 4 << 30);
+    let t = std::time::Instant::now();
+    let e = snapshot::load(&path).unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        matches!(&e, snapshot::Error::UnknownFormat(m) if m == "starts with byte 0x00"),
+        "{e}"
+    );
+    // Reading 4 GiB takes seconds (and 4 GiB); 4 KiB takes microseconds.
+    assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+    let e = Snapshot::read(&path).unwrap_err();
+    assert!(matches!(e, snapshot::Error::UnknownFormat(_)), "{e}");
+    // A protocol 0 pickle is recognized by its last byte too: a file that
+    // starts with an opcode but does not end in STOP is refused unread.
+    let path = dir.join("mark.pickle");
+    sparse_file(&path, b"(", 4 << 30);
+    let e = snapshot::load(&path).unwrap_err();
+    assert!(
+        matches!(&e, snapshot::Error::UnknownFormat(m) if m == "starts with byte 0x28"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file over the size limit is refused from its size, unread; the error
+/// says the size, the limit and how to raise it.
+#[test]
+fn a_file_over_the_size_limit_is_refused_unread() {
+    let dir = scratch("limit");
+    let path = dir.join("huge.pickle");
+    sparse_file(&path, &[0x80, 4], 4 << 30);
+    let t = std::time::Instant::now();
+    let e = snapshot::load_with_limit(&path, 1 << 30).unwrap_err();
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    match &e {
+        snapshot::Error::TooLarge { size, limit, .. } => {
+            assert_eq!((*size, *limit), (4 << 30, 1 << 30));
+        }
+        other => panic!("{other}"),
+    }
+    let msg = e.to_string();
+    for needle in [
+        "4294967296 bytes (4.00 GiB)",
+        "limit of 1073741824 bytes",
+        "RESERVOIR_MAX_INPUT_BYTES",
+        "huge.pickle",
+    ] {
+        assert!(msg.contains(needle), "{needle:?} not in {msg}");
+    }
+    // past the default limit (8 GiB), with the default
+    assert_eq!(snapshot::DEFAULT_MAX_INPUT_BYTES, 8 << 30);
+    if std::env::var_os(snapshot::MAX_INPUT_BYTES_ENV).is_none() {
+        sparse_file(&path, &[0x80, 4], (8 << 30) + 1);
+        let e = snapshot::load(&path).unwrap_err();
+        assert!(matches!(e, snapshot::Error::TooLarge { .. }), "{e}");
+        let e = Snapshot::read(&path).unwrap_err();
+        assert!(matches!(e, snapshot::Error::TooLarge { .. }), "{e}");
+    }
+    // a real snapshot under a limit of its own size loads; one byte less
+    // refuses it
+    if let Some(real) = shared_traces().into_iter().find(|p| is_pickle(p)) {
+        let len = std::fs::metadata(&real).unwrap().len();
+        assert!(snapshot::load_with_limit(&real, len).is_ok());
+        let e = snapshot::load_with_limit(&real, len - 1).unwrap_err();
+        assert!(matches!(e, snapshot::Error::TooLarge { .. }), "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `/dev/zero` grew past 6 GB and never ended, a FIFO blocked: a path that
+/// is no regular file is refused before it is opened.
+#[test]
+fn devices_fifos_and_folders_are_refused_without_reading() {
+    let dir = scratch("special");
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (PathBuf::from("/dev/zero"), "a character device"),
+        (dir.clone(), "a folder"),
+    ];
+    let link = dir.join("zero.pickle");
+    std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+    let fifo = dir.join("fifo.pickle");
+    let made_fifo = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut cases = cases;
+    cases.push((link, "a character device"));
+    if made_fifo {
+        cases.push((fifo, "a FIFO"));
+    } else {
+        eprintln!("mkfifo unavailable: the FIFO case is not run");
+    }
+    for (path, kind) in cases {
+        // On a thread, so that a blocking open fails the test instead of
+        // hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((
+                snapshot::load(&p).map(|_| ()),
+                Snapshot::read(&p).map(|_| ()),
+            ));
+        });
+        let (a, b) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{}: still reading after 10 s", path.display()));
+        for e in [a.unwrap_err(), b.unwrap_err()] {
+            assert!(
+                matches!(&e, snapshot::Error::NotAFile { kind: k, .. } if *k == kind),
+                "{}: {e}",
+                path.display()
+            );
+            assert!(e.to_string().contains("not a regular file"), "{e}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -164,6 +164,31 @@ fn replay_through<'t>(
     Ok(r)
 }
 
+/// Whether `trace` runs to its end with `setting` without running out of
+/// memory. The run stops at the first OOM (each OOM costs the allocator's
+/// whole retry path, and a trace far too big for its device can have
+/// hundreds of thousands); a setting the replay fails with (another error)
+/// does not avoid it either.
+fn runs_without_oom(
+    trace: &Trace,
+    start: Option<&StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+) -> bool {
+    let built: Result<Replay<'_>, _> = Replay::build(trace, start, setting, options);
+    let Ok(mut t) = built else {
+        return false;
+    };
+    t.track_peak = false;
+    loop {
+        match t.step() {
+            Ok(true) if t.ooms == 0 => {}
+            Ok(done) => return !done && t.ooms == 0,
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Why each free block of `r` could not serve `rounded` bytes on `stream`.
 fn unusable_free(
     r: &Replay<'_>,
@@ -244,16 +269,10 @@ pub fn explain(
             let config = setting.allocator_config()?;
             let rounded = rules::round_size(o.bytes.max(1), &config);
             let (allocated, reserved) = r.alloc.allocated_and_reserved();
-            let mut avoided_by = None;
-            for c in candidates {
-                let mut t: Replay<'_> = Replay::build(trace, start, c, options)?;
-                t.track_peak = false;
-                t.run()?;
-                if t.ooms == 0 {
-                    avoided_by = Some(c.name.clone());
-                    break;
-                }
-            }
+            let avoided_by = candidates
+                .iter()
+                .find(|c| runs_without_oom(trace, start, c, options))
+                .map(|c| c.name.clone());
             Some(OomExplanation {
                 op: o.op,
                 bytes: o.bytes,

@@ -266,6 +266,16 @@ pub enum ReplayError {
         /// The error.
         source: SeedError,
     },
+    /// The device capacity asked for is more than the simulated device
+    /// can have ([`capacity::MAX_CAPACITY`], 16 TiB).
+    #[error(
+        "a device of {capacity} bytes cannot be simulated: at most {} bytes (16 TiB)",
+        capacity::MAX_CAPACITY
+    )]
+    Capacity {
+        /// The capacity asked for.
+        capacity: u64,
+    },
     /// The simulated device refused a stream operation.
     #[error("op {op} (line {line}): device error: {source}")]
     Device {
@@ -703,6 +713,11 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
         setting: &ReplaySetting,
         options: &ReplayOptions,
     ) -> Result<Self, ReplayError> {
+        if options.capacity > capacity::MAX_CAPACITY {
+            return Err(ReplayError::Capacity {
+                capacity: options.capacity,
+            });
+        }
         let config = setting.allocator_config()?;
         let address_policy = match start {
             Some(st) => AddressPolicy::Scripted(
@@ -939,6 +954,21 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                 match r {
                     Ok(ptr) => self.live.set(*id, IdState::Live(ptr)),
                     Err(AllocError::OutOfMemory(e)) => self.note_oom(i, *id, *bytes, s, e.message),
+                    // The device ran out of memory where PyTorch, and so the
+                    // allocator, does not turn that into its own
+                    // out-of-memory error: the address range of a new
+                    // expandable segment cannot be reserved (pages of
+                    // `large_segment_size_mb:1000000000` are larger than
+                    // the address space; PyTorch checks
+                    // `cuMemAddressReserve` with `C10_CUDA_DRIVER_CHECK`, a
+                    // "CUDA driver error: out of memory"). A page the device
+                    // cannot map is the allocator's own OOM above. The
+                    // program cannot run under this setting all the same,
+                    // which its report says (with the device's words),
+                    // rather than failing the replay of every setting.
+                    Err(AllocError::Backend(e)) if e.is_retryable() => {
+                        self.note_oom(i, *id, *bytes, s, format!("device error: {e}"))
+                    }
                     Err(e) => return Err(self.alloc_error(i, e)),
                 }
                 self.observe(i);

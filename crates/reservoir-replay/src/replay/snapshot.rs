@@ -376,6 +376,31 @@ pub struct RecordedReport {
     pub report: super::ReplayReport,
     /// How closely it reproduced the recording (PyTorch mode only).
     pub fidelity: Option<Fidelity>,
+    /// Trace entries of the file the reader skipped for an action it does
+    /// not know, by action name (JSON: absent when none). With skipped
+    /// entries the replay is not of the whole recording, whatever
+    /// `fidelity` measured on the entries read.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub skipped_entries: std::collections::BTreeMap<String, u64>,
+}
+
+/// `3 entries of unknown action "annotate" skipped, 1 of unknown action
+/// "x" skipped`: the trace entries a reader skipped, for messages.
+pub fn describe_skipped(skipped: &std::collections::BTreeMap<String, u64>) -> String {
+    skipped
+        .iter()
+        .map(|(action, n)| {
+            let action = match action.char_indices().nth(100) {
+                Some((cut, _)) => format!("{}...", &action[..cut]),
+                None => action.clone(),
+            };
+            format!(
+                "{n} {} of unknown action {action:?} skipped",
+                if *n == 1 { "entry" } else { "entries" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Replay `rec` with `setting`; with `compare`, also measure the

@@ -70,6 +70,10 @@ pub struct Decoded {
     pub format: SnapshotFormat,
     /// Things skipped (unknown trace-entry actions or keys), with counts.
     pub warnings: Vec<String>,
+    /// Trace entries skipped for an action this model does not know, by
+    /// action name (also among the warnings). A replay of a trace with
+    /// skipped entries cannot claim to be exact.
+    pub skipped_actions: BTreeMap<String, u64>,
 }
 
 /// Convert a decoded pickle into the model, reporting the layout and what
@@ -91,6 +95,7 @@ pub(super) fn decode(value: &Value) -> Result<Decoded, SchemaError> {
             Ok(Decoded {
                 snapshot,
                 format,
+                skipped_actions: std::mem::take(&mut d.skipped_actions),
                 warnings: d.warnings.finish(),
             })
         }
@@ -298,6 +303,8 @@ struct Decoder {
     /// Frame dicts already converted, by address.
     frame_dicts: FxHashMap<usize, Frame>,
     empty_frames: Option<Arc<[Frame]>>,
+    /// Trace entries skipped for an unknown action, by action.
+    skipped_actions: BTreeMap<String, u64>,
     warnings: Warnings,
     legacy_blocks: bool,
     entries_without_time: bool,
@@ -486,6 +493,7 @@ impl Decoder {
                             self.warnings.add(format!(
                                 "skipped trace entries with unknown action {name:?}"
                             ));
+                            *self.skipped_actions.entry(name.to_string()).or_insert(0) += 1;
                             return Ok(None);
                         }
                     }

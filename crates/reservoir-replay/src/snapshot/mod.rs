@@ -51,6 +51,7 @@ use std::path::PathBuf;
 pub use decode::{Decoded, SchemaError, SnapshotFormat};
 pub use events::{AddressKind, DeviceEvents, LiveBlock, TraceInput};
 
+use reservoir::format::format_size;
 use reservoir::pickle::{self, Value};
 use reservoir::snapshot::Snapshot;
 
@@ -74,7 +75,8 @@ pub trait ReadSnapshot: Sized {
     /// Read a snapshot pickle (any layout; warnings dropped).
     fn from_pickle(bytes: &[u8]) -> Result<Self, Error>;
 
-    /// Read a snapshot pickle file.
+    /// Read a snapshot pickle file: a regular file of at most
+    /// [`max_input_bytes`] bytes (see [`read_input`]).
     fn read(path: impl AsRef<Path>) -> Result<Self, Error>;
 
     /// The snapshot's traces as replay input: each device's
@@ -98,11 +100,7 @@ impl ReadSnapshot for Snapshot {
     }
 
     fn read(path: impl AsRef<Path>) -> Result<Snapshot, Error> {
-        let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = read_input(path.as_ref(), max_input_bytes()?)?;
         Snapshot::from_pickle(&bytes)
     }
 
@@ -136,6 +134,178 @@ pub enum Error {
     /// The input is none of the supported formats.
     #[error("unrecognized input: {0}")]
     UnknownFormat(String),
+    /// The path names no regular file (a folder, a FIFO, a device, a
+    /// socket): inputs are read whole, and a FIFO or a device may block or
+    /// never end.
+    #[error("{}: not a regular file ({kind}); inputs are read from regular files only", .path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is: "a folder", "a FIFO", ...
+        kind: &'static str,
+    },
+    /// The file is larger than the input size limit ([`max_input_bytes`]).
+    #[error(
+        "{}: {size} bytes ({}), more than the input size limit of {limit} bytes ({}); \
+         raise it with {MAX_INPUT_BYTES_ENV}=BYTES (see docs/limits.md)",
+        .path.display(), format_size(*.size), format_size(*.limit)
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size, or the bytes read when it grew while being read.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// [`MAX_INPUT_BYTES_ENV`] is set to something else than a number of
+    /// bytes.
+    #[error("{MAX_INPUT_BYTES_ENV}={value:?}: expected a number of bytes, e.g. 17179869184")]
+    BadLimit {
+        /// The variable's value.
+        value: String,
+    },
+}
+
+/// The most bytes [`load`] and [`ReadSnapshot::read`] read from one file
+/// unless [`MAX_INPUT_BYTES_ENV`] says otherwise: 8 GiB, more than any
+/// snapshot PyTorch writes for one process in practice (the largest of
+/// `../shared/traces` is 3.7 MiB; long recordings reach a few GiB).
+pub const DEFAULT_MAX_INPUT_BYTES: u64 = 8 << 30;
+
+/// The environment variable that sets the input size limit, in bytes.
+pub const MAX_INPUT_BYTES_ENV: &str = "RESERVOIR_MAX_INPUT_BYTES";
+
+/// The input size limit: [`MAX_INPUT_BYTES_ENV`] when set (a number of
+/// bytes), else [`DEFAULT_MAX_INPUT_BYTES`].
+pub fn max_input_bytes() -> Result<u64, Error> {
+    match std::env::var_os(MAX_INPUT_BYTES_ENV) {
+        None => Ok(DEFAULT_MAX_INPUT_BYTES),
+        Some(v) => {
+            let text = v.to_string_lossy();
+            text.trim()
+                .replace('_', "")
+                .parse()
+                .map_err(|_| Error::BadLimit {
+                    value: text.into_owned(),
+                })
+        }
+    }
+}
+
+/// What a path names, in words, when it is not a regular file.
+fn not_a_file(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return None;
+    }
+    if t.is_dir() {
+        return Some("a folder");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        if t.is_fifo() {
+            return Some("a FIFO");
+        }
+        if t.is_char_device() {
+            return Some("a character device");
+        }
+        if t.is_block_device() {
+            return Some("a block device");
+        }
+        if t.is_socket() {
+            return Some("a socket");
+        }
+    }
+    Some("not a file")
+}
+
+/// Bytes read to recognize a file's format before reading it whole.
+const SNIFF_BYTES: usize = 4096;
+
+/// Read an input file whole, refusing what cannot be an input before
+/// reading it: a path that names no regular file ([`Error::NotAFile`]:
+/// checked before opening, so a FIFO does not block), a file of more than
+/// `limit` bytes ([`Error::TooLarge`]), and a file whose first bytes are
+/// none of the formats [`load_bytes`] reads ([`Error::UnknownFormat`],
+/// after reading at most 4 KiB and the last byte). At most `limit` bytes
+/// are read even if the file grows meanwhile.
+pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>, Error> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let check = |meta: &std::fs::Metadata| match not_a_file(meta) {
+        Some(kind) => Err(Error::NotAFile {
+            path: path.to_path_buf(),
+            kind,
+        }),
+        None => Ok(()),
+    };
+    check(&std::fs::metadata(path).map_err(io)?)?;
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
+    check(&meta)?;
+    let too_large = |size| Error::TooLarge {
+        path: path.to_path_buf(),
+        size,
+        limit,
+    };
+    if meta.len() > limit {
+        return Err(too_large(meta.len()));
+    }
+    let mut head = Vec::with_capacity(SNIFF_BYTES);
+    (&mut f)
+        .take(SNIFF_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(io)?;
+    let first = head.iter().copied().find(|b| !b.is_ascii_whitespace());
+    // A head of whitespace only (or an empty file) is read whole and
+    // judged by `load_bytes`.
+    if let Some(b) = first {
+        let last = if head.len() < SNIFF_BYTES {
+            head.last().copied()
+        } else {
+            let mut one = [0u8; 1];
+            f.seek(SeekFrom::End(-1)).map_err(io)?;
+            f.read_exact(&mut one).map_err(io)?;
+            Some(one[0])
+        };
+        sniff(Some(b), last)?;
+    }
+    f.seek(SeekFrom::Start(0)).map_err(io)?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// The formats [`load_bytes`] reads.
+enum Sniffed {
+    Pickle,
+    AllocData,
+    AllocatorSimLog,
+}
+
+/// The format of an input whose first byte that is not white space is
+/// `first` and whose last byte is `last`.
+fn sniff(first: Option<u8>, last: Option<u8>) -> Result<Sniffed, Error> {
+    match first {
+        Some(pickle::op::PROTO) => Ok(Sniffed::Pickle),
+        Some(b'{') => Ok(Sniffed::AllocData),
+        Some(b) if b.is_ascii_digit() => Ok(Sniffed::AllocatorSimLog),
+        Some(b) if pickle::opcode_name(b).is_some() && last == Some(pickle::op::STOP) => {
+            Ok(Sniffed::Pickle)
+        }
+        Some(b) => Err(Error::UnknownFormat(format!("starts with byte {b:#04x}"))),
+        None => Err(Error::UnknownFormat("empty input".into())),
+    }
 }
 
 /// The kind of file [`load`] found.
@@ -178,6 +348,9 @@ pub struct LoadedInput {
     pub content: LoadedContent,
     /// Things skipped or guessed while reading, with counts.
     pub warnings: Vec<String>,
+    /// Trace entries skipped for an action the reader does not know, by
+    /// action name (see [`Decoded::skipped_actions`]).
+    pub skipped_actions: std::collections::BTreeMap<String, u64>,
 }
 
 impl LoadedInput {
@@ -199,14 +372,17 @@ impl LoadedInput {
     }
 }
 
-/// Load a trace file of any supported kind (see [`load_bytes`]).
+/// Load a trace file of any supported kind (see [`load_bytes`]): a regular
+/// file of at most [`max_input_bytes`] bytes, recognized by its first bytes
+/// before it is read whole (see [`read_input`]).
 pub fn load(path: impl AsRef<Path>) -> Result<LoadedInput, Error> {
-    let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    load_bytes(&bytes)
+    load_with_limit(path, max_input_bytes()?)
+}
+
+/// [`load`] with an input size limit of `limit` bytes instead of
+/// [`max_input_bytes`].
+pub fn load_with_limit(path: impl AsRef<Path>, limit: u64) -> Result<LoadedInput, Error> {
+    load_bytes(&read_input(path.as_ref(), limit)?)
 }
 
 /// Load trace data, sniffing the format: a pickle (first byte `PROTO`, or a
@@ -214,15 +390,10 @@ pub fn load(path: impl AsRef<Path>) -> Result<LoadedInput, Error> {
 /// `alloc_data`; lines of three unsigned ints are an allocatorSim log.
 pub fn load_bytes(bytes: &[u8]) -> Result<LoadedInput, Error> {
     let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
-    match first {
-        Some(pickle::op::PROTO) => load_pickle(bytes),
-        Some(b'{') => load_alloc_data(bytes),
-        Some(b) if b.is_ascii_digit() => load_allocator_sim_log(bytes),
-        Some(b) if pickle::opcode_name(b).is_some() && bytes.last() == Some(&pickle::op::STOP) => {
-            load_pickle(bytes)
-        }
-        Some(b) => Err(Error::UnknownFormat(format!("starts with byte {b:#04x}"))),
-        None => Err(Error::UnknownFormat("empty input".into())),
+    match sniff(first, bytes.last().copied())? {
+        Sniffed::Pickle => load_pickle(bytes),
+        Sniffed::AllocData => load_alloc_data(bytes),
+        Sniffed::AllocatorSimLog => load_allocator_sim_log(bytes),
     }
 }
 
@@ -234,6 +405,7 @@ pub fn load_pickle(bytes: &[u8]) -> Result<LoadedInput, Error> {
         format: InputFormat::Snapshot(d.format),
         content: LoadedContent::Snapshot(d.snapshot),
         warnings: d.warnings,
+        skipped_actions: d.skipped_actions,
     })
 }
 
@@ -260,6 +432,7 @@ pub fn load_alloc_data(bytes: &[u8]) -> Result<LoadedInput, Error> {
         format: InputFormat::AllocData,
         content: LoadedContent::Events(trace),
         warnings,
+        skipped_actions: Default::default(),
     })
 }
 
@@ -275,6 +448,7 @@ pub fn load_allocator_sim_log(bytes: &[u8]) -> Result<LoadedInput, Error> {
         format: InputFormat::AllocatorSimLog,
         content: LoadedContent::Events(trace),
         warnings: Vec::new(),
+        skipped_actions: Default::default(),
     })
 }
 

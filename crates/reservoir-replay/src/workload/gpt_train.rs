@@ -361,12 +361,12 @@ impl GptTrain {
 
     /// Generate the ops.
     pub fn ops(&self) -> Vec<Op> {
-        self.build().ops
+        self.build_with(Builder::default()).ops
     }
 
     /// Generate the ops and the site of each allocation.
-    pub(super) fn build(&self) -> Builder {
-        Gen::new(self).run()
+    pub(super) fn build_with(&self, b: Builder) -> Builder {
+        Gen::new(self, b).run()
     }
 }
 
@@ -432,10 +432,10 @@ struct Gen<'a> {
 }
 
 impl<'a> Gen<'a> {
-    fn new(w: &'a GptTrain) -> Self {
+    fn new(w: &'a GptTrain, b: Builder) -> Self {
         Gen {
             w,
-            b: Builder::default(),
+            b,
             params: Vec::new(),
             layers: Vec::new(),
             wte: 0,
@@ -509,6 +509,9 @@ impl<'a> Gen<'a> {
         self.wte = self.param(v * h);
         self.wpe = self.param(s * h);
         for _ in 0..w.layers {
+            if self.b.full() {
+                return self.b;
+            }
             let lp = LayerParams {
                 ln1_w: self.param(h),
                 ln1_b: self.param(h),
@@ -529,6 +532,9 @@ impl<'a> Gen<'a> {
         self.lnf_b = self.param(h);
         let mut rng = SplitMix64::new(w.seed);
         for step in 0..w.steps {
+            if self.b.full() {
+                break;
+            }
             self.seq = w.step_seq(&mut rng);
             self.step(step == 0);
         }
@@ -568,6 +574,9 @@ impl<'a> Gen<'a> {
         };
         let mut saved = Vec::with_capacity(self.layers.len());
         for _ in 0..self.layers.len() {
+            if self.b.full() {
+                break;
+            }
             let (sv, out) = self.layer_forward(x);
             x = out;
             saved.push(sv);

@@ -394,12 +394,12 @@ impl LlmInfer {
 
     /// Generate the ops.
     pub fn ops(&self) -> Vec<Op> {
-        self.build().ops
+        self.build_with(Builder::default()).ops
     }
 
     /// Generate the ops and the site of each allocation.
-    pub(super) fn build(&self) -> Builder {
-        Gen::new(self).run()
+    pub(super) fn build_with(&self, b: Builder) -> Builder {
+        Gen::new(self, b).run()
     }
 }
 
@@ -409,6 +409,42 @@ struct Request {
     arrival: u64,
     prompt: u64,
     gen: u64,
+}
+
+/// The requests of a run in arrival order, each drawn when first looked at
+/// (the draws are those of drawing them all at once, in order).
+struct Requests {
+    rng: SplitMix64,
+    /// The arrival of the next request to draw.
+    t: u64,
+    /// Requests not drawn yet.
+    left: u64,
+    /// The next request, drawn and not taken yet.
+    next: Option<Request>,
+}
+
+impl Requests {
+    /// The next request, if any is left.
+    fn peek(&mut self, w: &LlmInfer) -> Option<Request> {
+        if self.next.is_none() && self.left > 0 {
+            self.left -= 1;
+            let r = Request {
+                arrival: self.t,
+                prompt: self.rng.log_uniform(w.prompt_min, w.prompt_max),
+                gen: self.rng.range(w.gen_min, w.gen_max),
+            };
+            if w.interval > 0 {
+                self.t += self.rng.range(0, 2 * w.interval);
+            }
+            self.next = Some(r);
+        }
+        self.next
+    }
+
+    /// Take the next request (after [`peek`](Self::peek) returned it).
+    fn take(&mut self) -> Option<Request> {
+        self.next.take()
+    }
 }
 
 /// The KV cache of one request and layer.
@@ -438,10 +474,10 @@ struct Gen<'a> {
 }
 
 impl<'a> Gen<'a> {
-    fn new(w: &'a LlmInfer) -> Self {
+    fn new(w: &'a LlmInfer, b: Builder) -> Self {
         Gen {
             w,
-            b: Builder::default(),
+            b,
             workspace_done: false,
         }
     }
@@ -464,23 +500,16 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn requests(&self) -> Vec<Request> {
-        let w = self.w;
-        let mut rng = SplitMix64::new(w.seed);
-        let mut t = 0;
-        (0..w.requests)
-            .map(|_| {
-                let r = Request {
-                    arrival: t,
-                    prompt: rng.log_uniform(w.prompt_min, w.prompt_max),
-                    gen: rng.range(w.gen_min, w.gen_max),
-                };
-                if w.interval > 0 {
-                    t += rng.range(0, 2 * w.interval);
-                }
-                r
-            })
-            .collect()
+    /// The requests, drawn one at a time as they are needed (a workload
+    /// of 10^12 requests is refused by counting its ops, not by drawing
+    /// them all first).
+    fn requests(&self) -> Requests {
+        Requests {
+            rng: SplitMix64::new(self.w.seed),
+            t: 0,
+            left: self.w.requests,
+            next: None,
+        }
     }
 
     fn run(mut self) -> Builder {
@@ -491,6 +520,9 @@ impl<'a> Gen<'a> {
         self.b.at("weights");
         self.b.alloc(w.vocab * h * d);
         for _ in 0..w.layers {
+            if self.b.full() {
+                return self.b;
+            }
             self.b.alloc(h * d);
             self.b.alloc(h * h * d);
             self.b.alloc(h * kvdim * d);
@@ -504,17 +536,19 @@ impl<'a> Gen<'a> {
         self.b.alloc(h * d);
         self.b.alloc(w.vocab * h * d);
 
-        let reqs = self.requests();
-        let mut next = 0usize;
+        let mut reqs = self.requests();
         let mut running: Vec<Running> = Vec::new();
         let mut t = 0u64;
         loop {
+            if self.b.full() {
+                break;
+            }
             while (running.len() as u64) < w.max_batch
-                && next < reqs.len()
-                && reqs[next].arrival <= t
+                && reqs.peek(w).is_some_and(|r| r.arrival <= t)
+                && !self.b.full()
             {
-                let r = self.prefill(reqs[next]);
-                next += 1;
+                let Some(req) = reqs.take() else { break };
+                let r = self.prefill(req);
                 if r.remaining == 0 {
                     self.finish(r);
                 } else {
@@ -522,10 +556,10 @@ impl<'a> Gen<'a> {
                 }
             }
             if running.is_empty() {
-                if next >= reqs.len() {
-                    break;
+                match reqs.peek(w) {
+                    None => break,
+                    Some(r) => t = t.max(r.arrival),
                 }
-                t = t.max(reqs[next].arrival);
                 continue;
             }
             self.decode(&mut running);
@@ -641,6 +675,9 @@ impl<'a> Gen<'a> {
         let sin = self.b.alloc(n * hd * d);
         self.b.free(pos);
         for l in 0..w.layers as usize {
+            if self.b.full() {
+                break;
+            }
             let hn = self.rms_norm(n);
             self.matmul();
             let q = self.b.alloc(n * h * d);
@@ -708,7 +745,7 @@ impl<'a> Gen<'a> {
         let p = r.prompt;
         let kvb = self.kv_token_bytes();
         let out = self.b.alloc_as(r.gen * 8, "generated tokens");
-        let mut cache = Vec::with_capacity(w.layers as usize);
+        let mut cache = Vec::with_capacity(w.layers.min(1 << 12) as usize);
         let block = w.block;
         let flash = w.flash;
         let (h, d, heads) = (w.hidden, w.dtype, w.heads);
@@ -718,9 +755,12 @@ impl<'a> Gen<'a> {
             |g, _l, kr, v| {
                 if block > 0 {
                     let nb = p.div_ceil(block);
-                    let mut ks = Vec::with_capacity(nb as usize);
-                    let mut vs = Vec::with_capacity(nb as usize);
+                    let mut ks = Vec::with_capacity(nb.min(1 << 12) as usize);
+                    let mut vs = Vec::with_capacity(nb.min(1 << 12) as usize);
                     for _ in 0..nb {
+                        if g.b.full() {
+                            break;
+                        }
                         ks.push(g.b.alloc_as(block * kvb, KV_CACHE));
                         vs.push(g.b.alloc_as(block * kvb, KV_CACHE));
                     }

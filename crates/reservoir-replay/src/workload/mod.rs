@@ -292,11 +292,50 @@ impl WorkloadParams {
         self.build().ops
     }
 
+    /// A lower bound of the ops, from the parameters alone: a GPT run
+    /// allocates each of its `12 layers + 4` parameters once and, at every
+    /// step, an AdamW temporary for each; an LLM run allocates `9 layers +
+    /// 3` weights and each request's prefill makes at least one op per
+    /// layer. Refuses absurd sizes at once, before counting.
+    fn min_ops(&self) -> u64 {
+        match self {
+            WorkloadParams::GptTrain(p) => p
+                .layers
+                .saturating_mul(12)
+                .saturating_add(4)
+                .saturating_mul(p.steps.saturating_add(1)),
+            WorkloadParams::LlmInfer(p) => p
+                .layers
+                .saturating_mul(9)
+                .saturating_add(3)
+                .saturating_add(p.requests.saturating_mul(p.layers.saturating_add(1))),
+        }
+    }
+
     /// Generate the ops and what each allocation is for.
     fn build(&self) -> Builder {
+        self.build_with(Builder::default())
+    }
+
+    fn build_with(&self, b: Builder) -> Builder {
         match self {
-            WorkloadParams::GptTrain(p) => p.build(),
-            WorkloadParams::LlmInfer(p) => p.build(),
+            WorkloadParams::GptTrain(p) => p.build_with(b),
+            WorkloadParams::LlmInfer(p) => p.build_with(b),
+        }
+    }
+
+    /// The number of ops [`ops`](Self::ops) generates, counted without
+    /// keeping them, or `None` when it is more than `limit` (counting stops
+    /// there: the time and memory it takes are bounded by `limit`, whatever
+    /// the parameters).
+    pub fn count_ops(&self, limit: u64) -> Option<u64> {
+        if self.min_ops() > limit {
+            return None;
+        }
+        let b = self.build_with(Builder::counting(limit));
+        match b.counting {
+            Some(c) if c.ops <= c.limit => Some(c.ops),
+            _ => None,
         }
     }
 }
@@ -344,6 +383,16 @@ impl Workload {
     /// (`Workload::parse(&w.spec()) == w`).
     pub fn spec(&self) -> String {
         format!("{}:{}", self.preset, self.params.to_spec_params())
+    }
+
+    /// Check that the trace has at most `limit` ops before generating it
+    /// (see [`WorkloadParams::count_ops`]); returns the number of ops.
+    /// [`Workload::trace`] itself generates whatever the parameters ask for:
+    /// `gpt-train:layers=100000` asks for 100 M ops and 6 GB.
+    pub fn check_size(&self, limit: u64) -> Result<u64, WorkloadError> {
+        self.params
+            .count_ops(limit)
+            .ok_or(WorkloadError::TooLarge { limit })
     }
 
     /// Generate the trace. Its header names the workload ([`Workload::spec`]).
@@ -424,6 +473,46 @@ pub enum WorkloadError {
     /// The parameters do not describe a model.
     #[error("invalid workload parameters: {0}")]
     Invalid(String),
+    /// The workload has more ops than the limit ([`max_workload_ops`]).
+    #[error(
+        "the workload has more than {limit} ops, the limit on a built-in workload; raise it \
+         with {MAX_WORKLOAD_OPS_ENV}=N (see docs/limits.md)"
+    )]
+    TooLarge {
+        /// The limit.
+        limit: u64,
+    },
+    /// [`MAX_WORKLOAD_OPS_ENV`] is set to something else than a number.
+    #[error("{MAX_WORKLOAD_OPS_ENV}={value:?}: expected a number of ops, e.g. 50000000")]
+    BadLimit {
+        /// The variable's value.
+        value: String,
+    },
+}
+
+/// The most ops a built-in workload may have unless
+/// [`MAX_WORKLOAD_OPS_ENV`] says otherwise: 20 million, six times the
+/// largest preset (`llama-13b-infer`, 3.2 M ops); about 1 GiB of trace.
+pub const DEFAULT_MAX_WORKLOAD_OPS: u64 = 20_000_000;
+
+/// The environment variable that sets the workload size limit, in ops.
+pub const MAX_WORKLOAD_OPS_ENV: &str = "RESERVOIR_MAX_WORKLOAD_OPS";
+
+/// The workload size limit: [`MAX_WORKLOAD_OPS_ENV`] when set, else
+/// [`DEFAULT_MAX_WORKLOAD_OPS`].
+pub fn max_workload_ops() -> Result<u64, WorkloadError> {
+    match std::env::var_os(MAX_WORKLOAD_OPS_ENV) {
+        None => Ok(DEFAULT_MAX_WORKLOAD_OPS),
+        Some(v) => {
+            let text = v.to_string_lossy();
+            text.trim()
+                .replace('_', "")
+                .parse()
+                .map_err(|_| WorkloadError::BadLimit {
+                    value: text.into_owned(),
+                })
+        }
+    }
 }
 
 /// The checks every model workload makes: the named dimensions are at least
@@ -514,9 +603,40 @@ struct Builder {
     site: &'static str,
     /// The site of each allocation, indexed by id.
     sites: Vec<&'static str>,
+    /// Counting only ([`WorkloadParams::count_ops`]): ops and sites are
+    /// counted, not kept, and the generators stop once [`Builder::full`].
+    counting: Option<Counting>,
+}
+
+/// The state of a counting [`Builder`].
+#[derive(Clone, Copy, Debug)]
+struct Counting {
+    ops: u64,
+    limit: u64,
 }
 
 impl Builder {
+    /// A builder that counts ops up to `limit` instead of keeping them.
+    fn counting(limit: u64) -> Builder {
+        Builder {
+            counting: Some(Counting { ops: 0, limit }),
+            ..Builder::default()
+        }
+    }
+
+    /// True when counting and past the limit: the generators stop their
+    /// loops (the count is then only known to exceed the limit).
+    fn full(&self) -> bool {
+        self.counting.is_some_and(|c| c.ops > c.limit)
+    }
+
+    fn push(&mut self, op: Op) {
+        match &mut self.counting {
+            Some(c) => c.ops += 1,
+            None => self.ops.push(op),
+        }
+    }
+
     /// The allocations that follow are for `site`.
     fn at(&mut self, site: &'static str) {
         self.site = site;
@@ -532,9 +652,11 @@ impl Builder {
     fn alloc_as(&mut self, bytes: u64, site: &'static str) -> AllocId {
         let id = self.next_id;
         self.next_id += 1;
-        debug_assert_eq!(self.sites.len() as AllocId, id);
-        self.sites.push(site);
-        self.ops.push(Op::Alloc {
+        if self.counting.is_none() {
+            debug_assert_eq!(self.sites.len() as AllocId, id);
+            self.sites.push(site);
+        }
+        self.push(Op::Alloc {
             id,
             bytes,
             stream: None,
@@ -543,7 +665,7 @@ impl Builder {
     }
 
     fn free(&mut self, id: AllocId) {
-        self.ops.push(Op::Free { id });
+        self.push(Op::Free { id });
     }
 
     fn free_all(&mut self, ids: &mut Vec<AllocId>) {
@@ -553,28 +675,28 @@ impl Builder {
     }
 
     fn record_stream(&mut self, id: AllocId, stream: &StreamName) {
-        self.ops.push(Op::RecordStream {
+        self.push(Op::RecordStream {
             id,
             stream: stream.clone(),
         });
     }
 
     fn kernel(&mut self, stream: &StreamName, ids: Vec<AllocId>) {
-        self.ops.push(Op::Kernel {
+        self.push(Op::Kernel {
             stream: stream.clone(),
             ids,
         });
     }
 
     fn wait(&mut self, waiter: &StreamName, waited: &StreamName) {
-        self.ops.push(Op::Wait {
+        self.push(Op::Wait {
             waiter: waiter.clone(),
             waited: waited.clone(),
         });
     }
 
     fn sync(&mut self) {
-        self.ops.push(Op::Sync { stream: None });
+        self.push(Op::Sync { stream: None });
     }
 }
 
@@ -689,6 +811,53 @@ mod tests {
         let e = Workload::parse("llm-infer:layers").unwrap_err();
         assert!(matches!(e, WorkloadError::Syntax { .. }), "{e}");
         assert_eq!(parse_u64("vocab", "32K").unwrap(), 32768);
+    }
+
+    /// `count_ops` counts what `ops` generates, and the lower bound that
+    /// refuses at once is one (issue 29, 5).
+    #[test]
+    fn counting_matches_generation_and_stops_at_the_limit() {
+        let mut specs: Vec<String> = presets().iter().map(|p| p.name.to_string()).collect();
+        specs.extend(
+            [
+                "gpt-train:steps=2,layers=1",
+                "gpt-train:ddp=1,bucket=1M,steps=2",
+                "llm-infer:interval=3,requests=40",
+                "llm-infer:block=1,requests=6",
+                "llm-infer:requests=3,gen_min=1,gen_max=1",
+            ]
+            .map(String::from),
+        );
+        for spec in &specs {
+            let w = Workload::parse(spec).unwrap();
+            let n = w.params.ops().len() as u64;
+            assert_eq!(w.params.count_ops(u64::MAX), Some(n), "{spec}");
+            assert_eq!(w.check_size(n).unwrap(), n, "{spec}");
+            assert_eq!(w.params.count_ops(n - 1), None, "{spec}");
+            assert!(
+                matches!(w.check_size(n - 1), Err(WorkloadError::TooLarge { limit }) if limit == n - 1),
+                "{spec}"
+            );
+            assert!(
+                w.params.min_ops() <= n,
+                "{spec}: {} > {n}",
+                w.params.min_ops()
+            );
+        }
+        // absurd sizes are refused without generating them
+        for spec in [
+            "gpt-train:layers=100000000000",
+            "gpt-train:steps=1000000000000",
+            "llm-infer:layers=1000000000000,requests=1",
+            "gpt-train:layers=100000",
+            "llm-infer:requests=2000000",
+        ] {
+            let w = Workload::parse(spec).unwrap();
+            let t = std::time::Instant::now();
+            let e = w.check_size(DEFAULT_MAX_WORKLOAD_OPS).unwrap_err();
+            assert!(e.to_string().contains("RESERVOIR_MAX_WORKLOAD_OPS"), "{e}");
+            assert!(t.elapsed().as_secs() < 30, "{spec}: {:?}", t.elapsed());
+        }
     }
 
     #[test]

@@ -127,7 +127,7 @@ impl DeviceState {
         // Address space beyond the device's size, so unmapped holes early in
         // the segment can be refilled at its end.
         let total = backend.mem_info()?.total;
-        let space = self.expandable_address_space(total).div_ceil(page_size) * page_size;
+        let space = self.expandable_address_space(total, page_size);
         let reservation = vm.reserve(space)?;
         self.segment_seq += 1;
         let seg = self.store.segments.insert(Segment {

@@ -131,13 +131,19 @@ impl DeviceState {
     /// Measured (BENCHMARKS.md "On a device the size of the bound"): with
     /// twice the device, every input replays the same on a device of its
     /// bound as on 80 GiB. Address space costs no memory.
+    ///
+    /// In whole pages of `page` bytes. Saturating: a device that reports
+    /// nearly 2^64 bytes asks for the largest whole number of pages below
+    /// 2^64, which no backend can reserve (a device error, as PyTorch's
+    /// `cuMemAddressReserve` failure is), instead of overflowing.
     #[inline]
-    pub(super) fn expandable_address_space(&self, total: u64) -> u64 {
-        if Policy::of(&self.config) == Policy::Reservoir {
+    pub(super) fn expandable_address_space(&self, total: u64, page: u64) -> u64 {
+        let space = if Policy::of(&self.config) == Policy::Reservoir {
             total.saturating_mul(2)
         } else {
-            total + total / 8
-        }
+            total.saturating_add(total / 8)
+        };
+        whole_pages(space, page)
     }
 
     /// Hook: the page size of a new expandable segment of a small or large
@@ -152,4 +158,13 @@ impl DeviceState {
             self.config.large_segment_size
         }
     }
+}
+
+/// `space` rounded up to whole pages of `page` bytes (0 is taken as 1), or
+/// the largest whole number of pages that `u64` holds when that overflows.
+pub(super) fn whole_pages(space: u64, page: u64) -> u64 {
+    let page = page.max(1);
+    space
+        .checked_next_multiple_of(page)
+        .unwrap_or(u64::MAX / page * page)
 }

@@ -291,7 +291,7 @@ impl<B: Backend> Seeder<'_, B> {
             .mem_info()
             .map_err(|source| SeedError::Backend { size: 0, source })?
             .total;
-        let space = (total + total / 8).div_ceil(page) * page;
+        let space = super::policy::whole_pages(total.saturating_add(total / 8), page);
         let mut mapped = seg.mapped.clone();
         mapped.sort_unstable();
         let mut end = 0;
