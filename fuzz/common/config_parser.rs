@@ -244,9 +244,10 @@ fn c_strtol(data: &[u8]) {
     // SAFETY: `c` is NUL-terminated; a null end pointer is allowed.
     let want = unsafe { strtol(c.as_ptr(), std::ptr::null_mut(), 0) };
     let got = strtol_base0(text);
+    #[allow(clippy::useless_conversion)] // `c_long` is `i32` on some targets
+    let want = i64::from(want);
     assert_eq!(
-        got,
-        i64::from(want),
+        got, want,
         "strtol_base0({text:?}) = {got}, C's strtol says {want}"
     );
 }

@@ -520,7 +520,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = rd
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_file() && p.extension().is_none_or(|x| x != "md"))
+        .filter(|p| p.is_file() && !p.extension().is_some_and(|x| x == "md"))
         .collect();
     v.sort();
     v

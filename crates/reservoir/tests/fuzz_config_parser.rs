@@ -18,7 +18,7 @@ fn inputs(dir: &str) -> Vec<PathBuf> {
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_file() && p.extension().is_none_or(|x| x != "md"))
+        .filter(|p| p.is_file() && !p.extension().is_some_and(|x| x == "md"))
         .collect();
     v.sort();
     v
