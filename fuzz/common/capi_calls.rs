@@ -399,7 +399,11 @@ fn c_text(text: &[u8]) -> CString {
 
 impl Runner {
     fn new() -> Runner {
-        let dir = std::env::temp_dir().join(format!("reservoir-fuzz-capi-{}", std::process::id()));
+        // One folder per runner: tests run several at once in one process.
+        static RUNNERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = RUNNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("reservoir-fuzz-capi-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temporary folder");
         Runner {
             handles: Vec::new(),
