@@ -14,8 +14,11 @@ fn inputs(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fuzz")
         .join(dir);
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    // A folder git has no file in (regressions/config_parser) is missing.
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.is_file() && !p.extension().is_some_and(|x| x == "md"))
