@@ -1,7 +1,9 @@
 #!/bin/sh
 # Build the fuzz seed corpora from the real traces in ../shared/traces
 # (relative to the project root) without copying them into the repository:
-# everything goes to fuzz/corpus/<target>/, which git ignores.
+# everything goes to fuzz/corpus/<target>/, which git ignores. The
+# committed seeds of capi_calls and config_parser (corpus-seeds/<target>/)
+# and their regressions (regressions/<target>/) are copied there too.
 #
 # Usage: fuzz/seed.sh [TRACES_DIR]   (default: $RESERVOIR_TRACES, else
 # ../shared/traces from the project root or one of its ancestors)
@@ -36,6 +38,18 @@ for d in "$here/hand_seeds" "$here/regressions"; do
         done
     done
 done
+# the targets whose inputs are not files of a format (capi_calls: call
+# sequences; config_parser: settings strings): their committed seeds and
+# regressions only
+for t in capi_calls config_parser; do
+    mkdir -p "$here/corpus/$t"
+    for d in "$here/corpus-seeds/$t" "$here/regressions/$t"; do
+        [ -d "$d" ] || continue
+        for f in "$d"/*; do
+            [ -f "$f" ] && cp "$f" "$here/corpus/$t/"
+        done
+    done
+done
 find "$traces" -type f | sort | while read -r f; do
     name=$(basename "$f")
     size=$(wc -c < "$f")
@@ -59,6 +73,6 @@ find "$traces" -type f | sort | while read -r f; do
         ;;
     esac
 done
-for t in pickle_reader snapshot_loader trace_readers; do
+for t in pickle_reader snapshot_loader trace_readers capi_calls config_parser; do
     echo "$t: $(ls "$here/corpus/$t" | wc -l) seeds"
 done
