@@ -351,6 +351,11 @@ pub unsafe extern "C" fn reservoir_allocator_create_stream(
     out: *mut u64,
 ) -> ReservoirStatus {
     guard("reservoir_allocator_create_stream", || {
+        // A null `out` is refused before the stream is made: a failed call
+        // creates nothing.
+        if out.is_null() {
+            return Err(Failure::invalid("out is null".to_string()));
+        }
         let s = with_handle(h, |a| {
             let s = each_backend!(a, a => reservoir::Backend::create_stream(a.backend()))
                 .map_err(|e| Failure::from(reservoir::AllocError::from(e)))?;

@@ -8,12 +8,11 @@
 //! * `seeds_are_current` checks that each seed file is the encoding of its
 //!   sequence below and decodes back to it (`RESERVOIR_BLESS=1` rewrites
 //!   them), so the seeds stay meaningful when the op set changes;
-//! * the `issue29_*` tests are the findings of the fuzzer that other work
-//!   fixes; they are ignored until then.
+//! * the `issue29_*` tests are the fuzzer's findings of issue 29 (unknown
+//!   stream ids accepted), fixed.
 //!
 //! ```sh
 //! cargo test -p reservoir-capi --test fuzz_capi_calls
-//! cargo test -p reservoir-capi --test fuzz_capi_calls -- --ignored   # the open findings
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -571,12 +570,10 @@ fn committed_inputs_pass() {
 use arbitrary::Arbitrary;
 
 // Findings of the fuzzer that belong to issue 29's other items (fixed in
-// crates/reservoir-capi and the backends by other work): remove the
-// `ignore` when they land.
+// crates/reservoir-capi and the backends).
 
 /// Issue 29 item 2: a stream id the handle never made is accepted.
 #[test]
-#[ignore = "issue 29 item 2: unknown stream ids are accepted (fixed elsewhere)"]
 fn issue29_alloc_on_an_unknown_stream_is_refused() {
     run(&[
         sim(CapacityChoice::Mib(63), 0),
@@ -584,10 +581,9 @@ fn issue29_alloc_on_an_unknown_stream_is_refused() {
     ]);
 }
 
-/// Issue 29 items 1 and 2: `record_stream` on a stream never made answers
-/// OK; the `free` after it then fails and orphans the block.
+/// Issue 29 items 1 and 2: `record_stream` on a stream never made answered
+/// OK, and the `free` after it then failed and orphaned the block.
 #[test]
-#[ignore = "issue 29 items 1-2: record_stream on an unknown stream, then free (fixed elsewhere)"]
 fn issue29_record_stream_on_an_unknown_stream_is_refused() {
     run(&[
         sim(CapacityChoice::Default, 0),

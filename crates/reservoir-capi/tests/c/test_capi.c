@@ -286,6 +286,9 @@ static void bad_inputs(const char *dir) {
     ReservoirAllocator *other = NULL;
     OK(reservoir_allocator_create(RESERVOIR_BACKEND_SIM, 0, 1024 * MiB, NULL, &other));
     OK(reservoir_allocator_create_stream(other, &theirs));
+    /* A null out-pointer is refused before a stream is made. */
+    EXPECT_ERR(reservoir_allocator_create_stream(h, NULL), RESERVOIR_ERR_INVALID_ARGUMENT,
+               "out is null");
     OK(reservoir_allocator_create_stream(h, &mine));
     CHECK(mine != theirs, "two handles' first streams differ: %llu", (unsigned long long)mine);
     Stats with_stream;
