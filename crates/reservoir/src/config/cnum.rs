@@ -100,6 +100,20 @@ fn starts_with_ignore_case(b: &[u8], word: &[u8]) -> bool {
 /// `inf`/`infinity`/`nan` (any case); anything after the number is ignored.
 /// Overflow and inexact results below the normal range are range errors.
 pub(super) fn c_stod(s: &str) -> Result<f64, NumError> {
+    signed_number(s, |rest| match strtod_hex(rest) {
+        Some(v) => v.map(Some),
+        None => strtod_decimal(rest).map(Some),
+    })
+}
+
+/// What `strtod` and `std::stod` share: leading blanks and an optional
+/// sign, then `inf`/`infinity` or `nan` (any case), else what `number`
+/// reads from the rest; `Ok(None)` from it is "no number at all", 0.0
+/// (unsigned, as glibc returns it).
+fn signed_number<E>(
+    s: &str,
+    number: impl FnOnce(&[u8]) -> Result<Option<f64>, E>,
+) -> Result<f64, E> {
     let b = s.as_bytes();
     let (i, negative) = sign_prefix(b);
     let rest = &b[i..];
@@ -107,10 +121,11 @@ pub(super) fn c_stod(s: &str) -> Result<f64, NumError> {
         f64::INFINITY
     } else if starts_with_ignore_case(rest, b"nan") {
         f64::NAN
-    } else if let Some(v) = strtod_hex(rest) {
-        v?
     } else {
-        strtod_decimal(rest)?
+        match number(rest)? {
+            Some(v) => v,
+            None => return Ok(0.0),
+        }
     };
     Ok(if negative { -magnitude } else { magnitude })
 }
@@ -164,25 +179,15 @@ fn optional_exponent(b: &[u8], i: &mut usize, marks: [u8; 2]) -> i64 {
 /// overflow gives ±infinity and underflow the rounded (zero or subnormal)
 /// value, as glibc returns them.
 pub fn strtod(s: &str) -> f64 {
-    let b = s.as_bytes();
-    let (i, negative) = sign_prefix(b);
-    let rest = &b[i..];
-    let magnitude = if starts_with_ignore_case(rest, b"inf") {
-        f64::INFINITY
-    } else if starts_with_ignore_case(rest, b"nan") {
-        f64::NAN
-    } else if let Some((v, _)) = strtod_hex_full(rest) {
-        v
-    } else {
-        match decimal_text(rest) {
-            Some((text, _, _, _)) => text.parse().unwrap_or(0.0),
-            None => return 0.0,
-        }
-    };
-    if negative {
-        -magnitude
-    } else {
-        magnitude
+    let read = signed_number::<std::convert::Infallible>(s, |rest| {
+        Ok(match strtod_hex_full(rest) {
+            Some((v, _)) => Some(v),
+            None => decimal_text(rest).map(|(text, _, _, _)| text.parse().unwrap_or(0.0)),
+        })
+    });
+    match read {
+        Ok(v) => v,
+        Err(never) => match never {},
     }
 }
 

@@ -532,22 +532,31 @@ fn an_allocation_failed_callback_may_free_memory_spec_4_5() {
     assert_eq!(h.a.stats().num_alloc_retries, 0);
 }
 
-#[test]
-fn all_five_callbacks_fire_spec_4_5() {
+/// The callback scenario of `all_five_callbacks_fire_spec_4_5` and
+/// `audit_36_only_allocation_failed_fires_by_default`: allocate, free,
+/// reuse, free, empty the cache, then fail an allocation; `log` picks the
+/// events logged (`H::log` or `H::log_only`).
+fn callback_events(log: impl FnOnce(&H) -> Arc<Mutex<Vec<EventType>>>) -> Vec<EventType> {
     let h = heap(GIB, true, |s| {
         s.high_watermark_ratio = 0.0;
         s.low_watermark_ratio = 0.0;
         s.max_buffer_length = Some(4 * GIB);
     });
-    let log = h.log();
+    let log = log(&h);
     let p = h.malloc(MIB);
     h.free(p);
     let q = h.malloc(MIB);
     h.free(q);
     h.empty();
     assert!(h.try_malloc(2 * GIB, UsageFlags::PRIVATE).is_err());
+    let events = log.lock().unwrap().clone();
+    events
+}
+
+#[test]
+fn all_five_callbacks_fire_spec_4_5() {
     assert_eq!(
-        *log.lock().unwrap(),
+        callback_events(H::log),
         [
             EventType::Allocated,
             EventType::Freed,
@@ -1867,19 +1876,7 @@ fn audit_t14_release_available_cached_buffers_takes_a_busy_buffer_as_a_zombie() 
 /// the other four events are the `all_callback_events` extension.
 #[test]
 fn audit_36_only_allocation_failed_fires_by_default() {
-    let h = heap(GIB, true, |s| {
-        s.high_watermark_ratio = 0.0;
-        s.low_watermark_ratio = 0.0;
-        s.max_buffer_length = Some(4 * GIB);
-    });
-    let log = h.log_only();
-    let p = h.malloc(MIB);
-    h.free(p);
-    let q = h.malloc(MIB);
-    h.free(q);
-    h.empty();
-    assert!(h.try_malloc(2 * GIB, UsageFlags::PRIVATE).is_err());
-    assert_eq!(*log.lock().unwrap(), [EventType::AllocationFailed]);
+    assert_eq!(callback_events(H::log_only), [EventType::AllocationFailed]);
 }
 
 /// audit #39: dropping the allocator empties its cache (`~MPSHeapAllocatorImpl`),
