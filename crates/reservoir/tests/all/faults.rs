@@ -8,7 +8,8 @@ use std::sync::Arc;
 use reservoir::caching::{PoolFilter, StreamShards};
 use reservoir::sim::{SimConfig, SimDevice};
 use reservoir::{
-    AllocError, AllocatorConfig, Backend, BackendError, CachingAllocator, MempoolId, StreamId,
+    AllocError, AllocatorConfig, Backend, BackendError, CachingAllocator, DevicePtr, MempoolId,
+    StreamId,
 };
 use reservoir_testkit::faults::{run_workload, workload, EntryPoint, FaultyBackend};
 
@@ -94,6 +95,80 @@ fn a_failed_event_record_in_free_frees_nothing_and_says_so() {
             (live.allocations, live.mapped_bytes, live.events),
             (0, 0, 0),
             "{conf}"
+        );
+    }
+}
+
+/// The PyTorch entry point's fallback (`reservoir_free` cannot give the
+/// pointer back to torch): a free that failed recording a stream's event
+/// is retried with [`CachingAllocator::free_after_sync`], which
+/// synchronises the device and frees the block without recording any
+/// event, so a device that keeps failing `record_event` cannot make it
+/// fail. A failed synchronisation frees nothing; a pointer not allocated
+/// here is refused before synchronising.
+#[test]
+fn free_after_sync_frees_a_block_whose_events_cannot_be_recorded() {
+    for conf in MODES {
+        let (dev, a) = allocator(conf);
+        let s1 = dev.create_stream().unwrap();
+        let s2 = dev.create_stream().unwrap();
+        let p = a.raw_alloc(1000, S0).unwrap();
+        let keep = a.raw_alloc(3 * MIB, S0).unwrap();
+        a.record_stream(p, s1).unwrap();
+        a.record_stream(p, s2).unwrap();
+        dev.fail_nth(EntryPoint::RecordEvent, 1);
+        let err = a.raw_free(p).unwrap_err();
+        assert!(
+            matches!(err, AllocError::FreeFailed { .. }),
+            "{conf}: {err:?}"
+        );
+        a.check_invariants().unwrap();
+        let before = (a.stats(), a.segments(), a.memory_stats());
+        // A failed synchronisation frees nothing.
+        dev.fail_nth(EntryPoint::SynchronizeDevice, 1);
+        let err = a.free_after_sync(p).unwrap_err();
+        assert!(is_injected(&err), "{conf}: {err:?}");
+        a.check_invariants().unwrap();
+        assert_eq!((a.stats(), a.segments(), a.memory_stats()), before);
+        // Unknown pointers: refused, no synchronisation.
+        let syncs = dev.calls(EntryPoint::SynchronizeDevice);
+        assert!(matches!(
+            a.free_after_sync(DevicePtr(p.0 + 512)),
+            Err(AllocError::InvalidPointer { .. })
+        ));
+        assert_eq!(dev.calls(EntryPoint::SynchronizeDevice), syncs);
+        a.free_after_sync(DevicePtr::NULL).unwrap();
+        // The device still cannot record events: the free succeeds anyway.
+        let recorded = dev.calls(EntryPoint::RecordEvent);
+        dev.fail_nth(EntryPoint::RecordEvent, 1);
+        a.free_after_sync(p).unwrap();
+        dev.clear_faults();
+        assert_eq!(dev.calls(EntryPoint::RecordEvent), recorded, "{conf}");
+        assert_eq!(dev.calls(EntryPoint::SynchronizeDevice), syncs + 1);
+        a.check_invariants().unwrap();
+        let s = a.stats();
+        assert_eq!(s.allocated_bytes.all().current, 3 * MIB as i64, "{conf}");
+        assert_eq!(s.active_bytes.all().current, 3 * MIB as i64, "{conf}");
+        assert!(matches!(
+            a.raw_free(p),
+            Err(AllocError::InvalidPointer { .. })
+        ));
+        assert!(matches!(
+            a.free_after_sync(p),
+            Err(AllocError::InvalidPointer { .. })
+        ));
+        // The block is free at once (no event to wait for).
+        let q = a.raw_alloc(1000, S0).unwrap();
+        assert_eq!(q, p, "{conf}: the freed block is reused");
+        a.raw_free(q).unwrap();
+        a.raw_free(keep).unwrap();
+        a.empty_cache().unwrap();
+        a.check_invariants().unwrap();
+        assert_eq!(reserved(&a), 0, "{conf}");
+        let live = dev.live();
+        assert_eq!(
+            (live.allocations, live.mapped_bytes, live.events),
+            (0, 0, 0)
         );
     }
 }
