@@ -238,6 +238,16 @@ void *reservoir_alloc(intptr_t size, int32_t device, void *stream);
 // PyTorch's pluggable `free(ptr, size, device, stream)`: return `ptr`
 // (from [`reservoir_alloc`] on `device`) to the cache. Null does nothing;
 // a pointer not allocated here is logged and changes nothing.
+//
+// Torch has forgotten `ptr` when this returns, so a free that fails
+// because the driver cannot record an event on a stream that used the
+// block (`record_stream`; the library's `FreeFailed`, which frees
+// nothing) is not left there: the device is synchronised (every stream's
+// work completes, so no stream still uses the block) and the block freed
+// without recording events (`CachingAllocator::free_after_sync`; a
+// `tracing` warning says so). Only if that fails too (the synchronisation
+// itself fails) does the block stay allocated, leaked: the error is the
+// thread's last error and is logged. Never panics.
 void reservoir_free(void *ptr, intptr_t size, int32_t device, void *stream);
 
 // The value of the statistic `key` (a flat torch key such as

@@ -192,6 +192,16 @@ pub unsafe extern "C" fn reservoir_alloc(
 /// PyTorch's pluggable `free(ptr, size, device, stream)`: return `ptr`
 /// (from [`reservoir_alloc`] on `device`) to the cache. Null does nothing;
 /// a pointer not allocated here is logged and changes nothing.
+///
+/// Torch has forgotten `ptr` when this returns, so a free that fails
+/// because the driver cannot record an event on a stream that used the
+/// block (`record_stream`; the library's `FreeFailed`, which frees
+/// nothing) is not left there: the device is synchronised (every stream's
+/// work completes, so no stream still uses the block) and the block freed
+/// without recording events (`CachingAllocator::free_after_sync`; a
+/// `tracing` warning says so). Only if that fails too (the synchronisation
+/// itself fails) does the block stay allocated, leaked: the error is the
+/// thread's last error and is logged. Never panics.
 #[no_mangle]
 pub extern "C" fn reservoir_free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) {
     torch_guard("reservoir_free", || {
@@ -199,12 +209,28 @@ pub extern "C" fn reservoir_free(ptr: *mut c_void, size: isize, device: i32, str
             return Ok(());
         }
         let a = allocator(device)?;
-        a.raw_free(DevicePtr(ptr as usize as u64)).map_err(|e| {
-            Failure::context(
-                e,
-                format_args!("ptr {ptr:p} (size {size}, device {device}, stream {stream:p})"),
-            )
-        })
+        let p = DevicePtr(ptr as usize as u64);
+        let what = || format!("ptr {ptr:p} (size {size}, device {device}, stream {stream:p})");
+        match a.raw_free(p) {
+            Ok(()) => Ok(()),
+            Err(reservoir::AllocError::FreeFailed { source, .. }) => {
+                tracing::warn!(
+                    target: "reservoir::capi",
+                    "reservoir_free: {}: {source}; synchronising the device to free it without events",
+                    what()
+                );
+                a.free_after_sync(p).map_err(|e| {
+                    Failure::context(
+                        e,
+                        format_args!(
+                            "{}: the free failed ({source}), then so did freeing it after synchronising the device; the block stays allocated, leaked",
+                            what()
+                        ),
+                    )
+                })
+            }
+            Err(e) => Err(Failure::context(e, format_args!("{}", what()))),
+        }
     });
 }
 

@@ -29,6 +29,29 @@ impl DeviceState {
         Ok(())
     }
 
+    /// [`free_ptr`](Self::free_ptr) once the device has been synchronised
+    /// after the pointer's last use: the streams that used the block
+    /// (`record_stream`) are done with it, so it is freed without recording
+    /// their events, and cannot fail but as [`AllocError::InvalidPointer`].
+    /// While a pool allocation (capture) is underway the events are
+    /// deferred as in any free, which records none either.
+    #[cold]
+    #[inline(never)]
+    pub fn free_ptr_after_sync<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        ptr: DevicePtr,
+    ) -> Result<(), AllocError> {
+        let Some(&id) = self.allocated.get(&ptr.0) else {
+            return Err(AllocError::InvalidPointer { ptr });
+        };
+        if self.private.captures_underway.is_empty() {
+            self.store.blocks[id].stream_uses.clear();
+            self.events.capture_stream_uses.remove(&id);
+        }
+        self.free_ptr(backend, ptr)
+    }
+
     /// A free that recorded no event: the pointer goes back into the map.
     #[cold]
     #[inline(never)]

@@ -369,6 +369,30 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().free_ptr(&self.backend, ptr)
     }
 
+    /// Free `ptr` after synchronising the device, for a caller that cannot
+    /// keep the pointer when [`raw_free`](Self::raw_free) fails with
+    /// [`AllocError::FreeFailed`] (the device could not record an event on
+    /// a stream that used the block, `record_stream`): once every stream's
+    /// work is done no stream uses the block, and it is freed without
+    /// recording any event. The synchronisation (`synchronize_device`, with
+    /// the allocator's lock not held) waits for all the device's work: a
+    /// slow path, for that failure only. Null is a no-op; a pointer this
+    /// allocator did not hand out (or already freed) is
+    /// [`AllocError::InvalidPointer`], checked before synchronising; a
+    /// failed synchronisation is [`AllocError::Backend`] and frees nothing.
+    #[cold]
+    pub fn free_after_sync(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        if self.state.lock().allocated.get(&ptr.0).is_none() {
+            return Err(AllocError::InvalidPointer { ptr });
+        }
+        self.backend.synchronize_device()?;
+        let ctx = self.gather(RecordContext::All);
+        self.with_context(ctx, |state| state.free_ptr_after_sync(&self.backend, ptr))
+    }
+
     /// [`raw_free`](Self::raw_free) with the caller's own stack, used (as a
     /// gathered stack would be) only at context level `All`.
     pub fn raw_free_with_frames(

@@ -90,6 +90,9 @@ impl State {
     /// an empty heap is released when `remove_empty_heap`. A buffer still
     /// used by work (retain count > 1) becomes a zombie whose range frees
     /// up when the work completes. True when the heap was released.
+    ///
+    /// A device error (querying the buffer's work, or freeing its heap's
+    /// memory) comes before any change: the buffer stays cached.
     pub fn release_buffer(
         &mut self,
         dev: &dyn Backend,
@@ -98,6 +101,19 @@ impl State {
     ) -> Result<bool, AllocError> {
         let retain = self.retain_count(dev, b)?;
         let (addr, size, h, pool) = (self.addr(b), self.size(b), self.heap_of(b), self.pool_of(b));
+        // The heap's memory goes back to the device now (the last buffer,
+        // idle, and no zombie in the heap): free it first, so a failure
+        // leaves the heap and the buffer as they were.
+        let frees_heap = remove_empty_heap
+            && retain <= 1
+            && self.heaps[&h].n_buffers == 1
+            && !self
+                .store
+                .segment_blocks(h)
+                .any(|x| x != b && self.store.blocks[x].allocated);
+        if frees_heap {
+            self.free_heap_device_memory(dev, h)?;
+        }
         let pi = pool.index();
         self.remove_available(b);
         self.pools[pi].allocated_size -= size;
@@ -134,7 +150,7 @@ impl State {
         }
         self.fire(EventType::Released, addr, size);
         if remove_empty_heap && n_buffers == 0 {
-            self.release_heap(dev, h)?;
+            self.release_heap(dev, h);
             return Ok(true);
         }
         let key = self.heap_key(h);
@@ -165,8 +181,9 @@ impl State {
     }
 
     /// Release an empty heap: it leaves its pool and the totals; its memory
-    /// goes back to the device now, or once its zombies complete.
-    fn release_heap(&mut self, dev: &dyn Backend, h: SegmentId) -> Result<(), AllocError> {
+    /// went back to the device already (`release_buffer` freed it), or goes
+    /// back once its zombies complete.
+    fn release_heap(&mut self, dev: &dyn Backend, h: SegmentId) {
         let pool = PoolKind::from_index(self.store.segments[h].pool);
         let size = self.store.segments[h].size;
         self.pools[pool.index()].heaps_pending_update.remove(&h);
@@ -182,7 +199,7 @@ impl State {
             .segment_blocks(h)
             .any(|x| self.store.blocks[x].allocated);
         if !busy {
-            self.free_heap_memory(dev, h)?;
+            self.forget_heap(h);
         }
         if self.debug.contains(DebugVerbosity::RELEASES) {
             tracing::info!(
@@ -193,11 +210,18 @@ impl State {
                 if busy { 2 } else { 1 }
             );
         }
+    }
+
+    /// Give a heap's memory back to the device; nothing else changes (on
+    /// success the caller then [forgets](Self::forget_heap) the heap).
+    fn free_heap_device_memory(&self, dev: &dyn Backend, h: SegmentId) -> Result<(), AllocError> {
+        let s = &self.store.segments[h];
+        dev.free(crate::backend::DevicePtr(s.addr), s.size)?;
         Ok(())
     }
 
-    /// Give a detached, idle heap's memory back to the device.
-    fn free_heap_memory(&mut self, dev: &dyn Backend, h: SegmentId) -> Result<(), AllocError> {
+    /// Forget a detached, idle heap whose memory went back to the device.
+    fn forget_heap(&mut self, h: SegmentId) {
         let (addr, size, head) = {
             let s = &self.store.segments[h];
             (s.addr, s.size, s.head)
@@ -207,8 +231,6 @@ impl State {
         self.heaps.remove(&h);
         self.stats.num_device_free += 1;
         self.trace(TraceAction::SegmentFree, addr, size);
-        dev.free(crate::backend::DevicePtr(addr), size)?;
-        Ok(())
     }
 
     /// `release_buffers`: every available buffer of one pool (heaps freed as
@@ -363,8 +385,19 @@ impl State {
             if self.retain_count(dev, b)? > 1 {
                 continue;
             }
-            self.zombies.remove(&b);
             let h = self.heap_of(b);
+            // The last range of a released heap: its memory goes back to
+            // the device first; a failure leaves the zombie for the next
+            // poll.
+            let last = !self.heaps[&h].attached
+                && !self
+                    .store
+                    .segment_blocks(h)
+                    .any(|x| x != b && self.store.blocks[x].allocated);
+            if last {
+                self.free_heap_device_memory(dev, h)?;
+            }
+            self.zombies.remove(&b);
             self.free_range(b);
             if self.heaps[&h].attached {
                 self.update_heap(h);
@@ -376,12 +409,8 @@ impl State {
                     let pool = self.store.segments[h].pool as usize;
                     self.pools[pool].heaps_pending_update.remove(&h);
                 }
-            } else if !self
-                .store
-                .segment_blocks(h)
-                .any(|x| self.store.blocks[x].allocated)
-            {
-                self.free_heap_memory(dev, h)?;
+            } else if last {
+                self.forget_heap(h);
             }
         }
         Ok(())

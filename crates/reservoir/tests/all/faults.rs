@@ -8,7 +8,8 @@ use std::sync::Arc;
 use reservoir::caching::{PoolFilter, StreamShards};
 use reservoir::sim::{SimConfig, SimDevice};
 use reservoir::{
-    AllocError, AllocatorConfig, Backend, BackendError, CachingAllocator, MempoolId, StreamId,
+    AllocError, AllocatorConfig, Backend, BackendError, CachingAllocator, DevicePtr, MempoolId,
+    StreamId,
 };
 use reservoir_testkit::faults::{run_workload, workload, EntryPoint, FaultyBackend};
 
@@ -94,6 +95,80 @@ fn a_failed_event_record_in_free_frees_nothing_and_says_so() {
             (live.allocations, live.mapped_bytes, live.events),
             (0, 0, 0),
             "{conf}"
+        );
+    }
+}
+
+/// The PyTorch entry point's fallback (`reservoir_free` cannot give the
+/// pointer back to torch): a free that failed recording a stream's event
+/// is retried with [`CachingAllocator::free_after_sync`], which
+/// synchronises the device and frees the block without recording any
+/// event, so a device that keeps failing `record_event` cannot make it
+/// fail. A failed synchronisation frees nothing; a pointer not allocated
+/// here is refused before synchronising.
+#[test]
+fn free_after_sync_frees_a_block_whose_events_cannot_be_recorded() {
+    for conf in MODES {
+        let (dev, a) = allocator(conf);
+        let s1 = dev.create_stream().unwrap();
+        let s2 = dev.create_stream().unwrap();
+        let p = a.raw_alloc(1000, S0).unwrap();
+        let keep = a.raw_alloc(3 * MIB, S0).unwrap();
+        a.record_stream(p, s1).unwrap();
+        a.record_stream(p, s2).unwrap();
+        dev.fail_nth(EntryPoint::RecordEvent, 1);
+        let err = a.raw_free(p).unwrap_err();
+        assert!(
+            matches!(err, AllocError::FreeFailed { .. }),
+            "{conf}: {err:?}"
+        );
+        a.check_invariants().unwrap();
+        let before = (a.stats(), a.segments(), a.memory_stats());
+        // A failed synchronisation frees nothing.
+        dev.fail_nth(EntryPoint::SynchronizeDevice, 1);
+        let err = a.free_after_sync(p).unwrap_err();
+        assert!(is_injected(&err), "{conf}: {err:?}");
+        a.check_invariants().unwrap();
+        assert_eq!((a.stats(), a.segments(), a.memory_stats()), before);
+        // Unknown pointers: refused, no synchronisation.
+        let syncs = dev.calls(EntryPoint::SynchronizeDevice);
+        assert!(matches!(
+            a.free_after_sync(DevicePtr(p.0 + 512)),
+            Err(AllocError::InvalidPointer { .. })
+        ));
+        assert_eq!(dev.calls(EntryPoint::SynchronizeDevice), syncs);
+        a.free_after_sync(DevicePtr::NULL).unwrap();
+        // The device still cannot record events: the free succeeds anyway.
+        let recorded = dev.calls(EntryPoint::RecordEvent);
+        dev.fail_nth(EntryPoint::RecordEvent, 1);
+        a.free_after_sync(p).unwrap();
+        dev.clear_faults();
+        assert_eq!(dev.calls(EntryPoint::RecordEvent), recorded, "{conf}");
+        assert_eq!(dev.calls(EntryPoint::SynchronizeDevice), syncs + 1);
+        a.check_invariants().unwrap();
+        let s = a.stats();
+        assert_eq!(s.allocated_bytes.all().current, 3 * MIB as i64, "{conf}");
+        assert_eq!(s.active_bytes.all().current, 3 * MIB as i64, "{conf}");
+        assert!(matches!(
+            a.raw_free(p),
+            Err(AllocError::InvalidPointer { .. })
+        ));
+        assert!(matches!(
+            a.free_after_sync(p),
+            Err(AllocError::InvalidPointer { .. })
+        ));
+        // The block is free at once (no event to wait for).
+        let q = a.raw_alloc(1000, S0).unwrap();
+        assert_eq!(q, p, "{conf}: the freed block is reused");
+        a.raw_free(q).unwrap();
+        a.raw_free(keep).unwrap();
+        a.empty_cache().unwrap();
+        a.check_invariants().unwrap();
+        assert_eq!(reserved(&a), 0, "{conf}");
+        let live = dev.live();
+        assert_eq!(
+            (live.allocations, live.mapped_bytes, live.events),
+            (0, 0, 0)
         );
     }
 }
@@ -331,11 +406,15 @@ fn heap_free_fails_whole_or_succeeds() {
     use reservoir::config::heap::HeapSettings;
     use reservoir::heap::{HeapAllocator, UsageFlags};
     let dev = device(8 * GIB);
-    let h = HeapAllocator::new(dev.clone(), HeapSettings::new(true)).unwrap();
+    // The later free path, which asks the buffer's retain count; shared
+    // buffers, which `record_events` records.
+    let mut settings = HeapSettings::new(true);
+    settings.free_waits_for_events = true;
+    let h = HeapAllocator::new(dev.clone(), settings).unwrap();
     let check = || h.check_invariants().unwrap();
     let s1 = dev.create_stream().unwrap();
-    let p = h.malloc(MIB, UsageFlags::PRIVATE).unwrap();
-    let q = h.malloc(MIB, UsageFlags::PRIVATE).unwrap();
+    let p = h.malloc(MIB, UsageFlags::SHARED).unwrap();
+    let q = h.malloc(MIB, UsageFlags::SHARED).unwrap();
     dev.inner().hold_stream(s1).unwrap();
     assert!(h.record_events(&[p, q], s1).unwrap());
     h.free(p).unwrap();
@@ -361,6 +440,73 @@ fn heap_free_fails_whole_or_succeeds() {
     check();
     assert_eq!(h.stats().reserved_bytes.all().current, 0);
     assert_eq!(dev.live().allocations, 0);
+}
+
+/// The MPS heap allocator's `empty_cache` after a device error (issue 29
+/// item 7): five heaps cached in four pools, the `n`-th call of `entry`
+/// fails (a heap's `free`, or the `query_event` a buffer's retain count
+/// asks). `empty_cache` returns that error and releases everything else;
+/// what failed stays cached and counted, and the next `empty_cache`
+/// releases it. Before, the first error stopped the release (every later
+/// pool stayed cached), and a failed heap `free` forgot the heap while its
+/// memory stayed on the device for good.
+fn heap_empty_cache_after_a_device_error(entry: EntryPoint, n: u64) {
+    use reservoir::config::heap::HeapSettings;
+    use reservoir::heap::{HeapAllocator, UsageFlags};
+    let dev = device(8 * GIB);
+    let h = HeapAllocator::new(dev.clone(), HeapSettings::new(true)).unwrap();
+    let check = || h.check_invariants().unwrap();
+    let mut ptrs = Vec::new();
+    // Eleven 3 MiB buffers: two 32 MiB private heaps.
+    for _ in 0..11 {
+        ptrs.push(h.malloc(3 * MIB, UsageFlags::PRIVATE).unwrap());
+    }
+    ptrs.push(h.malloc(100 << 10, UsageFlags::PRIVATE).unwrap());
+    ptrs.push(h.malloc(100 << 10, UsageFlags::SHARED).unwrap());
+    ptrs.push(h.malloc(3 * MIB, UsageFlags::SHARED).unwrap());
+    // Completed work on every buffer: each retain count queries an event.
+    h.record_use(&ptrs, S0).unwrap();
+    for &p in &ptrs {
+        h.free(p).unwrap();
+        check();
+    }
+    assert_eq!(dev.live().allocations, 5);
+    let reserved = h.total_allocated_memory();
+    dev.fail_nth(entry, n);
+    let err = h.empty_cache().unwrap_err();
+    assert!(is_injected(&err), "{entry:?} {n}: {err:?}");
+    assert_eq!(dev.injected(), 1);
+    check();
+    // Only the heap whose free (or whose buffer's query) failed is left,
+    // on the device and in the totals alike.
+    assert_eq!(dev.live().allocations, 1, "{entry:?} {n}: every other heap");
+    let left = h.total_allocated_memory();
+    assert!(
+        left > 0 && left < reserved,
+        "{entry:?} {n}: {left} of {reserved}"
+    );
+    assert_eq!(h.stats().reserved_bytes.all().current, left as i64);
+    assert_eq!(h.stats().segment.all().current, 1);
+    h.empty_cache().unwrap();
+    check();
+    assert_eq!(h.total_allocated_memory(), 0);
+    assert_eq!(h.stats().reserved_bytes.all().current, 0);
+    assert_eq!(dev.live().allocations, 0);
+    assert_eq!(dev.live().events, 0);
+}
+
+#[test]
+fn heap_empty_cache_releases_every_other_heap_when_a_free_fails() {
+    for n in 1..=5 {
+        heap_empty_cache_after_a_device_error(EntryPoint::Free, n);
+    }
+}
+
+#[test]
+fn heap_empty_cache_releases_every_other_heap_when_a_query_fails() {
+    for n in [1, 5, 11, 12, 14] {
+        heap_empty_cache_after_a_device_error(EntryPoint::QueryEvent, n);
+    }
 }
 
 /// The issue's C scenario in the library: `record_stream` on a stream the
