@@ -42,6 +42,11 @@ fn shards(capacity: u64, max_streams: usize) -> Arc<StreamShards<SimDevice>> {
         capacity,
         ..SimConfig::default()
     });
+    // The models allocate on streams 1 to 3: streams of the device, as the
+    // allocator checks (an unknown stream is refused).
+    for id in 1..=3 {
+        dev.register_stream(StreamId(id));
+    }
     Arc::new(
         StreamShards::with_max_streams(dev, AllocatorConfig::default(), 0, max_streams).unwrap(),
     )
