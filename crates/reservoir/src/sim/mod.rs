@@ -709,12 +709,6 @@ impl SimDevice {
         self.state.lock().streams.pending(stream)
     }
 
-    /// Complete all work enqueued on `stream` so far, also held work (counted
-    /// as a forced sync). The stream stays held for later work.
-    pub fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
-        self.state.lock().streams.synchronize_stream(stream)
-    }
-
     /// Complete all work on every stream (`cudaDeviceSynchronize`).
     pub fn synchronize_all(&self) {
         self.state.lock().streams.synchronize_all();
@@ -1149,10 +1143,10 @@ impl Backend for SimDevice {
         self.state.lock().streams.destroy_event(event)
     }
 
-    /// Virtual memory, and `async_streams`: events can stay pending (held
-    /// streams), so callers must query them.
+    /// Complete all work enqueued on `stream` so far, also held work (counted
+    /// as a forced sync). The stream stays held for later work.
     fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
-        SimDevice::synchronize_stream(self, stream)
+        self.state.lock().streams.synchronize_stream(stream)
     }
 
     fn synchronize_device(&self) -> Result<(), BackendError> {
