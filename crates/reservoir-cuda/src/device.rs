@@ -433,34 +433,6 @@ impl CudaDevice {
         (st.events.len(), st.event_pool.len())
     }
 
-    /// Keep `stream` busy: work enqueued on it stays pending until
-    /// [`release`](Self::release) (`fakecuda_stream_hold`; needs the fake
-    /// driver). A synchronisation that waits for the stream (a free, a
-    /// device synchronisation) completes its work anyway, as a CPU would
-    /// wait for a GPU.
-    pub fn hold(&self, stream: StreamId) -> Result<(), BackendError> {
-        let fake = self.need_fake("hold")?;
-        let s = self.state.lock().stream(stream)? as u64;
-        match fake.hold(s) {
-            0 => Ok(()),
-            e => Err(BackendError::InvalidValue(format!(
-                "fakecuda_stream_hold({stream}) returned {e}"
-            ))),
-        }
-    }
-
-    /// End a [`hold`](Self::hold) and wait for the stream's work.
-    pub fn release(&self, stream: StreamId) -> Result<(), BackendError> {
-        let fake = self.need_fake("release")?;
-        let s = self.state.lock().stream(stream)? as u64;
-        match fake.release(s) {
-            0 => self.synchronize_stream(stream),
-            e => Err(BackendError::InvalidValue(format!(
-                "fakecuda_stream_release({stream}) returned {e}"
-            ))),
-        }
-    }
-
     /// Operations pending on `stream` (`fakecuda_stream_pending`; needs the
     /// fake driver).
     pub fn pending(&self, stream: StreamId) -> Result<u64, BackendError> {
@@ -489,7 +461,7 @@ impl CudaDevice {
         }
     }
 
-    fn need_fake(&self, what: &'static str) -> Result<&FakeDriver, BackendError> {
+    pub(crate) fn need_fake(&self, what: &'static str) -> Result<&FakeDriver, BackendError> {
         self.fake.as_ref().ok_or(BackendError::Unsupported {
             backend: NAME,
             what,

@@ -4,8 +4,8 @@
 //! A real driver has none of them: [`FakeDriver::load`] answers `None`
 //! there. The hooks that name a stream are reached through
 //! [`CudaDevice`](crate::CudaDevice) (which checks the stream first:
-//! [`CudaDevice::hold`](crate::CudaDevice::hold),
-//! [`CudaDevice::release`](crate::CudaDevice::release),
+//! [`DeviceWork::hold`](crate::DeviceWork::hold),
+//! [`DeviceWork::release`](crate::DeviceWork::release),
 //! [`CudaDevice::pending`](crate::CudaDevice::pending),
 //! [`CudaDevice::enqueue`](crate::CudaDevice::enqueue)); the process-wide
 //! ones are methods of [`FakeDriver`].

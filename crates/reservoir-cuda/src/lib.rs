@@ -51,14 +51,14 @@
 //!   [`CudaDevice::enable_peer_access`], which answer
 //!   [`BackendError::Unsupported`] where the driver says peer access is
 //!   impossible.
-//! * **Work for tests** ([`CudaDevice::fill`], [`CudaDevice::copy`],
-//!   [`CudaDevice::read`], and the [`DeviceWork`] capability that the
-//!   stream-safety scenarios of `reservoir_testkit::conformance` drive):
+//! * **Work for tests** (the [`DeviceWork`] and [`Memcpy`] capabilities,
+//!   which the stream-safety scenarios of `reservoir_testkit::conformance`
+//!   drive: [`DeviceWork::fill`], [`Memcpy::copy`]; and [`CudaDevice::read`]):
 //!   `cuMemsetD8Async`, `cuMemcpyDtoDAsync_v2`, `cuMemcpyDtoHAsync_v2` +
 //!   `cuStreamSynchronize`. Every range is checked to lie in one live
 //!   segment, one IPC mapping or mapped pages of one reservation before the
-//!   driver sees it. [`CudaDevice::hold`] and [`CudaDevice::release`] keep a stream
-//!   busy; they need the fake driver's hooks ([`CudaDevice::fake`]).
+//!   driver sees it. [`DeviceWork::hold`] and [`DeviceWork::release`] keep a
+//!   stream busy; they need the fake driver's hooks ([`CudaDevice::fake`]).
 //!
 //! ## Testing without a GPU
 //!

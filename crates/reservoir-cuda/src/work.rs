@@ -8,7 +8,7 @@
 //! of this process, so an unchecked address would be a wild write.
 
 use cudarc::driver::sys;
-use reservoir::backend::{BackendError, DevicePtr, DeviceWork, Memcpy, StreamId};
+use reservoir::backend::{Backend, BackendError, DevicePtr, DeviceWork, Memcpy, StreamId};
 use reservoir::checksum::checksum;
 
 use crate::device::{CudaDevice, State};
@@ -47,52 +47,6 @@ impl State {
 }
 
 impl CudaDevice {
-    /// Set `len` bytes at `ptr` to `byte` on `stream` (`cuMemsetD8Async`).
-    pub fn fill(
-        &self,
-        ptr: DevicePtr,
-        len: u64,
-        byte: u8,
-        stream: StreamId,
-    ) -> Result<(), BackendError> {
-        let st = self.state.lock();
-        st.check_range(ptr, len, self.granularity)?;
-        let s = st.stream(stream)?;
-        self.bind()?;
-        // SAFETY: the range is live device memory of this device (checked)
-        // and `s` a live stream; memory stays allocated while work may use
-        // it because frees synchronise the context first.
-        check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(ptr.0, byte, len as usize, s)
-        })
-    }
-
-    /// Copy `len` bytes from `src` to `dst` on `stream`
-    /// (`cuMemcpyDtoDAsync_v2`). The ranges must not overlap.
-    pub fn copy(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: u64,
-        stream: StreamId,
-    ) -> Result<(), BackendError> {
-        let st = self.state.lock();
-        st.check_range(dst, len, self.granularity)?;
-        st.check_range(src, len, self.granularity)?;
-        if dst.0 < src.0 + len && src.0 < dst.0 + len {
-            return Err(BackendError::InvalidValue(format!(
-                "overlapping CUDA copy from [{src}, +{len}) to [{dst}, +{len})"
-            )));
-        }
-        let s = st.stream(stream)?;
-        self.bind()?;
-        // SAFETY: both ranges are live device memory (checked) and do not
-        // overlap; `s` is a live stream.
-        check("cuMemcpyDtoDAsync_v2", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, len as usize, s)
-        })
-    }
-
     /// Copy `len` bytes at `ptr` to host memory after the work enqueued on
     /// `stream` so far, and wait for it.
     pub fn read(
@@ -136,6 +90,8 @@ impl CudaDevice {
 }
 
 impl Memcpy for CudaDevice {
+    /// Copy `len` bytes from `src` to `dst` on `stream`
+    /// (`cuMemcpyDtoDAsync_v2`). The ranges must not overlap.
     fn copy(
         &self,
         dst: DevicePtr,
@@ -143,11 +99,26 @@ impl Memcpy for CudaDevice {
         len: u64,
         stream: StreamId,
     ) -> Result<(), BackendError> {
-        CudaDevice::copy(self, dst, src, len, stream)
+        let st = self.state.lock();
+        st.check_range(dst, len, self.granularity)?;
+        st.check_range(src, len, self.granularity)?;
+        if dst.0 < src.0 + len && src.0 < dst.0 + len {
+            return Err(BackendError::InvalidValue(format!(
+                "overlapping CUDA copy from [{src}, +{len}) to [{dst}, +{len})"
+            )));
+        }
+        let s = st.stream(stream)?;
+        self.bind()?;
+        // SAFETY: both ranges are live device memory (checked) and do not
+        // overlap; `s` is a live stream.
+        check("cuMemcpyDtoDAsync_v2", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, len as usize, s)
+        })
     }
 }
 
 impl DeviceWork for CudaDevice {
+    /// Set `len` bytes at `ptr` to `byte` on `stream` (`cuMemsetD8Async`).
     fn fill(
         &self,
         ptr: DevicePtr,
@@ -155,7 +126,16 @@ impl DeviceWork for CudaDevice {
         byte: u8,
         stream: StreamId,
     ) -> Result<(), BackendError> {
-        CudaDevice::fill(self, ptr, len, byte, stream)
+        let st = self.state.lock();
+        st.check_range(ptr, len, self.granularity)?;
+        let s = st.stream(stream)?;
+        self.bind()?;
+        // SAFETY: the range is live device memory of this device (checked)
+        // and `s` a live stream; memory stays allocated while work may use
+        // it because frees synchronise the context first.
+        check("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(ptr.0, byte, len as usize, s)
+        })
     }
 
     fn read_checksum(
@@ -167,11 +147,31 @@ impl DeviceWork for CudaDevice {
         self.checksum(ptr, len, stream).map(Some)
     }
 
+    /// Keep `stream` busy: work enqueued on it stays pending until
+    /// [`release`](DeviceWork::release) (`fakecuda_stream_hold`; needs the fake
+    /// driver). A synchronisation that waits for the stream (a free, a
+    /// device synchronisation) completes its work anyway, as a CPU would
+    /// wait for a GPU.
     fn hold(&self, stream: StreamId) -> Result<(), BackendError> {
-        CudaDevice::hold(self, stream)
+        let fake = self.need_fake("hold")?;
+        let s = self.state.lock().stream(stream)? as u64;
+        match fake.hold(s) {
+            0 => Ok(()),
+            e => Err(BackendError::InvalidValue(format!(
+                "fakecuda_stream_hold({stream}) returned {e}"
+            ))),
+        }
     }
 
+    /// End a [`hold`](DeviceWork::hold) and wait for the stream's work.
     fn release(&self, stream: StreamId) -> Result<(), BackendError> {
-        CudaDevice::release(self, stream)
+        let fake = self.need_fake("release")?;
+        let s = self.state.lock().stream(stream)? as u64;
+        match fake.release(s) {
+            0 => self.synchronize_stream(stream),
+            e => Err(BackendError::InvalidValue(format!(
+                "fakecuda_stream_release({stream}) returned {e}"
+            ))),
+        }
     }
 }

@@ -16,6 +16,11 @@ use crate::config::{HostConfig, HostConfigError};
 use crate::ipc::{self, HostIpcHandle};
 use crate::mapping::{os_page_size, Mapping};
 
+mod counters;
+mod vm;
+
+pub use counters::{HostCounters, LeakReport};
+
 /// The backend's name, as [`Backend::name`] reports it.
 pub const NAME: &str = "host";
 
@@ -37,88 +42,6 @@ fn os_error(what: &str, err: &io::Error, requested: u64, free: u64) -> BackendEr
 /// A `u64` length as `usize`; lengths that do not fit cannot be mapped.
 fn to_usize(v: u64) -> Result<usize, BackendError> {
     usize::try_from(v).map_err(|_| invalid(format!("{v} bytes do not fit in this address space")))
-}
-
-/// A snapshot of the host device's counters ([`HostDevice::counters`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HostCounters {
-    /// Successful allocations ([`Backend::allocate`]).
-    pub allocs: u64,
-    /// Successful frees ([`Backend::free`]).
-    pub frees: u64,
-    /// Allocations refused for lack of budget or memory.
-    pub failed_allocs: u64,
-    /// Live plain allocations.
-    pub live_allocs: u64,
-    /// Bytes counted against the capacity now: plain allocations (rounded
-    /// up to the OS page size) plus mapped virtual-memory ranges.
-    pub bytes_in_use: u64,
-    /// Highest `bytes_in_use` since creation or [`HostDevice::reset_peak`].
-    pub peak_bytes: u64,
-    /// Successful reservations ([`VirtualMemory::reserve`]).
-    pub reserves: u64,
-    /// Released reservations ([`VirtualMemory::release`]).
-    pub releases: u64,
-    /// Live reservations.
-    pub live_reservations: u64,
-    /// Successful map calls ([`VirtualMemory::map`]).
-    pub maps: u64,
-    /// Successful unmap calls ([`VirtualMemory::unmap`]).
-    pub unmaps: u64,
-    /// Map calls refused for lack of budget or memory.
-    pub failed_maps: u64,
-    /// Bytes mapped read-write in reservations now.
-    pub mapped_bytes: u64,
-    /// Streams handed out by [`Backend::create_stream`].
-    pub streams_created: u64,
-    /// Events recorded ([`Backend::record_event`]).
-    pub events_recorded: u64,
-    /// Events recorded and not destroyed yet.
-    pub live_events: u64,
-    /// Successful copies ([`Memcpy::copy`]).
-    pub copies: u64,
-    /// Shared allocations of other processes opened ([`Ipc::open_segment`]).
-    pub ipc_opens: u64,
-    /// Those still open.
-    pub live_ipc_mappings: u64,
-}
-
-/// What a [`HostDevice`] still holds: reported by [`HostDevice::leak_report`]
-/// and logged (`tracing::warn!`) when a device is dropped with live memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeakReport {
-    /// Live plain allocations.
-    pub allocations: u64,
-    /// Their bytes, as requested.
-    pub allocation_bytes: u64,
-    /// Live reservations.
-    pub reservations: u64,
-    /// Their address space in bytes.
-    pub reserved_bytes: u64,
-    /// Bytes still mapped inside them.
-    pub mapped_bytes: u64,
-}
-
-impl LeakReport {
-    /// True when nothing is live.
-    pub fn is_empty(&self) -> bool {
-        self.allocations == 0 && self.reservations == 0
-    }
-}
-
-impl fmt::Display for LeakReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} allocation(s) of {} bytes, {} reservation(s) of {} bytes ({} bytes mapped)",
-            self.allocations,
-            self.allocation_bytes,
-            self.reservations,
-            self.reserved_bytes,
-            self.mapped_bytes
-        )
-    }
 }
 
 /// A live plain allocation.
@@ -348,193 +271,6 @@ impl State {
         Ok(())
     }
 
-    fn reserve(&mut self, size: u64, gran: u64) -> Result<Reservation, BackendError> {
-        if size == 0 || size % gran != 0 {
-            return Err(invalid(format!(
-                "reserve of {size} bytes: not a positive multiple of the granularity {gran}"
-            )));
-        }
-        let map = Mapping::reserve_aligned(to_usize(size)?, to_usize(gran)?)
-            .map_err(|e| os_error("mmap (reserve)", &e, size, self.free_bytes()))?;
-        let base = map.addr();
-        self.resv.insert(
-            base,
-            Resv {
-                map,
-                runs: BTreeMap::new(),
-                mapped: 0,
-            },
-        );
-        self.c.reserves += 1;
-        Ok(Reservation {
-            base: DevicePtr(base),
-            size,
-        })
-    }
-
-    /// Validate a map/unmap range of a live reservation.
-    fn check_range(
-        &self,
-        what: &str,
-        r: Reservation,
-        offset: u64,
-        len: u64,
-        gran: u64,
-    ) -> Result<(), BackendError> {
-        let Some(resv) = self.resv.get(&r.base.0) else {
-            return Err(invalid(format!(
-                "{what} in reservation {}: not a live reservation of the host device",
-                r.base
-            )));
-        };
-        let size = resv.map.len() as u64;
-        if size != r.size {
-            return Err(invalid(format!(
-                "{what} in reservation {}: it has size {size}, not {}",
-                r.base, r.size
-            )));
-        }
-        if len == 0 || offset % gran != 0 || len % gran != 0 {
-            return Err(invalid(format!(
-                "{what} of [{offset:#x}, +{len:#x}) in reservation {}: empty or not aligned to \
-                 the granularity {gran:#x}",
-                r.base
-            )));
-        }
-        if offset.checked_add(len).map_or(true, |end| end > size) {
-            return Err(invalid(format!(
-                "{what} of [{offset:#x}, +{len:#x}) is outside reservation {} of {size:#x} bytes",
-                r.base
-            )));
-        }
-        Ok(())
-    }
-
-    fn map(
-        &mut self,
-        r: Reservation,
-        offset: u64,
-        len: u64,
-        gran: u64,
-    ) -> Result<(), BackendError> {
-        self.check_range("map", r, offset, len, gran)?;
-        let end = offset + len;
-        let resv = &self.resv[&r.base.0];
-        if let Some((&o, &l)) = resv.runs.range(..end).next_back() {
-            if o + l > offset {
-                return Err(invalid(format!(
-                    "map of [{offset:#x}, {end:#x}) in reservation {}: [{o:#x}, {:#x}) is \
-                     already mapped",
-                    r.base,
-                    o + l
-                )));
-            }
-        }
-        if !self.fits(len) {
-            self.c.failed_maps += 1;
-            tracing::debug!(
-                len,
-                used = self.used,
-                capacity = self.capacity,
-                "host: map over budget"
-            );
-            return Err(self.oom(len));
-        }
-        // Offsets fit in usize: they are inside a mapping of this process.
-        let (o, l) = (offset as usize, len as usize);
-        if let Err(e) = resv.map.commit(o, l) {
-            // Put the range back the way it was (no access, no pages); a
-            // failure here leaves pages we never hand out.
-            let _ = resv.map.decommit(o, l);
-            self.c.failed_maps += 1;
-            return Err(os_error("mprotect (map)", &e, len, self.free_bytes()));
-        }
-        let resv = self.resv.get_mut(&r.base.0).expect("checked");
-        insert_run(&mut resv.runs, offset, len);
-        resv.mapped += len;
-        self.take(len);
-        self.c.maps += 1;
-        Ok(())
-    }
-
-    fn unmap(
-        &mut self,
-        r: Reservation,
-        offset: u64,
-        len: u64,
-        gran: u64,
-    ) -> Result<(), BackendError> {
-        self.check_range("unmap", r, offset, len, gran)?;
-        let end = offset + len;
-        let resv = self.resv.get_mut(&r.base.0).expect("checked");
-        // Runs are merged, so a fully mapped range lies inside one run.
-        let run = resv
-            .runs
-            .range(..=offset)
-            .next_back()
-            .map(|(&o, &l)| (o, l))
-            .filter(|&(o, l)| o + l >= end);
-        let Some((ro, rl)) = run else {
-            return Err(invalid(format!(
-                "unmap of [{offset:#x}, {end:#x}) in reservation {}: not all of it is mapped",
-                r.base
-            )));
-        };
-        resv.map
-            .decommit(offset as usize, len as usize)
-            .map_err(|e| BackendError::Driver(format!("host device: unmap: {e}")))?;
-        resv.runs.remove(&ro);
-        if ro < offset {
-            resv.runs.insert(ro, offset - ro);
-        }
-        if end < ro + rl {
-            resv.runs.insert(end, ro + rl - end);
-        }
-        resv.mapped -= len;
-        self.used -= len;
-        self.c.unmaps += 1;
-        Ok(())
-    }
-
-    fn release(&mut self, r: Reservation) -> Result<(), BackendError> {
-        let Some(resv) = self.resv.get(&r.base.0) else {
-            return Err(invalid(format!(
-                "release of {}: not a live reservation of the host device",
-                r.base
-            )));
-        };
-        let size = resv.map.len() as u64;
-        if size != r.size {
-            return Err(invalid(format!(
-                "release of reservation {} with size {}, but it has size {size}",
-                r.base, r.size
-            )));
-        }
-        if resv.mapped != 0 {
-            return Err(invalid(format!(
-                "release of reservation {}: {} bytes are still mapped",
-                r.base, resv.mapped
-            )));
-        }
-        let resv = self.resv.remove(&r.base.0).expect("checked");
-        if let Err((map, e)) = resv.map.unmap() {
-            self.resv.insert(
-                r.base.0,
-                Resv {
-                    map,
-                    runs: BTreeMap::new(),
-                    mapped: 0,
-                },
-            );
-            return Err(BackendError::Driver(format!(
-                "host device: munmap of reservation {}: {e}",
-                r.base
-            )));
-        }
-        self.c.releases += 1;
-        Ok(())
-    }
-
     /// A pointer to `[ptr, ptr + len)` if the whole range is accessible
     /// memory: inside one live allocation's requested size, or inside the
     /// mapped runs of one reservation. `len` must be positive.
@@ -619,22 +355,6 @@ impl State {
     }
 }
 
-/// Add `[o, o + l)` to disjoint runs that do not overlap it, merging it with
-/// the runs it touches.
-fn insert_run(runs: &mut BTreeMap<u64, u64>, mut o: u64, mut l: u64) {
-    if let Some((&po, &pl)) = runs.range(..o).next_back() {
-        if po + pl == o {
-            runs.remove(&po);
-            o = po;
-            l += pl;
-        }
-    }
-    if let Some(nl) = runs.remove(&(o + l)) {
-        l += nl;
-    }
-    runs.insert(o, l);
-}
-
 /// Host memory as a device: real, process-addressable memory from `mmap`,
 /// behind the [`Backend`] contract. See the [crate docs](crate) for the
 /// model.
@@ -701,15 +421,16 @@ impl HostDevice {
     /// A snapshot of the counters.
     pub fn counters(&self) -> HostCounters {
         let s = self.state.lock();
-        HostCounters {
-            live_allocs: s.allocs.len() as u64,
-            bytes_in_use: s.used,
+        let mut c = HostCounters {
             live_reservations: s.resv.len() as u64,
             mapped_bytes: s.resv.values().map(|r| r.mapped).sum(),
-            live_events: s.events.len() as u64,
             live_ipc_mappings: s.opened.len() as u64,
             ..s.c
-        }
+        };
+        c.live_allocs = s.allocs.len() as u64;
+        c.bytes_in_use = s.used;
+        c.live_events = s.events.len() as u64;
+        c
     }
 
     /// Restart the peak (`peak_bytes`) from the current use.
@@ -1030,32 +751,6 @@ impl HostMapping for HostDevice {
     fn host_address(&self, ptr: DevicePtr, len: u64) -> Result<u64, BackendError> {
         self.state.lock().locate(ptr, len.max(1))?;
         Ok(ptr.0)
-    }
-}
-
-impl VirtualMemory for HostDevice {
-    fn granularity(&self) -> u64 {
-        self.granularity
-    }
-
-    fn reserve(&self, size: u64) -> Result<Reservation, BackendError> {
-        self.state.lock().reserve(size, self.granularity)
-    }
-
-    fn map(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.state
-            .lock()
-            .map(reservation, offset, len, self.granularity)
-    }
-
-    fn unmap(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.state
-            .lock()
-            .unmap(reservation, offset, len, self.granularity)
-    }
-
-    fn release(&self, reservation: Reservation) -> Result<(), BackendError> {
-        self.state.lock().release(reservation)
     }
 }
 

@@ -30,14 +30,14 @@
 //!   commands still using the memory. While a stream is held, a free (and a
 //!   device synchronisation) is refused with [`BackendError::InvalidValue`]
 //!   instead of waiting forever.
-//! * **Work for tests** ([`OpenClDevice::fill`], [`OpenClDevice::copy`],
-//!   [`OpenClDevice::checksum`], and the [`DeviceWork`] and [`Memcpy`]
-//!   capabilities):
+//! * **Work for tests** (the [`DeviceWork`] and [`Memcpy`] capabilities,
+//!   [`DeviceWork::fill`], [`Memcpy::copy`], and
+//!   [`OpenClDevice::checksum`]):
 //!   `clEnqueueSVMMemFill`, `clEnqueueSVMMemcpy` (device to device, or a
 //!   blocking copy to host memory for checksums). Every range is checked to
 //!   lie inside one live allocation before anything is enqueued.
-//!   [`OpenClDevice::hold`] keeps a queue busy behind a user event until
-//!   [`OpenClDevice::release`].
+//!   [`DeviceWork::hold`] keeps a queue busy behind a user event until
+//!   [`DeviceWork::release`].
 //! * **Host access** ([`HostWrite`], [`HostMapping`]): SVM pointers are host
 //!   addresses, so the MPS heap allocator's shared buffer pointers and
 //!   scalar buffers with a value work here ([`OpenClDevice::write`]).
@@ -315,63 +315,6 @@ impl OpenClDevice {
         (st.allocs.len(), st.used)
     }
 
-    /// Set `len` bytes at `ptr` to `byte` on `stream` (asynchronous).
-    pub fn fill(
-        &self,
-        ptr: DevicePtr,
-        len: u64,
-        byte: u8,
-        stream: StreamId,
-    ) -> Result<(), BackendError> {
-        let st = self.state.lock();
-        st.check_range(ptr, len)?;
-        let q = st.queue(stream)?;
-        // SAFETY: the range lies inside a live SVM allocation of this
-        // context (checked above); it stays allocated until the command has
-        // run because `free` finishes every queue before `clSVMFree`. The
-        // pattern is copied by OpenCL before the call returns.
-        let ev =
-            unsafe { q.enqueue_svm_mem_fill(ptr.0 as *mut c_void, &[byte], len as usize, &[]) }
-                .map_err(cl_err("clEnqueueSVMMemFill"))?;
-        drop(ev);
-        q.flush().map_err(cl_err("clFlush"))
-    }
-
-    /// Copy `len` bytes from `src` to `dst` on `stream` (asynchronous). The
-    /// ranges must not overlap.
-    pub fn copy(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: u64,
-        stream: StreamId,
-    ) -> Result<(), BackendError> {
-        let st = self.state.lock();
-        st.check_range(dst, len)?;
-        st.check_range(src, len)?;
-        if dst.0 < src.0 + len && src.0 < dst.0 + len {
-            return Err(BackendError::InvalidValue(format!(
-                "overlapping copy from [{src}, +{len}) to [{dst}, +{len})"
-            )));
-        }
-        let q = st.queue(stream)?;
-        // SAFETY: both ranges lie inside live SVM allocations and do not
-        // overlap (checked above); they stay allocated until the command
-        // has run because `free` finishes every queue first.
-        let ev = unsafe {
-            q.enqueue_svm_mem_cpy(
-                CL_NON_BLOCKING,
-                dst.0 as *mut c_void,
-                src.0 as *const c_void,
-                len as usize,
-                &[],
-            )
-        }
-        .map_err(cl_err("clEnqueueSVMMemcpy"))?;
-        drop(ev);
-        q.flush().map_err(cl_err("clFlush"))
-    }
-
     /// Copy `len` bytes at `ptr` to host memory after the work enqueued on
     /// `stream` so far, waiting for it. Blocks forever on a held stream.
     pub fn read(
@@ -434,42 +377,6 @@ impl OpenClDevice {
         stream: StreamId,
     ) -> Result<u64, BackendError> {
         Ok(checksum(&self.read(ptr, len, stream)?))
-    }
-
-    /// Keep `stream` busy: a barrier waiting for a user event is enqueued,
-    /// so later work on the stream waits until [`release`](Self::release).
-    /// Holding a held stream is a no-op.
-    pub fn hold(&self, stream: StreamId) -> Result<(), BackendError> {
-        let mut st = self.state.lock();
-        if st.holds.contains_key(&stream.0) {
-            return Ok(());
-        }
-        let user = opencl3::event::create_user_event(self.context.get())
-            .map_err(|e| BackendError::Driver(format!("clCreateUserEvent failed: {e}")))?;
-        let hold = Hold(user);
-        let q = st.queue(stream)?;
-        // SAFETY: `user` is a live user event of this queue's context; the
-        // barrier keeps its own reference.
-        let ev = unsafe { q.enqueue_barrier_with_wait_list(&[hold.0]) };
-        match ev {
-            Ok(ev) => drop(ev),
-            Err(e) => {
-                release_user_event(&hold);
-                return Err(cl_err("clEnqueueBarrierWithWaitList")(e));
-            }
-        }
-        q.flush().map_err(cl_err("clFlush"))?;
-        st.holds.insert(stream.0, hold);
-        Ok(())
-    }
-
-    /// End a [`hold`](Self::hold) and wait for the stream's work.
-    pub fn release(&self, stream: StreamId) -> Result<(), BackendError> {
-        let mut st = self.state.lock();
-        if let Some(h) = st.holds.remove(&stream.0) {
-            release_user_event(&h);
-        }
-        st.queue(stream)?.finish().map_err(cl_err("clFinish"))
     }
 
     /// Is `stream` held?
@@ -716,6 +623,8 @@ fn unknown_event(e: EventId) -> BackendError {
 }
 
 impl Memcpy for OpenClDevice {
+    /// Copy `len` bytes from `src` to `dst` on `stream` (asynchronous). The
+    /// ranges must not overlap.
     fn copy(
         &self,
         dst: DevicePtr,
@@ -723,11 +632,35 @@ impl Memcpy for OpenClDevice {
         len: u64,
         stream: StreamId,
     ) -> Result<(), BackendError> {
-        OpenClDevice::copy(self, dst, src, len, stream)
+        let st = self.state.lock();
+        st.check_range(dst, len)?;
+        st.check_range(src, len)?;
+        if dst.0 < src.0 + len && src.0 < dst.0 + len {
+            return Err(BackendError::InvalidValue(format!(
+                "overlapping copy from [{src}, +{len}) to [{dst}, +{len})"
+            )));
+        }
+        let q = st.queue(stream)?;
+        // SAFETY: both ranges lie inside live SVM allocations and do not
+        // overlap (checked above); they stay allocated until the command
+        // has run because `free` finishes every queue first.
+        let ev = unsafe {
+            q.enqueue_svm_mem_cpy(
+                CL_NON_BLOCKING,
+                dst.0 as *mut c_void,
+                src.0 as *const c_void,
+                len as usize,
+                &[],
+            )
+        }
+        .map_err(cl_err("clEnqueueSVMMemcpy"))?;
+        drop(ev);
+        q.flush().map_err(cl_err("clFlush"))
     }
 }
 
 impl DeviceWork for OpenClDevice {
+    /// Set `len` bytes at `ptr` to `byte` on `stream` (asynchronous).
     fn fill(
         &self,
         ptr: DevicePtr,
@@ -735,7 +668,18 @@ impl DeviceWork for OpenClDevice {
         byte: u8,
         stream: StreamId,
     ) -> Result<(), BackendError> {
-        OpenClDevice::fill(self, ptr, len, byte, stream)
+        let st = self.state.lock();
+        st.check_range(ptr, len)?;
+        let q = st.queue(stream)?;
+        // SAFETY: the range lies inside a live SVM allocation of this
+        // context (checked above); it stays allocated until the command has
+        // run because `free` finishes every queue before `clSVMFree`. The
+        // pattern is copied by OpenCL before the call returns.
+        let ev =
+            unsafe { q.enqueue_svm_mem_fill(ptr.0 as *mut c_void, &[byte], len as usize, &[]) }
+                .map_err(cl_err("clEnqueueSVMMemFill"))?;
+        drop(ev);
+        q.flush().map_err(cl_err("clFlush"))
     }
 
     fn read_checksum(
@@ -747,11 +691,39 @@ impl DeviceWork for OpenClDevice {
         self.checksum(ptr, len, stream).map(Some)
     }
 
+    /// Keep `stream` busy: a barrier waiting for a user event is enqueued,
+    /// so later work on the stream waits until [`release`](DeviceWork::release).
+    /// Holding a held stream is a no-op.
     fn hold(&self, stream: StreamId) -> Result<(), BackendError> {
-        OpenClDevice::hold(self, stream)
+        let mut st = self.state.lock();
+        if st.holds.contains_key(&stream.0) {
+            return Ok(());
+        }
+        let user = opencl3::event::create_user_event(self.context.get())
+            .map_err(|e| BackendError::Driver(format!("clCreateUserEvent failed: {e}")))?;
+        let hold = Hold(user);
+        let q = st.queue(stream)?;
+        // SAFETY: `user` is a live user event of this queue's context; the
+        // barrier keeps its own reference.
+        let ev = unsafe { q.enqueue_barrier_with_wait_list(&[hold.0]) };
+        match ev {
+            Ok(ev) => drop(ev),
+            Err(e) => {
+                release_user_event(&hold);
+                return Err(cl_err("clEnqueueBarrierWithWaitList")(e));
+            }
+        }
+        q.flush().map_err(cl_err("clFlush"))?;
+        st.holds.insert(stream.0, hold);
+        Ok(())
     }
 
+    /// End a [`hold`](DeviceWork::hold) and wait for the stream's work.
     fn release(&self, stream: StreamId) -> Result<(), BackendError> {
-        OpenClDevice::release(self, stream)
+        let mut st = self.state.lock();
+        if let Some(h) = st.holds.remove(&stream.0) {
+            release_user_event(&h);
+        }
+        st.queue(stream)?.finish().map_err(cl_err("clFinish"))
     }
 }

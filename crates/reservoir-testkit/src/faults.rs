@@ -633,26 +633,9 @@ pub fn run_workload(
     check_before_fault: bool,
     ops_after_fault: usize,
 ) -> RunReport {
-    let dev: FaultySim = std::sync::Arc::new(FaultyBackend::new(SimDevice::new(SimConfig {
-        capacity,
-        ..SimConfig::default()
-    })));
-    if let Some((entry, n)) = fault {
-        dev.fail_nth(entry, n);
-    }
+    let mut w = Workload::new(config, capacity, fault);
+    let dev = w.dev.clone();
     let mut report = RunReport::default();
-    let a = CachingAllocator::new(dev.clone(), config.clone());
-    let mut streams = vec![StreamId::DEFAULT];
-    while streams.len() < STREAMS {
-        // A failed creation (the injected fault) is tried again.
-        if let Ok(s) = dev.create_stream() {
-            streams.push(s);
-        }
-    }
-    let mut live: Vec<DevicePtr> = Vec::new();
-    let mut held = [false; STREAMS];
-    let mut pool: Option<MempoolId> = None;
-    let mut pools_made = 0u64;
     let fault_name = fault.map_or("none".to_string(), |(e, n)| format!("{} #{n}", e.name()));
     let mut after_fault = 0usize;
     for (i, &op) in ops.iter().enumerate() {
@@ -662,90 +645,10 @@ pub fn run_workload(
             }
             after_fault += 1;
         }
-        let mut violation: Option<String> = None;
-        match op {
-            Op::Alloc { size, stream } => {
-                if let Ok(p) = a.raw_alloc(size, streams[stream]) {
-                    if !p.is_null() {
-                        live.push(p);
-                    }
-                }
-            }
-            Op::Free { pick } => {
-                if !live.is_empty() {
-                    let k = (pick % live.len() as u64) as usize;
-                    let p = live[k];
-                    // Every free: the fault may fire in this one.
-                    let before = (a.stats(), a.segments());
-                    match a.raw_free(p) {
-                        Ok(()) => {
-                            live.swap_remove(k);
-                        }
-                        Err(AllocError::FreeFailed { .. }) => {
-                            if (a.stats(), a.segments()) != before {
-                                violation = Some(format!(
-                                    "free of {p} failed saying nothing was freed, \
-                                     but the counters or segments changed"
-                                ));
-                            } else if matches!(
-                                a.base_allocation(p),
-                                Err(AllocError::InvalidPointer { .. })
-                            ) {
-                                violation = Some(format!(
-                                    "free of {p} failed saying nothing was freed, \
-                                     but the pointer is no longer allocated"
-                                ));
-                            }
-                        }
-                        Err(e) => {
-                            violation = Some(format!(
-                                "free of {p} failed without saying whether it freed: {e}"
-                            ));
-                            live.swap_remove(k);
-                        }
-                    }
-                }
-            }
-            Op::RecordStream { pick, stream } => {
-                if !live.is_empty() {
-                    let p = live[(pick % live.len() as u64) as usize];
-                    let _ = a.record_stream(p, streams[stream]);
-                }
-            }
-            Op::Hold { stream } => {
-                if dev.inner().hold_stream(streams[stream]).is_ok() {
-                    held[stream] = true;
-                }
-            }
-            Op::Release { stream } => {
-                if dev.inner().release_stream(streams[stream]).is_ok() {
-                    held[stream] = false;
-                }
-            }
-            Op::EmptyCache => {
-                let _ = a.empty_cache();
-            }
-            Op::BeginPool { stream } => {
-                if pool.is_none() {
-                    pools_made += 1;
-                    let id = MempoolId(1, pools_made);
-                    if a.begin_allocate_to_pool(id, PoolFilter::Stream(streams[stream]))
-                        .is_ok()
-                    {
-                        pool = Some(id);
-                    }
-                }
-            }
-            Op::EndPool => {
-                if let Some(id) = pool.take() {
-                    let _ = a.end_allocate_to_pool(id);
-                    let _ = a.release_pool(id);
-                }
-            }
-        }
+        let mut violation = w.apply(op);
         // From the operation in which the fault fired on.
         if check_before_fault || dev.injected() > 0 {
-            if let Err(e) = a.check_invariants() {
+            if let Err(e) = w.a.check_invariants() {
                 violation.get_or_insert(format!("invariant: {e}"));
             }
         }
@@ -761,83 +664,244 @@ pub fn run_workload(
     report.calls = EntryPoint::ALL.iter().map(|&e| dev.calls(e)).collect();
     // The clean-up: nothing may fail any more.
     dev.clear_faults();
-    let mut fail = |what: String| {
-        report
-            .violations
-            .push(format!("{} (fault {fault_name}): {what}", describe(config)))
-    };
-    for (k, h) in held.iter().enumerate() {
-        if *h {
-            let _ = dev.inner().release_stream(streams[k]);
-        }
-    }
-    if let Some(id) = pool.take() {
-        if let Err(e) = a.end_allocate_to_pool(id).and_then(|()| a.release_pool(id)) {
-            fail(format!("ending the private pool: {e}"));
-        }
-    }
-    for p in live.drain(..) {
-        if let Err(e) = a.raw_free(p) {
-            fail(format!("freeing {p} at the end: {e}"));
-        }
-    }
-    if let Err(e) = a.empty_cache() {
-        fail(format!("empty_cache at the end: {e}"));
-    }
-    if let Err(e) = a.check_invariants() {
-        fail(format!("invariant at the end: {e}"));
-    }
-    let mut leaks = Vec::new();
-    let stats = a.stats();
-    let reserved = stats.reserved_bytes.all().current;
-    if reserved != 0 {
-        leaks.push(format!("{reserved} bytes still reserved after empty_cache"));
-    }
-    let allocated = stats.allocated_bytes.all().current;
-    let active = stats.active_bytes.all().current;
-    if allocated != 0 || active != 0 {
-        leaks.push(format!(
-            "{allocated} bytes allocated, {active} active after freeing everything"
-        ));
-    }
-    let live_dev = dev.live();
-    let sim = dev.inner().counters();
-    if live_dev.allocations != 0
-        || live_dev.mapped_bytes != 0
-        || sim.live_allocs != 0
-        || sim.bytes_in_use != 0
-    {
-        leaks.push(format!(
-            "device: {} allocations and {} mapped bytes live ({} and {} bytes in use on the sim)",
-            live_dev.allocations, live_dev.mapped_bytes, sim.live_allocs, sim.bytes_in_use
-        ));
-    }
-    // An event whose destroy failed is dropped by the allocator (it has
-    // completed; only the backend's handle is lost).
-    let lost_events = if fault.is_some_and(|(e, _)| e == EntryPoint::DestroyEvent) {
-        dev.injected() as i64
-    } else {
-        0
-    };
-    if live_dev.events > lost_events {
-        leaks.push(format!("{} events never destroyed", live_dev.events));
-    }
-    let teardown = a.close();
-    if !teardown.errors.is_empty() || teardown.live_blocks != 0 {
-        fail(format!("teardown: {teardown:?}"));
-    }
-    if dev.live().reservations != 0 {
-        leaks.push(format!(
-            "{} address-space reservations left after close",
-            dev.live().reservations
-        ));
-    }
-    report.leaks = leaks
-        .into_iter()
-        .map(|l| format!("{} (fault {fault_name}): {l}", describe(config)))
-        .collect();
+    let (failures, leaks) = w.finish(fault);
+    let named = |what: String| format!("{} (fault {fault_name}): {what}", describe(config));
+    report.violations.extend(failures.into_iter().map(named));
+    report.leaks = leaks.into_iter().map(named).collect();
     report.injected = dev.injected();
     report
+}
+
+/// The allocator, its device and the program's state (streams, live
+/// blocks, held streams, the private pool) in one [`run_workload`].
+struct Workload {
+    dev: FaultySim,
+    a: CachingAllocator<FaultySim>,
+    streams: Vec<StreamId>,
+    live: Vec<DevicePtr>,
+    held: [bool; STREAMS],
+    pool: Option<MempoolId>,
+    pools_made: u64,
+}
+
+impl Workload {
+    /// An allocator with `config` over a fresh [`FaultySim`] of `capacity`
+    /// bytes with `fault` armed, and [`STREAMS`] streams.
+    fn new(config: &AllocatorConfig, capacity: u64, fault: Option<(EntryPoint, u64)>) -> Workload {
+        let dev: FaultySim = std::sync::Arc::new(FaultyBackend::new(SimDevice::new(SimConfig {
+            capacity,
+            ..SimConfig::default()
+        })));
+        if let Some((entry, n)) = fault {
+            dev.fail_nth(entry, n);
+        }
+        let a = CachingAllocator::new(dev.clone(), config.clone());
+        let mut streams = vec![StreamId::DEFAULT];
+        while streams.len() < STREAMS {
+            // A failed creation (the injected fault) is tried again.
+            if let Ok(s) = dev.create_stream() {
+                streams.push(s);
+            }
+        }
+        Workload {
+            dev,
+            a,
+            streams,
+            live: Vec::new(),
+            held: [false; STREAMS],
+            pool: None,
+            pools_made: 0,
+        }
+    }
+
+    /// Do `op`; a call may fail (the fault), but a failure must leave
+    /// things as they were: what went wrong otherwise.
+    fn apply(&mut self, op: Op) -> Option<String> {
+        let a = &self.a;
+        match op {
+            Op::Alloc { size, stream } => {
+                if let Ok(p) = a.raw_alloc(size, self.streams[stream]) {
+                    if !p.is_null() {
+                        self.live.push(p);
+                    }
+                }
+            }
+            Op::Free { pick } => return self.free(pick),
+            Op::RecordStream { pick, stream } => {
+                if !self.live.is_empty() {
+                    let p = self.live[(pick % self.live.len() as u64) as usize];
+                    let _ = a.record_stream(p, self.streams[stream]);
+                }
+            }
+            Op::Hold { stream } => {
+                if self.dev.inner().hold_stream(self.streams[stream]).is_ok() {
+                    self.held[stream] = true;
+                }
+            }
+            Op::Release { stream } => {
+                if self
+                    .dev
+                    .inner()
+                    .release_stream(self.streams[stream])
+                    .is_ok()
+                {
+                    self.held[stream] = false;
+                }
+            }
+            Op::EmptyCache => {
+                let _ = a.empty_cache();
+            }
+            Op::BeginPool { stream } => {
+                if self.pool.is_none() {
+                    self.pools_made += 1;
+                    let id = MempoolId(1, self.pools_made);
+                    if a.begin_allocate_to_pool(id, PoolFilter::Stream(self.streams[stream]))
+                        .is_ok()
+                    {
+                        self.pool = Some(id);
+                    }
+                }
+            }
+            Op::EndPool => {
+                if let Some(id) = self.pool.take() {
+                    let _ = a.end_allocate_to_pool(id);
+                    let _ = a.release_pool(id);
+                }
+            }
+        }
+        None
+    }
+
+    /// Free a live block (picked by `pick`): the fault may fire in this
+    /// free. A failed free must say whether it freed, and `FreeFailed`
+    /// must have changed nothing.
+    fn free(&mut self, pick: u64) -> Option<String> {
+        if self.live.is_empty() {
+            return None;
+        }
+        let a = &self.a;
+        let k = (pick % self.live.len() as u64) as usize;
+        let p = self.live[k];
+        let before = (a.stats(), a.segments());
+        match a.raw_free(p) {
+            Ok(()) => {
+                self.live.swap_remove(k);
+                None
+            }
+            Err(AllocError::FreeFailed { .. }) => {
+                if (a.stats(), a.segments()) != before {
+                    Some(format!(
+                        "free of {p} failed saying nothing was freed, \
+                         but the counters or segments changed"
+                    ))
+                } else if matches!(a.base_allocation(p), Err(AllocError::InvalidPointer { .. })) {
+                    Some(format!(
+                        "free of {p} failed saying nothing was freed, \
+                         but the pointer is no longer allocated"
+                    ))
+                } else {
+                    None
+                }
+            }
+            Err(e) => {
+                self.live.swap_remove(k);
+                Some(format!(
+                    "free of {p} failed without saying whether it freed: {e}"
+                ))
+            }
+        }
+    }
+
+    /// With the fault cleared: release held streams, end the private pool,
+    /// free every live block, empty the cache, check, and close. Returns
+    /// the calls that failed and what was left (leaks).
+    fn finish(mut self, fault: Option<(EntryPoint, u64)>) -> (Vec<String>, Vec<String>) {
+        let mut failures = self.clean_up();
+        let mut leaks = self.leaks(fault);
+        let dev = self.dev.clone();
+        let teardown = self.a.close();
+        if !teardown.errors.is_empty() || teardown.live_blocks != 0 {
+            failures.push(format!("teardown: {teardown:?}"));
+        }
+        if dev.live().reservations != 0 {
+            leaks.push(format!(
+                "{} address-space reservations left after close",
+                dev.live().reservations
+            ));
+        }
+        (failures, leaks)
+    }
+
+    /// Release held streams, end the private pool, free every live block,
+    /// empty the cache and check the invariants: what failed.
+    fn clean_up(&mut self) -> Vec<String> {
+        let mut failures = Vec::new();
+        for (k, h) in self.held.iter().enumerate() {
+            if *h {
+                let _ = self.dev.inner().release_stream(self.streams[k]);
+            }
+        }
+        let a = &self.a;
+        if let Some(id) = self.pool.take() {
+            if let Err(e) = a.end_allocate_to_pool(id).and_then(|()| a.release_pool(id)) {
+                failures.push(format!("ending the private pool: {e}"));
+            }
+        }
+        for p in self.live.drain(..) {
+            if let Err(e) = a.raw_free(p) {
+                failures.push(format!("freeing {p} at the end: {e}"));
+            }
+        }
+        if let Err(e) = a.empty_cache() {
+            failures.push(format!("empty_cache at the end: {e}"));
+        }
+        if let Err(e) = a.check_invariants() {
+            failures.push(format!("invariant at the end: {e}"));
+        }
+        failures
+    }
+
+    /// What is still reserved, allocated or live (allocator and device)
+    /// after the clean-up.
+    fn leaks(&self, fault: Option<(EntryPoint, u64)>) -> Vec<String> {
+        let mut leaks = Vec::new();
+        let stats = self.a.stats();
+        let reserved = stats.reserved_bytes.all().current;
+        if reserved != 0 {
+            leaks.push(format!("{reserved} bytes still reserved after empty_cache"));
+        }
+        let allocated = stats.allocated_bytes.all().current;
+        let active = stats.active_bytes.all().current;
+        if allocated != 0 || active != 0 {
+            leaks.push(format!(
+                "{allocated} bytes allocated, {active} active after freeing everything"
+            ));
+        }
+        let live_dev = self.dev.live();
+        let sim = self.dev.inner().counters();
+        if live_dev.allocations != 0
+            || live_dev.mapped_bytes != 0
+            || sim.live_allocs != 0
+            || sim.bytes_in_use != 0
+        {
+            leaks.push(format!(
+                "device: {} allocations and {} mapped bytes live ({} and {} bytes in use on the \
+                 sim)",
+                live_dev.allocations, live_dev.mapped_bytes, sim.live_allocs, sim.bytes_in_use
+            ));
+        }
+        // An event whose destroy failed is dropped by the allocator (it has
+        // completed; only the backend's handle is lost).
+        let lost_events = if fault.is_some_and(|(e, _)| e == EntryPoint::DestroyEvent) {
+            self.dev.injected() as i64
+        } else {
+            0
+        };
+        if live_dev.events > lost_events {
+            leaks.push(format!("{} events never destroyed", live_dev.events));
+        }
+        leaks
+    }
 }
 
 /// The mode of `config` in words, for messages.

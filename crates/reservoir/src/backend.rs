@@ -37,6 +37,46 @@ pub struct MemInfo {
     pub total: u64,
 }
 
+/// The counters every device of the workspace keeps, in a snapshot: the
+/// simulated device's [`SimCounters`](crate::sim::SimCounters) and the host
+/// device's `HostCounters` (crate `reservoir-host`) hold one each, next to
+/// their own, and dereference to it, so `counters.allocs` reads the same on
+/// both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceCounters {
+    /// Successful allocations ([`Backend::allocate`]).
+    pub allocs: u64,
+    /// Successful frees ([`Backend::free`]).
+    pub frees: u64,
+    /// Allocations refused for lack of capacity (or by an injected fault).
+    pub failed_allocs: u64,
+    /// Live plain allocations.
+    pub live_allocs: u64,
+    /// Bytes counted against the capacity now: plain allocations (rounded
+    /// up to the device's accounting unit) plus mapped virtual memory.
+    pub bytes_in_use: u64,
+    /// Highest `bytes_in_use` since creation or the device's `reset_peak`.
+    pub peak_bytes: u64,
+    /// Successful address-space reservations ([`VirtualMemory::reserve`]).
+    pub reserves: u64,
+    /// Released reservations ([`VirtualMemory::release`]).
+    pub releases: u64,
+    /// Successful map calls ([`VirtualMemory::map`]).
+    pub maps: u64,
+    /// Successful unmap calls ([`VirtualMemory::unmap`]).
+    pub unmaps: u64,
+    /// Map calls refused for lack of capacity (or by an injected fault).
+    pub failed_maps: u64,
+    /// Streams created ([`Backend::create_stream`]; the simulated device
+    /// also counts registered streams).
+    pub streams_created: u64,
+    /// Events recorded on a stream ([`Backend::record_event`]).
+    pub events_recorded: u64,
+    /// Events handed out and not destroyed yet.
+    pub live_events: u64,
+}
+
 /// What went wrong inside a backend.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

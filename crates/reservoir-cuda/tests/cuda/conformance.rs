@@ -12,7 +12,7 @@
 use reservoir::config::heap::HeapSettings;
 use reservoir::heap::HeapAllocator;
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
-use reservoir_cuda::CudaDevice;
+use reservoir_cuda::{CudaDevice, DeviceWork};
 use reservoir_testkit::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
 
 use super::{device, hooks, report, Mode, Turn, MIB};

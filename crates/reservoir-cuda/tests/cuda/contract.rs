@@ -2,7 +2,7 @@
 //! PyTorch mode.
 
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, StreamId};
-use reservoir_cuda::{checksum_of_fill, BackendError};
+use reservoir_cuda::{checksum_of_fill, BackendError, DeviceWork, Memcpy};
 
 use super::{device, hooks, Mode, MIB};
 

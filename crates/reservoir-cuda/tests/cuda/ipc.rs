@@ -9,7 +9,7 @@
 
 use reservoir::backend::Backend;
 use reservoir::{AllocError, AllocatorConfig, CachingAllocator, DevicePtr, StreamId};
-use reservoir_cuda::{checksum_of_fill, BackendError, CudaDevice};
+use reservoir_cuda::{checksum_of_fill, BackendError, CudaDevice, DeviceWork};
 
 use super::{device, hooks, Mode, MIB};
 

@@ -4,7 +4,7 @@ use reservoir::checksum::checksum_of_fill;
 use reservoir::config::heap::HeapSettings;
 use reservoir::heap::HeapAllocator;
 use reservoir::{AllocatorConfig, Backend, CachingAllocator, DevicePtr, StreamId};
-use reservoir_opencl::{BackendError, OpenClConfig, OpenClDevice};
+use reservoir_opencl::{BackendError, DeviceWork, Memcpy, OpenClConfig, OpenClDevice};
 use reservoir_testkit::conformance::{held_stream_reuse, integrity_run, IntegrityConfig};
 
 const MIB: u64 = 1 << 20;

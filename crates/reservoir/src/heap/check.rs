@@ -4,11 +4,47 @@
 
 use std::collections::BTreeSet;
 
-use super::state::{BufState, State};
+use super::state::{BufState, Heap, State};
 use super::types::PoolKind;
 use crate::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
 use crate::stats::{DeviceStats, StatType};
 use crate::store::{BlockId, SegmentId};
+
+/// What [`State::check`] recounts from the heaps and their buffers, to
+/// compare with what the state keeps. Indexed by pool where per pool.
+struct Recount {
+    buffers: Vec<BTreeSet<(u64, u64, BlockId)>>,
+    heaps: Vec<BTreeSet<(u64, u64, SegmentId)>>,
+    available: [u64; 5],
+    allocated: [u64; 5],
+    n_buffers: [u32; 5],
+    pending_update: Vec<BTreeSet<SegmentId>>,
+    total: u64,
+    current: u64,
+    ptrs: usize,
+    pending: BTreeSet<BlockId>,
+    zombies: BTreeSet<BlockId>,
+    stats: DeviceStats,
+}
+
+impl Default for Recount {
+    fn default() -> Self {
+        Recount {
+            buffers: vec![BTreeSet::new(); 5],
+            heaps: vec![BTreeSet::new(); 5],
+            available: [0; 5],
+            allocated: [0; 5],
+            n_buffers: [0; 5],
+            pending_update: vec![BTreeSet::new(); 5],
+            total: 0,
+            current: 0,
+            ptrs: 0,
+            pending: BTreeSet::new(),
+            zombies: BTreeSet::new(),
+            stats: DeviceStats::default(),
+        }
+    }
+}
 
 impl State {
     /// Check: every heap tiled by buffers and free space (the store's own
@@ -18,145 +54,154 @@ impl State {
     /// recount.
     pub fn check(&self) -> Result<(), String> {
         self.store.check_tiling()?;
-        let mut buffers = vec![BTreeSet::new(); 5];
-        let mut heaps = vec![BTreeSet::new(); 5];
-        let mut available = [0u64; 5];
-        let mut allocated = [0u64; 5];
-        let mut n_buffers = [0u32; 5];
-        let mut pending_update = vec![BTreeSet::new(); 5];
-        let (mut total, mut current) = (0u64, 0u64);
-        let mut ptrs = 0usize;
-        let (mut pending, mut zombies) = (BTreeSet::new(), BTreeSet::new());
-        let mut stats = DeviceStats::default();
-        for (h, heap) in &self.heaps {
-            let h: SegmentId = *h;
-            let seg = &self.store.segments[h];
-            if !seg.live {
-                return Err(format!("heap #{} is not a live segment", heap.id));
-            }
-            let pool = PoolKind::from_index(seg.pool);
-            let pi = pool.index();
-            let st = StatType::for_pool(pool.is_small());
-            let mut live = 0;
-            let mut has_zombie = false;
-            for b in self.store.segment_blocks(h) {
-                let block = &self.store.blocks[b];
-                if !block.allocated {
-                    if self.bufs.contains_key(&b) {
-                        return Err(format!(
-                            "free space at {:#x} has a buffer record",
-                            block.addr
-                        ));
-                    }
-                    continue;
-                }
-                let buf = self
-                    .bufs
-                    .get(&b)
-                    .ok_or_else(|| format!("buffer at {:#x} has no record", block.addr))?;
-                if block.size % self.alignment != 0 || (block.addr - seg.addr) % self.alignment != 0
-                {
-                    return Err(format!("buffer at {:#x} is not aligned", block.addr));
-                }
-                if buf.state == BufState::Zombie {
-                    has_zombie = true;
-                    zombies.insert(b);
-                    continue;
-                }
-                live += 1;
-                ptrs += 1;
-                if self.ptrs.get(&block.addr) != Some(&b) {
-                    return Err(format!(
-                        "buffer at {:#x} is not in the pointer map",
-                        block.addr
-                    ));
-                }
-                allocated[pi] += block.size;
-                n_buffers[pi] += 1;
-                match buf.state {
-                    BufState::Available => {
-                        buffers[pi].insert((block.size, block.addr, b));
-                        available[pi] += block.size;
-                    }
-                    BufState::InUse | BufState::PendingFree => {
-                        current += block.size;
-                        if buf.state == BufState::InUse {
-                            stats.allocation.increase(st, 1);
-                            stats.allocated_bytes.increase(st, block.size);
-                        } else {
-                            pending.insert(b);
-                        }
-                        stats.active.increase(st, 1);
-                        stats.active_bytes.increase(st, block.size);
-                        stats.requested_bytes.increase(st, buf.requested);
-                    }
-                    BufState::Zombie => unreachable!(),
-                }
-            }
-            if heap.n_buffers != live {
-                return Err(format!(
-                    "heap #{} counts {} buffers, has {live}",
-                    heap.id, heap.n_buffers
-                ));
-            }
-            if heap.available != self.free_range_max(h) {
-                return Err(format!(
-                    "heap #{} says {} bytes available, its largest free range is {}",
-                    heap.id,
-                    heap.available,
-                    self.free_range_max(h)
-                ));
-            }
-            if heap.attached {
-                heaps[pi].insert((heap.available, seg.addr, h));
-                total += seg.size;
-                stats.segment.increase(st, 1);
-                stats.reserved_bytes.increase(st, seg.size);
-                if has_zombie {
-                    pending_update[pi].insert(h);
-                }
-            } else if !has_zombie {
-                return Err(format!("released heap #{} has no busy range left", heap.id));
-            }
+        let mut r = Recount::default();
+        for (&h, heap) in &self.heaps {
+            self.recount_heap(h, heap, &mut r)?;
         }
         if self.heaps.len() != self.store.segments.len() {
             return Err("a segment has no heap record".into());
         }
+        self.check_pools(&r)?;
+        self.check_totals(&r)
+    }
+
+    /// Recount heap `h`: its buffers into `r`, then its own buffer count,
+    /// available size and pool membership.
+    fn recount_heap(&self, h: SegmentId, heap: &Heap, r: &mut Recount) -> Result<(), String> {
+        let seg = &self.store.segments[h];
+        if !seg.live {
+            return Err(format!("heap #{} is not a live segment", heap.id));
+        }
+        let pool = PoolKind::from_index(seg.pool);
+        let pi = pool.index();
+        let st = StatType::for_pool(pool.is_small());
+        let mut live = 0;
+        let mut has_zombie = false;
+        for b in self.store.segment_blocks(h) {
+            let block = &self.store.blocks[b];
+            if !block.allocated {
+                if self.bufs.contains_key(&b) {
+                    return Err(format!(
+                        "free space at {:#x} has a buffer record",
+                        block.addr
+                    ));
+                }
+                continue;
+            }
+            let buf = self
+                .bufs
+                .get(&b)
+                .ok_or_else(|| format!("buffer at {:#x} has no record", block.addr))?;
+            if block.size % self.alignment != 0 || (block.addr - seg.addr) % self.alignment != 0 {
+                return Err(format!("buffer at {:#x} is not aligned", block.addr));
+            }
+            if buf.state == BufState::Zombie {
+                has_zombie = true;
+                r.zombies.insert(b);
+                continue;
+            }
+            live += 1;
+            r.ptrs += 1;
+            if self.ptrs.get(&block.addr) != Some(&b) {
+                return Err(format!(
+                    "buffer at {:#x} is not in the pointer map",
+                    block.addr
+                ));
+            }
+            r.allocated[pi] += block.size;
+            r.n_buffers[pi] += 1;
+            match buf.state {
+                BufState::Available => {
+                    r.buffers[pi].insert((block.size, block.addr, b));
+                    r.available[pi] += block.size;
+                }
+                BufState::InUse | BufState::PendingFree => {
+                    r.current += block.size;
+                    if buf.state == BufState::InUse {
+                        r.stats.allocation.increase(st, 1);
+                        r.stats.allocated_bytes.increase(st, block.size);
+                    } else {
+                        r.pending.insert(b);
+                    }
+                    r.stats.active.increase(st, 1);
+                    r.stats.active_bytes.increase(st, block.size);
+                    r.stats.requested_bytes.increase(st, buf.requested);
+                }
+                BufState::Zombie => unreachable!(),
+            }
+        }
+        if heap.n_buffers != live {
+            return Err(format!(
+                "heap #{} counts {} buffers, has {live}",
+                heap.id, heap.n_buffers
+            ));
+        }
+        if heap.available != self.free_range_max(h) {
+            return Err(format!(
+                "heap #{} says {} bytes available, its largest free range is {}",
+                heap.id,
+                heap.available,
+                self.free_range_max(h)
+            ));
+        }
+        if heap.attached {
+            r.heaps[pi].insert((heap.available, seg.addr, h));
+            r.total += seg.size;
+            r.stats.segment.increase(st, 1);
+            r.stats.reserved_bytes.increase(st, seg.size);
+            if has_zombie {
+                r.pending_update[pi].insert(h);
+            }
+        } else if !has_zombie {
+            return Err(format!("released heap #{} has no busy range left", heap.id));
+        }
+        Ok(())
+    }
+
+    /// Each pool's buffer and heap sets, byte and buffer counts and heaps
+    /// pending update against the recount.
+    fn check_pools(&self, r: &Recount) -> Result<(), String> {
         for pool in PoolKind::ALL {
             let (pi, p) = (pool.index(), &self.pools[pool.index()]);
             let listed: BTreeSet<(u64, u64, BlockId)> = p.buffers.iter().copied().collect();
-            if listed != buffers[pi] {
+            if listed != r.buffers[pi] {
                 return Err(format!(
                     "the {pool} pool's available buffers are not the available buffers"
                 ));
             }
             let listed: BTreeSet<(u64, u64, SegmentId)> = p.heaps.iter().copied().collect();
-            if listed != heaps[pi] {
+            if listed != r.heaps[pi] {
                 return Err(format!("the {pool} pool's heap set is not its heaps"));
             }
-            if p.available_size != available[pi] || p.allocated_size != allocated[pi] {
+            if p.available_size != r.available[pi] || p.allocated_size != r.allocated[pi] {
                 return Err(format!("the {pool} pool's byte counts are wrong"));
             }
-            if p.n_buffers != n_buffers[pi] {
+            if p.n_buffers != r.n_buffers[pi] {
                 return Err(format!("the {pool} pool's buffer count is wrong"));
             }
-            if p.heaps_pending_update != pending_update[pi] {
+            if p.heaps_pending_update != r.pending_update[pi] {
                 return Err(format!("the {pool} pool's heaps_pending_update is wrong"));
             }
         }
-        if ptrs != self.ptrs.len() || self.bufs.len() != ptrs + zombies.len() {
+        Ok(())
+    }
+
+    /// The pointer map, buffer records, pending set, zombies, totals and
+    /// every current statistic against the recount.
+    fn check_totals(&self, r: &Recount) -> Result<(), String> {
+        if r.ptrs != self.ptrs.len() || self.bufs.len() != r.ptrs + r.zombies.len() {
             return Err("the pointer map or the buffer records hold dead buffers".into());
         }
-        if pending != self.pending || zombies != self.zombies {
+        if r.pending != self.pending || r.zombies != self.zombies {
             return Err("the pending set or the zombies are wrong".into());
         }
-        if total != self.total_allocated || current != self.current_allocated {
+        if r.total != self.total_allocated || r.current != self.current_allocated {
             return Err(format!(
-                "totals: heaps {} (recount {total}), current {} (recount {current})",
-                self.total_allocated, self.current_allocated
+                "totals: heaps {} (recount {}), current {} (recount {})",
+                self.total_allocated, r.total, self.current_allocated, r.current
             ));
         }
-        for ((name, want), (_, got)) in stats.arrays().into_iter().zip(self.stats.arrays()) {
+        for ((name, want), (_, got)) in r.stats.arrays().into_iter().zip(self.stats.arrays()) {
             for t in StatType::ALL {
                 if want.get(t).current != got.get(t).current {
                     return Err(format!(

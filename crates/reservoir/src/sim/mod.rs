@@ -46,9 +46,17 @@
 
 mod addr;
 mod clock;
+mod config;
+mod counters;
 mod streams;
+mod vm;
 
 pub use clock::{Access, AccessKind, AsyncSimDevice, RaceKind, RaceReport, HOLD_NS};
+pub use config::{
+    AddressPolicy, CostModel, SimConfig, DEFAULT_ADDRESS_HIGH, DEFAULT_ADDRESS_LOW,
+    DEFAULT_CAPACITY, DEFAULT_GRANULARITY, DEFAULT_PAGE_SIZE, FAKE_DRIVER_CAPACITY,
+};
+pub use counters::{CallKind, CallResult, DeviceCall, SimCounters};
 pub use streams::HoldSemantics;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -57,364 +65,9 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::backend::{
-    Backend, BackendError, DevicePtr, EventId, HostMapping, MemInfo, Reservation, StreamId,
-    VirtualMemory,
+    Backend, BackendError, DevicePtr, EventId, HostMapping, MemInfo, StreamId, VirtualMemory,
 };
 use addr::{round_up, AddressSpace};
-
-const MIB: u64 = 1 << 20;
-
-/// Default capacity of a [`SimConfig`]: 80 GiB.
-pub const DEFAULT_CAPACITY: u64 = 80 << 30;
-
-/// The fake CUDA driver's default capacity (`FAKECUDA_TOTAL_MEM`,
-/// 85 045 870 592 bytes: what an H100 80GB HBM3 reports as total).
-pub const FAKE_DRIVER_CAPACITY: u64 = 85_045_870_592;
-
-/// Default accounting granularity and virtual-memory page size: 2 MiB (the
-/// fake driver's `FAKECUDA_GRANULARITY` and `cuMemGetAllocationGranularity`).
-pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
-
-/// Default lower end of the placement window: 4 GiB.
-pub const DEFAULT_ADDRESS_LOW: u64 = 0x1_0000_0000;
-
-/// Default upper end of the placement window, the "mmap base" that Linux-style
-/// placement grows down from: `0x7f00_0000_0000`.
-pub const DEFAULT_ADDRESS_HIGH: u64 = 0x7f00_0000_0000;
-
-/// Default page size of the address space (the fake driver `mmap`s each
-/// allocation rounded up to it): 4096.
-pub const DEFAULT_PAGE_SIZE: u64 = 4096;
-
-/// Where the simulated device places new allocations and reservations.
-///
-/// Whatever the policy, every allocation occupies `round_up(size, page_size)`
-/// bytes of address space, and ranges never overlap.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum AddressPolicy {
-    /// Where Linux's top-down `mmap` puts anonymous mappings: the highest free
-    /// gap of the placement window that fits, with the mapping at the top of
-    /// that gap. Freed ranges become gaps again and merge with their
-    /// neighbours. The default.
-    ///
-    /// Reservations are placed like the fake driver's `cuMemAddressReserve`:
-    /// `size + granularity` bytes are taken and the base is rounded up to the
-    /// virtual-memory granularity.
-    #[default]
-    LinuxMmap,
-    /// Increasing addresses from the bottom of the placement window, never
-    /// reused once freed.
-    BumpUp,
-    /// Hand out these addresses in order (allocations and reservations
-    /// alike, one address per successful call), then fall back to
-    /// [`LinuxMmap`](AddressPolicy::LinuxMmap). An address whose range is not
-    /// free is skipped (consumed) and the call falls back to `LinuxMmap`
-    /// ([`SimCounters::scripted_fallbacks`] counts that). Scripted addresses
-    /// may lie anywhere in the 64-bit space except the first and last page.
-    Scripted(VecDeque<u64>),
-}
-
-/// The driver cost model: simulated nanoseconds charged for each device call,
-/// accumulated in [`SimCounters::driver_time_ns`].
-///
-/// The defaults are rough figures for a current datacenter GPU (CUDA 12/13,
-/// H100-class), where `cudaMalloc` costs about 10 us for small segments and
-/// about 100 us per GiB; they are meant for comparing policies (fewer, larger
-/// driver calls versus more, smaller ones), not as measurements. Failed
-/// calls are charged their fixed part only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct CostModel {
-    /// Fixed cost of an allocation (`cudaMalloc`). Default 10 000 ns.
-    pub alloc_ns: u64,
-    /// Extra allocation cost per started MiB. Default 90 ns (about 100 us in
-    /// total for 1 GiB).
-    pub alloc_ns_per_mib: u64,
-    /// Fixed cost of a free (`cudaFree`). Default 8 000 ns.
-    pub free_ns: u64,
-    /// Extra free cost per started MiB. Default 20 ns.
-    pub free_ns_per_mib: u64,
-    /// Fixed cost of a map call (`cuMemCreate` + `cuMemMap` +
-    /// `cuMemSetAccess`). Default 4 000 ns.
-    pub map_ns: u64,
-    /// Extra map cost per virtual-memory page. Default 2 000 ns.
-    pub map_ns_per_page: u64,
-    /// Fixed cost of an unmap call (`cuMemUnmap` + `cuMemRelease`). Default
-    /// 3 000 ns.
-    pub unmap_ns: u64,
-    /// Extra unmap cost per virtual-memory page. Default 1 000 ns.
-    pub unmap_ns_per_page: u64,
-    /// Cost of reserving address space (`cuMemAddressReserve`). Default 2 000 ns.
-    pub reserve_ns: u64,
-    /// Cost of releasing address space (`cuMemAddressFree`). Default 2 000 ns.
-    pub release_ns: u64,
-}
-
-impl CostModel {
-    /// A model where every call is free.
-    pub const ZERO: CostModel = CostModel {
-        alloc_ns: 0,
-        alloc_ns_per_mib: 0,
-        free_ns: 0,
-        free_ns_per_mib: 0,
-        map_ns: 0,
-        map_ns_per_page: 0,
-        unmap_ns: 0,
-        unmap_ns_per_page: 0,
-        reserve_ns: 0,
-        release_ns: 0,
-    };
-
-    /// Cost of a successful allocation of `size` bytes.
-    pub fn alloc(&self, size: u64) -> u64 {
-        self.alloc_ns
-            .saturating_add(self.alloc_ns_per_mib.saturating_mul(size.div_ceil(MIB)))
-    }
-
-    /// Cost of freeing `size` bytes.
-    pub fn free(&self, size: u64) -> u64 {
-        self.free_ns
-            .saturating_add(self.free_ns_per_mib.saturating_mul(size.div_ceil(MIB)))
-    }
-
-    /// Cost of a successful map of `pages` virtual-memory pages.
-    pub fn map(&self, pages: u64) -> u64 {
-        self.map_ns
-            .saturating_add(self.map_ns_per_page.saturating_mul(pages))
-    }
-
-    /// Cost of unmapping `pages` virtual-memory pages.
-    pub fn unmap(&self, pages: u64) -> u64 {
-        self.unmap_ns
-            .saturating_add(self.unmap_ns_per_page.saturating_mul(pages))
-    }
-}
-
-impl Default for CostModel {
-    fn default() -> Self {
-        CostModel {
-            alloc_ns: 10_000,
-            alloc_ns_per_mib: 90,
-            free_ns: 8_000,
-            free_ns_per_mib: 20,
-            map_ns: 4_000,
-            map_ns_per_page: 2_000,
-            unmap_ns: 3_000,
-            unmap_ns_per_page: 1_000,
-            reserve_ns: 2_000,
-            release_ns: 2_000,
-        }
-    }
-}
-
-/// Settings of a [`SimDevice`]. Plain data; see each field for its default.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SimConfig {
-    /// Device capacity in bytes, what [`MemInfo::total`] reports. Default
-    /// [`DEFAULT_CAPACITY`] (80 GiB). Can change at run time
-    /// ([`SimDevice::set_capacity`]).
-    pub capacity: u64,
-    /// Accounting unit of plain allocations: each counts
-    /// `round_up(size, accounting_granularity)` against the capacity.
-    /// Default [`DEFAULT_GRANULARITY`] (2 MiB); 0 is treated as 1.
-    pub accounting_granularity: u64,
-    /// Bytes held by "the context": shown as used in [`MemInfo::free`] and
-    /// never available to allocations (the fake's `FAKECUDA_RESERVED`).
-    /// Default 0.
-    pub context_reserved: u64,
-    /// Where addresses go. Default [`AddressPolicy::LinuxMmap`].
-    pub address_policy: AddressPolicy,
-    /// Lower end of the placement window (inclusive). Default
-    /// [`DEFAULT_ADDRESS_LOW`]. Rounded up to the page size.
-    pub address_low: u64,
-    /// Upper end of the placement window (exclusive): Linux-style placement
-    /// starts just below it. Default [`DEFAULT_ADDRESS_HIGH`]. Rounded down to
-    /// the page size.
-    pub address_high: u64,
-    /// Page size of the address space: every allocation occupies its size
-    /// rounded up to it. Default [`DEFAULT_PAGE_SIZE`] (4096); rounded up to
-    /// a power of two.
-    pub page_size: u64,
-    /// Virtual-memory granularity ([`VirtualMemory::granularity`]). Default
-    /// [`DEFAULT_GRANULARITY`] (2 MiB); rounded up to a multiple of the page
-    /// size.
-    pub vm_granularity: u64,
-    /// Simulated driver costs. Default [`CostModel::default`].
-    pub cost: CostModel,
-    /// What events recorded on held streams wait for. Default
-    /// [`HoldSemantics::AllEvents`].
-    pub hold_semantics: HoldSemantics,
-    /// Record the device-call log from the start. Default false.
-    pub call_log: bool,
-    /// The most streams the device holds, the default stream and
-    /// registered streams included: [`create_stream`](Backend::create_stream)
-    /// past it fails. Default
-    /// [`DEFAULT_STREAM_LIMIT`](crate::backend::DEFAULT_STREAM_LIMIT)
-    /// (65,536). [`SimDevice::register_stream`] is not limited (a replay
-    /// registers its trace's streams).
-    pub max_streams: usize,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            capacity: DEFAULT_CAPACITY,
-            accounting_granularity: DEFAULT_GRANULARITY,
-            context_reserved: 0,
-            address_policy: AddressPolicy::LinuxMmap,
-            address_low: DEFAULT_ADDRESS_LOW,
-            address_high: DEFAULT_ADDRESS_HIGH,
-            page_size: DEFAULT_PAGE_SIZE,
-            vm_granularity: DEFAULT_GRANULARITY,
-            cost: CostModel::default(),
-            hold_semantics: HoldSemantics::AllEvents,
-            call_log: false,
-            max_streams: crate::backend::DEFAULT_STREAM_LIMIT,
-        }
-    }
-}
-
-impl SimConfig {
-    /// The fake CUDA driver's defaults, for replays compared with the oracle:
-    /// capacity [`FAKE_DRIVER_CAPACITY`] and
-    /// [`HoldSemantics::EnqueuedWork`]; everything else as [`Default`].
-    pub fn like_fake_driver() -> Self {
-        SimConfig {
-            capacity: FAKE_DRIVER_CAPACITY,
-            hold_semantics: HoldSemantics::EnqueuedWork,
-            ..SimConfig::default()
-        }
-    }
-}
-
-/// A snapshot of the simulated device's counters ([`SimDevice::counters`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SimCounters {
-    /// Successful allocations ([`Backend::allocate`]).
-    pub allocs: u64,
-    /// Successful frees ([`Backend::free`]).
-    pub frees: u64,
-    /// Allocations that failed with out of memory (capacity or injected).
-    pub failed_allocs: u64,
-    /// Live plain allocations.
-    pub live_allocs: u64,
-    /// Bytes accounted against the capacity now: plain allocations (rounded
-    /// to the accounting granularity) plus mapped pages. Excludes
-    /// [`SimConfig::context_reserved`].
-    pub bytes_in_use: u64,
-    /// Highest `bytes_in_use` since creation or [`SimDevice::reset_peak`].
-    pub peak_bytes: u64,
-    /// Successful address-space reservations.
-    pub reserves: u64,
-    /// Released reservations.
-    pub releases: u64,
-    /// Successful map calls.
-    pub maps: u64,
-    /// Successful unmap calls.
-    pub unmaps: u64,
-    /// Map calls that failed with out of memory (capacity or injected).
-    pub failed_maps: u64,
-    /// Virtual-memory pages mapped now.
-    pub pages_mapped: u64,
-    /// Streams created ([`Backend::create_stream`] and
-    /// [`SimDevice::register_stream`]).
-    pub streams_created: u64,
-    /// Events handed out.
-    pub events_created: u64,
-    /// Events recorded on a stream.
-    pub events_recorded: u64,
-    /// Events handed out and not destroyed yet.
-    pub live_events: u64,
-    /// Synchronisations that had to complete work of a held stream.
-    pub forced_syncs: u64,
-    /// Streams held now.
-    pub held_streams: u64,
-    /// Operations enqueued and not completed yet, over all streams.
-    pub pending_ops: u64,
-    /// Scripted addresses that could not be used (their range was not free).
-    pub scripted_fallbacks: u64,
-    /// Simulated driver time accumulated by the [`CostModel`], in ns.
-    pub driver_time_ns: u64,
-}
-
-/// The kind of a logged device call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CallKind {
-    /// [`Backend::allocate`] (`cudaMalloc`).
-    Alloc,
-    /// [`Backend::free`] (`cudaFree`).
-    Free,
-    /// [`VirtualMemory::reserve`] (`cuMemAddressReserve`).
-    Reserve,
-    /// [`VirtualMemory::release`] (`cuMemAddressFree`).
-    Release,
-    /// [`VirtualMemory::map`] (`cuMemCreate` + `cuMemMap`).
-    Map,
-    /// [`VirtualMemory::unmap`] (`cuMemUnmap` + `cuMemRelease`).
-    Unmap,
-}
-
-impl CallKind {
-    /// The name of the matching call in the oracle's `device_calls`
-    /// (`alloc`, `free`, `reserve`, `addr_free`, `map`, `unmap`).
-    pub fn oracle_name(self) -> &'static str {
-        match self {
-            CallKind::Alloc => "alloc",
-            CallKind::Free => "free",
-            CallKind::Reserve => "reserve",
-            CallKind::Release => "addr_free",
-            CallKind::Map => "map",
-            CallKind::Unmap => "unmap",
-        }
-    }
-}
-
-/// The outcome of a logged device call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CallResult {
-    /// The call succeeded.
-    Ok,
-    /// The call failed with out of memory.
-    OutOfMemory,
-}
-
-impl CallResult {
-    /// The oracle's `error` code: 0 for success, 2 for out of memory
-    /// (`CUDA_ERROR_OUT_OF_MEMORY`).
-    pub fn error_code(self) -> u32 {
-        match self {
-            CallResult::Ok => 0,
-            CallResult::OutOfMemory => 2,
-        }
-    }
-}
-
-/// One entry of the device-call log ([`SimDevice::call_log`]), the
-/// counterpart of a record of the oracle's `device_calls`. Calls rejected
-/// as invalid (unknown address, bad range) are not logged, as in the fake
-/// driver; failed allocations and maps are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DeviceCall {
-    /// What was called.
-    pub kind: CallKind,
-    /// Bytes: the allocation size, the reservation size, or the mapped or
-    /// unmapped length.
-    pub size: u64,
-    /// The allocation (null for a failed allocation), or the reservation's
-    /// base for reserve, release, map and unmap.
-    pub addr: DevicePtr,
-    /// Offset of the mapped or unmapped range in its reservation (0 for other
-    /// calls).
-    pub offset: u64,
-    /// The stream passed to [`Backend::allocate`]; the default stream for
-    /// other calls.
-    pub stream: StreamId,
-    /// Success or out of memory.
-    pub result: CallResult,
-    /// The tag set with [`SimDevice::set_call_tag`] when the call was made
-    /// (a replay sets it to the op index, like the oracle's `op`).
-    pub tag: Option<u64>,
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Placement {
@@ -573,18 +226,19 @@ impl SimDevice {
     pub fn counters(&self) -> SimCounters {
         let st = self.state.lock();
         let s = &st.streams;
-        SimCounters {
-            live_allocs: st.allocs.len() as u64,
-            bytes_in_use: st.used,
-            streams_created: s.streams_created,
+        let mut c = SimCounters {
             events_created: s.events_created,
-            events_recorded: s.events_recorded,
-            live_events: s.live_events() as u64,
             forced_syncs: s.forced_syncs,
             held_streams: s.held_streams() as u64,
             pending_ops: s.pending_ops(),
             ..st.c
-        }
+        };
+        c.live_allocs = st.allocs.len() as u64;
+        c.bytes_in_use = st.used;
+        c.streams_created = s.streams_created;
+        c.events_recorded = s.events_recorded;
+        c.live_events = s.live_events() as u64;
+        c
     }
 
     /// Restart the peak at the current use.
@@ -707,12 +361,6 @@ impl SimDevice {
     /// Operations enqueued on `stream` and not completed.
     pub fn stream_pending(&self, stream: StreamId) -> Result<u64, BackendError> {
         self.state.lock().streams.pending(stream)
-    }
-
-    /// Complete all work enqueued on `stream` so far, also held work (counted
-    /// as a forced sync). The stream stays held for later work.
-    pub fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
-        self.state.lock().streams.synchronize_stream(stream)
     }
 
     /// Complete all work on every stream (`cudaDeviceSynchronize`).
@@ -876,224 +524,6 @@ impl State {
         );
         Ok(())
     }
-
-    fn reserve(&mut self, size: u64) -> Result<Reservation, BackendError> {
-        if size == 0 || size % self.vm_gran != 0 {
-            return Err(invalid(format!(
-                "reserve of {size} bytes: not a positive multiple of the granularity {}",
-                self.vm_gran
-            )));
-        }
-        let Some((base, raw, raw_end)) = self.place(size, self.vm_gran) else {
-            self.log(
-                CallKind::Reserve,
-                size,
-                0,
-                0,
-                StreamId::DEFAULT,
-                CallResult::OutOfMemory,
-            );
-            return Err(BackendError::OutOfMemory {
-                requested: size,
-                free: self.free_bytes(),
-            });
-        };
-        self.resv.insert(
-            base,
-            Resv {
-                size,
-                raw,
-                raw_end,
-                mapped: BTreeMap::new(),
-            },
-        );
-        self.c.reserves += 1;
-        self.c.driver_time_ns = self.c.driver_time_ns.saturating_add(self.cost.reserve_ns);
-        self.log(
-            CallKind::Reserve,
-            size,
-            base,
-            0,
-            StreamId::DEFAULT,
-            CallResult::Ok,
-        );
-        Ok(Reservation {
-            base: DevicePtr(base),
-            size,
-        })
-    }
-
-    /// Validate a map/unmap range of a live reservation.
-    fn check_range(&self, r: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
-        let Some(resv) = self.resv.get(&r.base.0) else {
-            return Err(invalid(format!(
-                "reservation at {}: not a live reservation of the sim device",
-                r.base
-            )));
-        };
-        if resv.size != r.size {
-            return Err(invalid(format!(
-                "reservation at {} has size {}, not {}",
-                r.base, resv.size, r.size
-            )));
-        }
-        let g = self.vm_gran;
-        if len == 0 || offset % g != 0 || len % g != 0 {
-            return Err(invalid(format!(
-                "range [{offset:#x}, +{len:#x}) of reservation {}: not granularity-aligned ({g:#x}) or empty",
-                r.base
-            )));
-        }
-        if offset.checked_add(len).map_or(true, |e| e > resv.size) {
-            return Err(invalid(format!(
-                "range [{offset:#x}, +{len:#x}) is outside reservation {} of {} bytes",
-                r.base, resv.size
-            )));
-        }
-        Ok(())
-    }
-
-    fn map(&mut self, r: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.check_range(r, offset, len)?;
-        let resv = &self.resv[&r.base.0];
-        let end = offset + len;
-        if let Some((&o, &l)) = resv.mapped.range(..end).next_back() {
-            if o + l > offset {
-                return Err(invalid(format!(
-                    "map of [{offset:#x}, {end:#x}) in reservation {}: [{o:#x}, {:#x}) is already mapped",
-                    r.base,
-                    o + l
-                )));
-            }
-        }
-        self.map_calls += 1;
-        let n = self.map_calls;
-        let injected = self.faults.nth_map.remove(&n);
-        if injected || !self.fits(len) {
-            self.c.failed_maps += 1;
-            self.c.driver_time_ns = self.c.driver_time_ns.saturating_add(self.cost.map_ns);
-            self.log(
-                CallKind::Map,
-                len,
-                r.base.0,
-                offset,
-                StreamId::DEFAULT,
-                CallResult::OutOfMemory,
-            );
-            tracing::debug!(len, injected, "sim: map failed");
-            return Err(BackendError::OutOfMemory {
-                requested: len,
-                free: self.free_bytes(),
-            });
-        }
-        self.resv
-            .get_mut(&r.base.0)
-            .expect("checked")
-            .mapped
-            .insert(offset, len);
-        self.take(len);
-        let pages = len / self.vm_gran;
-        self.c.maps += 1;
-        self.c.pages_mapped += pages;
-        self.c.driver_time_ns = self.c.driver_time_ns.saturating_add(self.cost.map(pages));
-        self.log(
-            CallKind::Map,
-            len,
-            r.base.0,
-            offset,
-            StreamId::DEFAULT,
-            CallResult::Ok,
-        );
-        Ok(())
-    }
-
-    fn unmap(&mut self, r: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.check_range(r, offset, len)?;
-        let end = offset + len;
-        let resv = self.resv.get_mut(&r.base.0).expect("checked");
-        // The runs covering [offset, end), which must be contiguous.
-        let not_mapped = || {
-            invalid(format!(
-                "unmap of [{offset:#x}, {end:#x}) in reservation {}: not all of it is mapped",
-                r.base
-            ))
-        };
-        let Some((&first, &first_len)) = resv.mapped.range(..=offset).next_back() else {
-            return Err(not_mapped());
-        };
-        let mut covered = first + first_len;
-        if covered <= offset {
-            return Err(not_mapped());
-        }
-        let mut runs = vec![first];
-        while covered < end {
-            match resv.mapped.get(&covered) {
-                Some(&l) => {
-                    runs.push(covered);
-                    covered += l;
-                }
-                None => return Err(not_mapped()),
-            }
-        }
-        for o in runs {
-            resv.mapped.remove(&o);
-        }
-        if first < offset {
-            resv.mapped.insert(first, offset - first);
-        }
-        if end < covered {
-            resv.mapped.insert(end, covered - end);
-        }
-        self.used -= len;
-        let pages = len / self.vm_gran;
-        self.c.unmaps += 1;
-        self.c.pages_mapped -= pages;
-        self.c.driver_time_ns = self.c.driver_time_ns.saturating_add(self.cost.unmap(pages));
-        self.log(
-            CallKind::Unmap,
-            len,
-            r.base.0,
-            offset,
-            StreamId::DEFAULT,
-            CallResult::Ok,
-        );
-        Ok(())
-    }
-
-    fn release(&mut self, r: Reservation) -> Result<(), BackendError> {
-        let Some(resv) = self.resv.get(&r.base.0) else {
-            return Err(invalid(format!(
-                "release of {}: not a live reservation of the sim device",
-                r.base
-            )));
-        };
-        if resv.size != r.size {
-            return Err(invalid(format!(
-                "release of reservation {} with size {}, but it has size {}",
-                r.base, r.size, resv.size
-            )));
-        }
-        if !resv.mapped.is_empty() {
-            let mapped: u64 = resv.mapped.values().sum();
-            return Err(invalid(format!(
-                "release of reservation {}: {mapped} bytes are still mapped",
-                r.base
-            )));
-        }
-        let resv = self.resv.remove(&r.base.0).expect("checked");
-        self.space.give(resv.raw, resv.raw_end);
-        self.c.releases += 1;
-        self.c.driver_time_ns = self.c.driver_time_ns.saturating_add(self.cost.release_ns);
-        self.log(
-            CallKind::Release,
-            r.size,
-            r.base.0,
-            0,
-            StreamId::DEFAULT,
-            CallResult::Ok,
-        );
-        Ok(())
-    }
 }
 
 impl Backend for SimDevice {
@@ -1149,10 +579,10 @@ impl Backend for SimDevice {
         self.state.lock().streams.destroy_event(event)
     }
 
-    /// Virtual memory, and `async_streams`: events can stay pending (held
-    /// streams), so callers must query them.
+    /// Complete all work enqueued on `stream` so far, also held work (counted
+    /// as a forced sync). The stream stays held for later work.
     fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
-        SimDevice::synchronize_stream(self, stream)
+        self.state.lock().streams.synchronize_stream(stream)
     }
 
     fn synchronize_device(&self) -> Result<(), BackendError> {
@@ -1190,34 +620,6 @@ impl HostMapping for SimDevice {
                 "range [{ptr}, +{len}) is not inside a live allocation of the sim device"
             )))
         }
-    }
-}
-
-impl VirtualMemory for SimDevice {
-    fn granularity(&self) -> u64 {
-        self.state.lock().vm_gran
-    }
-
-    /// Reserve address space (no capacity cost). `size` must be a positive
-    /// multiple of the granularity.
-    fn reserve(&self, size: u64) -> Result<Reservation, BackendError> {
-        self.state.lock().reserve(size)
-    }
-
-    /// Map `[offset, offset + len)`: granularity-aligned, inside the
-    /// reservation, not mapped yet. Counts `len` against the capacity.
-    fn map(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.state.lock().map(reservation, offset, len)
-    }
-
-    /// Unmap `[offset, offset + len)`, all of which must be mapped (it may
-    /// span several map calls, or part of one).
-    fn unmap(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.state.lock().unmap(reservation, offset, len)
-    }
-
-    fn release(&self, reservation: Reservation) -> Result<(), BackendError> {
-        self.state.lock().release(reservation)
     }
 }
 

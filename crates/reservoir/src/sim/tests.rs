@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::backend::Reservation;
 
 const D: StreamId = StreamId::DEFAULT;
 const HIGH: u64 = DEFAULT_ADDRESS_HIGH;
