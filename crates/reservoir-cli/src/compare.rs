@@ -15,7 +15,7 @@ use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::compare::{
     compare, summarize, trace_bound, CompareInput, CompareRow, PolicySummary,
 };
-use reservoir_replay::replay::snapshot::StartMode;
+use reservoir_replay::replay::recorded::StartMode;
 use reservoir_replay::replay::StartState;
 use reservoir_replay::workload;
 

@@ -29,18 +29,18 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
+use reservoir_replay::input::{self, AddressKind};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::explain::Explanation;
-use reservoir_replay::replay::sites::Sites;
-use reservoir_replay::replay::snapshot::{
+use reservoir_replay::replay::recorded::{
     convert, describe_skipped, overlay_config, recorded_setting, replay_recorded, RecordedReport,
     RecordedTrace, StartMode,
 };
+use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::{
     replay_all, ReplayOptions, ReplayReport, ReplaySetting, StartState,
 };
-use reservoir_replay::snapshot::{self, AddressKind};
 use reservoir_replay::workload::{self, Workload, WorkloadKind};
 
 /// Reservoir: PyTorch's CUDA caching allocator in Rust, and tools to study it
@@ -385,7 +385,7 @@ fn convert_file(
     path: &std::path::Path,
     device: Option<u32>,
 ) -> Result<(String, Vec<Converted>, Skipped)> {
-    let loaded = snapshot::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let loaded = input::load(path).with_context(|| format!("cannot load {}", path.display()))?;
     if !loaded.skipped_actions.is_empty() {
         eprintln!(
             "warning: {}: {} (an action this version does not know; the replay leaves them out)",
@@ -851,8 +851,8 @@ fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> Strin
 }
 
 fn cmd_convert(args: ConvertArgs) -> Result<()> {
-    let loaded = snapshot::load(&args.file)
-        .with_context(|| format!("cannot load {}", args.file.display()))?;
+    let loaded =
+        input::load(&args.file).with_context(|| format!("cannot load {}", args.file.display()))?;
     let input = loaded.to_trace_input();
     let recorded = recorded_setting(input.allocator_settings.as_ref());
     let config = recorded.allocator_config()?;
@@ -876,7 +876,7 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
             dev.device
         );
     }
-    let (trace, prelude) = reservoir_replay::replay::snapshot::oracle_trace(&rec);
+    let (trace, prelude) = reservoir_replay::replay::recorded::oracle_trace(&rec);
     let mut header = vec![
         format!(
             "converted from {} device {}",

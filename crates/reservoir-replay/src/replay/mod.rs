@@ -59,9 +59,9 @@
 pub mod capacity;
 pub mod explain;
 mod live;
+pub mod recorded;
 mod report;
 pub mod sites;
-pub mod snapshot;
 mod target;
 
 pub use report::{OomRecord, PeakState, ReplayReport, Sample};
@@ -289,7 +289,7 @@ pub enum ReplayError {
 }
 
 /// What the allocator holds before the first op of a trace that starts
-/// mid-run (a recorded snapshot's trace, see [`snapshot`]), and how the
+/// mid-run (a recorded snapshot's trace, see [`recorded`]), and how the
 /// device behaves to reproduce a recording.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StartState {

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 
 use super::{err, ConvertError, RecordedTrace, SegmentEvent};
+use crate::input::DeviceEvents;
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use crate::replay::StartState;
-use crate::snapshot::DeviceEvents;
 use reservoir::backend::StreamId;
 use reservoir::caching::rules;
 use reservoir::caching::{SeededBlock, SeededExpandable, SeededSegment};

@@ -1,5 +1,5 @@
 //! Replaying recorded traces exactly: a snapshot's device trace (any input
-//! [`crate::snapshot::load`] reads) turned into a [`Trace`] of oracle ops plus
+//! [`crate::input::load`] reads) turned into a [`Trace`] of oracle ops plus
 //! the [`StartState`] it starts from, and the fidelity report comparing a
 //! PyTorch-mode replay with the recording.
 //!
