@@ -70,7 +70,7 @@ names+=(alloc_free_pair)
 value[alloc_free_pair]=$(per_op "$total" "$pairs")
 detail[alloc_free_pair]="$total instructions / $pairs pairs"
 
-total=$(callgrind replay_entry 'reservoir_replay::replay::snapshot::replay_recorded*' \
+total=$(callgrind replay_entry 'reservoir_replay::replay::recorded::replay_recorded*' \
   "$bin/replay_profile" "$replays")
 entries=$(sed -n 's/^[0-9]* replays of \([0-9]*\) entries.*/\1/p' "$work/replay_entry.out")
 if [ -z "$entries" ]; then

@@ -1,14 +1,14 @@
-//! Bytes → `snapshot::load_bytes`. A loaded snapshot must encode to a pickle
+//! Bytes → `input::load_bytes`. A loaded snapshot must encode to a pickle
 //! that decodes to the same snapshot.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use reservoir::snapshot::Snapshot;
 use reservoir_replay::pickle::{self, Limits};
-use reservoir_replay::snapshot::{self, ReadSnapshot};
+use reservoir_replay::input::{self, ReadSnapshot};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(loaded) = snapshot::load_bytes(data) else {
+    let Ok(loaded) = input::load_bytes(data) else {
         return;
     };
     let _ = loaded.to_trace_input();

@@ -4,13 +4,13 @@
 
 use libfuzzer_sys::fuzz_target;
 use reservoir_replay::oracle_trace::Trace;
-use reservoir_replay::snapshot;
+use reservoir_replay::input;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(l) = snapshot::load_alloc_data(data) {
+    if let Ok(l) = input::load_alloc_data(data) {
         let _ = l.to_trace_input();
     }
-    if let Ok(l) = snapshot::load_allocator_sim_log(data) {
+    if let Ok(l) = input::load_allocator_sim_log(data) {
         let _ = l.to_trace_input();
     }
     if let Ok(text) = std::str::from_utf8(data) {

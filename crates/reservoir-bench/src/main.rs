@@ -66,42 +66,65 @@ fn index(imp: Impl) -> usize {
         .expect("every Impl is in Impl::ALL")
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--child") {
-        return child(&args[1..]);
-    }
-    let mut quick = false;
-    let mut callgrind = true;
-    let mut json = None;
-    let mut write_traces = None;
+/// The command line of a benchmark run.
+struct Options {
+    quick: bool,
+    /// Count instructions under callgrind.
+    callgrind: bool,
+    /// `--json FILE`.
+    json: Option<String>,
+    /// `--write-traces DIR`.
+    write_traces: Option<String>,
+}
+
+/// Read the command line; `Err` is the exit code of a run that ends there
+/// (`--threads`, or a usage error).
+fn parse_args(args: &[String]) -> Result<Options, ExitCode> {
+    let mut o = Options {
+        quick: false,
+        callgrind: true,
+        json: None,
+        write_traces: None,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--quick" => quick = true,
-            "--threads" => return threads_table(),
-            "--no-callgrind" => callgrind = false,
+            "--quick" => o.quick = true,
+            "--threads" => return Err(threads_table()),
+            "--no-callgrind" => o.callgrind = false,
             "--write-traces" => match it.next() {
-                Some(d) => write_traces = Some(d.clone()),
-                None => return usage("--write-traces needs a folder"),
+                Some(d) => o.write_traces = Some(d.clone()),
+                None => return Err(usage("--write-traces needs a folder")),
             },
             "--json" => match it.next() {
-                Some(f) => json = Some(f.clone()),
-                None => return usage("--json needs a file name"),
+                Some(f) => o.json = Some(f.clone()),
+                None => return Err(usage("--json needs a file name")),
             },
-            other => return usage(&format!("unknown argument {other:?}")),
+            other => return Err(usage(&format!("unknown argument {other:?}"))),
         }
     }
-    if callgrind
+    if o.callgrind
         && std::process::Command::new("valgrind")
             .arg("--version")
             .output()
             .is_err()
     {
         eprintln!("valgrind is not installed: instruction counts skipped (apt-get install valgrind, or pass --no-callgrind)");
-        callgrind = false;
+        o.callgrind = false;
     }
-    let reps = if quick { 5 } else { 11 };
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        return child(&args[1..]);
+    }
+    let o = match parse_args(&args) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let reps = if o.quick { 5 } else { 11 };
     let oracle = measure::oracle_bench();
     if oracle.is_none() {
         eprintln!(
@@ -109,15 +132,15 @@ fn main() -> ExitCode {
              (run ../shared/oracle/setup-torch.sh); PyTorch columns are empty"
         );
     }
-    if let Some(dir) = write_traces {
-        return write_sequences(Path::new(&dir), quick);
+    if let Some(dir) = o.write_traces {
+        return write_sequences(Path::new(&dir), o.quick);
     }
     let dir = std::env::temp_dir().join(format!("reservoir-bench-seq-{}", std::process::id()));
     if let Err(e) = std::fs::create_dir_all(&dir) {
         eprintln!("cannot create {}: {e}", dir.display());
         return ExitCode::FAILURE;
     }
-    let seqs = sequences::all(quick);
+    let seqs = sequences::all(o.quick);
     let mut rows = Vec::new();
     let mut failed = false;
     for (i, seq) in seqs.iter().enumerate() {
@@ -127,6 +150,42 @@ fn main() -> ExitCode {
             eprintln!("cannot write {}: {e}", file.display());
             return ExitCode::FAILURE;
         }
+        let bench = Bench {
+            oracle: oracle.as_deref(),
+            callgrind: o.callgrind,
+            reps,
+        };
+        rows.push(bench.row(seq, &file, &mut failed));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    print!("{}", table(&rows));
+    if let Some(f) = o.json {
+        if let Err(e) = std::fs::write(&f, to_json(&rows)) {
+            eprintln!("cannot write {f}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// How each sequence is measured.
+struct Bench<'a> {
+    /// `oracle_bench`, when set up.
+    oracle: Option<&'a Path>,
+    callgrind: bool,
+    /// Repetitions timed.
+    reps: usize,
+}
+
+impl Bench<'_> {
+    /// Measure `seq` (written to `file`) with every implementation; a
+    /// measurement that fails is reported and sets `failed`.
+    fn row(&self, seq: &sequences::Sequence, file: &Path, failed: &mut bool) -> Row {
+        let (oracle, reps) = (self.oracle, self.reps);
         let ops = ops::parse(&seq.text);
         let expected = ops::calls_without_failures(&ops) * reps;
         let mut failed_allocs = vec![0; Impl::ALL.len()];
@@ -146,26 +205,22 @@ fn main() -> ExitCode {
             Ok(v) => Some(v),
             Err(e) => {
                 eprintln!("  {e}");
-                failed = true;
+                *failed = true;
                 None
             }
         };
-        let pytorch_ns = oracle
-            .as_deref()
-            .and_then(|b| note(measure::pytorch_ns(b, &file, reps)));
+        let pytorch_ns = oracle.and_then(|b| note(measure::pytorch_ns(b, file, reps)));
         let mut pytorch_ir = None;
         let mut ir = vec![None; Impl::ALL.len()];
-        if callgrind {
-            pytorch_ir = oracle
-                .as_deref()
-                .and_then(|b| note(measure::pytorch_instructions(b, &file, 2)));
+        if self.callgrind {
+            pytorch_ir = oracle.and_then(|b| note(measure::pytorch_instructions(b, file, 2)));
             for &imp in Impl::ALL {
                 if imp != Impl::NoCache {
-                    ir[index(imp)] = note(measure::own_instructions(imp, &file, 2));
+                    ir[index(imp)] = note(measure::own_instructions(imp, file, 2));
                 }
             }
         }
-        rows.push(Row {
+        Row {
             name: seq.name.clone(),
             ops: ops.ops.len(),
             pytorch_ns,
@@ -173,20 +228,7 @@ fn main() -> ExitCode {
             ns,
             ir,
             failed_allocs,
-        });
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    print!("{}", table(&rows));
-    if let Some(f) = json {
-        if let Err(e) = std::fs::write(&f, to_json(&rows)) {
-            eprintln!("cannot write {f}: {e}");
-            return ExitCode::FAILURE;
         }
-    }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
     }
 }
 

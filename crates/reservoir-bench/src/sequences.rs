@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use reservoir::rng::SplitMix64;
-use reservoir_replay::replay::snapshot::{convert, oracle_trace, recorded_setting};
-use reservoir_replay::snapshot;
+use reservoir_replay::input;
+use reservoir_replay::replay::recorded::{convert, oracle_trace, recorded_setting};
 use reservoir_replay::workload::Workload;
 
 /// A named sequence.
@@ -119,7 +119,7 @@ fn workload(name: &str) -> Sequence {
 /// prelude rebuilding its start state included).
 fn recorded(file: &str) -> Option<Sequence> {
     let path = reservoir_testkit::traces::shared_trace(file)?;
-    let mut input = snapshot::load(&path).ok()?.to_trace_input();
+    let mut input = input::load(&path).ok()?.to_trace_input();
     let setting = recorded_setting(input.allocator_settings.as_ref());
     let config = setting.allocator_config().ok()?;
     let dev = input.devices.swap_remove(0);

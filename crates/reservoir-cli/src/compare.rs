@@ -15,7 +15,7 @@ use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::compare::{
     compare, summarize, trace_bound, CompareInput, CompareRow, PolicySummary,
 };
-use reservoir_replay::replay::snapshot::StartMode;
+use reservoir_replay::replay::recorded::StartMode;
 use reservoir_replay::replay::StartState;
 use reservoir_replay::workload;
 
@@ -497,6 +497,8 @@ fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
     out
 }
 
+/// `reservoir compare`: every input under every policy, written as text or
+/// JSON; fails when a `--require` or `--require-steady` bound is missed.
 pub fn cmd_compare(args: CompareArgs) -> Result<()> {
     let names: Vec<&str> = if args.policies.is_empty() {
         DEFAULT_POLICIES.to_vec()
@@ -523,6 +525,17 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
     if inputs.is_empty() {
         bail!("nothing to compare (no trace in the folder and --no-workloads)");
     }
+    let rows = compare_all(&inputs)?;
+    write_comparison(&args, &rows, &skipped)?;
+    let failures = requirement_failures(&args, &rows, &exceptions);
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+/// Compare every input, with a progress bar on a terminal.
+fn compare_all(inputs: &[CompareInput]) -> Result<Vec<CompareRow>> {
     let bar = ProgressBar::with_draw_target(
         Some(inputs.len() as u64),
         if std::io::stderr().is_terminal() {
@@ -539,7 +552,7 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     let mut rows = Vec::with_capacity(inputs.len());
-    for input in &inputs {
+    for input in inputs {
         bar.set_message(input.name.clone());
         let row = compare(input, &mut |policy| {
             bar.set_message(format!("{} ({policy} done)", input.name));
@@ -549,7 +562,12 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let summary = summarize(&rows);
+    Ok(rows)
+}
+
+/// Write the comparison to standard output: JSON (`--json`) or the tables.
+fn write_comparison(args: &CompareArgs, rows: &[CompareRow], skipped: &[Skipped]) -> Result<()> {
+    let summary = summarize(rows);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
@@ -566,22 +584,32 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         serde_json::to_writer_pretty(&mut out, &v).context("writing JSON")?;
         writeln!(out)?;
     } else {
-        let mut text = rows_table(&rows);
+        let mut text = rows_table(rows);
         text.push('\n');
         text.push_str(&summary_table(&summary, rows.len()));
-        text.push_str(&steady_state_line(&rows));
+        text.push_str(&steady_state_line(rows));
         if !skipped.is_empty() {
             let _ = writeln!(text, "\nskipped {} files:", skipped.len());
-            for (f, why) in &skipped {
+            for (f, why) in skipped {
                 let _ = writeln!(text, "  {f}: {why}");
             }
         }
         out.write_all(text.as_bytes())?;
     }
     out.flush()?;
+    Ok(())
+}
+
+/// The `--require` and `--require-steady` bounds `rows` miss, one message
+/// each (known `--require-steady` exceptions are only warned about).
+fn requirement_failures(
+    args: &CompareArgs,
+    rows: &[CompareRow],
+    exceptions: &[String],
+) -> Vec<String> {
     let mut failures = Vec::new();
     if let Some(req) = &args.require {
-        let bad = violations(&rows, req);
+        let bad = violations(rows, req);
         if !bad.is_empty() {
             failures.push(format!(
                 "--require {req}: {} violations on {} inputs:\n  {}",
@@ -592,7 +620,7 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         }
     }
     if let Some(req) = &args.require_steady {
-        let c = check_steady(&rows, req, &exceptions);
+        let c = check_steady(rows, req, exceptions);
         let file = args
             .steady_exceptions
             .as_deref()
@@ -627,10 +655,7 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
             ));
         }
     }
-    if !failures.is_empty() {
-        bail!("{}", failures.join("\n"));
-    }
-    Ok(())
+    failures
 }
 
 #[cfg(test)]

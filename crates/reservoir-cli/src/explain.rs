@@ -9,8 +9,8 @@ use crate::table::shown_name;
 use reservoir::format::format_size;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{explain, Explanation, SiteUsage, Unusable};
+use reservoir_replay::replay::recorded::overlay_config;
 use reservoir_replay::replay::sites::Sites;
-use reservoir_replay::replay::snapshot::overlay_config;
 use reservoir_replay::replay::{ReplayOptions, ReplayReport, ReplaySetting, StartState};
 
 /// Changes tried, in order, to avoid an OOM (added to the setting's own).

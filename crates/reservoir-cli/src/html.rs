@@ -20,7 +20,7 @@ use reservoir::format::format_size;
 use reservoir::snapshot::{BlockState, Segment};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{Explanation, SiteUsage};
-use reservoir_replay::replay::snapshot::{Fidelity, RecordedTrace};
+use reservoir_replay::replay::recorded::{Fidelity, RecordedTrace};
 use reservoir_replay::replay::{segments_at, ReplayOptions, ReplayReport, ReplaySetting};
 
 use crate::table::format_ns;

@@ -13,34 +13,25 @@
 mod compare;
 mod explain;
 mod html;
+mod replay_cmd;
 mod size;
 mod table;
 
 use std::collections::HashSet;
-use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal, Write};
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
-use reservoir_replay::oracle_trace::Trace;
-use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
-use reservoir_replay::replay::explain::Explanation;
-use reservoir_replay::replay::sites::Sites;
-use reservoir_replay::replay::snapshot::{
-    convert, describe_skipped, overlay_config, recorded_setting, replay_recorded, RecordedReport,
-    RecordedTrace, StartMode,
+use reservoir_replay::input::{self, AddressKind};
+use reservoir_replay::replay::recorded::{
+    convert, describe_skipped, overlay_config, recorded_setting, RecordedTrace, StartMode,
 };
-use reservoir_replay::replay::{
-    replay_all, ReplayOptions, ReplayReport, ReplaySetting, StartState,
-};
-use reservoir_replay::snapshot::{self, AddressKind};
+use reservoir_replay::replay::ReplaySetting;
 use reservoir_replay::workload::{self, Workload, WorkloadKind};
 
 /// Reservoir: PyTorch's CUDA caching allocator in Rust, and tools to study it
@@ -182,7 +173,7 @@ struct WorkloadArgs {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Replay(args) => cmd_replay(args),
+        Command::Replay(args) => replay_cmd::cmd_replay(args),
         Command::Convert(args) => cmd_convert(args),
         Command::Workload(args) => cmd_workload(args),
         Command::Workloads => cmd_workloads(),
@@ -385,7 +376,7 @@ fn convert_file(
     path: &std::path::Path,
     device: Option<u32>,
 ) -> Result<(String, Vec<Converted>, Skipped)> {
-    let loaded = snapshot::load(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let loaded = input::load(path).with_context(|| format!("cannot load {}", path.display()))?;
     if !loaded.skipped_actions.is_empty() {
         eprintln!(
             "warning: {}: {} (an action this version does not know; the replay leaves them out)",
@@ -446,413 +437,9 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
     Ok(out)
 }
 
-/// A progress bar on a terminal, shown once the replay has taken more than
-/// a second.
-struct Progress {
-    bar: ProgressBar,
-    tty: bool,
-    start: Instant,
-    shown: bool,
-}
-
-impl Progress {
-    fn new(total: u64) -> Self {
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} replaying [{bar:40}] {percent}% ({eta} left)")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        Progress {
-            bar,
-            tty: std::io::stderr().is_terminal(),
-            start: Instant::now(),
-            shown: false,
-        }
-    }
-
-    fn set(&mut self, done: u64) {
-        if !self.shown && self.tty && self.start.elapsed() > Duration::from_secs(1) {
-            self.bar.set_draw_target(ProgressDrawTarget::stderr());
-            self.shown = true;
-        }
-        self.bar.set_position(done);
-    }
-}
-
-fn cmd_replay(args: ReplayArgs) -> Result<()> {
-    if args.capacity == Some(0) {
-        bail!("--capacity must be more than 0 bytes");
-    }
-    let mut recorded = Vec::new();
-    for f in &args.files {
-        recorded.extend(load_recorded(f, &args)?);
-    }
-    let workload = match (&args.workload, args.files.is_empty()) {
-        (Some(w), _) => Some(load_workload(w)?),
-        (None, true) => Some(load_workload("gpt-train")?),
-        (None, false) => None,
-    };
-    let wl = match &workload {
-        Some(w) => {
-            let (trace, sites) = w.trace_and_sites();
-            Some((w, trace, sites, settings(&args, None)?))
-        }
-        None => None,
-    };
-
-    let total: u64 = recorded
-        .iter()
-        .map(|r| (r.rec.trace.ops.len() * r.settings.len()) as u64)
-        .sum::<u64>()
-        + wl.as_ref()
-            .map_or(0, |(_, t, _, s)| (t.ops.len() * s.len()) as u64);
-    let mut progress = Progress::new(total);
-    let mut base = 0u64;
-    let start = Instant::now();
-
-    let mut sections: Vec<html::Section> = Vec::new();
-    let mut json: Vec<serde_json::Value> = Vec::new();
-    let mut text = String::new();
-    for input in &recorded {
-        let mut reports: Vec<ReplayReport> = Vec::new();
-        let mut fids = Vec::new();
-        let first_json = json.len();
-        for s in &input.settings {
-            let options = ReplayOptions {
-                capacity: input.capacity,
-                ..ReplayOptions::default()
-            };
-            let compare = s.name == "pytorch" && args.start == StartMode::Recorded;
-            let (report, fid) = replay_recorded(&input.rec, s, &options, compare, &mut |n| {
-                progress.set(base + n as u64)
-            })
-            .with_context(|| format!("replaying {} with {}", input.file, s.name))?;
-            base += input.rec.trace.ops.len() as u64;
-            let rr = RecordedReport {
-                file: input.file.clone(),
-                device: input.rec.device,
-                start: args.start,
-                events: input.events,
-                report,
-                fidelity: fid,
-                skipped_entries: input.skipped.clone(),
-            };
-            json.push(serde_json::to_value(&rr).context("serializing a report")?);
-            fids.push((s.name.clone(), rr.fidelity.clone()));
-            reports.push(rr.report);
-        }
-        let title = format!("{} (device {})", input.file, input.rec.device);
-        let (explanations, analysis) = Analysed {
-            label: &title,
-            trace: &input.rec.trace,
-            start: Some(&input.rec.start),
-            sites: &input.rec.sites,
-            settings: &input.settings,
-            capacity: input.capacity,
-        }
-        .analyse(&reports, args.min_capacity, &mut json[first_json..])?;
-        let start = match args.start {
-            StartMode::Recorded => format!(
-                "from a start state of {} segments and {} expandable segments",
-                input.rec.start.segments.len(),
-                input.rec.start.expandable.len()
-            ),
-            StartMode::Cold => format!(
-                "from a cold start (the {} blocks live at the first entry allocated first)",
-                input.live_at_start
-            ),
-        };
-        let _ = writeln!(
-            text,
-            "{title}\n{} trace entries -> {} ops {start}; simulated {} device{}\n",
-            input.events,
-            input.rec.trace.ops.len(),
-            format_size(input.capacity),
-            if input.rec.capacity.is_some() && args.capacity.is_none() {
-                " (the capacity inferred from the recording: its OOMs, or its expandable-segment reservations)"
-            } else {
-                ""
-            }
-        );
-        text.push_str(&analysis);
-        for (name, f) in &fids {
-            if let Some(f) = f {
-                let _ = writeln!(
-                    text,
-                    "\nfidelity of {name} (PyTorch mode): segment events {}/{} ({}), \
-                     block placements {}/{}, peak reserved {} (recorded {}), OOMs {} (recorded {})",
-                    f.segment_events_matched,
-                    f.segment_events_total,
-                    match (input.skipped.is_empty(), f.segment_events_exact) {
-                        (true, true) => "exact".to_string(),
-                        (true, false) => "differs".to_string(),
-                        (false, _) => format!(
-                            "not exact: {} from the recording",
-                            describe_skipped(&input.skipped)
-                        ),
-                    },
-                    f.placements_matched,
-                    f.placements_total,
-                    format_size(reports[0].peak_reserved),
-                    format_size(f.recorded_peak_reserved),
-                    reports[0].ooms,
-                    f.recorded_ooms
-                );
-            } else if name == "pytorch" && args.start == StartMode::Cold {
-                let _ = writeln!(
-                    text,
-                    "\nfidelity: not measured on a cold start (use --start recorded)"
-                );
-            } else if name == "pytorch" && !input.rec.segments_known {
-                let _ = writeln!(
-                    text,
-                    "\nfidelity: not measured (the source recorded no segments)"
-                );
-            }
-        }
-        text.push('\n');
-        if args.html.is_some() {
-            sections.push(
-                html::Section::recorded(
-                    format!("{} (device {})", file_name(&input.file), input.rec.device),
-                    &input.rec,
-                    &input.settings,
-                    input.capacity,
-                    &reports,
-                    &fids,
-                )?
-                .with_explanations(explanations)
-                .with_skipped(describe_skipped(&input.skipped)),
-            );
-        }
-    }
-    if let Some((w, trace, sites, settings)) = &wl {
-        let options = ReplayOptions {
-            capacity: args.capacity.unwrap_or(DEFAULT_CAPACITY),
-            ..ReplayOptions::default()
-        };
-        let b = base;
-        let reports = replay_all(trace, settings, &options, &mut |done| {
-            progress.set(b + done as u64)
-        })
-        .with_context(|| format!("replaying workload {}", w.preset))?;
-        let first_json = json.len();
-        for r in &reports {
-            json.push(serde_json::to_value(r).context("serializing a report")?);
-        }
-        let title = format!("workload {}", w.spec());
-        let (explanations, analysis) = Analysed {
-            label: &title,
-            trace,
-            start: None,
-            sites,
-            settings,
-            capacity: options.capacity,
-        }
-        .analyse(&reports, args.min_capacity, &mut json[first_json..])?;
-        let _ = writeln!(text, "{title}");
-        let _ = writeln!(
-            text,
-            "{} ops replayed on a simulated {} device ({} settings) in {:.2} s\n",
-            trace.ops.len(),
-            format_size(options.capacity),
-            settings.len(),
-            start.elapsed().as_secs_f64()
-        );
-        text.push_str(&analysis);
-        if args.html.is_some() {
-            sections.push(
-                html::Section::workload(title, trace, settings, options.capacity, &reports)?
-                    .with_explanations(explanations),
-            );
-        }
-    }
-    progress.bar.finish_and_clear();
-
-    if let Some(path) = &args.html {
-        let page = html::render(&sections);
-        std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &json).context("writing JSON")?;
-        writeln!(out)?;
-    } else {
-        out.write_all(text.trim_end().as_bytes())?;
-        writeln!(out)?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
-/// One replayed input (a recorded device trace or a workload), for what
-/// `reservoir replay` adds to its reports.
-struct Analysed<'a> {
-    /// The input's name in messages and progress bars.
-    label: &'a str,
-    trace: &'a Trace,
-    start: Option<&'a StartState>,
-    sites: &'a Sites,
-    settings: &'a [ReplaySetting],
-    capacity: u64,
-}
-
-impl Analysed<'_> {
-    /// Explain each setting's reserved peak and first OOM and, with
-    /// `min_capacity`, find each setting's smallest device; add both to the
-    /// input's JSON reports (`json`, one per setting) and return the
-    /// explanations with the text of the table and the explanations.
-    fn analyse(
-        &self,
-        reports: &[ReplayReport],
-        min_capacity: bool,
-        json: &mut [serde_json::Value],
-    ) -> Result<(Vec<Explanation>, String)> {
-        let explanations = explain::explain_all(
-            self.trace,
-            self.start,
-            self.settings,
-            reports,
-            self.capacity,
-            self.sites,
-        )?;
-        add_explanations(json, &explanations)?;
-        let mins = if min_capacity {
-            let mins = min_capacities(self.trace, self.start, self.settings, self.label)?;
-            add_min_capacity(json, &mins);
-            Some(mins)
-        } else {
-            None
-        };
-        let mut text = render_table(reports, mins.as_deref());
-        text.push_str(&explain::render_text(&explanations));
-        Ok((explanations, text))
-    }
-}
-
-/// The smallest capacity of each setting (`--min-capacity`), with a
-/// progress bar on a terminal.
-fn min_capacities(
-    trace: &Trace,
-    start: Option<&StartState>,
-    settings: &[ReplaySetting],
-    label: &str,
-) -> Result<Vec<MinCapacity>> {
-    let bar = ProgressBar::with_draw_target(
-        Some(settings.len() as u64),
-        if std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
-    );
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} minimum capacity [{bar:20}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    let mut out = Vec::with_capacity(settings.len());
-    for s in settings {
-        bar.set_message(format!("{}: {label}", s.name));
-        let m = min_capacity(trace, start, s, &mut |lo, hi| {
-            bar.set_message(format!(
-                "{}: between {} and {} ({label})",
-                s.name,
-                format_size(lo),
-                format_size(hi)
-            ));
-        })
-        .with_context(|| format!("finding the minimum capacity of {label} with {}", s.name))?;
-        out.push(m);
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    Ok(out)
-}
-
-/// A path's file name (reports written to share carry no directory of the
-/// machine they ran on).
-fn file_name(path: &str) -> String {
-    std::path::Path::new(path)
-        .file_name()
-        .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned())
-}
-
-/// Add `explain` (the peak and first OOM, see
-/// `reservoir_replay::replay::explain::Explanation`) to each JSON report.
-fn add_explanations(json: &mut [serde_json::Value], ex: &[Explanation]) -> Result<()> {
-    for (v, e) in json.iter_mut().zip(ex) {
-        if let Some(obj) = v.as_object_mut() {
-            obj.insert(
-                "explain".into(),
-                serde_json::to_value(e).context("serializing an explanation")?,
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Add `min_capacity` (bytes, `null` when nothing up to 16 TiB fits) to
-/// each JSON report, in the same order as `mins`.
-fn add_min_capacity(json: &mut [serde_json::Value], mins: &[MinCapacity]) {
-    for (v, m) in json.iter_mut().zip(mins) {
-        if let Some(obj) = v.as_object_mut() {
-            obj.insert("min_capacity".into(), serde_json::json!(m.min_capacity));
-        }
-    }
-}
-
-/// The headline of `--min-capacity`: the smallest device with the best
-/// setting, and what `pytorch` needs.
-fn min_capacity_headline(mins: &[MinCapacity]) -> Option<String> {
-    let best = mins
-        .iter()
-        .filter_map(|m| m.min_capacity.map(|c| (c, m)))
-        .min_by_key(|(c, _)| *c)?;
-    let mut line = format!(
-        "this run fits on a {} GPU with `{}`",
-        format_size(best.0),
-        best.1.setting
-    );
-    if let Some(py) = mins.iter().find(|m| m.setting == "pytorch") {
-        if py.setting != best.1.setting {
-            match py.min_capacity {
-                Some(c) if c == best.0 => line.push_str(", as with PyTorch's defaults"),
-                Some(c) => {
-                    let _ = write!(line, ", needs {} with PyTorch's defaults", format_size(c));
-                }
-                None => line.push_str(", does not fit on 16 TiB with PyTorch's defaults"),
-            }
-        }
-    }
-    Some(line)
-}
-
-/// The comparison table, with the minimum capacities when measured.
-fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> String {
-    let Some(mins) = mins else {
-        return table::render(reports);
-    };
-    let cells = mins
-        .iter()
-        .map(|m| m.min_capacity.map_or("> 16 TiB".to_string(), format_size))
-        .collect();
-    let mut out = table::render_with(reports, vec![("minimum capacity (no OOM)", cells)]);
-    if let Some(h) = min_capacity_headline(mins) {
-        let _ = writeln!(
-            out,
-            "
-{h}"
-        );
-    }
-    out
-}
-
 fn cmd_convert(args: ConvertArgs) -> Result<()> {
-    let loaded = snapshot::load(&args.file)
-        .with_context(|| format!("cannot load {}", args.file.display()))?;
+    let loaded =
+        input::load(&args.file).with_context(|| format!("cannot load {}", args.file.display()))?;
     let input = loaded.to_trace_input();
     let recorded = recorded_setting(input.allocator_settings.as_ref());
     let config = recorded.allocator_config()?;
@@ -876,7 +463,7 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
             dev.device
         );
     }
-    let (trace, prelude) = reservoir_replay::replay::snapshot::oracle_trace(&rec);
+    let (trace, prelude) = reservoir_replay::replay::recorded::oracle_trace(&rec);
     let mut header = vec![
         format!(
             "converted from {} device {}",

@@ -14,7 +14,7 @@
 #![allow(missing_docs)]
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use reservoir_replay::replay::snapshot::{convert, replay_recorded};
+use reservoir_replay::replay::recorded::{convert, replay_recorded};
 use reservoir_replay::replay::ReplayOptions;
 
 #[path = "support/largest_trace.rs"]

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use reservoir_replay::replay::snapshot::replay_recorded;
+use reservoir_replay::replay::recorded::replay_recorded;
 use reservoir_replay::replay::ReplayOptions;
 
 #[path = "../benches/support/largest_trace.rs"]

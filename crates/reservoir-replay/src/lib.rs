@@ -6,11 +6,11 @@
 //!
 //! * [`replay`] is the replay engine: an oracle [`Trace`](oracle_trace::Trace)
 //!   replayed once per setting into a [`ReplayReport`](replay::ReplayReport);
-//!   [`replay::snapshot`] replays a recorded PyTorch snapshot from its
+//!   [`replay::recorded`] replays a recorded PyTorch snapshot from its
 //!   recorded start state and reports its fidelity.
-//! * [`snapshot`] decodes PyTorch memory snapshots (every layout) and the
-//!   other supported allocation logs into replay input; [`pickle`] is the
-//!   hardened pickle reader it uses.
+//! * [`input`] reads the recorded files: PyTorch memory snapshots (every
+//!   layout) and the other supported allocation logs, decoded into replay
+//!   input; [`pickle`] is the hardened pickle reader it uses.
 //! * [`compare`] puts policies side by side on many inputs (`reservoir
 //!   compare`).
 //! * [`oracle_trace`] is the text trace format of the PyTorch oracle and the
@@ -30,8 +30,8 @@
 #![warn(missing_docs)]
 
 pub mod compare;
+pub mod input;
 pub mod oracle_trace;
 pub mod pickle;
 pub mod replay;
-pub mod snapshot;
 pub mod workload;

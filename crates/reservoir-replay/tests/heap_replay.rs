@@ -4,11 +4,11 @@
 
 use reservoir::heap::HeapAllocator;
 use reservoir::sim::{SimDevice, DEFAULT_CAPACITY};
-use reservoir_replay::replay::snapshot::{convert, recorded_setting, replay_recorded};
+use reservoir_replay::input::{self, AddressKind};
+use reservoir_replay::replay::recorded::{convert, recorded_setting, replay_recorded};
 use reservoir_replay::replay::{
     replay, AllocatorKind, Replay, ReplayOptions, ReplaySetting, ReplayTarget,
 };
-use reservoir_replay::snapshot::{self, AddressKind};
 use reservoir_replay::workload;
 use reservoir_testkit::traces::{shared_traces, trace_files};
 
@@ -64,7 +64,7 @@ fn recorded_traces_replay_through_the_heap_allocator() {
         if std::fs::metadata(&path).unwrap().len() > 2 << 20 {
             continue;
         }
-        let Ok(loaded) = snapshot::load(&path) else {
+        let Ok(loaded) = input::load(&path) else {
             continue;
         };
         let input = loaded.to_trace_input();

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 
 use reservoir::pickle::{Value, WriteError};
 use reservoir::snapshot::Snapshot;
+use reservoir_replay::input::{self, ReadSnapshot};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::pickle::{self, Limits, PickleErrorKind};
-use reservoir_replay::snapshot::{self, ReadSnapshot};
 use reservoir_testkit::traces::{shared_traces, trace_files};
 
 // ---------------------------------------------------------------------------
@@ -60,7 +60,7 @@ fn pickle_round_trip(data: &[u8]) {
 
 /// What the `snapshot_loader` fuzz target checks.
 fn snapshot_round_trip(data: &[u8]) {
-    let Ok(loaded) = snapshot::load_bytes(data) else {
+    let Ok(loaded) = input::load_bytes(data) else {
         return;
     };
     let _ = loaded.to_trace_input();
@@ -86,10 +86,10 @@ fn snapshot_round_trip(data: &[u8]) {
 
 /// What the `trace_readers` fuzz target checks.
 fn text_readers(data: &[u8]) {
-    if let Ok(l) = snapshot::load_alloc_data(data) {
+    if let Ok(l) = input::load_alloc_data(data) {
         let _ = l.to_trace_input();
     }
-    if let Ok(l) = snapshot::load_allocator_sim_log(data) {
+    if let Ok(l) = input::load_allocator_sim_log(data) {
         let _ = l.to_trace_input();
     }
     if let Ok(text) = std::str::from_utf8(data) {
@@ -152,13 +152,13 @@ fn every_prefix_of_small_real_files_is_an_error() {
                 let prefix = &data[..n];
                 let e = pickle::from_slice(prefix).expect_err("a truncated pickle must not load");
                 assert!(e.offset <= n, "{}: offset {} > {n}", f.display(), e.offset);
-                assert!(snapshot::load_bytes(prefix).is_err());
+                assert!(input::load_bytes(prefix).is_err());
             }
             checked += 1;
         } else if data.len() <= 64 * 1024 {
             // JSON and text logs: prefixes may be valid logs, but never panic.
             for n in 0..data.len() {
-                let _ = snapshot::load_bytes(&data[..n]);
+                let _ = input::load_bytes(&data[..n]);
                 text_readers(&data[..n]);
             }
             checked += 1;
@@ -367,7 +367,7 @@ fn deep_nesting_every_way() {
     for data in &cases {
         let e = pickle::from_slice(data).unwrap_err();
         assert_eq!(limit_kind(&e.kind), Some("nesting depth"), "{e}");
-        assert!(snapshot::load_bytes(data).is_err());
+        assert!(input::load_bytes(data).is_err());
     }
     // Marks that never close, and a stack that only grows.
     let limits = Limits {
@@ -388,7 +388,7 @@ fn deep_nesting_every_way() {
         b"}",
     ]
     .concat();
-    assert!(snapshot::load_bytes(&json).is_err());
+    assert!(input::load_bytes(&json).is_err());
 }
 
 /// The reader's depth bound is what keeps every recursive consumer of a
@@ -430,11 +430,11 @@ fn non_utf8_strings() {
     let v = pickle::from_slice(b"U\x02\xff\xfe.").unwrap();
     assert_eq!(v, Value::Bytes(vec![0xff, 0xfe].into()));
     let data = b"\x80\x02}(X\x08\x00\x00\x00segments](}(X\x07\x00\x00\x00addressU\x02\xff\xfeueu.";
-    let e = snapshot::load_bytes(data).unwrap_err().to_string();
+    let e = input::load_bytes(data).unwrap_err().to_string();
     assert!(e.contains("segments[0]"), "{e}");
     // Non-UTF-8 logs and traces.
-    assert!(snapshot::load_allocator_sim_log(b"0 1 \xff\n").is_err());
-    assert!(snapshot::load_alloc_data(b"{\"actions\":[\"\xff\"]}").is_err());
+    assert!(input::load_allocator_sim_log(b"0 1 \xff\n").is_err());
+    assert!(input::load_alloc_data(b"{\"actions\":[\"\xff\"]}").is_err());
 }
 
 /// Found by the `snapshot_loader` fuzzer: an unknown key (kept in `extra`)
@@ -510,7 +510,7 @@ fn unknown_keys_must_hold_writable_values() {
             // Through the pickle too.
             let bytes = reservoir::pickle::to_vec(&v);
             if let Ok(bytes) = bytes {
-                assert!(snapshot::load_bytes(&bytes).is_err());
+                assert!(input::load_bytes(&bytes).is_err());
             }
         }
     }
@@ -669,9 +669,7 @@ fn alloc_data_long_shared_stacks_are_bounded() {
     json.push_str(&vec![(m - 1).to_string(); m].join(","));
     json.push_str("],\"actions\":[]}");
     let start = std::time::Instant::now();
-    let e = snapshot::load_bytes(json.as_bytes())
-        .unwrap_err()
-        .to_string();
+    let e = input::load_bytes(json.as_bytes()).unwrap_err().to_string();
     assert!(e.starts_with("elements_info["), "{e}");
     assert!(e.contains("frames in all"), "{e}");
     assert!(start.elapsed().as_secs() < 20);
@@ -697,7 +695,7 @@ fn hostile_alloc_data() {
         r#"{"actions":[0],"elements_size":[1],"actions":[1]}"#,
         "{\"actions\":[0],\"elements_size\":[1],\"string_table\":[\"\\ud800\"]}",
     ] {
-        if let Err(e) = snapshot::load_bytes(json.as_bytes()) {
+        if let Err(e) = input::load_bytes(json.as_bytes()) {
             assert!(!e.to_string().is_empty());
         }
         text_readers(json.as_bytes());
@@ -707,7 +705,7 @@ fn hostile_alloc_data() {
 #[test]
 fn hostile_allocator_sim_logs() {
     let ok =
-        snapshot::load_allocator_sim_log(b"0 18446744073709551615 18446744073709551615\n").unwrap();
+        input::load_allocator_sim_log(b"0 18446744073709551615 18446744073709551615\n").unwrap();
     let _ = ok.to_trace_input();
     for log in [
         &b"0 1 2\n0 3 4\n"[..],             // event used twice
@@ -719,13 +717,13 @@ fn hostile_allocator_sim_logs() {
         b"# only a comment",
         b"\n\n\n",
     ] {
-        if let Err(e) = snapshot::load_allocator_sim_log(log) {
+        if let Err(e) = input::load_allocator_sim_log(log) {
             let s = e.to_string();
             assert!(!s.is_empty());
         }
     }
     // Errors name the line.
-    let e = snapshot::load_allocator_sim_log(b"0 1 2\n\n3 x 4\n")
+    let e = input::load_allocator_sim_log(b"0 1 2\n\n3 x 4\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains('3'), "{e}");
@@ -734,7 +732,7 @@ fn hostile_allocator_sim_logs() {
     for i in 0..200_000u64 {
         big.push_str(&format!("{} {} 512\n", 2 * i, 2 * i + 1));
     }
-    let l = snapshot::load_allocator_sim_log(big.as_bytes()).unwrap();
+    let l = input::load_allocator_sim_log(big.as_bytes()).unwrap();
     assert!(l.to_trace_input().devices[0].events.len() > 200_000);
 }
 
@@ -810,23 +808,23 @@ fn a_big_file_of_an_unknown_format_is_refused_from_its_first_bytes() {
     let path = dir.join("zeros.pickle");
     sparse_file(&path, &[], 4 << 30);
     let t = std::time::Instant::now();
-    let e = snapshot::load(&path).unwrap_err();
+    let e = input::load(&path).unwrap_err();
     let took = t.elapsed();
     assert!(
-        matches!(&e, snapshot::Error::UnknownFormat(m) if m == "starts with byte 0x00"),
+        matches!(&e, input::Error::UnknownFormat(m) if m == "starts with byte 0x00"),
         "{e}"
     );
     // Reading 4 GiB takes seconds (and 4 GiB); 4 KiB takes microseconds.
     assert!(took < std::time::Duration::from_secs(1), "{took:?}");
     let e = Snapshot::read(&path).unwrap_err();
-    assert!(matches!(e, snapshot::Error::UnknownFormat(_)), "{e}");
+    assert!(matches!(e, input::Error::UnknownFormat(_)), "{e}");
     // A protocol 0 pickle is recognized by its last byte too: a file that
     // starts with an opcode but does not end in STOP is refused unread.
     let path = dir.join("mark.pickle");
     sparse_file(&path, b"(", 4 << 30);
-    let e = snapshot::load(&path).unwrap_err();
+    let e = input::load(&path).unwrap_err();
     assert!(
-        matches!(&e, snapshot::Error::UnknownFormat(m) if m == "starts with byte 0x28"),
+        matches!(&e, input::Error::UnknownFormat(m) if m == "starts with byte 0x28"),
         "{e}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -840,10 +838,10 @@ fn a_file_over_the_size_limit_is_refused_unread() {
     let path = dir.join("huge.pickle");
     sparse_file(&path, &[0x80, 4], 4 << 30);
     let t = std::time::Instant::now();
-    let e = snapshot::load_with_limit(&path, 1 << 30).unwrap_err();
+    let e = input::load_with_limit(&path, 1 << 30).unwrap_err();
     assert!(t.elapsed() < std::time::Duration::from_secs(1));
     match &e {
-        snapshot::Error::TooLarge { size, limit, .. } => {
+        input::Error::TooLarge { size, limit, .. } => {
             assert_eq!((*size, *limit), (4 << 30, 1 << 30));
         }
         other => panic!("{other}"),
@@ -858,21 +856,21 @@ fn a_file_over_the_size_limit_is_refused_unread() {
         assert!(msg.contains(needle), "{needle:?} not in {msg}");
     }
     // past the default limit (8 GiB), with the default
-    assert_eq!(snapshot::DEFAULT_MAX_INPUT_BYTES, 8 << 30);
-    if std::env::var_os(snapshot::MAX_INPUT_BYTES_ENV).is_none() {
+    assert_eq!(input::DEFAULT_MAX_INPUT_BYTES, 8 << 30);
+    if std::env::var_os(input::MAX_INPUT_BYTES_ENV).is_none() {
         sparse_file(&path, &[0x80, 4], (8 << 30) + 1);
-        let e = snapshot::load(&path).unwrap_err();
-        assert!(matches!(e, snapshot::Error::TooLarge { .. }), "{e}");
+        let e = input::load(&path).unwrap_err();
+        assert!(matches!(e, input::Error::TooLarge { .. }), "{e}");
         let e = Snapshot::read(&path).unwrap_err();
-        assert!(matches!(e, snapshot::Error::TooLarge { .. }), "{e}");
+        assert!(matches!(e, input::Error::TooLarge { .. }), "{e}");
     }
     // a real snapshot under a limit of its own size loads; one byte less
     // refuses it
     if let Some(real) = shared_traces().into_iter().find(|p| is_pickle(p)) {
         let len = std::fs::metadata(&real).unwrap().len();
-        assert!(snapshot::load_with_limit(&real, len).is_ok());
-        let e = snapshot::load_with_limit(&real, len - 1).unwrap_err();
-        assert!(matches!(e, snapshot::Error::TooLarge { .. }), "{e}");
+        assert!(input::load_with_limit(&real, len).is_ok());
+        let e = input::load_with_limit(&real, len - 1).unwrap_err();
+        assert!(matches!(e, input::Error::TooLarge { .. }), "{e}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -906,17 +904,14 @@ fn devices_fifos_and_folders_are_refused_without_reading() {
         let (tx, rx) = std::sync::mpsc::channel();
         let p = path.clone();
         std::thread::spawn(move || {
-            let _ = tx.send((
-                snapshot::load(&p).map(|_| ()),
-                Snapshot::read(&p).map(|_| ()),
-            ));
+            let _ = tx.send((input::load(&p).map(|_| ()), Snapshot::read(&p).map(|_| ())));
         });
         let (a, b) = rx
             .recv_timeout(std::time::Duration::from_secs(10))
             .unwrap_or_else(|_| panic!("{}: still reading after 10 s", path.display()));
         for e in [a.unwrap_err(), b.unwrap_err()] {
             assert!(
-                matches!(&e, snapshot::Error::NotAFile { kind: k, .. } if *k == kind),
+                matches!(&e, input::Error::NotAFile { kind: k, .. } if *k == kind),
                 "{}: {e}",
                 path.display()
             );

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use reservoir::snapshot::Snapshot;
-use reservoir_replay::snapshot::{self, InputFormat, LoadedContent, ReadSnapshot};
+use reservoir_replay::input::{self, InputFormat, LoadedContent, ReadSnapshot};
 use reservoir_testkit::traces::{shared_traces, trace_files};
 
 const PY: &str = r#"
@@ -143,7 +143,7 @@ fn real_traces_round_trip_and_load_in_python() {
             .to_string_lossy()
             .replace('\\', "/");
         let data = std::fs::read(f).unwrap();
-        let (format, result) = match snapshot::load_bytes(&data) {
+        let (format, result) = match input::load_bytes(&data) {
             Err(e) => {
                 failures.push(format!("{name}: does not load: {e}"));
                 ("?".to_string(), format!("LOAD ERROR: {e}"))

@@ -8,12 +8,12 @@ use reservoir::sim::SimDevice;
 use reservoir::snapshot::{Block, BlockState, Segment, SegmentType};
 use reservoir::trace::{TraceAction, TraceEntry};
 use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
+use reservoir_replay::input::{self, AddressKind, DeviceEvents};
 use reservoir_replay::oracle_trace::{Op, Trace};
-use reservoir_replay::replay::snapshot::{
+use reservoir_replay::replay::recorded::{
     convert, recorded_setting, RecordedTrace, StartMode, UnknownStartMode,
 };
 use reservoir_replay::replay::{Replay, ReplayOptions, ReplayReport, ReplaySetting};
-use reservoir_replay::snapshot::{self, AddressKind, DeviceEvents};
 use reservoir_testkit::traces::shared_trace;
 
 const MIB: u64 = 1 << 20;
@@ -207,7 +207,7 @@ fn cold_start_of_real_traces_has_the_same_peak_live_under_every_policy() {
             eprintln!("skipped {rel}: ../shared/traces not found");
             continue;
         };
-        let loaded = snapshot::load(&path).unwrap();
+        let loaded = input::load(&path).unwrap();
         let input = loaded.to_trace_input();
         let recorded = recorded_setting(input.allocator_settings.as_ref());
         let config = recorded.allocator_config().unwrap();

@@ -9,9 +9,9 @@ use std::path::Path;
 
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir::trace::TraceAction;
-use reservoir_replay::replay::snapshot::{convert, recorded_setting, replay_recorded};
+use reservoir_replay::input::{self, AddressKind};
+use reservoir_replay::replay::recorded::{convert, recorded_setting, replay_recorded};
 use reservoir_replay::replay::ReplayOptions;
-use reservoir_replay::snapshot::{self, AddressKind};
 
 const SNAPSHOTS: [&str; 5] = [
     "single_stream",
@@ -27,7 +27,7 @@ fn expandable_snapshots_replay_exactly() {
     let mut failures = Vec::new();
     for name in SNAPSHOTS {
         let path = dir.join(format!("{name}.pickle"));
-        let loaded = snapshot::load(&path).unwrap();
+        let loaded = input::load(&path).unwrap();
         let input = loaded.to_trace_input();
         let setting = recorded_setting(input.allocator_settings.as_ref());
         assert!(

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use reservoir::sim::DEFAULT_CAPACITY;
-use reservoir_replay::replay::snapshot::{convert, recorded_setting, replay_recorded};
+use reservoir_replay::input::{self, AddressKind};
+use reservoir_replay::replay::recorded::{convert, recorded_setting, replay_recorded};
 use reservoir_replay::replay::ReplayOptions;
-use reservoir_replay::snapshot::{self, AddressKind};
 use reservoir_testkit::traces::{shared_traces, trace_files};
 
 /// `file#device` -> the line listing it in KNOWN_MISMATCHES.md.
@@ -35,7 +35,7 @@ fn every_real_trace_replays_exactly_or_is_explained() {
     let (mut seg_m, mut seg_t, mut pl_m, mut pl_t) = (0, 0, 0, 0);
     for path in trace_files(&dir) {
         let rel = path.strip_prefix(&dir).unwrap().display().to_string();
-        let loaded = match snapshot::load(&path) {
+        let loaded = match input::load(&path) {
             Ok(l) => l,
             Err(e) => {
                 failures.push(format!("{rel}: does not load: {e}"));

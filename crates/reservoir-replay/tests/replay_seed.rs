@@ -6,9 +6,9 @@ use reservoir::sim::{SimConfig, SimDevice};
 use reservoir::snapshot::{BlockState, Segment, SegmentType};
 use reservoir::trace::{TraceAction, TraceEntry};
 use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
-use reservoir_replay::replay::snapshot::{convert, fidelity};
+use reservoir_replay::input::DeviceEvents;
+use reservoir_replay::replay::recorded::{convert, fidelity};
 use reservoir_replay::replay::{Replay, ReplayOptions, ReplaySetting};
-use reservoir_replay::snapshot::DeviceEvents;
 
 const MIB: u64 = 1 << 20;
 

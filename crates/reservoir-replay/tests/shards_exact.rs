@@ -17,10 +17,10 @@
 
 use reservoir::caching::StreamShards;
 use reservoir::sim::{SimDevice, DEFAULT_CAPACITY};
+use reservoir_replay::input::{self, AddressKind};
 use reservoir_replay::oracle_trace::{golden_specs, Op};
-use reservoir_replay::replay::snapshot::{convert, recorded_setting};
+use reservoir_replay::replay::recorded::{convert, recorded_setting};
 use reservoir_replay::replay::{Replay, ReplayOptions, ReplaySetting, StartState};
-use reservoir_replay::snapshot::{self, AddressKind};
 use reservoir_testkit::traces::{shared_traces, trace_files};
 
 #[test]
@@ -33,7 +33,7 @@ fn stream_shards_replay_every_real_trace_like_pytorch_mode() {
     let mut failures = Vec::new();
     for path in trace_files(&dir) {
         let rel = path.strip_prefix(&dir).unwrap().display().to_string();
-        let Ok(loaded) = snapshot::load(&path) else {
+        let Ok(loaded) = input::load(&path) else {
             continue; // replay_real_traces.rs reports files that do not load
         };
         let input = loaded.to_trace_input();

@@ -26,10 +26,10 @@ use reservoir::snapshot::{
 };
 use reservoir::trace::{Frame, TraceAction, TraceEntry};
 use reservoir::StreamId;
-use reservoir_replay::pickle::{self, Limits, PickleErrorKind};
-use reservoir_replay::snapshot::{
+use reservoir_replay::input::{
     self, AddressKind, InputFormat, LoadedContent, ReadSnapshot, SnapshotFormat,
 };
+use reservoir_replay::pickle::{self, Limits, PickleErrorKind};
 use reservoir_testkit::traces::{shared_traces, trace_files};
 
 // ---------------------------------------------------------------------------
@@ -231,7 +231,7 @@ fn check_file(
     sources: &BTreeMap<String, Vec<BTreeMap<String, String>>>,
 ) -> Result<(Row, Option<PathBuf>), String> {
     let name = rel(dir, f);
-    let loaded = snapshot::load(f).map_err(|e| format!("load: {e}"))?;
+    let loaded = input::load(f).map_err(|e| format!("load: {e}"))?;
     let input = loaded.to_trace_input();
     match &loaded.content {
         LoadedContent::Snapshot(snap) => {
@@ -408,7 +408,7 @@ fn memoryviz_opcodes_only(data: &[u8]) -> Result<(), String> {
 
 /// Every free matches a live allocation of the same size; allocations never
 /// reuse a live address.
-fn check_events(t: &snapshot::TraceInput) -> Result<(), String> {
+fn check_events(t: &input::TraceInput) -> Result<(), String> {
     for d in &t.devices {
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
         for b in d.initially_allocated.iter().flatten() {
@@ -769,7 +769,7 @@ fn synthetic_snapshot_round_trips_everywhere() {
                 ..WriteOptions::default()
             })
             .unwrap();
-        let loaded = snapshot::load_bytes(&bytes).unwrap();
+        let loaded = input::load_bytes(&bytes).unwrap();
         assert_eq!(
             loaded.format,
             InputFormat::Snapshot(SnapshotFormat::Pytorch2_0)
@@ -981,7 +981,7 @@ fn truncated_at_every_offset_is_an_error() {
             let prefix = &data[..n];
             let e = pickle::from_slice(prefix).expect_err("a truncated pickle must not load");
             assert!(e.offset <= n, "offset {} beyond the input ({n})", e.offset);
-            assert!(snapshot::load_bytes(prefix).is_err());
+            assert!(input::load_bytes(prefix).is_err());
         }
     }
 }
@@ -1052,7 +1052,7 @@ fn every_opcode_byte_is_handled() {
                 data.push(b);
                 data.extend_from_slice(tail);
                 let _ = pickle::from_slice(&data);
-                let _ = snapshot::load_bytes(&data);
+                let _ = input::load_bytes(&data);
             }
         }
     }
@@ -1143,10 +1143,10 @@ fn hostile_alloc_data_and_logs() {
         ),
     ];
     for (json, want) in cases {
-        let e = snapshot::load_bytes(json.as_bytes()).unwrap_err();
+        let e = input::load_bytes(json.as_bytes()).unwrap_err();
         assert_eq!(e.to_string(), want);
     }
-    let ok = snapshot::load_bytes(
+    let ok = input::load_bytes(
         br#"{"actions":[0,1,0],"elements_size":[8,16],"initially_allocated":[1]}"#,
     )
     .unwrap();
@@ -1162,12 +1162,12 @@ fn hostile_alloc_data_and_logs() {
         "0 1 -5\n",
         "0 1 5\n1 2 5\n",
     ] {
-        assert!(snapshot::load_bytes(bad.as_bytes()).is_err(), "{bad:?}");
+        assert!(input::load_bytes(bad.as_bytes()).is_err(), "{bad:?}");
     }
-    assert!(snapshot::load_bytes(b"").is_err());
-    assert!(snapshot::load_bytes(b"\x00\x01").is_err());
-    assert!(snapshot::load_bytes(b"{\"x\": 1}").is_err());
-    assert!(snapshot::load_bytes(b"{not json").is_err());
+    assert!(input::load_bytes(b"").is_err());
+    assert!(input::load_bytes(b"\x00\x01").is_err());
+    assert!(input::load_bytes(b"{\"x\": 1}").is_err());
+    assert!(input::load_bytes(b"{not json").is_err());
 }
 
 proptest! {
@@ -1176,7 +1176,7 @@ proptest! {
     #[test]
     fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = pickle::from_slice(&data);
-        let _ = snapshot::load_bytes(&data);
+        let _ = input::load_bytes(&data);
         let mut with_proto = vec![0x80, 4];
         with_proto.extend(&data);
         let _ = pickle::from_slice(&with_proto);
@@ -1195,7 +1195,7 @@ proptest! {
                 _ => { data.remove(i); }
             }
         }
-        if let Ok(loaded) = snapshot::load_bytes(&data) {
+        if let Ok(loaded) = input::load_bytes(&data) {
             let _ = loaded.to_trace_input();
             if let Some(s) = loaded.snapshot() {
                 let _ = s.check_consistency();

@@ -2,9 +2,9 @@
 //! PyTorch-mode replay: shared by the `replay_trace` benchmark and the
 //! `replay_profile` example (included with `#[path]`).
 
-use reservoir_replay::replay::snapshot::{convert, recorded_setting, RecordedTrace};
+use reservoir_replay::input::{self, DeviceEvents};
+use reservoir_replay::replay::recorded::{convert, recorded_setting, RecordedTrace};
 use reservoir_replay::replay::ReplaySetting;
-use reservoir_replay::snapshot::{self, DeviceEvents};
 
 /// The file, relative to `../shared/traces`.
 pub const FILE: &str = "cs336-wedsonlin/61dcd14d_medium_512_training_memory_snapshot.pickle";
@@ -26,7 +26,7 @@ pub fn load() -> Option<LargestTrace> {
         eprintln!("skipped: {FILE} not found beside the repository");
         return None;
     };
-    let mut input = snapshot::load(&path).unwrap().to_trace_input();
+    let mut input = input::load(&path).unwrap().to_trace_input();
     let setting = recorded_setting(input.allocator_settings.as_ref());
     let config = setting.allocator_config().unwrap();
     let dev = input.devices.swap_remove(0);

@@ -1,5 +1,6 @@
 //! Unit tests of the pickle reader.
 
+use super::text::{parse_decimal, raw_unicode_escape_decode};
 use super::*;
 
 fn load(b: &[u8]) -> Value {

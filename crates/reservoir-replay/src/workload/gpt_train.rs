@@ -394,6 +394,18 @@ struct LayerParams {
     fc2_b: usize,
 }
 
+/// What the backward of the final layer norm, logits and loss needs.
+struct Head {
+    /// The final layer norm's output.
+    lnf: AllocId,
+    /// Its mean and rstd.
+    lnf_stats: [AllocId; 2],
+    /// The log-probabilities.
+    logp: AllocId,
+    /// The loss, freed after `loss.item()`.
+    loss: AllocId,
+}
+
 /// What one layer's forward leaves for its backward.
 struct Saved {
     /// The layer input (owned by the previous layer's output or the embedding).
@@ -541,12 +553,10 @@ impl<'a> Gen<'a> {
         self.b
     }
 
+    /// One training step: zero_grad, forward, backward, gradient clipping,
+    /// AdamW, `loss.item()`.
     fn step(&mut self, first: bool) {
-        let w = self.w;
-        let d = self.d();
-        let seq = self.seq;
-        let t = w.batch * seq;
-        let e = t * w.hidden * d;
+        let t = self.w.batch * self.seq;
         // 1. zero_grad(set_to_none=True)
         for i in 0..self.params.len() {
             if let Some(g) = self.params[i].grad.take() {
@@ -557,21 +567,8 @@ impl<'a> Gen<'a> {
         self.b.at("input batch");
         let idx = self.b.alloc(t * 8);
         let targets = self.b.alloc(t * 8);
-        // 3. forward: embeddings
-        self.b.at("embedding forward");
-        let tok = self.b.alloc(e);
-        let pos = self.b.alloc(seq * w.hidden * d);
-        let x0 = self.b.alloc(e);
-        self.b.free(tok);
-        self.b.free(pos);
-        let (mut x, emb_mask) = if w.dropout {
-            let mask = self.b.alloc(t * w.hidden);
-            let xd = self.b.alloc(e);
-            self.b.free(x0);
-            (xd, Some(mask))
-        } else {
-            (x0, None)
-        };
+        // 3. forward
+        let (mut x, emb_mask) = self.embedding_forward();
         let mut saved = Vec::with_capacity(self.layers.len());
         for _ in 0..self.layers.len() {
             if self.b.full() {
@@ -581,7 +578,56 @@ impl<'a> Gen<'a> {
             x = out;
             saved.push(sv);
         }
-        // final layer norm, logits, loss
+        let head = self.head_forward();
+        // 4. backward
+        let mut g = self.head_backward(&head, x);
+        for (l, sv) in saved.into_iter().enumerate().rev() {
+            g = self.layer_backward(l, sv, g);
+        }
+        self.embedding_backward(g, emb_mask);
+        // 5. clip_grad_norm_ (foreach)
+        let total_norm = self.clip_grad_norm();
+        // 6. AdamW (foreach)
+        self.adamw(first);
+        // 7. loss.item()
+        self.b.sync();
+        self.b.free(idx);
+        self.b.free(targets);
+        self.b.free(head.loss);
+        if let Some(t) = total_norm {
+            self.b.free(t);
+        }
+    }
+
+    /// The embeddings' forward: the first layer's input, and the dropout
+    /// mask when there is one.
+    fn embedding_forward(&mut self) -> (AllocId, Option<AllocId>) {
+        let w = self.w;
+        let d = self.d();
+        let t = w.batch * self.seq;
+        let e = t * w.hidden * d;
+        self.b.at("embedding forward");
+        let tok = self.b.alloc(e);
+        let pos = self.b.alloc(self.seq * w.hidden * d);
+        let x0 = self.b.alloc(e);
+        self.b.free(tok);
+        self.b.free(pos);
+        if w.dropout {
+            let mask = self.b.alloc(t * w.hidden);
+            let xd = self.b.alloc(e);
+            self.b.free(x0);
+            (xd, Some(mask))
+        } else {
+            (x0, None)
+        }
+    }
+
+    /// Final layer norm, logits and loss: what their backward needs.
+    fn head_forward(&mut self) -> Head {
+        let w = self.w;
+        let d = self.d();
+        let t = w.batch * self.seq;
+        let e = t * w.hidden * d;
         self.b.at("logits and loss");
         let lnf = self.b.alloc(e);
         let lnf_stats = [self.b.alloc(t * 4), self.b.alloc(t * 4)];
@@ -592,34 +638,53 @@ impl<'a> Gen<'a> {
         let logp = self.b.alloc(t * w.vocab * 4);
         self.b.free(logits32);
         let loss = self.b.alloc(4);
+        Head {
+            lnf,
+            lnf_stats,
+            logp,
+            loss,
+        }
+    }
 
-        // 4. backward
+    /// Backward through the loss, logits and final layer norm, whose input
+    /// was `x` (the last layer's output): the gradient of `x`.
+    fn head_backward(&mut self, head: &Head, x: AllocId) -> AllocId {
+        let w = self.w;
+        let d = self.d();
+        let t = w.batch * self.seq;
+        let e = t * w.hidden * d;
         self.b.at("logits and loss backward");
         let gloss = self.b.alloc(4);
         let glogp = self.b.alloc(t * w.vocab * 4);
         self.b.free(gloss);
         let glogits32 = self.b.alloc(t * w.vocab * 4);
         self.b.free(glogp);
-        self.b.free(logp);
+        self.b.free(head.logp);
         let glogits = self.b.alloc(t * w.vocab * d);
         self.b.free(glogits32);
         let glnf = self.b.alloc(e);
         self.grad(self.wte);
         self.b.free(glogits);
-        self.b.free(lnf);
-        let mut g = self.b.alloc(e);
+        self.b.free(head.lnf);
+        let g = self.b.alloc(e);
         self.grad(self.lnf_w);
         self.grad(self.lnf_b);
         self.b.free(glnf);
-        for id in lnf_stats {
+        for id in head.lnf_stats {
             self.b.free(id);
         }
         // `x` is the last layer's output, saved by the final layer norm
         self.b.free(x);
-        for (l, sv) in saved.into_iter().enumerate().rev() {
-            g = self.layer_backward(l, sv, g);
-        }
-        // embeddings
+        g
+    }
+
+    /// The embeddings' backward from the first layer's input gradient `g`
+    /// (through the dropout `emb_mask` when there is one), and the last
+    /// gradient bucket.
+    fn embedding_backward(&mut self, g: AllocId, emb_mask: Option<AllocId>) {
+        let w = self.w;
+        let d = self.d();
+        let e = w.batch * self.seq * w.hidden * d;
         self.b.at("embedding backward");
         let g_emb = if let Some(mask) = emb_mask {
             let gd = self.b.alloc(e);
@@ -647,25 +712,34 @@ impl<'a> Gen<'a> {
             let (comm, def) = (self.comm.clone(), self.default_stream.clone());
             self.b.wait(&def, &comm);
         }
-        // 5. clip_grad_norm_ (foreach)
+    }
+
+    /// `clip_grad_norm_` (foreach), when the workload clips: the total norm,
+    /// freed after `loss.item()`.
+    fn clip_grad_norm(&mut self) -> Option<AllocId> {
+        let d = self.d();
         self.b.at("gradient clipping");
-        let total_norm = if w.clip {
-            let mut norms: Vec<AllocId> = (0..self.params.len()).map(|_| self.b.alloc(d)).collect();
-            let stacked = self.b.alloc(self.params.len() as u64 * d);
-            let total = self.b.alloc(d);
-            self.b.free(stacked);
-            let t1 = self.b.alloc(d);
-            let coef = self.b.alloc(d);
-            self.b.free(t1);
-            let clamped = self.b.alloc(d);
-            self.b.free(coef);
-            self.b.free(clamped);
-            self.b.free_all(&mut norms);
-            Some(total)
-        } else {
-            None
-        };
-        // 6. AdamW (foreach)
+        if !self.w.clip {
+            return None;
+        }
+        let mut norms: Vec<AllocId> = (0..self.params.len()).map(|_| self.b.alloc(d)).collect();
+        let stacked = self.b.alloc(self.params.len() as u64 * d);
+        let total = self.b.alloc(d);
+        self.b.free(stacked);
+        let t1 = self.b.alloc(d);
+        let coef = self.b.alloc(d);
+        self.b.free(t1);
+        let clamped = self.b.alloc(d);
+        self.b.free(coef);
+        self.b.free(clamped);
+        self.b.free_all(&mut norms);
+        Some(total)
+    }
+
+    /// AdamW (foreach): its state allocated at the `first` step, then the
+    /// step's temporaries.
+    fn adamw(&mut self, first: bool) {
+        let d = self.d();
         if first {
             for i in 0..self.params.len() {
                 let bytes = self.params[i].numel * d;
@@ -680,14 +754,6 @@ impl<'a> Gen<'a> {
             .map(|i| self.b.alloc(self.params[i].numel * d))
             .collect();
         self.b.free_all(&mut sqrt);
-        // 7. loss.item()
-        self.b.sync();
-        self.b.free(idx);
-        self.b.free(targets);
-        self.b.free(loss);
-        if let Some(t) = total_norm {
-            self.b.free(t);
-        }
     }
 
     /// Forward through one layer whose input is `x`: what backward needs, and

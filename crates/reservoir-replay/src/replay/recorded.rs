@@ -1,5 +1,5 @@
 //! Replaying recorded traces exactly: a snapshot's device trace (any input
-//! [`crate::snapshot::load`] reads) turned into a [`Trace`] of oracle ops plus
+//! [`crate::input::load`] reads) turned into a [`Trace`] of oracle ops plus
 //! the [`StartState`] it starts from, and the fidelity report comparing a
 //! PyTorch-mode replay with the recording.
 //!
@@ -69,6 +69,7 @@ pub use convert::convert;
 
 use convert::SMALL_SIZE;
 
+use super::run::{with_replay, ReplayJob};
 use super::{Replay, ReplaySetting, ReplayTarget, StartState};
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use reservoir::config::AllocatorConfig;
@@ -404,8 +405,10 @@ pub fn describe_skipped(skipped: &std::collections::BTreeMap<String, u64>) -> St
 }
 
 /// Replay `rec` with `setting`; with `compare`, also measure the
-/// [`Fidelity`] (meaningful when `setting` is the recorded one; the caching
-/// allocator's only).
+/// [`Fidelity`] (meaningful when `setting` is the recorded one; measured
+/// only for an allocator that [reproduces
+/// recordings](super::AllocatorKind::reproduces_recordings) and when the
+/// source recorded its segments).
 /// `progress` gets the number of ops done.
 pub fn replay_recorded(
     rec: &RecordedTrace,
@@ -414,6 +417,23 @@ pub fn replay_recorded(
     compare: bool,
     progress: &mut dyn FnMut(usize),
 ) -> Result<(super::ReplayReport, Option<Fidelity>), super::ReplayError> {
+    /// Run to the end, then hold the replay to the recording when asked.
+    struct Job<'a, 'p> {
+        rec: &'a RecordedTrace,
+        fidelity: bool,
+        progress: &'p mut dyn FnMut(usize),
+    }
+    impl ReplayJob for Job<'_, '_> {
+        type Output = (super::ReplayReport, Option<Fidelity>);
+        fn run<T: ReplayTarget>(
+            self,
+            mut r: Replay<'_, T>,
+        ) -> Result<Self::Output, super::ReplayError> {
+            r.run_with_progress(self.progress)?;
+            let fid = self.fidelity.then(|| fidelity(self.rec, &r));
+            Ok((r.report(), fid))
+        }
+    }
     // Clone the start state (all its segments) only to change the flag.
     let start = if rec.start.record_placements == compare {
         std::borrow::Cow::Borrowed(&rec.start)
@@ -422,14 +442,12 @@ pub fn replay_recorded(
         start.record_placements = compare;
         std::borrow::Cow::Owned(start)
     };
-    if setting.allocator != super::AllocatorKind::Caching {
-        let report = super::run_setting(&rec.trace, Some(&start), setting, options, progress)?;
-        return Ok((report, None));
-    }
-    let mut r = Replay::with_start(&rec.trace, &start, setting, options)?;
-    r.run_with_progress(progress)?;
-    let fid = (compare && rec.segments_known).then(|| fidelity(rec, &r));
-    Ok((r.report(), fid))
+    let job = Job {
+        rec,
+        fidelity: compare && rec.segments_known && setting.allocator.reproduces_recordings(),
+        progress,
+    };
+    with_replay(&rec.trace, Some(&start), setting, options, job)
 }
 
 /// Split a settings string at its top-level commas (not inside `[...]`).

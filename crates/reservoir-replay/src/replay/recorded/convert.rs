@@ -2,20 +2,25 @@
 //! oracle [`Trace`] with the [`StartState`] to seed before it, see
 //! [`convert`].
 
+mod undo;
+
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
 use super::{err, ConvertError, RecordedTrace, SegmentEvent};
+use crate::input::DeviceEvents;
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use crate::replay::StartState;
-use crate::snapshot::DeviceEvents;
 use reservoir::backend::StreamId;
 use reservoir::caching::rules;
 use reservoir::caching::{SeededBlock, SeededExpandable, SeededSegment};
 use reservoir::config::AllocatorConfig;
 use reservoir::snapshot::SegmentType;
-use reservoir::trace::TraceAction;
+use reservoir::trace::{TraceAction, TraceEntry};
+use undo::{
+    undo_alloc, undo_expandable_block, undo_free, undo_map, undo_segment_alloc, undo_segment_free,
+};
 
 #[derive(Clone, Debug)]
 struct RSeg {
@@ -400,161 +405,15 @@ impl<'a> Converter<'a> {
                 && seg_containing(segs, e.addr).is_none();
             if let Some(xb) = in_x.then(|| xseg_containing(xsegs, e.addr)).flatten() {
                 let x = xsegs.get_mut(&xb).expect("found above");
-                if e.action == TraceAction::Alloc {
-                    if x.blocks.remove(&e.addr).is_none() {
-                        return err(
-                            i,
-                            format!("alloc of {:#x}, which is not allocated afterwards", e.addr),
-                        );
-                    }
-                } else {
-                    // Expandable blocks split off any remainder (spec 1.7):
-                    // the block is the rounded size.
-                    let size = rules::round_size(e.size.max(1), config);
-                    if size > MAX_EXPANDABLE_RANGE || e.addr > u64::MAX / 2 {
-                        return err(
-                            i,
-                            format!("free of {:#x} ({} bytes): out of range", e.addr, e.size),
-                        );
-                    }
-                    let overlaps_prev = x
-                        .blocks
-                        .range(..e.addr)
-                        .next_back()
-                        .is_some_and(|(&pa, &(ps, _))| pa + ps > e.addr);
-                    let overlaps_next = x
-                        .blocks
-                        .range(e.addr..)
-                        .next()
-                        .is_some_and(|(&a, _)| a < e.addr + size);
-                    if overlaps_prev || overlaps_next {
-                        return err(i, format!("free of {:#x} overlaps another block", e.addr));
-                    }
-                    let first = e.addr - (e.addr - xb) % x.page;
-                    let mut p = first;
-                    while p < e.addr + size {
-                        if !x.mapped.contains(&p) {
-                            return err(
-                                i,
-                                format!("free of {:#x}: page {p:#x} is not mapped", e.addr),
-                            );
-                        }
-                        p += x.page;
-                    }
-                    x.blocks.insert(e.addr, (size, e.size));
-                }
+                undo_expandable_block(x, xb, i, e, config)?;
                 continue;
             }
             match e.action {
-                TraceAction::Alloc => {
-                    let Some(base) = seg_containing(segs, e.addr) else {
-                        return err(i, format!("alloc of {:#x} in no segment", e.addr));
-                    };
-                    if segs.get_mut(&base).and_then(|s| s.blocks.remove(&e.addr)).is_none() {
-                        return err(
-                            i,
-                            format!("alloc of {:#x}, which is not allocated afterwards", e.addr),
-                        );
-                    }
-                }
-                TraceAction::FreeCompleted => {
-                    let Some(base) = seg_containing(segs, e.addr) else {
-                        return err(i, format!("free of {:#x} in no segment", e.addr));
-                    };
-                    let seg = segs.get_mut(&base).expect("found above");
-                    let end = base + seg.size;
-                    let mut size = rules::round_size(e.size.max(1), config);
-                    let next = seg
-                        .blocks
-                        .range(e.addr..)
-                        .next()
-                        .map_or(end, |(&a, _)| a);
-                    if let Some((&pa, &(ps, _))) = seg.blocks.range(..e.addr).next_back() {
-                        if pa + ps > e.addr {
-                            return err(i, format!("free of {:#x} overlaps the block at {pa:#x}", e.addr));
-                        }
-                    }
-                    if next == e.addr || e.addr + size > next {
-                        return err(
-                            i,
-                            format!("free of {:#x} ({} bytes) overlaps the next block or the segment end", e.addr, e.size),
-                        );
-                    }
-                    // Any address some block starts at, at some time, is a
-                    // boundary the block's end may reach.
-                    let boundary = starts
-                        .range(e.addr + 1..)
-                        .next()
-                        .map_or(next, |&a| a.min(next));
-                    let rest = boundary.saturating_sub(e.addr + size);
-                    if !seg.small && rest > 0 && rest <= SMALL_SIZE {
-                        size += rest;
-                    }
-                    seg.blocks.insert(e.addr, (size, e.size));
-                }
-                TraceAction::SegmentAlloc => match segs.get(&e.addr) {
-                    Some(s) if s.blocks.is_empty() && s.size == e.size => {
-                        segs.remove(&e.addr);
-                    }
-                    Some(s) => {
-                        return err(
-                            i,
-                            format!(
-                                "segment_alloc of {:#x}: afterwards the segment has {} bytes and {} allocated blocks",
-                                e.addr,
-                                s.size,
-                                s.blocks.len()
-                            ),
-                        )
-                    }
-                    None => {
-                        return err(i, format!("segment_alloc of {:#x}, a segment that does not exist afterwards", e.addr))
-                    }
-                },
-                TraceAction::SegmentFree => {
-                    if seg_containing(segs, e.addr).is_some()
-                        || segs.range(e.addr..e.addr.saturating_add(e.size)).next().is_some()
-                    {
-                        return err(i, format!("segment_free of {:#x} overlaps a live segment", e.addr));
-                    }
-                    segs.insert(
-                        e.addr,
-                        RSeg {
-                            size: e.size,
-                            stream: e.stream,
-                            small: e.size == SMALL_BUFFER,
-                            blocks: BTreeMap::new(),
-                        },
-                    );
-                }
-                TraceAction::SegmentMap | TraceAction::SegmentUnmap => {
-                    let Some(xb) = xseg_containing(xsegs, e.addr) else {
-                        return err(i, format!("{} of {:#x} in no expandable segment", e.action, e.addr));
-                    };
-                    let x = xsegs.get_mut(&xb).expect("found above");
-                    if (e.addr - xb) % x.page != 0 || e.size % x.page != 0 || e.size == 0 {
-                        return err(i, format!("{} of {:#x} ({} bytes) is not in whole pages", e.action, e.addr, e.size));
-                    }
-                    let map = e.action == TraceAction::SegmentMap;
-                    if map
-                        && x
-                            .blocks
-                            .range(..e.addr + e.size)
-                            .next_back()
-                            .is_some_and(|(&a, &(sz, _))| a + sz > e.addr)
-                    {
-                        return err(i, format!("segment_map of {:#x}: afterwards a block is allocated there", e.addr));
-                    }
-                    let mut p = e.addr;
-                    while p < e.addr + e.size {
-                        // Before a map the page was unmapped, before an unmap mapped.
-                        let changed = if map { x.mapped.remove(&p) } else { x.mapped.insert(p) };
-                        if !changed {
-                            return err(i, format!("{} of {:#x}: page {p:#x} is {} afterwards", e.action, e.addr, if map { "unmapped" } else { "mapped" }));
-                        }
-                        p += x.page;
-                    }
-                }
+                TraceAction::Alloc => undo_alloc(segs, i, e)?,
+                TraceAction::FreeCompleted => undo_free(segs, &starts, i, e, config)?,
+                TraceAction::SegmentAlloc => undo_segment_alloc(segs, i, e)?,
+                TraceAction::SegmentFree => undo_segment_free(segs, i, e)?,
+                TraceAction::SegmentMap | TraceAction::SegmentUnmap => undo_map(xsegs, i, e)?,
                 TraceAction::FreeRequested | TraceAction::Snapshot | TraceAction::Oom => {}
             }
         }
@@ -574,8 +433,6 @@ impl<'a> Converter<'a> {
             ref aliases,
             ..
         } = *self;
-        let events = &dev.events;
-        let n = events.len();
         let mut next_id: AllocId = 0;
         let mut live: FxHashMap<u64, (AllocId, u64)> = FxHashMap::default();
         let mut start = StartState {
@@ -631,39 +488,8 @@ impl<'a> Converter<'a> {
                 ids,
             ));
         }
-        // Reservations must not overlap: with no OOM to tell the device's
-        // capacity, take one whose reservations fit between the recorded ones.
-        let mut capacity = None;
-        let bases: Vec<u64> = xsegs.keys().copied().collect();
-        if let Some(gap) = bases.windows(2).map(|w| w[1] - w[0]).min() {
-            let c = capacity_for_gap(gap, config.large_segment_size);
-            if c < reservoir::sim::DEFAULT_CAPACITY {
-                capacity = Some(c);
-            }
-        }
-        // Reserved bytes before each entry, and the capacity the first `oom`
-        // entry tells (`device_free` + reserved).
-        let mut reserved_before = Vec::with_capacity(n);
-        {
-            let mut r = reserved;
-            let mut oom_capacity = None;
-            for e in events {
-                reserved_before.push(r);
-                match e.action {
-                    TraceAction::SegmentAlloc | TraceAction::SegmentMap => r += e.size,
-                    TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
-                        r = r.saturating_sub(e.size)
-                    }
-                    TraceAction::Oom if oom_capacity.is_none() => {
-                        oom_capacity = Some(e.addr.saturating_add(r));
-                    }
-                    _ => {}
-                }
-            }
-            if oom_capacity.is_some() {
-                capacity = oom_capacity;
-            }
-        }
+        let (reserved_before, oom_capacity) = reserved_before(&dev.events, reserved);
+        let capacity = oom_capacity.or_else(|| capacity_between_reservations(xsegs, config));
 
         for &(handle, base) in aliases {
             if let Some(v) = live.remove(&base) {
@@ -704,154 +530,32 @@ impl<'a> Converter<'a> {
             from_segments,
             ..
         } = self;
-        let Begin {
-            mut start,
-            mut next_id,
-            mut live,
-            mut reserved,
-            mut allocated,
-            capacity,
-            reserved_before,
-            mut x_mapped,
-        } = begin;
-        let known_capacity = capacity;
         let events = &dev.events;
         let n = events.len();
-        let stream_name = |s: StreamId| StreamName::new(s.0.to_string());
-        let mut ops = Vec::with_capacity(n);
-        let mut lines = Vec::with_capacity(n);
-        // Allocations name no stream: an `s` op switches the current stream
-        // when it changes (the default stream is current at the start).
-        let mut current = StreamId::DEFAULT;
-        let mut switch = |ops: &mut Vec<Op>, lines: &mut Vec<usize>, i: usize, s: StreamId| {
-            if s != current {
-                current = s;
-                ops.push(Op::SetStream {
-                    stream: stream_name(s),
-                });
-                lines.push(i);
-            }
+        let mut f = Forward {
+            config,
+            synthetic,
+            ops: Vec::with_capacity(n),
+            lines: Vec::with_capacity(n),
+            current: StreamId::DEFAULT,
+            segment_events: Vec::new(),
+            placements: Vec::new(),
+            sites: crate::replay::sites::Sites::new(),
+            ooms: 0,
+            empty_caches: 0,
+            peak_reserved: begin.reserved,
+            peak_allocated: begin.allocated,
+            begin,
         };
-        let mut segment_events = Vec::new();
-        let mut placements = Vec::new();
-        let mut sites = crate::replay::sites::Sites::new();
-        let mut ooms = 0;
-        let mut empty_caches = 0;
-        let mut peak_reserved = reserved;
-        let mut peak_allocated = allocated;
         for (i, e) in events.iter().enumerate() {
             match e.action {
-                TraceAction::Alloc => {
-                    if live.contains_key(&e.addr) {
-                        return err(
-                            i,
-                            format!("alloc of {:#x}, which is already allocated", e.addr),
-                        );
-                    }
-                    next_id += 1;
-                    let size = rules::round_size(e.size.max(1), config);
-                    live.insert(e.addr, (next_id, size));
-                    sites.record(next_id, &e.frames);
-                    allocated += size;
-                    peak_allocated = peak_allocated.max(allocated);
-                    switch(&mut ops, &mut lines, i, e.stream);
-                    ops.push(Op::Alloc {
-                        id: next_id,
-                        bytes: e.size,
-                        stream: None,
-                    });
-                    lines.push(i);
-                    placements.push(if synthetic { 0 } else { e.addr });
-                }
-                TraceAction::FreeCompleted => {
-                    let Some((id, size)) = live.remove(&e.addr) else {
-                        return err(
-                            i,
-                            format!("free_completed of {:#x}, which is not allocated", e.addr),
-                        );
-                    };
-                    allocated = allocated.saturating_sub(size);
-                    ops.push(Op::Free { id });
-                    lines.push(i);
-                }
-                TraceAction::Oom => {
-                    ooms += 1;
-                    next_id += 1;
-                    sites.record(next_id, &e.frames);
-                    switch(&mut ops, &mut lines, i, e.stream);
-                    ops.push(Op::Alloc {
-                        id: next_id,
-                        bytes: e.size,
-                        stream: None,
-                    });
-                    lines.push(i);
-                    placements.push(0);
-                }
-                TraceAction::SegmentAlloc => {
-                    segment_events.push(SegmentEvent {
-                        action: e.action,
-                        size: e.size,
-                    });
-                    if !synthetic {
-                        start.scripted_addresses.push(e.addr);
-                    }
-                    reserved += e.size;
-                    peak_reserved = peak_reserved.max(reserved);
-                }
-                TraceAction::SegmentMap => {
-                    segment_events.push(SegmentEvent {
-                        action: e.action,
-                        size: e.size,
-                    });
-                    if let Some(m) =
-                        xseg_containing(&xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b))
-                    {
-                        if *m == 0 && !synthetic {
-                            // A new reservation: its first map is at its base.
-                            start.scripted_addresses.push(e.addr);
-                        }
-                        *m += e.size;
-                    }
-                    reserved += e.size;
-                    peak_reserved = peak_reserved.max(reserved);
-                }
+                TraceAction::Alloc => f.alloc(i, e)?,
+                TraceAction::FreeCompleted => f.free(i, e)?,
+                TraceAction::Oom => f.oom(i, e),
+                TraceAction::SegmentAlloc => f.segment_alloc(e),
+                TraceAction::SegmentMap => f.segment_map(&xsegs, e),
                 TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
-                    segment_events.push(SegmentEvent {
-                        action: e.action,
-                        size: e.size,
-                    });
-                    if e.action == TraceAction::SegmentUnmap {
-                        // Fully unmapped, a reservation is released.
-                        if let Some(m) =
-                            xseg_containing(&xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b))
-                        {
-                            *m = m.saturating_sub(e.size);
-                        }
-                    }
-                    reserved = reserved.saturating_sub(e.size);
-                    let release = |a: TraceAction| {
-                        matches!(a, TraceAction::SegmentFree | TraceAction::SegmentUnmap)
-                    };
-                    let run_start = i == 0 || !release(events[i - 1].action);
-                    if run_start {
-                        let after = events[i..].iter().find(|x| !release(x.action));
-                        let followed_by_oom = after.is_some_and(|x| x.action == TraceAction::Oom);
-                        // A flush followed by a new segment that would not have
-                        // fit on the device without it is the allocator's own
-                        // free-and-retry, not the user's `empty_cache()`.
-                        let retry = after.is_some_and(|x| {
-                            matches!(
-                                x.action,
-                                TraceAction::SegmentAlloc | TraceAction::SegmentMap
-                            ) && known_capacity
-                                .is_some_and(|c| reserved_before[i].saturating_add(x.size) > c)
-                        });
-                        if !followed_by_oom && !retry {
-                            ops.push(Op::EmptyCache);
-                            lines.push(i);
-                            empty_caches += 1;
-                        }
-                    }
+                    f.segment_release(&xsegs, events, i)
                 }
                 TraceAction::FreeRequested | TraceAction::Snapshot => {}
             }
@@ -860,21 +564,218 @@ impl<'a> Converter<'a> {
             format!("recorded trace of device {}: {} entries", dev.device, n),
             "line numbers below are not entry indices; see RecordedTrace::trace.lines".to_string(),
         ];
-        let mut trace = Trace::from_ops(ops, header);
-        trace.lines = lines;
+        let mut trace = Trace::from_ops(f.ops, header);
+        trace.lines = f.lines;
         Ok(RecordedTrace {
             device: dev.device,
             trace,
-            start,
-            segment_events,
-            placements,
-            ooms,
-            capacity,
-            peak_reserved,
-            peak_allocated,
-            empty_caches,
-            sites,
+            start: f.begin.start,
+            segment_events: f.segment_events,
+            placements: f.placements,
+            ooms: f.ooms,
+            capacity: f.begin.capacity,
+            peak_reserved: f.peak_reserved,
+            peak_allocated: f.peak_allocated,
+            empty_caches: f.empty_caches,
+            sites: f.sites,
             segments_known: from_segments,
         })
     }
+}
+
+/// The forward phase of a conversion (see [`Converter::forward`]): the
+/// running totals from the start state on, and the trace and recorded
+/// measurements built so far.
+struct Forward<'a> {
+    config: &'a AllocatorConfig,
+    synthetic: bool,
+    /// The start state (whose scripted addresses grow), the live blocks and
+    /// totals.
+    begin: Begin,
+    ops: Vec<Op>,
+    lines: Vec<usize>,
+    /// The current stream of the ops so far (allocations name no stream:
+    /// an `s` op switches it; the default stream is current at the start).
+    current: StreamId,
+    segment_events: Vec<SegmentEvent>,
+    placements: Vec<u64>,
+    sites: crate::replay::sites::Sites,
+    ooms: u64,
+    empty_caches: u64,
+    peak_reserved: u64,
+    peak_allocated: u64,
+}
+
+impl Forward<'_> {
+    /// An op from entry `i`.
+    fn push(&mut self, op: Op, i: usize) {
+        self.ops.push(op);
+        self.lines.push(i);
+    }
+
+    /// An allocation of `bytes` on `stream` from entry `i` (after an `s` op
+    /// when the stream changes), with a new trace id.
+    fn push_alloc(&mut self, i: usize, e: &TraceEntry) -> AllocId {
+        self.begin.next_id += 1;
+        let id = self.begin.next_id;
+        self.sites.record(id, &e.frames);
+        if e.stream != self.current {
+            self.current = e.stream;
+            let stream = StreamName::new(e.stream.0.to_string());
+            self.push(Op::SetStream { stream }, i);
+        }
+        let op = Op::Alloc {
+            id,
+            bytes: e.size,
+            stream: None,
+        };
+        self.push(op, i);
+        id
+    }
+
+    /// `alloc` entry `i`.
+    fn alloc(&mut self, i: usize, e: &TraceEntry) -> Result<(), ConvertError> {
+        if self.begin.live.contains_key(&e.addr) {
+            return err(
+                i,
+                format!("alloc of {:#x}, which is already allocated", e.addr),
+            );
+        }
+        let id = self.push_alloc(i, e);
+        let size = rules::round_size(e.size.max(1), self.config);
+        self.begin.live.insert(e.addr, (id, size));
+        self.begin.allocated += size;
+        self.peak_allocated = self.peak_allocated.max(self.begin.allocated);
+        self.placements
+            .push(if self.synthetic { 0 } else { e.addr });
+        Ok(())
+    }
+
+    /// `free_completed` entry `i`.
+    fn free(&mut self, i: usize, e: &TraceEntry) -> Result<(), ConvertError> {
+        let Some((id, size)) = self.begin.live.remove(&e.addr) else {
+            return err(
+                i,
+                format!("free_completed of {:#x}, which is not allocated", e.addr),
+            );
+        };
+        self.begin.allocated = self.begin.allocated.saturating_sub(size);
+        self.push(Op::Free { id }, i);
+        Ok(())
+    }
+
+    /// `oom` entry `i`: an allocation expected to fail (never freed).
+    fn oom(&mut self, i: usize, e: &TraceEntry) {
+        self.ooms += 1;
+        self.push_alloc(i, e);
+        self.placements.push(0);
+    }
+
+    /// A recorded segment event; `grow` says whether it reserves bytes.
+    fn segment_event(&mut self, e: &TraceEntry, grow: bool) {
+        self.segment_events.push(SegmentEvent {
+            action: e.action,
+            size: e.size,
+        });
+        if grow {
+            self.begin.reserved += e.size;
+            self.peak_reserved = self.peak_reserved.max(self.begin.reserved);
+        } else {
+            self.begin.reserved = self.begin.reserved.saturating_sub(e.size);
+        }
+    }
+
+    /// A `segment_alloc` entry: its address is scripted for the device.
+    fn segment_alloc(&mut self, e: &TraceEntry) {
+        if !self.synthetic {
+            self.begin.start.scripted_addresses.push(e.addr);
+        }
+        self.segment_event(e, true);
+    }
+
+    /// A `segment_map` entry: the first map of a reservation not reserved
+    /// at that time scripts its base.
+    fn segment_map(&mut self, xsegs: &BTreeMap<u64, XSeg>, e: &TraceEntry) {
+        let x_mapped = &mut self.begin.x_mapped;
+        if let Some(m) = xseg_containing(xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b)) {
+            if *m == 0 && !self.synthetic {
+                // A new reservation: its first map is at its base.
+                self.begin.start.scripted_addresses.push(e.addr);
+            }
+            *m += e.size;
+        }
+        self.segment_event(e, true);
+    }
+
+    /// `segment_free` / `segment_unmap` entry `i` of `events`: the first of
+    /// a run of them is the user's `empty_cache()` unless the allocator
+    /// freed to retry (the run is followed by an `oom`, or by a new segment
+    /// that would not have fit without it).
+    fn segment_release(&mut self, xsegs: &BTreeMap<u64, XSeg>, events: &[TraceEntry], i: usize) {
+        let e = &events[i];
+        if e.action == TraceAction::SegmentUnmap {
+            // Fully unmapped, a reservation is released.
+            let x_mapped = &mut self.begin.x_mapped;
+            if let Some(m) = xseg_containing(xsegs, e.addr).and_then(|b| x_mapped.get_mut(&b)) {
+                *m = m.saturating_sub(e.size);
+            }
+        }
+        self.segment_event(e, false);
+        let release =
+            |a: TraceAction| matches!(a, TraceAction::SegmentFree | TraceAction::SegmentUnmap);
+        let run_start = i == 0 || !release(events[i - 1].action);
+        if !run_start {
+            return;
+        }
+        let after = events[i..].iter().find(|x| !release(x.action));
+        let followed_by_oom = after.is_some_and(|x| x.action == TraceAction::Oom);
+        // A flush followed by a new segment that would not have
+        // fit on the device without it is the allocator's own
+        // free-and-retry, not the user's `empty_cache()`.
+        let known_capacity = self.begin.capacity;
+        let reserved_before = self.begin.reserved_before[i];
+        let retry = after.is_some_and(|x| {
+            matches!(
+                x.action,
+                TraceAction::SegmentAlloc | TraceAction::SegmentMap
+            ) && known_capacity.is_some_and(|c| reserved_before.saturating_add(x.size) > c)
+        });
+        if !followed_by_oom && !retry {
+            self.push(Op::EmptyCache, i);
+            self.empty_caches += 1;
+        }
+    }
+}
+
+/// With no OOM to tell the device's capacity: one whose expandable
+/// reservations fit between the recorded ones (reservations must not
+/// overlap), when that is less than the default.
+fn capacity_between_reservations(
+    xsegs: &BTreeMap<u64, XSeg>,
+    config: &AllocatorConfig,
+) -> Option<u64> {
+    let bases: Vec<u64> = xsegs.keys().copied().collect();
+    let gap = bases.windows(2).map(|w| w[1] - w[0]).min()?;
+    let c = capacity_for_gap(gap, config.large_segment_size);
+    (c < reservoir::sim::DEFAULT_CAPACITY).then_some(c)
+}
+
+/// Reserved bytes before each entry (`reserved` before the first), and the
+/// capacity the first `oom` entry tells (`device_free` + reserved).
+fn reserved_before(events: &[TraceEntry], reserved: u64) -> (Vec<u64>, Option<u64>) {
+    let mut reserved_before = Vec::with_capacity(events.len());
+    let mut r = reserved;
+    let mut oom_capacity = None;
+    for e in events {
+        reserved_before.push(r);
+        match e.action {
+            TraceAction::SegmentAlloc | TraceAction::SegmentMap => r += e.size,
+            TraceAction::SegmentFree | TraceAction::SegmentUnmap => r = r.saturating_sub(e.size),
+            TraceAction::Oom if oom_capacity.is_none() => {
+                oom_capacity = Some(e.addr.saturating_add(r));
+            }
+            _ => {}
+        }
+    }
+    (reserved_before, oom_capacity)
 }

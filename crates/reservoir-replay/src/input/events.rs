@@ -184,182 +184,21 @@ pub(super) fn alloc_data(v: &Value) -> R<(TraceInput, Vec<String>)> {
         .key("elements_size")?;
     let n = sizes.len();
     let mut warnings = Warnings::default();
-    let element = |x: &Value| -> R<usize> {
-        let i = as_u64(x)?;
-        usize::try_from(i)
-            .ok()
-            .filter(|&i| i < n)
-            .ok_or_else(|| Fail::new(format!("element {i} out of range ({n} elements)")))
-    };
 
-    // Stacks.
-    let strings: Vec<&str> = match v.get("string_table") {
-        Some(t) => as_seq(t)
-            .key("string_table")?
-            .iter()
-            .enumerate()
-            .map(|(i, s)| as_str(s).idx(i))
-            .collect::<R<_>>()
-            .key("string_table")?,
-        None => Vec::new(),
-    };
-    let suffixes: Vec<(usize, Option<usize>)> = match v.get("suffix_table") {
-        Some(t) => {
-            let t = as_seq(t).key("suffix_table")?;
-            let mut out = Vec::with_capacity(t.len());
-            for (i, e) in t.iter().enumerate() {
-                let pair = (|| -> R<(usize, Option<usize>)> {
-                    match as_seq(e)? {
-                        [s, parent] => {
-                            let s = as_u64(s).idx(0)?;
-                            let s = usize::try_from(s)
-                                .ok()
-                                .filter(|&s| s < strings.len())
-                                .ok_or_else(|| Fail::new(format!("string {s} out of range")))
-                                .idx(0)?;
-                            let parent = match parent {
-                                Value::None => None,
-                                p => Some(as_u64(p).idx(1)? as usize),
-                            };
-                            Ok((s, parent))
-                        }
-                        _ => Err(expected("a [string, parent] pair", e)),
-                    }
-                })()
-                .idx(i)
-                .key("suffix_table")?;
-                out.push(pair);
-            }
-            out
-        }
-        None => Vec::new(),
-    };
-    let info: Vec<Option<usize>> = match v.get("elements_info") {
-        Some(Value::None) | None => vec![None; n],
-        Some(t) => {
-            let t = as_seq(t).key("elements_info")?;
-            if t.len() != n {
-                return Err(Fail::new(format!(
-                    "has {} entries for {n} elements",
-                    t.len()
-                )))
-                .key("elements_info");
-            }
-            t.iter()
-                .enumerate()
-                .map(|(i, x)| match x {
-                    Value::None => Ok(None),
-                    x => as_u64(x).map(|s| Some(s as usize)).idx(i),
-                })
-                .collect::<R<_>>()
-                .key("elements_info")?
-        }
-    };
-    // Every element gets its whole stack materialized, so a long suffix
-    // chain shared by many elements would take quadratic memory: bound the
-    // total number of frames (the real files need < 6 per table entry).
-    let frame_budget = (suffixes.len() + n)
-        .saturating_mul(MAX_FRAMES_PER_ENTRY)
-        .max(MIN_FRAME_BUDGET);
-    let mut total_frames = 0usize;
-    let mut parsed_frames: FxHashMap<usize, Option<Frame>> = FxHashMap::default();
-    let mut stacks: Vec<Arc<[Frame]>> = Vec::with_capacity(n);
-    let mut addresses: Vec<Option<u64>> = Vec::with_capacity(n);
-    let empty: Arc<[Frame]> = Arc::from(Vec::new());
-    for (i, head) in info.iter().enumerate() {
-        let mut frames = Vec::new();
-        let mut address = None;
-        let mut cur = *head;
-        let mut steps = 0;
-        while let Some(s) = cur {
-            let Some(&(str_idx, parent)) = suffixes.get(s) else {
-                let msg = format!("suffix {s} out of range ({} suffixes)", suffixes.len());
-                return Err(Fail::new(msg)).idx(i).key("elements_info");
-            };
-            steps += 1;
-            if steps > suffixes.len() {
-                return Err(Fail::new("suffix_table has a cycle"))
-                    .idx(i)
-                    .key("elements_info");
-            }
-            let text = strings[str_idx];
-            let f = parsed_frames
-                .entry(str_idx)
-                .or_insert_with(|| parse_frame_string(text));
-            match f {
-                Some(f) => frames.push(f.clone()),
-                None if steps == 1 => address = parse_description_address(text),
-                None => frames.push(Frame {
-                    name: text.to_string(),
-                    filename: String::new(),
-                    line: 0,
-                }),
-            }
-            cur = parent;
-        }
-        total_frames = total_frames.saturating_add(frames.len());
-        if total_frames > frame_budget {
-            let msg = format!("stacks expand to more than {frame_budget} frames in all");
-            return Err(Fail::new(msg)).idx(i).key("elements_info");
-        }
-        stacks.push(if frames.is_empty() {
-            empty.clone()
-        } else {
-            frames.into()
-        });
-        addresses.push(address);
-    }
+    let strings = alloc_data_strings(v)?;
+    let suffixes = alloc_data_suffixes(v, strings.len())?;
+    let info = alloc_data_info(v, n)?;
+    let (stacks, addresses) = expand_stacks(&strings, &suffixes, &info)?;
 
     // Addresses: real when every element has one and live ones never collide.
-    let actions: Vec<usize> = as_seq(get("actions")?)
-        .key("actions")?
-        .iter()
-        .enumerate()
-        .map(|(i, x)| element(x).idx(i))
-        .collect::<R<_>>()
-        .key("actions")?;
+    let actions = element_list(get("actions")?, "actions", n)?;
     let initially: Vec<usize> = match v.get("initially_allocated") {
         Some(Value::None) | None => Vec::new(),
-        Some(t) => as_seq(t)
-            .key("initially_allocated")?
-            .iter()
-            .enumerate()
-            .map(|(i, x)| element(x).idx(i))
-            .collect::<R<_>>()
-            .key("initially_allocated")?,
+        Some(t) => element_list(t, "initially_allocated", n)?,
     };
     let mut real = n > 0 && addresses.iter().all(Option::is_some);
-    // Alive state per element: 0 = not yet seen, 1 = live, 2 = freed.
-    let simulate = |addr_of: &dyn Fn(usize) -> u64| -> R<(Vec<TraceEntry>, bool)> {
-        let mut state = vec![0u8; n];
-        let mut live: FxHashSet<u64> = FxHashSet::default();
-        let mut collided = false;
-        for &e in &initially {
-            state[e] = 1;
-            collided |= !live.insert(addr_of(e));
-        }
-        let mut events = Vec::with_capacity(actions.len() * 3 / 2);
-        for (i, &e) in actions.iter().enumerate() {
-            let action = match state[e] {
-                0 => {
-                    state[e] = 1;
-                    collided |= !live.insert(addr_of(e));
-                    TraceAction::Alloc
-                }
-                1 => {
-                    state[e] = 2;
-                    live.remove(&addr_of(e));
-                    TraceAction::FreeCompleted
-                }
-                _ => {
-                    return Err(Fail::new(format!("element {e} appears a third time")))
-                        .idx(i)
-                        .key("actions")
-                }
-            };
-            alloc_and_free(&mut events, action, addr_of(e), sizes[e], &stacks[e]);
-        }
-        Ok((events, collided))
+    let simulate = |addr_of: &dyn Fn(usize) -> u64| {
+        alloc_data_events(&initially, &actions, &sizes, &stacks, addr_of)
     };
     let synthetic = |e: usize| e as u64 + 1;
     let (mut events, collided) = if real {
@@ -415,6 +254,210 @@ pub(super) fn alloc_data(v: &Value) -> R<(TraceInput, Vec<String>)> {
         allocator_settings: None,
     };
     Ok((input, warnings.finish()))
+}
+
+/// The `string_table` of an `alloc_data` object (empty when absent).
+fn alloc_data_strings(v: &Value) -> R<Vec<&str>> {
+    match v.get("string_table") {
+        Some(t) => as_seq(t)
+            .key("string_table")?
+            .iter()
+            .enumerate()
+            .map(|(i, s)| as_str(s).idx(i))
+            .collect::<R<_>>()
+            .key("string_table"),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The `suffix_table` of an `alloc_data` object: (string index, parent
+/// suffix) pairs, each string index below `strings` (empty when absent).
+fn alloc_data_suffixes(v: &Value, strings: usize) -> R<Vec<(usize, Option<usize>)>> {
+    let Some(t) = v.get("suffix_table") else {
+        return Ok(Vec::new());
+    };
+    let t = as_seq(t).key("suffix_table")?;
+    let mut out = Vec::with_capacity(t.len());
+    for (i, e) in t.iter().enumerate() {
+        let pair = (|| -> R<(usize, Option<usize>)> {
+            match as_seq(e)? {
+                [s, parent] => {
+                    let s = as_u64(s).idx(0)?;
+                    let s = usize::try_from(s)
+                        .ok()
+                        .filter(|&s| s < strings)
+                        .ok_or_else(|| Fail::new(format!("string {s} out of range")))
+                        .idx(0)?;
+                    let parent = match parent {
+                        Value::None => None,
+                        p => Some(as_u64(p).idx(1)? as usize),
+                    };
+                    Ok((s, parent))
+                }
+                _ => Err(expected("a [string, parent] pair", e)),
+            }
+        })()
+        .idx(i)
+        .key("suffix_table")?;
+        out.push(pair);
+    }
+    Ok(out)
+}
+
+/// The `elements_info` of an `alloc_data` object: each of the `n`
+/// elements' first suffix (all `None` when absent).
+fn alloc_data_info(v: &Value, n: usize) -> R<Vec<Option<usize>>> {
+    match v.get("elements_info") {
+        Some(Value::None) | None => Ok(vec![None; n]),
+        Some(t) => {
+            let t = as_seq(t).key("elements_info")?;
+            if t.len() != n {
+                return Err(Fail::new(format!(
+                    "has {} entries for {n} elements",
+                    t.len()
+                )))
+                .key("elements_info");
+            }
+            t.iter()
+                .enumerate()
+                .map(|(i, x)| match x {
+                    Value::None => Ok(None),
+                    x => as_u64(x).map(|s| Some(s as usize)).idx(i),
+                })
+                .collect::<R<_>>()
+                .key("elements_info")
+        }
+    }
+}
+
+/// An element's stack, shared by equal ones.
+type Stack = Arc<[Frame]>;
+
+/// Each element's stack, followed from its `elements_info` suffix through
+/// the `suffix_table`, and the address its description gives (the
+/// `b<hex address>_<version>` string at the head of its stack, if any).
+fn expand_stacks(
+    strings: &[&str],
+    suffixes: &[(usize, Option<usize>)],
+    info: &[Option<usize>],
+) -> R<(Vec<Stack>, Vec<Option<u64>>)> {
+    let n = info.len();
+    // Every element gets its whole stack materialized, so a long suffix
+    // chain shared by many elements would take quadratic memory: bound the
+    // total number of frames (the real files need < 6 per table entry).
+    let frame_budget = (suffixes.len() + n)
+        .saturating_mul(MAX_FRAMES_PER_ENTRY)
+        .max(MIN_FRAME_BUDGET);
+    let mut total_frames = 0usize;
+    let mut parsed_frames: FxHashMap<usize, Option<Frame>> = FxHashMap::default();
+    let mut stacks: Vec<Arc<[Frame]>> = Vec::with_capacity(n);
+    let mut addresses: Vec<Option<u64>> = Vec::with_capacity(n);
+    let empty: Arc<[Frame]> = Arc::from(Vec::new());
+    for (i, head) in info.iter().enumerate() {
+        let mut frames = Vec::new();
+        let mut address = None;
+        let mut cur = *head;
+        let mut steps = 0;
+        while let Some(s) = cur {
+            let Some(&(str_idx, parent)) = suffixes.get(s) else {
+                let msg = format!("suffix {s} out of range ({} suffixes)", suffixes.len());
+                return Err(Fail::new(msg)).idx(i).key("elements_info");
+            };
+            steps += 1;
+            if steps > suffixes.len() {
+                return Err(Fail::new("suffix_table has a cycle"))
+                    .idx(i)
+                    .key("elements_info");
+            }
+            let text = strings[str_idx];
+            let f = parsed_frames
+                .entry(str_idx)
+                .or_insert_with(|| parse_frame_string(text));
+            match f {
+                Some(f) => frames.push(f.clone()),
+                None if steps == 1 => address = parse_description_address(text),
+                None => frames.push(Frame {
+                    name: text.to_string(),
+                    filename: String::new(),
+                    line: 0,
+                }),
+            }
+            cur = parent;
+        }
+        total_frames = total_frames.saturating_add(frames.len());
+        if total_frames > frame_budget {
+            let msg = format!("stacks expand to more than {frame_budget} frames in all");
+            return Err(Fail::new(msg)).idx(i).key("elements_info");
+        }
+        stacks.push(if frames.is_empty() {
+            empty.clone()
+        } else {
+            frames.into()
+        });
+        addresses.push(address);
+    }
+    Ok((stacks, addresses))
+}
+
+/// A list of element indices (`actions`, `initially_allocated`), each
+/// below `n`.
+fn element_list(t: &Value, key: &'static str, n: usize) -> R<Vec<usize>> {
+    let element = |x: &Value| -> R<usize> {
+        let i = as_u64(x)?;
+        usize::try_from(i)
+            .ok()
+            .filter(|&i| i < n)
+            .ok_or_else(|| Fail::new(format!("element {i} out of range ({n} elements)")))
+    };
+    as_seq(t)
+        .key(key)?
+        .iter()
+        .enumerate()
+        .map(|(i, x)| element(x).idx(i))
+        .collect::<R<_>>()
+        .key(key)
+}
+
+/// The trace of an `alloc_data` object's `actions` from its
+/// `initially_allocated` elements, each element at `addr_of(element)`, and
+/// whether two live elements shared an address.
+fn alloc_data_events(
+    initially: &[usize],
+    actions: &[usize],
+    sizes: &[u64],
+    stacks: &[Arc<[Frame]>],
+    addr_of: &dyn Fn(usize) -> u64,
+) -> R<(Vec<TraceEntry>, bool)> {
+    // Alive state per element: 0 = not yet seen, 1 = live, 2 = freed.
+    let mut state = vec![0u8; sizes.len()];
+    let mut live: FxHashSet<u64> = FxHashSet::default();
+    let mut collided = false;
+    for &e in initially {
+        state[e] = 1;
+        collided |= !live.insert(addr_of(e));
+    }
+    let mut events = Vec::with_capacity(actions.len() * 3 / 2);
+    for (i, &e) in actions.iter().enumerate() {
+        let action = match state[e] {
+            0 => {
+                state[e] = 1;
+                collided |= !live.insert(addr_of(e));
+                TraceAction::Alloc
+            }
+            1 => {
+                state[e] = 2;
+                live.remove(&addr_of(e));
+                TraceAction::FreeCompleted
+            }
+            _ => {
+                return Err(Fail::new(format!("element {e} appears a third time")))
+                    .idx(i)
+                    .key("actions")
+            }
+        };
+        alloc_and_free(&mut events, action, addr_of(e), sizes[e], &stacks[e]);
+    }
+    Ok((events, collided))
 }
 
 /// Read the trace format of Mao Lin's allocator simulator

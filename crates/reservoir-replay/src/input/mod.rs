@@ -19,7 +19,7 @@
 //! ```
 //! use reservoir::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
 //! use reservoir::StreamId;
-//! use reservoir_replay::snapshot::ReadSnapshot;
+//! use reservoir_replay::input::ReadSnapshot;
 //!
 //! let seg = Segment {
 //!     address: 0x7f00_0000_0000,
