@@ -104,7 +104,7 @@ impl DeviceState {
                     );
                 }
                 if !b.mapped {
-                    let key = super::pools::UnmappedKey {
+                    let key = super::state::pools::UnmappedKey {
                         stream: b.stream,
                         addr: b.addr,
                         id,
@@ -129,7 +129,7 @@ impl DeviceState {
                     continue;
                 }
                 let in_map = self.allocated.get(&b.addr) == Some(&id);
-                let key = super::pools::FreeKey::new(
+                let key = super::state::pools::FreeKey::new(
                     b.stream,
                     b.size,
                     self.store.segments[b.segment].seq,
@@ -211,12 +211,12 @@ impl DeviceState {
             recount.allocation.all().current
         );
         ensure!(
-            self.total_allocated_memory == reserved,
+            self.acct.total_allocated_memory() == reserved,
             "total_allocated_memory {} but segments hold {}",
-            self.total_allocated_memory,
+            self.acct.total_allocated_memory(),
             reserved
         );
-        let s = &self.stats.snapshot();
+        let s = &self.acct.snapshot();
         let pairs: [(&str, &StatArray, &StatArray); 9] = [
             ("allocation", &s.allocation, &recount.allocation),
             ("segment", &s.segment, &recount.segment),
@@ -256,7 +256,7 @@ impl DeviceState {
                 );
             }
         }
-        if self.max_split_changed {
+        if self.acct.max_split_changed() {
             return Ok(());
         }
         ensure!(

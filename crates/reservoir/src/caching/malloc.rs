@@ -2,52 +2,16 @@
 //! `get_free_block` (spec 1.6), `alloc_block` (spec 1.9) and
 //! `alloc_found_block` (spec 1.7).
 
-use super::oom::OomReport;
-use super::pools::FreeKey;
+use super::request::{AllocParams, MallocError};
 use super::rules::{self, ONE_EXABYTE};
+use super::state::pools::FreeKey;
 use super::state::DeviceState;
-use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::stats::StatType;
-use crate::store::{BlockId, PoolId, Segment, NIL};
+use crate::store::{BlockId, Segment, NIL};
 use crate::trace::TraceAction;
-
-/// A callback run when the cache has no fitting block, before the driver is
-/// asked (PyTorch's `FreeCudaMemoryCallbacksRegistry`). It returns the
-/// pointers it wants freed (for example allocations whose last outside
-/// reference just went away); returning any counts as "freed something" and
-/// the cache is searched again.
-pub type FreeMemoryCallback = Box<dyn FnMut() -> Vec<DevicePtr> + Send>;
-
-pub(crate) enum MallocError {
-    Oom(Box<OomReport>),
-    /// Every attempt failed and the caller asked not to report it yet
-    /// ([`DeviceState::malloc_or_would_oom`]): nothing counted or recorded.
-    WouldOom,
-    Other(AllocError),
-}
-
-impl From<BackendError> for MallocError {
-    fn from(e: BackendError) -> Self {
-        MallocError::Other(AllocError::Backend(e))
-    }
-}
-
-/// One allocation request on its way through malloc (PyTorch's `AllocParams`).
-pub(super) struct AllocParams {
-    pub size: u64,
-    pub stream: StreamId,
-    pub pool: PoolId,
-    pub stat_type: StatType,
-    pub block: BlockId,
-    /// Whether a growth for this request is a segment of its own
-    /// (`cudaMalloc` of the allocation size, spec 1.9) even though expandable
-    /// segments are on: the `reservoir` policy's choice on this call's cache
-    /// miss (`trim_before_growth`, `policy/reservoir.rs`). False in PyTorch
-    /// mode.
-    pub own_segment: bool,
-}
 
 impl DeviceState {
     /// spec 1.5: malloc. Returns the allocated block.
@@ -292,13 +256,11 @@ impl DeviceState {
         is_retry: bool,
     ) -> Result<bool, MallocError> {
         if is_retry {
-            self.stats.num_alloc_retries += 1;
+            self.acct.alloc_retry();
         }
-        let size = self.alloc_size(p);
-        if let Some(allowed) = self.allowed_memory_maximum {
-            if self.total_allocated_memory + size > allowed {
-                return Ok(false);
-            }
+        let size = p.alloc_size(&self.config);
+        if self.acct.passes_limit(size) {
+            return Ok(false);
         }
         if self.config.expandable_segments && !p.own_segment {
             return match self.try_allocate_expandable_block(backend, p.stream, p.pool, p.size)? {
@@ -335,11 +297,6 @@ impl DeviceState {
         self.note_segment_allocated(size, p.stat_type);
         self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
         Ok(true)
-    }
-
-    /// spec 1.4: the bytes a cache miss for `p` asks the driver for.
-    pub(super) fn alloc_size(&self, p: &AllocParams) -> u64 {
-        rules::allocation_size(p.size, &self.config)
     }
 
     /// spec 1.15: hand out a free block (already out of its pool) as
@@ -384,17 +341,16 @@ impl DeviceState {
                 // Expandable blocks are not counted in inactive_split (spec 1.11).
             } else if already_split {
                 // An already-split inactive block shrinks by `size` bytes.
-                self.stats.inactive_split_bytes.decrease(st, p.size);
+                self.acct.inactive_split_changed(st, 0, -(p.size as i64));
             } else {
                 // A previously unsplit block leaves a new inactive split remainder.
-                self.stats.inactive_split_bytes.increase(st, remaining_size);
-                self.stats.inactive_split.increase(st, 1);
+                self.acct
+                    .inactive_split_changed(st, 1, remaining_size as i64);
             }
         } else if already_split && !expandable {
             // An already-split block becomes active whole.
             let size = self.store.blocks[id].size;
-            self.stats.inactive_split_bytes.decrease(st, size);
-            self.stats.inactive_split.decrease(st, 1);
+            self.acct.inactive_split_changed(st, -1, -(size as i64));
         }
 
         let b = &mut self.store.blocks[id];

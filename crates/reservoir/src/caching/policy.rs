@@ -29,8 +29,8 @@
 mod cross_stream;
 mod reservoir;
 
-use super::malloc::{AllocParams, MallocError};
-use super::pools::POOL_LARGE;
+use super::request::{AllocParams, MallocError};
+use super::state::pools::POOL_LARGE;
 use super::state::DeviceState;
 use crate::backend::Backend;
 use crate::config::AllocatorConfig;

@@ -11,7 +11,7 @@
 //! that made the layout would have moved it, so
 //! [`check_invariants`](CachingAllocator::check_invariants) holds.
 
-use super::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
+use super::state::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
@@ -105,8 +105,8 @@ impl<B: Backend> Seeder<'_, B> {
     pub fn allocated_and_reserved(&self) -> (u64, u64) {
         let st = self.alloc.state.lock();
         (
-            st.stats.allocated_bytes.all().current.max(0) as u64,
-            st.stats.reserved_bytes.all().current.max(0) as u64,
+            st.acct.stats().allocated_bytes.all().current.max(0) as u64,
+            st.acct.stats().reserved_bytes.all().current.max(0) as u64,
         )
     }
 
@@ -248,8 +248,7 @@ impl<B: Backend> Seeder<'_, B> {
                     p.blocks.insert(key);
                     st.store.blocks[id].gc_count_base = gc_base;
                     if split {
-                        st.stats.inactive_split.increase(stat, 1);
-                        st.stats.inactive_split_bytes.increase(stat, size);
+                        st.acct.inactive_split_changed(stat, 1, size as i64);
                     }
                 }
             }
@@ -380,10 +379,8 @@ impl<B: Backend> Seeder<'_, B> {
             live: true,
         });
         let mapped_total: u64 = mapped.iter().map(|r| r.1).sum();
-        st.total_allocated_memory += mapped_total;
-        st.stats.reserved_bytes.increase(stat, mapped_total);
-        st.note_device_reserved(stat, mapped_total as i64);
-        st.stats.num_device_alloc += mapped.len() as i64;
+        st.acct
+            .pages_mapped(stat, mapped_total, mapped.len() as i64);
 
         // The tiling: (offset, size, mapped, Some(requested) if allocated).
         let mut tiles: Vec<(u64, u64, bool, Option<u64>)> = Vec::new();

@@ -33,8 +33,8 @@
 #![forbid(unsafe_code)]
 
 use crate::backend::{Backend, BackendError, StreamId};
-use crate::caching::pools::FreeKey;
 use crate::caching::rules;
+use crate::caching::state::pools::FreeKey;
 use crate::caching::state::DeviceState;
 use crate::store::{BlockId, PoolId, NIL};
 

@@ -52,8 +52,8 @@
 #![forbid(unsafe_code)]
 
 use crate::backend::{Backend, BackendError, StreamId};
-use crate::caching::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
 use crate::caching::rules::{MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER};
+use crate::caching::state::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
 use crate::caching::state::DeviceState;
 use crate::config::waste_bound;
 use crate::store::{BlockId, PoolId, NIL};
@@ -113,7 +113,7 @@ impl DeviceState {
     /// The reserved bytes the `reservoir` policy lets the cache reach
     /// without unmapping free pages, for a request of `size` bytes.
     pub(crate) fn reservoir_target(&self, size: u64) -> u64 {
-        let allocated = self.stats.allocated_bytes.all();
+        let allocated = self.acct.stats().allocated_bytes.all();
         let peak = (allocated.peak.max(0) as u64).max(allocated.current.max(0) as u64 + size);
         peak + target_headroom(peak)
     }
@@ -148,7 +148,7 @@ impl DeviceState {
         }
         let seg = size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
         let maps = run.map_or(size, |r| r.maps);
-        let needs_trim = self.total_allocated_memory + maps > target;
+        let needs_trim = self.acct.total_allocated_memory() + maps > target;
         let no_free_byte_reused = seg == size && maps >= size;
         let churn = needs_trim && whole_segment_fits(size, seg);
         (no_free_byte_reused || churn).then_some(seg)
@@ -211,13 +211,13 @@ impl DeviceState {
         let own_segment = whole.is_some();
         let run = if own_segment { None } else { run };
         let maps = whole.unwrap_or_else(|| run.map_or(size, |r| r.maps));
-        if self.total_allocated_memory + maps <= target {
+        if self.acct.total_allocated_memory() + maps <= target {
             return Ok(own_segment);
         }
         if self.config.expandable_segments {
-            self.release_whole_segments(backend, (self.total_allocated_memory + maps) - target)?;
+            self.release_whole_segments(backend, (self.acct.total_allocated_memory() + maps) - target)?;
         }
-        if self.total_allocated_memory + maps <= target {
+        if self.acct.total_allocated_memory() + maps <= target {
             return Ok(own_segment);
         }
         // The addresses of the blocks the growth uses (contiguous).
@@ -236,7 +236,7 @@ impl DeviceState {
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
         for (_, id) in free {
-            let over = (self.total_allocated_memory + maps).saturating_sub(target);
+            let over = (self.acct.total_allocated_memory() + maps).saturating_sub(target);
             if over == 0 {
                 break;
             }

@@ -9,14 +9,17 @@
 //! mirrors the PyTorch function of the same name; the spec section is named
 //! on each.
 
-use super::events::Events;
-use super::history::Observe;
-use super::live_stats::LiveStats;
-use super::malloc::FreeMemoryCallback;
-use super::oom::OomObserver;
+pub(crate) mod accounting;
+pub(crate) mod events;
+pub(crate) mod observe;
+pub(crate) mod pools;
+
+use self::accounting::Accounting;
+use self::events::Events;
+use self::observe::Observe;
+use self::pools::{BlockPool, PrivatePools};
 use super::pointer_map::PointerMap;
-use super::pools::BlockPool;
-use super::pools::PrivatePools;
+use super::request::{FreeMemoryCallback, OomObserver};
 use crate::backend::{Backend, BackendError};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
@@ -32,8 +35,8 @@ pub(crate) struct DeviceState {
     pub config: AllocatorConfig,
     /// Segments and their blocks (see `store`).
     pub store: BlockStore,
-    /// Free lists: [`POOL_LARGE`](super::pools::POOL_LARGE),
-    /// [`POOL_SMALL`](super::pools::POOL_SMALL), then the slots of private
+    /// Free lists: [`POOL_LARGE`](self::pools::POOL_LARGE),
+    /// [`POOL_SMALL`](self::pools::POOL_SMALL), then the slots of private
     /// pools (see `pools.rs`). Invariant: a mapped block is in its pool's
     /// `blocks` exactly when it is live, not allocated and has no pending
     /// events or stream uses; an unmapped block is always in `unmapped`.
@@ -41,14 +44,11 @@ pub(crate) struct DeviceState {
     /// Allocated blocks by address (PyTorch's sharded `allocated_blocks`).
     /// Invariant: holds exactly the allocated blocks.
     pub allocated: PointerMap,
-    /// PyTorch's statistics. Invariant: every gauge equals a recount of the
-    /// blocks and segments (see `accounting.rs`).
-    pub stats: LiveStats,
-    /// Bytes obtained from the driver (PyTorch's `total_allocated_memory`).
-    /// Invariant: the sum of segment sizes (mapped pages for expandable ones).
-    pub total_allocated_memory: u64,
-    /// The per-process limit (`set_per_process_memory_fraction` below 1.0).
-    pub allowed_memory_maximum: Option<u64>,
+    /// PyTorch's statistics, the bytes taken from the driver and the
+    /// per-process limit, changed only through [`Accounting`]'s named
+    /// events. Invariant: every gauge equals a recount of the blocks and
+    /// segments.
+    pub acct: Accounting,
     /// Cross-stream events and deferred frees (see `events.rs`).
     pub events: Events,
     /// History, trace trackers, callbacks and debug output (see `history.rs`).
@@ -61,9 +61,6 @@ pub(crate) struct DeviceState {
     /// order, what recorded traces show) instead of creation order; set by
     /// replays of recorded traces (see `caching::seed`).
     pub rank_by_address: bool,
-    /// `max_split_size` changed at run time: the oversize counters then mix
-    /// two thresholds (as in PyTorch) and cannot be recounted.
-    pub max_split_changed: bool,
     /// Run when the cache has no fitting block (see `malloc.rs`).
     pub free_memory_callbacks: Vec<FreeMemoryCallback>,
     /// Told of every out-of-memory error, outside the lock (see `oom.rs`).
@@ -71,10 +68,6 @@ pub(crate) struct DeviceState {
     /// Blocks borrowed from another stream's pool (see `policy.rs`); 0 in
     /// PyTorch mode.
     pub cross_stream_reuses: u64,
-    /// The device-wide reserved gauge shared with the other stream shards
-    /// (see `device_reserved.rs`); `None` for a lone `CachingAllocator`.
-    /// Invariant: changed by exactly what `stats.reserved_bytes` changes.
-    pub device_reserved: Option<std::sync::Arc<super::device_reserved::DeviceReserved>>,
     /// Streams the backend confirmed ([`Backend::check_stream`]), so that
     /// only a stream's first use asks it (see [`KnownStreams`]).
     pub known_streams: KnownStreams,
@@ -141,26 +134,22 @@ impl DeviceState {
 
 impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
-        let stats = LiveStats::zeroed(config.max_split_size);
+        let acct = Accounting::new(config.max_split_size);
         DeviceState {
             device,
             config,
             store: BlockStore::default(),
             pools: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
             allocated: PointerMap::default(),
-            stats,
-            total_allocated_memory: 0,
-            allowed_memory_maximum: None,
+            acct,
             events: Events::new(device),
             obs: Observe::new(Default::default()),
             private: PrivatePools::default(),
             segment_seq: 0,
             rank_by_address: false,
-            max_split_changed: false,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
             cross_stream_reuses: 0,
-            device_reserved: None,
             known_streams: KnownStreams::default(),
         }
     }
