@@ -72,7 +72,7 @@ impl DeviceState {
             own_segment: false,
         };
 
-        if !self.get_free_block(&mut p) {
+        if !self.choose_fit(&mut p) {
             self.malloc_after_cache_miss(backend, &mut p, orig_size, report_oom)?;
         }
 
@@ -100,7 +100,7 @@ impl DeviceState {
         orig_size: u64,
         report_oom: bool,
     ) -> Result<(), MallocError> {
-        let mut found = self.trigger_free_memory_callbacks(backend)? && self.get_free_block(p);
+        let mut found = self.trigger_free_memory_callbacks(backend)? && self.choose_fit(p);
         if !found {
             // The seam of Reservoir-only policies (policy.rs); none in PyTorch mode.
             found = self.policy_on_cache_miss(backend, p)?;
@@ -131,56 +131,33 @@ impl DeviceState {
         Ok(())
     }
 
-    /// The `reservoir` policy keeps whole segments whole (policy.rs): the
-    /// first free block from `search` on `p`'s stream that is expandable or
-    /// that the request fits. Out of line: PyTorch mode never calls it.
-    #[cold]
-    #[inline(never)]
-    fn next_block_not_skipped(&self, search: &FreeKey, p: &AllocParams) -> Option<FreeKey> {
-        self.pools[p.pool as usize]
-            .blocks
-            .from(search)
-            .find(|k| {
-                k.stream != p.stream
-                    || self.store.blocks[k.id].expandable
-                    || !self.skips_whole_block(p.pool, p.size, k.size)
-            })
-            .filter(|k| k.stream == p.stream)
-    }
-
-    /// spec 1.6: best fit keyed by (stream, size, address) with the oversize rules.
+    /// spec 1.6: PyTorch's `get_free_block`: best fit keyed by (stream,
+    /// size, address), an expandable block counted at the size it can grow
+    /// to, and the oversize rules. Reached through the
+    /// [`choose_fit`](Self::choose_fit) hook.
     #[inline]
     pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
         let pool = &mut self.pools[p.pool as usize];
         if gc {
+            // Track block reuse interval only when garbage collection is enabled.
             pool.get_free_blocks_call_count += 1;
         }
         let search = FreeKey::search(p.stream, p.size);
         let Some((first, slot)) = pool.blocks.first_from(&search) else {
             return false;
         };
-        let mut hit = first;
-        if hit.stream != p.stream {
+        let mut it = first;
+        if it.stream != p.stream {
             return false;
         }
-        // Only under the `reservoir` policy (one flag test in PyTorch mode).
-        if self.config.policy.reservoir
-            && !self.store.blocks[hit.id].expandable
-            && self.skips_whole_block(p.pool, p.size, hit.size)
-        {
-            match self.next_block_not_skipped(&search, p) {
-                Some(k) => hit = k,
-                None => return false,
-            }
-        }
-        if self.store.blocks[hit.id].expandable {
-            // The blocks after the hit (the first one is the hit).
-            let mut candidates = self.pools[p.pool as usize].blocks.from(&hit);
-            candidates.next();
+        if self.store.blocks[it.id].expandable {
+            // The blocks after `it` (the first one is `it`).
+            let mut next = self.pools[p.pool as usize].blocks.from(&it);
+            next.next();
             if self.config.expandable_segments {
                 // Best fit by the size a block can grow to: a block followed by
-                // unmapped space counts as that much larger (spec 1.6).
+                // unmapped space counts as that much larger.
                 let blocks = &self.store.blocks;
                 let expandable_size = |k: &FreeKey| {
                     let b = &blocks[k.id];
@@ -191,34 +168,31 @@ impl DeviceState {
                             0
                         }
                 };
-                let keeps_whole = self.maps_fewest_pages();
-                for next in candidates {
-                    if !blocks[hit.id].expandable
+                for next in next {
+                    if !blocks[it.id].expandable
                         || next.stream != p.stream
-                        || (keeps_whole && !blocks[next.id].expandable)
-                        || expandable_size(&next) >= expandable_size(&hit)
+                        || expandable_size(&next) >= expandable_size(&it)
                     {
                         break;
                     }
-                    hit = next;
+                    it = next;
                 }
             } else {
                 // Expandable segments were turned off: skip their blocks.
-                match candidates
-                    .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
-                {
-                    Some(k) if k.stream == p.stream => hit = k,
+                match next.find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream) {
+                    Some(k) if k.stream == p.stream => it = k,
                     _ => return false,
                 }
             }
         }
-        let pool = &mut self.pools[p.pool as usize];
-        if rules::oversize_misfit(p.size, hit.size, &self.config) {
+        // Do not return an oversized block for a large request, and round
+        // an oversize request up only within a limit.
+        if rules::oversize_misfit(p.size, it.size, &self.config) {
             return false;
         }
-        let removed = pool.blocks.remove_at(slot, &hit);
-        debug_assert!(removed, "the hit is in its pool");
-        p.block = hit.id;
+        let removed = self.pools[p.pool as usize].blocks.remove_at(slot, &it);
+        debug_assert!(removed, "the block is in its pool");
+        p.block = it.id;
         true
     }
 

@@ -554,7 +554,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Blocks handed out to a stream from another stream's cache by the
     /// Reservoir-only cross-stream reuse policy
-    /// ([`ReservoirPolicy::cross_stream_reuse`](crate::config::ReservoirPolicy::cross_stream_reuse)); always 0 in PyTorch mode.
+    /// ([`ReservoirPolicy::CrossStreamReuse`](crate::config::ReservoirPolicy::CrossStreamReuse)); always 0 in PyTorch mode.
     pub fn cross_stream_reuses(&self) -> u64 {
         self.state.lock().cross_stream_reuses
     }

@@ -13,7 +13,8 @@ use crate::trace::TraceAction;
 impl DeviceState {
     #[inline]
     pub(super) fn gc_enabled(&self) -> bool {
-        self.acct.allowed_memory_maximum().is_some() && self.config.garbage_collection_threshold > 0.0
+        self.acct.allowed_memory_maximum().is_some()
+            && self.config.garbage_collection_threshold > 0.0
     }
 
     /// spec 1.8: free old unsplit large-pool blocks until reserved memory is

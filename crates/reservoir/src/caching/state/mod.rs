@@ -30,47 +30,47 @@ use crate::store::{BlockId, BlockStore};
 /// type); `check.rs` recounts them after every operation in tests.
 pub(crate) struct DeviceState {
     /// The device index, for messages and trace entries.
-    pub device: i8,
+    pub(in crate::caching) device: i8,
     /// The settings in force (replaced at run time by `set_config`).
-    pub config: AllocatorConfig,
+    pub(in crate::caching) config: AllocatorConfig,
     /// Segments and their blocks (see `store`).
-    pub store: BlockStore,
+    pub(in crate::caching) store: BlockStore,
     /// Free lists: [`POOL_LARGE`](self::pools::POOL_LARGE),
     /// [`POOL_SMALL`](self::pools::POOL_SMALL), then the slots of private
     /// pools (see `pools.rs`). Invariant: a mapped block is in its pool's
     /// `blocks` exactly when it is live, not allocated and has no pending
     /// events or stream uses; an unmapped block is always in `unmapped`.
-    pub pools: Vec<BlockPool>,
+    pub(in crate::caching) pools: Vec<BlockPool>,
     /// Allocated blocks by address (PyTorch's sharded `allocated_blocks`).
     /// Invariant: holds exactly the allocated blocks.
-    pub allocated: PointerMap,
+    pub(in crate::caching) allocated: PointerMap,
     /// PyTorch's statistics, the bytes taken from the driver and the
     /// per-process limit, changed only through [`Accounting`]'s named
     /// events. Invariant: every gauge equals a recount of the blocks and
     /// segments.
-    pub acct: Accounting,
+    pub(in crate::caching) acct: Accounting,
     /// Cross-stream events and deferred frees (see `events.rs`).
-    pub events: Events,
+    pub(in crate::caching) events: Events,
     /// History, trace trackers, callbacks and debug output (see `history.rs`).
-    pub obs: Observe,
+    pub(in crate::caching) obs: Observe,
     /// Private pools and the allocations routed to them (see `pools.rs`).
-    pub private: PrivatePools,
+    pub(in crate::caching) private: PrivatePools,
     /// Segments created so far (the next segment's `seq`).
-    pub segment_seq: u64,
+    pub(in crate::caching) segment_seq: u64,
     /// Rank segments among equal free blocks by address (PyTorch's source
     /// order, what recorded traces show) instead of creation order; set by
     /// replays of recorded traces (see `caching::seed`).
-    pub rank_by_address: bool,
+    pub(in crate::caching) rank_by_address: bool,
     /// Run when the cache has no fitting block (see `malloc.rs`).
-    pub free_memory_callbacks: Vec<FreeMemoryCallback>,
+    pub(in crate::caching) free_memory_callbacks: Vec<FreeMemoryCallback>,
     /// Told of every out-of-memory error, outside the lock (see `oom.rs`).
-    pub oom_observers: Vec<OomObserver>,
+    pub(in crate::caching) oom_observers: Vec<OomObserver>,
     /// Blocks borrowed from another stream's pool (see `policy.rs`); 0 in
     /// PyTorch mode.
-    pub cross_stream_reuses: u64,
+    pub(in crate::caching) cross_stream_reuses: u64,
     /// Streams the backend confirmed ([`Backend::check_stream`]), so that
     /// only a stream's first use asks it (see [`KnownStreams`]).
-    pub known_streams: KnownStreams,
+    pub(in crate::caching) known_streams: KnownStreams,
 }
 
 /// The non-default streams a backend confirmed, valid while its
