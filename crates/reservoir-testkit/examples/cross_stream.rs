@@ -14,7 +14,9 @@ const MIB: u64 = 1 << 20;
 
 fn allocator(cross_stream: bool) -> CachingAllocator<AsyncSimDevice> {
     let mut config = AllocatorConfig::default();
-    config.policy.cross_stream_reuse = cross_stream;
+    if cross_stream {
+        config.policy = reservoir::config::ReservoirPolicy::CrossStreamReuse;
+    }
     let dev = AsyncSimDevice::new(SimConfig {
         capacity: 64 << 30,
         ..SimConfig::default()

@@ -907,7 +907,7 @@ impl Workload {
 /// The mode of `config` in words, for messages.
 fn describe(config: &AllocatorConfig) -> String {
     let mut s = String::new();
-    if config.policy.reservoir {
+    if config.policy == reservoir::config::ReservoirPolicy::Reservoir {
         s.push_str("reservoir policy");
     } else if config.expandable_segments {
         s.push_str("expandable segments");

@@ -20,7 +20,7 @@ fn allocator(config: AllocatorConfig) -> CachingAllocator<AsyncSimDevice> {
 
 fn cross_stream() -> AllocatorConfig {
     let mut c = AllocatorConfig::default();
-    c.policy.cross_stream_reuse = true;
+    c.policy = reservoir::config::ReservoirPolicy::CrossStreamReuse;
     c
 }
 

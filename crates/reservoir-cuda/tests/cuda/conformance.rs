@@ -111,7 +111,7 @@ fn randomized_multi_stream_integrity_cross_stream_reuse_async_sanitized() {
     // The Reservoir-only policy: blocks are reused across streams at once,
     // ordered with cuStreamWaitEvent instead of waiting on the host.
     let mut c = AllocatorConfig::default();
-    c.policy.cross_stream_reuse = true;
+    c.policy = reservoir::config::ReservoirPolicy::CrossStreamReuse;
     integrity(
         Mode::AsyncSanitized,
         c,

@@ -159,7 +159,7 @@ fn randomized_multi_stream_integrity() {
 fn randomized_multi_stream_integrity_with_cross_stream_reuse() {
     let _serial = serial();
     let mut c = AllocatorConfig::default();
-    c.policy.cross_stream_reuse = true;
+    c.policy = reservoir::config::ReservoirPolicy::CrossStreamReuse;
     integrity(c, " (cross-stream reuse)");
 }
 

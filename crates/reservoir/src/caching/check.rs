@@ -4,10 +4,11 @@
 
 use std::collections::HashMap;
 
+use super::state::pools::{FreeKey, UnmappedKey};
 use super::state::DeviceState;
 use crate::snapshot::BlockState;
 use crate::stats::{DeviceStats, StatArray, StatType};
-use crate::store::BlockId;
+use crate::store::{Block, BlockId, Expandable, Segment};
 
 /// A broken invariant, with what was expected and what was found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -34,19 +35,34 @@ impl DeviceState {
         }
     }
 
+    /// Every invariant of the device, each compared with a recount: the
+    /// stacks kept for blocks, the tiling of the segments, the layout
+    /// summary, each segment and block with its free list, pointer map and
+    /// events, and the statistics.
     pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.check_contexts()?;
         self.store.check_tiling().map_err(InvariantViolation)?;
+        self.check_layout_summary()?;
+        let recount = self.recount_segments()?;
+        self.check_membership(&recount)?;
+        self.check_stats(&recount.stats)
+    }
+
+    /// The layout summary equals a count of the segments.
+    fn check_layout_summary(&self) -> Result<(), InvariantViolation> {
         let summary = self.layout_summary();
         let counted = crate::snapshot::LayoutSummary::of(&self.segment_models(None));
         ensure!(
             summary == counted,
             "layout summary {summary:?} differs from a count of the segments {counted:?}"
         );
-        let mut recount = DeviceStats::default();
-        let mut reserved = 0u64;
-        let mut pool_members = 0usize;
-        let mut unmapped_members = 0usize;
+        Ok(())
+    }
+
+    /// Checks every live segment and its blocks, counting what the
+    /// statistics and the free lists should hold.
+    fn recount_segments(&self) -> Result<Recount, InvariantViolation> {
+        let mut r = Recount::default();
         let mut pending: HashMap<BlockId, u32> = HashMap::new();
         for queue in self.events.queues.values() {
             for &(_, id) in queue {
@@ -57,143 +73,176 @@ impl DeviceState {
             if !seg.live {
                 continue;
             }
-            let sid = sid as u32;
-            let st = StatType::for_pool(self.pools[seg.pool as usize].is_small);
-            let expandable = seg.expandable.as_deref();
-            if expandable.is_none() {
-                // Expandable segments never count as segments (spec 1.11).
-                recount.segment.increase(st, 1);
-                recount.reserved_bytes.increase(st, seg.size);
-                reserved += seg.size;
-            }
-            // (free, mapped) of the previous block, to find unmerged neighbours.
-            let mut prev_free: Option<bool> = None;
-            for id in self.store.segment_blocks(sid) {
-                let b = &self.store.blocks[id];
-                ensure!(b.size % 512 == 0, "block {:#x} has size {}", b.addr, b.size);
+            self.recount_segment(sid as u32, seg, &pending, &mut r)?;
+        }
+        Ok(r)
+    }
+
+    /// One live segment: its blocks, their pages, pools and neighbours.
+    fn recount_segment(
+        &self,
+        sid: u32,
+        seg: &Segment,
+        pending: &HashMap<BlockId, u32>,
+        r: &mut Recount,
+    ) -> Result<(), InvariantViolation> {
+        let st = StatType::for_pool(self.pools[seg.pool as usize].is_small);
+        let expandable = seg.expandable.as_deref();
+        if expandable.is_none() {
+            // Expandable segments never count as segments (spec 1.11).
+            r.stats.segment.increase(st, 1);
+            r.stats.reserved_bytes.increase(st, seg.size);
+            r.reserved += seg.size;
+        }
+        // (free, mapped) of the previous block, to find unmerged neighbours.
+        let mut prev_free: Option<bool> = None;
+        for id in self.store.segment_blocks(sid) {
+            let b = &self.store.blocks[id];
+            ensure!(b.size % 512 == 0, "block {:#x} has size {}", b.addr, b.size);
+            ensure!(
+                b.expandable == expandable.is_some(),
+                "block {:#x} disagrees with its segment about being expandable",
+                b.addr
+            );
+            if let Some(e) = expandable {
+                check_pages(seg.addr, e, b)?;
+                if b.mapped {
+                    r.stats.reserved_bytes.increase(st, b.size);
+                    r.reserved += b.size;
+                }
+            } else {
                 ensure!(
-                    b.expandable == expandable.is_some(),
-                    "block {:#x} disagrees with its segment about being expandable",
+                    b.mapped,
+                    "block {:#x} of a plain segment is unmapped",
                     b.addr
                 );
-                if let Some(e) = expandable {
-                    let page = e.page_size;
-                    let first = (b.addr - seg.addr) / page;
-                    let last = (b.addr + b.size - seg.addr).div_ceil(page);
-                    for pg in first..last {
-                        let is_mapped = e.pages.get(pg as usize).copied().unwrap_or(false);
-                        // A block boundary may fall inside a page only between mapped blocks.
-                        ensure!(
-                            is_mapped == b.mapped,
-                            "page {pg} of expandable segment {:#x} is {} under a {} block at {:#x}",
-                            seg.addr,
-                            if is_mapped { "mapped" } else { "unmapped" },
-                            if b.mapped { "mapped" } else { "unmapped" },
-                            b.addr
-                        );
-                    }
-                    if b.mapped {
-                        recount.reserved_bytes.increase(st, b.size);
-                        reserved += b.size;
-                    }
-                } else {
-                    ensure!(
-                        b.mapped,
-                        "block {:#x} of a plain segment is unmapped",
-                        b.addr
-                    );
-                }
-                if !b.mapped {
-                    let key = super::pools::UnmappedKey {
-                        stream: b.stream,
-                        addr: b.addr,
-                        id,
-                    };
-                    ensure!(
-                        self.pools[b.pool as usize].unmapped.contains(&key),
-                        "unmapped block {:#x} missing from the unmapped set",
-                        b.addr
-                    );
-                    ensure!(
-                        !b.allocated && b.event_count == 0,
-                        "unmapped block {:#x} in use",
-                        b.addr
-                    );
-                    ensure!(
-                        prev_free != Some(false),
-                        "adjacent unmapped blocks at {:#x}",
-                        b.addr
-                    );
-                    unmapped_members += 1;
-                    prev_free = Some(false);
-                    continue;
-                }
-                let in_map = self.allocated.get(&b.addr) == Some(&id);
-                let key = super::pools::FreeKey::new(
-                    b.stream,
-                    b.size,
-                    self.store.segments[b.segment].seq,
-                    b.addr,
-                    id,
-                );
-                let in_pool = self.pools[b.pool as usize].blocks.contains(&key);
-                let events = pending.get(&id).copied().unwrap_or(0);
+            }
+            if !b.mapped {
+                self.check_unmapped_block(id, prev_free)?;
+                r.unmapped_members += 1;
+                prev_free = Some(false);
+                continue;
+            }
+            let events = pending.get(&id).copied().unwrap_or(0);
+            let state = self.recount_mapped_block(id, st, events, prev_free, r)?;
+            prev_free = (state == BlockState::Inactive).then_some(true);
+        }
+        if expandable.is_none() && seg.size >= self.config.max_split_size {
+            r.stats.oversize_segments.increase(1);
+        }
+        Ok(())
+    }
+
+    /// An unmapped block is in its pool's unmapped set, unused, and not
+    /// next to another unmapped block.
+    fn check_unmapped_block(
+        &self,
+        id: BlockId,
+        prev_free: Option<bool>,
+    ) -> Result<(), InvariantViolation> {
+        let b = &self.store.blocks[id];
+        let key = UnmappedKey {
+            stream: b.stream,
+            addr: b.addr,
+            id,
+        };
+        ensure!(
+            self.pools[b.pool as usize].unmapped.contains(&key),
+            "unmapped block {:#x} missing from the unmapped set",
+            b.addr
+        );
+        ensure!(
+            !b.allocated && b.event_count == 0,
+            "unmapped block {:#x} in use",
+            b.addr
+        );
+        ensure!(
+            prev_free != Some(false),
+            "adjacent unmapped blocks at {:#x}",
+            b.addr
+        );
+        Ok(())
+    }
+
+    /// A mapped block: its events, and by its state its place in the
+    /// pointer map or its free list; counted in `r`. Returns its state.
+    fn recount_mapped_block(
+        &self,
+        id: BlockId,
+        st: StatType,
+        events: u32,
+        prev_free: Option<bool>,
+        r: &mut Recount,
+    ) -> Result<BlockState, InvariantViolation> {
+        let b = &self.store.blocks[id];
+        let in_map = self.allocated.get(&b.addr) == Some(&id);
+        let key = FreeKey::new(
+            b.stream,
+            b.size,
+            self.store.segments[b.segment].seq,
+            b.addr,
+            id,
+        );
+        let in_pool = self.pools[b.pool as usize].blocks.contains(&key);
+        ensure!(
+            events == b.event_count,
+            "block {:#x}: event_count {} but {} queued events",
+            b.addr,
+            b.event_count,
+            events
+        );
+        let state = self.block_state(id);
+        let recount = &mut r.stats;
+        match state {
+            BlockState::ActiveAllocated => {
                 ensure!(
-                    events == b.event_count,
-                    "block {:#x}: event_count {} but {} queued events",
-                    b.addr,
-                    b.event_count,
-                    events
+                    in_map,
+                    "allocated block {:#x} missing from the pointer map",
+                    b.addr
                 );
-                let state = self.block_state(id);
-                match state {
-                    BlockState::ActiveAllocated => {
-                        ensure!(
-                            in_map,
-                            "allocated block {:#x} missing from the pointer map",
-                            b.addr
-                        );
-                        ensure!(!in_pool, "allocated block {:#x} is in a free list", b.addr);
-                        recount.allocation.increase(st, 1);
-                        recount.allocated_bytes.increase(st, b.size);
-                        if b.size >= self.config.max_split_size {
-                            recount.oversize_allocations.increase(1);
-                        }
-                    }
-                    BlockState::ActivePendingFree => {
-                        ensure!(!in_map, "pending block {:#x} is in the pointer map", b.addr);
-                        ensure!(!in_pool, "pending block {:#x} is in a free list", b.addr);
-                    }
-                    BlockState::Inactive => {
-                        ensure!(!in_map, "free block {:#x} is in the pointer map", b.addr);
-                        ensure!(
-                            in_pool,
-                            "free block {:#x} missing from its free list",
-                            b.addr
-                        );
-                        ensure!(
-                            prev_free != Some(true),
-                            "adjacent free blocks at {:#x} were not merged",
-                            b.addr
-                        );
-                        pool_members += 1;
-                        if b.is_split() && !b.expandable {
-                            recount.inactive_split.increase(st, 1);
-                            recount.inactive_split_bytes.increase(st, b.size);
-                        }
-                    }
-                }
-                prev_free = (state == BlockState::Inactive).then_some(true);
-                if state != BlockState::Inactive {
-                    recount.active.increase(st, 1);
-                    recount.active_bytes.increase(st, b.size);
-                    recount.requested_bytes.increase(st, b.requested_size);
+                ensure!(!in_pool, "allocated block {:#x} is in a free list", b.addr);
+                recount.allocation.increase(st, 1);
+                recount.allocated_bytes.increase(st, b.size);
+                if b.size >= self.config.max_split_size {
+                    recount.oversize_allocations.increase(1);
                 }
             }
-            if expandable.is_none() && seg.size >= self.config.max_split_size {
-                recount.oversize_segments.increase(1);
+            BlockState::ActivePendingFree => {
+                ensure!(!in_map, "pending block {:#x} is in the pointer map", b.addr);
+                ensure!(!in_pool, "pending block {:#x} is in a free list", b.addr);
+            }
+            BlockState::Inactive => {
+                ensure!(!in_map, "free block {:#x} is in the pointer map", b.addr);
+                ensure!(
+                    in_pool,
+                    "free block {:#x} missing from its free list",
+                    b.addr
+                );
+                ensure!(
+                    prev_free != Some(true),
+                    "adjacent free blocks at {:#x} were not merged",
+                    b.addr
+                );
+                r.pool_members += 1;
+                if b.is_split() && !b.expandable {
+                    recount.inactive_split.increase(st, 1);
+                    recount.inactive_split_bytes.increase(st, b.size);
+                }
             }
         }
+        if state != BlockState::Inactive {
+            recount.active.increase(st, 1);
+            recount.active_bytes.increase(st, b.size);
+            recount.requested_bytes.increase(st, b.requested_size);
+        }
+        Ok(state)
+    }
+
+    /// The free lists, unmapped sets, pointer map and driver total hold
+    /// what the walk over the segments counted.
+    fn check_membership(&self, r: &Recount) -> Result<(), InvariantViolation> {
+        let pool_members = r.pool_members;
+        let unmapped_members = r.unmapped_members;
         let in_pools: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
         ensure!(
             in_pools == pool_members,
@@ -205,18 +254,25 @@ impl DeviceState {
             "unmapped sets hold {in_unmapped} blocks, {unmapped_members} blocks are unmapped"
         );
         ensure!(
-            self.allocated.len() as i64 == recount.allocation.all().current,
+            self.allocated.len() as i64 == r.stats.allocation.all().current,
             "pointer map holds {} entries, {} blocks are allocated",
             self.allocated.len(),
-            recount.allocation.all().current
+            r.stats.allocation.all().current
         );
         ensure!(
-            self.total_allocated_memory == reserved,
+            self.acct.total_allocated_memory() == r.reserved,
             "total_allocated_memory {} but segments hold {}",
-            self.total_allocated_memory,
-            reserved
+            self.acct.total_allocated_memory(),
+            r.reserved
         );
-        let s = &self.stats.snapshot();
+        Ok(())
+    }
+
+    /// The statistics equal the recount (current values; peaks at least
+    /// the current values; the oversize counters unless `max_split_size`
+    /// changed at run time).
+    fn check_stats(&self, recount: &DeviceStats) -> Result<(), InvariantViolation> {
+        let s = &self.acct.snapshot();
         let pairs: [(&str, &StatArray, &StatArray); 9] = [
             ("allocation", &s.allocation, &recount.allocation),
             ("segment", &s.segment, &recount.segment),
@@ -256,7 +312,7 @@ impl DeviceState {
                 );
             }
         }
-        if self.max_split_changed {
+        if self.acct.max_split_changed() {
             return Ok(());
         }
         ensure!(
@@ -273,4 +329,37 @@ impl DeviceState {
         );
         Ok(())
     }
+}
+
+/// What the walk over the segments counts.
+#[derive(Default)]
+struct Recount {
+    stats: DeviceStats,
+    /// Bytes the segments hold from the driver.
+    reserved: u64,
+    /// Free mapped blocks (each must be in its pool).
+    pool_members: usize,
+    /// Unmapped blocks (each must be in its unmapped set).
+    unmapped_members: usize,
+}
+
+/// Each page under block `b` of the expandable segment at `seg_addr` is
+/// mapped exactly when `b` is: a block boundary may fall inside a page only
+/// between mapped blocks.
+fn check_pages(seg_addr: u64, e: &Expandable, b: &Block) -> Result<(), InvariantViolation> {
+    let page = e.page_size;
+    let first = (b.addr - seg_addr) / page;
+    let last = (b.addr + b.size - seg_addr).div_ceil(page);
+    for pg in first..last {
+        let is_mapped = e.pages.get(pg as usize).copied().unwrap_or(false);
+        ensure!(
+            is_mapped == b.mapped,
+            "page {pg} of expandable segment {:#x} is {} under a {} block at {:#x}",
+            seg_addr,
+            if is_mapped { "mapped" } else { "unmapped" },
+            if b.mapped { "mapped" } else { "unmapped" },
+            b.addr
+        );
+    }
+    Ok(())
 }

@@ -5,46 +5,12 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
-
 use super::release::keep_first;
 use super::state::DeviceState;
-use super::stream_order::{stream_set_order, C10Streams, StreamTable};
+use super::stream_order::stream_set_order;
 use crate::backend::{Backend, BackendError, EventId, StreamId};
 use crate::ids::MempoolId;
 use crate::store::BlockId;
-
-/// The cross-stream events of one device and the frees waiting for them.
-pub(crate) struct Events {
-    /// Per-stream FIFOs of (event, block) recorded at cross-stream frees,
-    /// in PyTorch's `cuda_events` hash-map layout (see `stream_order`).
-    /// Invariant: a block's `event_count` is the number of its entries; a
-    /// block with entries is neither allocated nor in a pool; no queue is
-    /// empty.
-    pub queues: StreamTable<VecDeque<(EventId, BlockId)>>,
-    /// c10 stream ids, which order `queues` as PyTorch's hash map does.
-    pub c10_streams: C10Streams,
-    /// Cross-stream frees made while allocating to a pool, waiting for the
-    /// end of all captures before their events are recorded. Invariant:
-    /// their blocks are free, not in a pool, with no events yet.
-    pub needs_events_deferred: Vec<BlockId>,
-    /// Streams recorded on a block while a pool allocation was underway
-    /// (PyTorch's `block_to_cudagraph_stream_uses`): a free deferred until the
-    /// end of all captures does not wait for them. Keys are live blocks.
-    pub capture_stream_uses: FxHashMap<BlockId, Vec<StreamId>>,
-}
-
-impl Events {
-    /// No events, on device `device` (whose index seeds the c10 stream ids).
-    pub fn new(device: i8) -> Events {
-        Events {
-            queues: StreamTable::new(),
-            c10_streams: C10Streams::new(device),
-            needs_events_deferred: Vec::new(),
-            capture_stream_uses: FxHashMap::default(),
-        }
-    }
-}
 
 impl DeviceState {
     /// spec 1.10: record the events of frees deferred during pool allocation.
@@ -199,7 +165,7 @@ impl DeviceState {
         backend: &B,
         only: Option<MempoolId>,
     ) -> Result<(), BackendError> {
-        self.stats.num_sync_all_streams += 1;
+        self.acct.sync_all_streams();
         // A deferred free whose events cannot be recorded stays deferred;
         // the events already queued are still waited for.
         let mut result = self.insert_events_deferred_until_no_capture(backend);

@@ -2,8 +2,8 @@
 //! `find_expandable_block`, `map_block`, `try_allocate_expandable_block`,
 //! `unmap_block` and releasing a fully unmapped segment.
 
-use super::malloc::MallocError;
-use super::pools::UnmappedKey;
+use super::request::MallocError;
+use super::state::pools::UnmappedKey;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
 use crate::store::{BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
@@ -206,11 +206,8 @@ impl DeviceState {
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_pool(id);
-        self.total_allocated_memory += mapped;
         let st = self.stat_type(pool);
-        self.stats.reserved_bytes.increase(st, mapped);
-        self.note_device_reserved(st, mapped as i64);
-        self.stats.num_device_alloc += 1;
+        self.acct.pages_mapped(st, mapped, 1);
         self.record_trace(TraceAction::SegmentMap, addr, mapped, stream, pool, id);
         Ok(true)
     }
@@ -323,12 +320,9 @@ impl DeviceState {
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_unmapped(id);
-        self.total_allocated_memory -= unmapped_size;
         self.count_private_malloc(pool, false);
         let st = self.stat_type(pool);
-        self.stats.reserved_bytes.decrease(st, unmapped_size);
-        self.note_device_reserved(st, -(unmapped_size as i64));
-        self.stats.num_device_free += 1;
+        self.acct.pages_unmapped(st, unmapped_size);
         self.record_trace(
             TraceAction::SegmentUnmap,
             unmapped_addr,

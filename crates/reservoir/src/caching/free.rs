@@ -1,7 +1,6 @@
 //! Freeing: PyTorch's `free`, `free_block` and `try_merge_blocks`
 //! (spec 1.10), and `recordStream`.
 
-use super::accounting::apply_net;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
@@ -168,14 +167,10 @@ impl DeviceState {
         }
         let st = self.stat_type(pool);
         let expandable = self.store.blocks[id].expandable;
-        let s = &mut self.stats;
         if !expandable {
-            apply_net(&mut s.inactive_split, st, net_blocks);
-            apply_net(&mut s.inactive_split_bytes, st, net_bytes);
+            self.acct.inactive_split_changed(st, net_blocks, net_bytes);
         }
-        s.active.decrease(st, 1);
-        s.active_bytes.decrease(st, original_size);
-        s.requested_bytes.decrease(st, requested);
+        self.acct.block_returned(st, original_size, requested);
     }
 
     /// PyTorch's `try_merge_blocks`: absorb `src` into `dst` if it is free.

@@ -2,52 +2,16 @@
 //! `get_free_block` (spec 1.6), `alloc_block` (spec 1.9) and
 //! `alloc_found_block` (spec 1.7).
 
-use super::oom::OomReport;
-use super::pools::FreeKey;
+use super::request::{AllocParams, MallocError};
 use super::rules::{self, ONE_EXABYTE};
+use super::state::pools::FreeKey;
 use super::state::DeviceState;
-use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::stats::StatType;
-use crate::store::{BlockId, PoolId, Segment, NIL};
+use crate::store::{BlockId, Segment, NIL};
 use crate::trace::TraceAction;
-
-/// A callback run when the cache has no fitting block, before the driver is
-/// asked (PyTorch's `FreeCudaMemoryCallbacksRegistry`). It returns the
-/// pointers it wants freed (for example allocations whose last outside
-/// reference just went away); returning any counts as "freed something" and
-/// the cache is searched again.
-pub type FreeMemoryCallback = Box<dyn FnMut() -> Vec<DevicePtr> + Send>;
-
-pub(crate) enum MallocError {
-    Oom(Box<OomReport>),
-    /// Every attempt failed and the caller asked not to report it yet
-    /// ([`DeviceState::malloc_or_would_oom`]): nothing counted or recorded.
-    WouldOom,
-    Other(AllocError),
-}
-
-impl From<BackendError> for MallocError {
-    fn from(e: BackendError) -> Self {
-        MallocError::Other(AllocError::Backend(e))
-    }
-}
-
-/// One allocation request on its way through malloc (PyTorch's `AllocParams`).
-pub(super) struct AllocParams {
-    pub size: u64,
-    pub stream: StreamId,
-    pub pool: PoolId,
-    pub stat_type: StatType,
-    pub block: BlockId,
-    /// Whether a growth for this request is a segment of its own
-    /// (`cudaMalloc` of the allocation size, spec 1.9) even though expandable
-    /// segments are on: the `reservoir` policy's choice on this call's cache
-    /// miss (`trim_before_growth`, `policy/reservoir.rs`). False in PyTorch
-    /// mode.
-    pub own_segment: bool,
-}
 
 impl DeviceState {
     /// spec 1.5: malloc. Returns the allocated block.
@@ -108,7 +72,7 @@ impl DeviceState {
             own_segment: false,
         };
 
-        if !self.get_free_block(&mut p) {
+        if !self.choose_fit(&mut p) {
             self.malloc_after_cache_miss(backend, &mut p, orig_size, report_oom)?;
         }
 
@@ -136,7 +100,7 @@ impl DeviceState {
         orig_size: u64,
         report_oom: bool,
     ) -> Result<(), MallocError> {
-        let mut found = self.trigger_free_memory_callbacks(backend)? && self.get_free_block(p);
+        let mut found = self.trigger_free_memory_callbacks(backend)? && self.choose_fit(p);
         if !found {
             // The seam of Reservoir-only policies (policy.rs); none in PyTorch mode.
             found = self.policy_on_cache_miss(backend, p)?;
@@ -167,56 +131,33 @@ impl DeviceState {
         Ok(())
     }
 
-    /// The `reservoir` policy keeps whole segments whole (policy.rs): the
-    /// first free block from `search` on `p`'s stream that is expandable or
-    /// that the request fits. Out of line: PyTorch mode never calls it.
-    #[cold]
-    #[inline(never)]
-    fn next_block_not_skipped(&self, search: &FreeKey, p: &AllocParams) -> Option<FreeKey> {
-        self.pools[p.pool as usize]
-            .blocks
-            .from(search)
-            .find(|k| {
-                k.stream != p.stream
-                    || self.store.blocks[k.id].expandable
-                    || !self.skips_whole_block(p.pool, p.size, k.size)
-            })
-            .filter(|k| k.stream == p.stream)
-    }
-
-    /// spec 1.6: best fit keyed by (stream, size, address) with the oversize rules.
+    /// spec 1.6: PyTorch's `get_free_block`: best fit keyed by (stream,
+    /// size, address), an expandable block counted at the size it can grow
+    /// to, and the oversize rules. Reached through the
+    /// [`choose_fit`](Self::choose_fit) hook.
     #[inline]
     pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
         let pool = &mut self.pools[p.pool as usize];
         if gc {
+            // Track block reuse interval only when garbage collection is enabled.
             pool.get_free_blocks_call_count += 1;
         }
         let search = FreeKey::search(p.stream, p.size);
         let Some((first, slot)) = pool.blocks.first_from(&search) else {
             return false;
         };
-        let mut hit = first;
-        if hit.stream != p.stream {
+        let mut it = first;
+        if it.stream != p.stream {
             return false;
         }
-        // Only under the `reservoir` policy (one flag test in PyTorch mode).
-        if self.config.policy.reservoir
-            && !self.store.blocks[hit.id].expandable
-            && self.skips_whole_block(p.pool, p.size, hit.size)
-        {
-            match self.next_block_not_skipped(&search, p) {
-                Some(k) => hit = k,
-                None => return false,
-            }
-        }
-        if self.store.blocks[hit.id].expandable {
-            // The blocks after the hit (the first one is the hit).
-            let mut candidates = self.pools[p.pool as usize].blocks.from(&hit);
-            candidates.next();
+        if self.store.blocks[it.id].expandable {
+            // The blocks after `it` (the first one is `it`).
+            let mut next = self.pools[p.pool as usize].blocks.from(&it);
+            next.next();
             if self.config.expandable_segments {
                 // Best fit by the size a block can grow to: a block followed by
-                // unmapped space counts as that much larger (spec 1.6).
+                // unmapped space counts as that much larger.
                 let blocks = &self.store.blocks;
                 let expandable_size = |k: &FreeKey| {
                     let b = &blocks[k.id];
@@ -227,34 +168,31 @@ impl DeviceState {
                             0
                         }
                 };
-                let keeps_whole = self.maps_fewest_pages();
-                for next in candidates {
-                    if !blocks[hit.id].expandable
+                for next in next {
+                    if !blocks[it.id].expandable
                         || next.stream != p.stream
-                        || (keeps_whole && !blocks[next.id].expandable)
-                        || expandable_size(&next) >= expandable_size(&hit)
+                        || expandable_size(&next) >= expandable_size(&it)
                     {
                         break;
                     }
-                    hit = next;
+                    it = next;
                 }
             } else {
                 // Expandable segments were turned off: skip their blocks.
-                match candidates
-                    .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
-                {
-                    Some(k) if k.stream == p.stream => hit = k,
+                match next.find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream) {
+                    Some(k) if k.stream == p.stream => it = k,
                     _ => return false,
                 }
             }
         }
-        let pool = &mut self.pools[p.pool as usize];
-        if rules::oversize_misfit(p.size, hit.size, &self.config) {
+        // Do not return an oversized block for a large request, and round
+        // an oversize request up only within a limit.
+        if rules::oversize_misfit(p.size, it.size, &self.config) {
             return false;
         }
-        let removed = pool.blocks.remove_at(slot, &hit);
-        debug_assert!(removed, "the hit is in its pool");
-        p.block = hit.id;
+        let removed = self.pools[p.pool as usize].blocks.remove_at(slot, &it);
+        debug_assert!(removed, "the block is in its pool");
+        p.block = it.id;
         true
     }
 
@@ -292,13 +230,11 @@ impl DeviceState {
         is_retry: bool,
     ) -> Result<bool, MallocError> {
         if is_retry {
-            self.stats.num_alloc_retries += 1;
+            self.acct.alloc_retry();
         }
-        let size = self.alloc_size(p);
-        if let Some(allowed) = self.allowed_memory_maximum {
-            if self.total_allocated_memory + size > allowed {
-                return Ok(false);
-            }
+        let size = p.alloc_size(&self.config);
+        if self.acct.passes_limit(size) {
+            return Ok(false);
         }
         if self.config.expandable_segments && !p.own_segment {
             return match self.try_allocate_expandable_block(backend, p.stream, p.pool, p.size)? {
@@ -335,11 +271,6 @@ impl DeviceState {
         self.note_segment_allocated(size, p.stat_type);
         self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
         Ok(true)
-    }
-
-    /// spec 1.4: the bytes a cache miss for `p` asks the driver for.
-    pub(super) fn alloc_size(&self, p: &AllocParams) -> u64 {
-        rules::allocation_size(p.size, &self.config)
     }
 
     /// spec 1.15: hand out a free block (already out of its pool) as
@@ -384,17 +315,16 @@ impl DeviceState {
                 // Expandable blocks are not counted in inactive_split (spec 1.11).
             } else if already_split {
                 // An already-split inactive block shrinks by `size` bytes.
-                self.stats.inactive_split_bytes.decrease(st, p.size);
+                self.acct.inactive_split_changed(st, 0, -(p.size as i64));
             } else {
                 // A previously unsplit block leaves a new inactive split remainder.
-                self.stats.inactive_split_bytes.increase(st, remaining_size);
-                self.stats.inactive_split.increase(st, 1);
+                self.acct
+                    .inactive_split_changed(st, 1, remaining_size as i64);
             }
         } else if already_split && !expandable {
             // An already-split block becomes active whole.
             let size = self.store.blocks[id].size;
-            self.stats.inactive_split_bytes.decrease(st, size);
-            self.stats.inactive_split.decrease(st, 1);
+            self.acct.inactive_split_changed(st, -1, -(size as i64));
         }
 
         let b = &mut self.store.blocks[id];

@@ -74,6 +74,7 @@ mod pointer_map;
 mod policy;
 mod pools;
 mod release;
+mod request;
 pub mod rules;
 mod seed;
 mod shards;
@@ -98,15 +99,14 @@ use crate::sync::{Mutex, RwLock};
 use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
 pub use check::InvariantViolation;
-pub use history::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
 pub use ipc::IpcShare;
-pub use malloc::FreeMemoryCallback;
-use malloc::MallocError;
-pub use oom::OomObserver;
 pub use pools::{BlockCheckpoint, PoolCheckpoint, PoolFilter, RestoreResult, SegmentCheckpoint};
+use request::MallocError;
+pub use request::{FreeMemoryCallback, OomObserver};
 pub use seed::{SeedError, SeededBlock, SeededExpandable, SeededSegment, Seeder};
 pub use shards::{StreamShards, StreamShardsError, DEFAULT_MAX_STREAMS};
 pub use snapshot::StreamSegmentSize;
+pub use state::observe::{ContextRecorder, HistoryConfig, HistoryMode, TraceTracker};
 use state::DeviceState;
 pub use teardown::TeardownReport;
 
@@ -172,7 +172,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut state = DeviceState::new(device, config);
         if fraction < 1.0 {
             if let Ok(info) = backend.mem_info() {
-                state.set_memory_fraction(fraction, info.total);
+                state.acct.set_memory_fraction(fraction, info.total);
             }
         }
         let callbacks = Arc::new(CallbackRegistry::new());
@@ -326,7 +326,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Report reserved-memory changes to `gauge` too (stream shards share
     /// one; set before the shard's first driver call).
     pub(crate) fn share_device_reserved(&self, gauge: Arc<device_reserved::DeviceReserved>) {
-        self.state.lock().device_reserved = Some(gauge);
+        self.state.lock().acct.share_device_reserved(gauge);
     }
 
     /// A failed malloc, after the lock is released: out-of-memory
@@ -460,8 +460,8 @@ impl<B: Backend> CachingAllocator<B> {
                 tracing::info!(
                     target: TARGET,
                     "Attempting to release cached blocks of pool {pool:?} (reserved {}, allocated {})",
-                    crate::format::format_size(state.stats.reserved_bytes.all().current as u64),
-                    crate::format::format_size(state.stats.allocated_bytes.all().current as u64),
+                    crate::format::format_size(state.acct.reserved_bytes()),
+                    crate::format::format_size(state.acct.allocated_bytes()),
                 );
             }
             state.release_cached_blocks(&self.backend, pool)?;
@@ -544,7 +544,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// The statistics.
     pub fn stats(&self) -> DeviceStats {
-        self.state.lock().stats.snapshot()
+        self.state.lock().acct.snapshot()
     }
 
     /// The statistics as `torch.cuda.memory_stats()` keys.
@@ -554,19 +554,19 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Blocks handed out to a stream from another stream's cache by the
     /// Reservoir-only cross-stream reuse policy
-    /// ([`ReservoirPolicy::cross_stream_reuse`](crate::config::ReservoirPolicy::cross_stream_reuse)); always 0 in PyTorch mode.
+    /// ([`ReservoirPolicy::CrossStreamReuse`](crate::config::ReservoirPolicy::CrossStreamReuse)); always 0 in PyTorch mode.
     pub fn cross_stream_reuses(&self) -> u64 {
         self.state.lock().cross_stream_reuses
     }
 
     /// Zero lifetime totals and event counters.
     pub fn reset_accumulated_stats(&self) {
-        self.state.lock().stats.reset_accumulated();
+        self.state.lock().acct.reset_accumulated();
     }
 
     /// Set every peak to its current value.
     pub fn reset_peak_stats(&self) {
-        self.state.lock().stats.reset_peak();
+        self.state.lock().acct.reset_peak();
     }
 
     /// Free and total device memory, from the backend.
@@ -584,13 +584,13 @@ impl<B: Backend> CachingAllocator<B> {
             )));
         }
         let total = self.backend.mem_info()?.total;
-        self.state.lock().set_memory_fraction(fraction, total);
+        self.state.lock().acct.set_memory_fraction(fraction, total);
         Ok(())
     }
 
     /// The fraction of the device this allocator may reserve (1.0 when unlimited).
     pub fn memory_fraction(&self) -> Result<f64, AllocError> {
-        let allowed = self.state.lock().allowed_memory_maximum;
+        let allowed = self.state.lock().acct.allowed_memory_maximum();
         Ok(match allowed {
             Some(a) => a as f64 / self.backend.mem_info()?.total as f64,
             None => 1.0,
@@ -621,7 +621,7 @@ impl<B: Backend> CachingAllocator<B> {
         let config = supported(config, &self.backend);
         let mut state = self.state.lock();
         if state.config.max_split_size != config.max_split_size {
-            state.max_split_changed = true;
+            state.acct.note_max_split_changed();
         }
         state.config = config;
     }

@@ -1,9 +1,7 @@
 //! Out of memory (spec 1.9): the error and its message, rendered for the
 //! device kind, and the observers run after the lock is released.
 
-use std::sync::Arc;
-
-use super::malloc::{AllocParams, MallocError};
+use super::request::{AllocParams, MallocError, OomReport};
 use super::state::DeviceState;
 use crate::backend::Backend;
 use crate::error::{AllocError, OutOfMemoryError};
@@ -11,17 +9,6 @@ use crate::format::format_size;
 use crate::ids::{DeviceKind, StreamId};
 use crate::store::NIL;
 use crate::trace::TraceAction;
-
-/// Arguments of an out-of-memory observer (PyTorch's `OutOfMemoryObserver`):
-/// device, bytes it tried to allocate, bytes allowed (limit or total), free bytes.
-pub type OomObserver = Arc<dyn Fn(i8, u64, u64, u64) + Send + Sync>;
-
-/// What a failed malloc hands back to the lock holder, so observers run
-/// after the lock is released.
-pub(crate) struct OomReport {
-    pub error: OutOfMemoryError,
-    pub observers: Vec<OomObserver>,
-}
 
 impl DeviceState {
     /// spec 1.5: a request of 1 EB or more fails before anything is tried.
@@ -43,7 +30,7 @@ impl DeviceState {
             stream,
             device_free: 0,
             device_total: 0,
-            allowed: self.allowed_memory_maximum,
+            allowed: self.acct.allowed_memory_maximum(),
         })))
     }
 
@@ -56,11 +43,11 @@ impl DeviceState {
     ) -> Result<OomReport, MallocError> {
         let info = backend.mem_info()?;
         self.record_trace(TraceAction::Oom, info.free, p.size, p.stream, p.pool, NIL);
-        self.stats.num_ooms += 1;
+        self.acct.oom();
 
-        let allocated = self.stats.allocated_bytes.all().current as u64;
-        let reserved = self.stats.reserved_bytes.all().current as u64;
-        let alloc_size = self.alloc_size(p);
+        let allocated = self.acct.allocated_bytes();
+        let reserved = self.acct.reserved_bytes();
+        let alloc_size = p.alloc_size(&self.config);
         // Free cached blocks of private pools (none until private pools exist).
         let in_private_pools: u64 = self.pools[2..]
             .iter()
@@ -74,7 +61,7 @@ impl DeviceState {
                 device: self.device,
                 total: info.total,
                 free: info.free,
-                allowed: self.allowed_memory_maximum,
+                allowed: self.acct.allowed_memory_maximum(),
                 allocated,
                 reserved,
                 in_private_pools,
@@ -90,7 +77,7 @@ impl DeviceState {
                 stream: p.stream,
                 device_free: info.free,
                 device_total: info.total,
-                allowed: self.allowed_memory_maximum,
+                allowed: self.acct.allowed_memory_maximum(),
             },
             observers: self.oom_observers.clone(),
         })

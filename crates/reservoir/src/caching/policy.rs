@@ -2,12 +2,17 @@
 //!
 //! Everything else in `caching/` is PyTorch's `DeviceCachingAllocator`, exact.
 //! A Reservoir policy changes what happens at a named point of that
-//! algorithm, through a hook here; [`Policy::PyTorch`] makes every hook a
-//! no-op, so PyTorch mode runs PyTorch's algorithm unchanged. The policy is
-//! an enum matched in the hook (static dispatch, no trait object): on the
-//! hot path (a request the cache serves) no hook runs at all.
+//! algorithm, through a hook here; [`ReservoirPolicy::PyTorch`] makes every
+//! hook PyTorch's own step, so PyTorch mode runs PyTorch's algorithm
+//! unchanged. The policy is one enum, chosen once with the settings
+//! ([`AllocatorConfig::policy`](crate::config::AllocatorConfig::policy)) and
+//! matched in the hooks (static dispatch, no trait object): on the hot path
+//! (a request the cache serves) the only hook is the choice of the fit.
 //!
 //! Hooks:
+//! * [`DeviceState::choose_fit`]: the free block a request gets (spec 1.6):
+//!   PyTorch's best fit ([`DeviceState::get_free_block`]) or the `reservoir`
+//!   policy's ([`DeviceState::reservoir_fit`]).
 //! * [`DeviceState::policy_on_cache_miss`]: the request's own pool has no
 //!   fitting block, even after the free-memory callbacks (spec 1.5 step 4);
 //!   it runs before garbage collection and the driver.
@@ -19,51 +24,34 @@
 //!   (spec 1.11 `find_expandable_block`): PyTorch takes the lowest address
 //!   that holds the request, the `reservoir` policy the place that maps the
 //!   fewest pages.
-//! * [`DeviceState::skips_whole_block`]: whether the best-fit search (spec
-//!   1.6) passes over a free block of a non-expandable segment that the
-//!   request would carve (the `reservoir` policy keeps those whole).
 //!
-//! To add a policy: a variant of [`Policy`], chosen in [`Policy::of`], an
-//! arm in the hooks it needs, and its code in a file under `policy/`.
+//! To add a policy: a variant of [`ReservoirPolicy`] with its name in
+//! [`ReservoirPolicy::named`], an arm in the hooks it needs, and its code in
+//! a file under `policy/`.
 
 mod cross_stream;
 mod reservoir;
 
-use super::malloc::{AllocParams, MallocError};
-use super::pools::POOL_LARGE;
+use super::request::{AllocParams, MallocError};
+use super::state::pools::POOL_LARGE;
 use super::state::DeviceState;
 use crate::backend::Backend;
-use crate::config::AllocatorConfig;
-
-/// The Reservoir-only policy in force.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Policy {
-    /// PyTorch's behaviour: every hook is a no-op.
-    PyTorch,
-    /// Borrow a block cached on another stream when the request's stream
-    /// has none (`policy/cross_stream.rs`).
-    CrossStreamReuse,
-    /// The `reservoir` policy: expandable segments mapped in 2 MiB pages,
-    /// whose free pages are unmapped before the cache grows past a target
-    /// set by the peak of allocated bytes (`policy/reservoir.rs`).
-    Reservoir,
-}
-
-impl Policy {
-    /// The policy the settings ask for.
-    #[inline]
-    pub fn of(config: &AllocatorConfig) -> Policy {
-        if config.policy.reservoir {
-            Policy::Reservoir
-        } else if config.policy.cross_stream_reuse {
-            Policy::CrossStreamReuse
-        } else {
-            Policy::PyTorch
-        }
-    }
-}
+use crate::config::ReservoirPolicy;
 
 impl DeviceState {
+    /// Hook, "choose the fit" (spec 1.6): take the free block that serves
+    /// `p` out of its pool (`p.block`), or say there is none. PyTorch mode
+    /// (and cross-stream reuse, which changes only the cache miss) is
+    /// PyTorch's best fit, [`get_free_block`](Self::get_free_block); the
+    /// `reservoir` policy has its own, [`reservoir_fit`](Self::reservoir_fit).
+    #[inline]
+    pub(super) fn choose_fit(&mut self, p: &mut AllocParams) -> bool {
+        match self.config.policy {
+            ReservoirPolicy::PyTorch | ReservoirPolicy::CrossStreamReuse => self.get_free_block(p),
+            ReservoirPolicy::Reservoir => self.reservoir_fit(p),
+        }
+    }
+
     /// Hook: the cache has no block for `p` on its stream. True if the
     /// policy found one: `p.block` is set, out of its pool, and `p.stream`
     /// is the stream it is handed out on.
@@ -73,18 +61,18 @@ impl DeviceState {
         backend: &B,
         p: &mut AllocParams,
     ) -> Result<bool, MallocError> {
-        match Policy::of(&self.config) {
-            Policy::PyTorch => Ok(false),
+        match self.config.policy {
+            ReservoirPolicy::PyTorch => Ok(false),
             // Off while allocations go to a private pool.
             _ if !self.private.captures_underway.is_empty() => Ok(false),
-            Policy::Reservoir => {
+            ReservoirPolicy::Reservoir => {
                 // Never serves the request itself: it makes room so that
                 // the driver path below maps as little as possible, and
                 // chooses whether that growth is a segment of its own.
                 p.own_segment = self.trim_before_growth(backend, p.stream, p.pool, p.size)?;
                 Ok(false)
             }
-            Policy::CrossStreamReuse => {
+            ReservoirPolicy::CrossStreamReuse => {
                 // Borrow a block cached on another stream; it is handed out
                 // on its own stream (see `policy/cross_stream.rs`).
                 match self.take_from_other_stream(backend, p.pool, p.size, p.stream)? {
@@ -105,7 +93,8 @@ impl DeviceState {
     /// address that holds it.
     #[inline]
     pub(super) fn maps_fewest_pages(&self) -> bool {
-        Policy::of(&self.config) == Policy::Reservoir && self.private.captures_underway.is_empty()
+        self.config.policy == ReservoirPolicy::Reservoir
+            && self.private.captures_underway.is_empty()
     }
 
     /// Hook: whether the best-fit search for a rounded request of `size`
@@ -138,7 +127,7 @@ impl DeviceState {
     /// `cuMemAddressReserve` failure is), instead of overflowing.
     #[inline]
     pub(super) fn expandable_address_space(&self, total: u64, page: u64) -> u64 {
-        let space = if Policy::of(&self.config) == Policy::Reservoir {
+        let space = if self.config.policy == ReservoirPolicy::Reservoir {
             total.saturating_mul(2)
         } else {
             total.saturating_add(total / 8)
@@ -152,7 +141,7 @@ impl DeviceState {
     /// 2 MiB pages (the device's virtual-memory granularity).
     #[inline]
     pub(super) fn expandable_page_size(&self, small: bool) -> u64 {
-        if small || Policy::of(&self.config) == Policy::Reservoir {
+        if small || self.config.policy == ReservoirPolicy::Reservoir {
             super::rules::SMALL_BUFFER
         } else {
             self.config.large_segment_size

@@ -2,8 +2,8 @@
 //! `release_available_cached_blocks`, `release_cached_blocks`,
 //! `release_blocks` and `release_block` (spec 1.9).
 
-use super::malloc::{AllocParams, MallocError};
-use super::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
+use super::request::{AllocParams, MallocError};
+use super::state::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr};
 use crate::ids::MempoolId;
@@ -13,7 +13,8 @@ use crate::trace::TraceAction;
 impl DeviceState {
     #[inline]
     pub(super) fn gc_enabled(&self) -> bool {
-        self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0
+        self.acct.allowed_memory_maximum().is_some()
+            && self.config.garbage_collection_threshold > 0.0
     }
 
     /// spec 1.8: free old unsplit large-pool blocks until reserved memory is
@@ -28,14 +29,14 @@ impl DeviceState {
         &mut self,
         backend: &B,
     ) -> Result<(), MallocError> {
-        let Some(allowed) = self.allowed_memory_maximum else {
+        let Some(allowed) = self.acct.allowed_memory_maximum() else {
             return Ok(());
         };
         let gc_threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
-        if self.total_allocated_memory <= gc_threshold {
+        if self.acct.total_allocated_memory() <= gc_threshold {
             return Ok(());
         }
-        let target = self.total_allocated_memory - gc_threshold;
+        let target = self.acct.total_allocated_memory() - gc_threshold;
         let mut reclaimed = 0u64;
         let clock = self.pools[POOL_LARGE as usize].get_free_blocks_call_count;
         let age = |b: &Block| (clock - b.gc_count_base) as i32 as i64 as u64;
@@ -274,7 +275,7 @@ impl DeviceState {
             (b.addr, b.size, b.stream, b.pool, b.segment)
         };
         backend.free(DevicePtr(addr), size)?;
-        self.stats.num_device_free += 1;
+        self.acct.device_free();
         self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
         self.count_private_malloc(pool, false);
         self.note_segment_released(size, self.stat_type(pool));

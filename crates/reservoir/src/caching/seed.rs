@@ -11,7 +11,7 @@
 //! that made the layout would have moved it, so
 //! [`check_invariants`](CachingAllocator::check_invariants) holds.
 
-use super::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
+use super::state::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
@@ -105,8 +105,8 @@ impl<B: Backend> Seeder<'_, B> {
     pub fn allocated_and_reserved(&self) -> (u64, u64) {
         let st = self.alloc.state.lock();
         (
-            st.stats.allocated_bytes.all().current.max(0) as u64,
-            st.stats.reserved_bytes.all().current.max(0) as u64,
+            st.acct.stats().allocated_bytes.all().current.max(0) as u64,
+            st.acct.stats().reserved_bytes.all().current.max(0) as u64,
         )
     }
 
@@ -123,13 +123,6 @@ impl<B: Backend> Seeder<'_, B> {
     /// order keep PyTorch's tie-break among equal free blocks (lowest
     /// address first). Nothing changes when an error is returned.
     pub fn seed_segment(&self, seg: &SeededSegment) -> Result<DevicePtr, SeedError> {
-        let layout = |m: String| Err(SeedError::Layout(m));
-        if seg.size == 0 || seg.size % 512 != 0 {
-            return layout(format!(
-                "segment size {} is not a multiple of 512",
-                seg.size
-            ));
-        }
         // Recorded segments list their blocks in address order already.
         let blocks: std::borrow::Cow<'_, [SeededBlock]> =
             if seg.blocks.windows(2).all(|w| w[0].offset <= w[1].offset) {
@@ -139,36 +132,7 @@ impl<B: Backend> Seeder<'_, B> {
                 sorted.sort_by_key(|b| b.offset);
                 std::borrow::Cow::Owned(sorted)
             };
-        let mut end = 0u64;
-        for b in blocks.iter() {
-            if b.size == 0 || b.size % 512 != 0 || b.offset % 512 != 0 {
-                return layout(format!(
-                    "block at offset {} of {} bytes is not 512-aligned",
-                    b.offset, b.size
-                ));
-            }
-            if b.offset < end {
-                return layout(format!(
-                    "block at offset {} overlaps the previous one",
-                    b.offset
-                ));
-            }
-            if b.requested_size > b.size {
-                return layout(format!(
-                    "block at offset {} requested {} bytes, more than its {}",
-                    b.offset, b.requested_size, b.size
-                ));
-            }
-            end = match b.offset.checked_add(b.size) {
-                Some(e) if e <= seg.size => e,
-                _ => {
-                    return layout(format!(
-                        "block at offset {} of {} bytes ends past the segment ({} bytes)",
-                        b.offset, b.size, seg.size
-                    ))
-                }
-            };
-        }
+        let end = check_segment_layout(seg, &blocks)?;
         let ptr = self
             .alloc
             .backend
@@ -248,8 +212,7 @@ impl<B: Backend> Seeder<'_, B> {
                     p.blocks.insert(key);
                     st.store.blocks[id].gc_count_base = gc_base;
                     if split {
-                        st.stats.inactive_split.increase(stat, 1);
-                        st.stats.inactive_split_bytes.increase(stat, size);
+                        st.acct.inactive_split_changed(stat, 1, size as i64);
                     }
                 }
             }
@@ -283,7 +246,6 @@ impl<B: Backend> Seeder<'_, B> {
     /// per mapped range; expandable segments count no `segment`), and the
     /// allocated blocks as in [`seed_segment`](Self::seed_segment).
     pub fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
-        let layout = |m: String| Err(SeedError::Layout(m));
         let page = self.alloc.state.lock().expandable_page_size(seg.small);
         let total = self
             .alloc
@@ -292,43 +254,7 @@ impl<B: Backend> Seeder<'_, B> {
             .map_err(|source| SeedError::Backend { size: 0, source })?
             .total;
         let space = super::policy::whole_pages(total.saturating_add(total / 8), page);
-        let mut mapped = seg.mapped.clone();
-        mapped.sort_unstable();
-        let mut end = 0;
-        for &(o, l) in &mapped {
-            if l == 0
-                || o % page != 0
-                || l % page != 0
-                || o < end
-                || o.checked_add(l).map_or(true, |e| e > space)
-            {
-                return layout(format!(
-                    "mapped range [{o:#x}, +{l:#x}) is empty, not page-aligned ({page:#x}), overlapping or past the reservation ({space:#x})"
-                ));
-            }
-            end = o + l;
-        }
-        let mut blocks = seg.blocks.clone();
-        blocks.sort_by_key(|b| b.offset);
-        let mut bend = 0u64;
-        for b in &blocks {
-            let inside = mapped
-                .iter()
-                .any(|&(o, l)| b.offset >= o && b.offset.saturating_add(b.size) <= o + l);
-            if b.size == 0
-                || b.size % 512 != 0
-                || b.offset % 512 != 0
-                || b.offset < bend
-                || b.requested_size > b.size
-                || !inside
-            {
-                return layout(format!(
-                    "block at offset {:#x} of {} bytes: unaligned, overlapping, or not inside one mapped range",
-                    b.offset, b.size
-                ));
-            }
-            bend = b.offset + b.size;
-        }
+        let (mapped, end, blocks) = check_expandable_layout(seg, page, space)?;
         let vm = self
             .alloc
             .backend
@@ -380,35 +306,10 @@ impl<B: Backend> Seeder<'_, B> {
             live: true,
         });
         let mapped_total: u64 = mapped.iter().map(|r| r.1).sum();
-        st.total_allocated_memory += mapped_total;
-        st.stats.reserved_bytes.increase(stat, mapped_total);
-        st.note_device_reserved(stat, mapped_total as i64);
-        st.stats.num_device_alloc += mapped.len() as i64;
+        st.acct
+            .pages_mapped(stat, mapped_total, mapped.len() as i64);
 
-        // The tiling: (offset, size, mapped, Some(requested) if allocated).
-        let mut tiles: Vec<(u64, u64, bool, Option<u64>)> = Vec::new();
-        let mut at = 0;
-        let mut bi = blocks.iter().peekable();
-        for &(o, l) in &mapped {
-            if o > at {
-                tiles.push((at, o - at, false, None));
-            }
-            at = o;
-            while let Some(b) = bi.next_if(|b| b.offset < o + l) {
-                if b.offset > at {
-                    tiles.push((at, b.offset - at, true, None));
-                }
-                tiles.push((b.offset, b.size, true, Some(b.requested_size)));
-                at = b.offset + b.size;
-            }
-            if at < o + l {
-                tiles.push((at, o + l - at, true, None));
-            }
-            at = o + l;
-        }
-        if at < space {
-            tiles.push((at, space - at, false, None));
-        }
+        let tiles = expandable_tiles(&mapped, &blocks, space);
         let mut prev = NIL;
         let mut ids = Vec::with_capacity(tiles.len());
         for &(offset, size, is_mapped, _) in &tiles {
@@ -437,4 +338,137 @@ impl<B: Backend> Seeder<'_, B> {
         }
         Ok(DevicePtr(base))
     }
+}
+
+/// The checks of [`Seeder::seed_segment`] before anything changes: the
+/// segment's size and its `blocks` (in address order) 512-aligned, not
+/// overlapping, inside the segment, none requesting more than its size.
+/// Returns the end of the last block.
+fn check_segment_layout(seg: &SeededSegment, blocks: &[SeededBlock]) -> Result<u64, SeedError> {
+    let layout = |m: String| Err(SeedError::Layout(m));
+    if seg.size == 0 || seg.size % 512 != 0 {
+        return layout(format!(
+            "segment size {} is not a multiple of 512",
+            seg.size
+        ));
+    }
+    let mut end = 0u64;
+    for b in blocks {
+        if b.size == 0 || b.size % 512 != 0 || b.offset % 512 != 0 {
+            return layout(format!(
+                "block at offset {} of {} bytes is not 512-aligned",
+                b.offset, b.size
+            ));
+        }
+        if b.offset < end {
+            return layout(format!(
+                "block at offset {} overlaps the previous one",
+                b.offset
+            ));
+        }
+        if b.requested_size > b.size {
+            return layout(format!(
+                "block at offset {} requested {} bytes, more than its {}",
+                b.offset, b.requested_size, b.size
+            ));
+        }
+        end = match b.offset.checked_add(b.size) {
+            Some(e) if e <= seg.size => e,
+            _ => {
+                return layout(format!(
+                    "block at offset {} of {} bytes ends past the segment ({} bytes)",
+                    b.offset, b.size, seg.size
+                ))
+            }
+        };
+    }
+    Ok(end)
+}
+
+/// The checks of [`Seeder::seed_expandable`] before anything changes: the
+/// mapped ranges page-aligned, not empty, not overlapping and inside the
+/// reservation of `space` bytes; each block 512-aligned, not overlapping,
+/// inside one mapped range, none requesting more than its size. Returns the
+/// mapped ranges and the blocks in address order, and the end of the last
+/// mapped range.
+#[allow(clippy::type_complexity)]
+fn check_expandable_layout(
+    seg: &SeededExpandable,
+    page: u64,
+    space: u64,
+) -> Result<(Vec<(u64, u64)>, u64, Vec<SeededBlock>), SeedError> {
+    let layout = |m: String| Err(SeedError::Layout(m));
+    let mut mapped = seg.mapped.clone();
+    mapped.sort_unstable();
+    let mut end = 0;
+    for &(o, l) in &mapped {
+        if l == 0
+            || o % page != 0
+            || l % page != 0
+            || o < end
+            || o.checked_add(l).map_or(true, |e| e > space)
+        {
+            return layout(format!(
+                    "mapped range [{o:#x}, +{l:#x}) is empty, not page-aligned ({page:#x}), overlapping or past the reservation ({space:#x})"
+                ));
+        }
+        end = o + l;
+    }
+    let mut blocks = seg.blocks.clone();
+    blocks.sort_by_key(|b| b.offset);
+    let mut bend = 0u64;
+    for b in &blocks {
+        let inside = mapped
+            .iter()
+            .any(|&(o, l)| b.offset >= o && b.offset.saturating_add(b.size) <= o + l);
+        if b.size == 0
+            || b.size % 512 != 0
+            || b.offset % 512 != 0
+            || b.offset < bend
+            || b.requested_size > b.size
+            || !inside
+        {
+            return layout(format!(
+                    "block at offset {:#x} of {} bytes: unaligned, overlapping, or not inside one mapped range",
+                    b.offset, b.size
+                ));
+        }
+        bend = b.offset + b.size;
+    }
+    Ok((mapped, end, blocks))
+}
+
+/// The tiling of an expandable segment of `space` bytes whose `mapped`
+/// ranges hold `blocks` (both in address order): (offset, size, mapped,
+/// Some(requested) if allocated), every byte in one tile.
+fn expandable_tiles(
+    mapped: &[(u64, u64)],
+    blocks: &[SeededBlock],
+    space: u64,
+) -> Vec<(u64, u64, bool, Option<u64>)> {
+    // The tiling: (offset, size, mapped, Some(requested) if allocated).
+    let mut tiles: Vec<(u64, u64, bool, Option<u64>)> = Vec::new();
+    let mut at = 0;
+    let mut bi = blocks.iter().peekable();
+    for &(o, l) in mapped {
+        if o > at {
+            tiles.push((at, o - at, false, None));
+        }
+        at = o;
+        while let Some(b) = bi.next_if(|b| b.offset < o + l) {
+            if b.offset > at {
+                tiles.push((at, b.offset - at, true, None));
+            }
+            tiles.push((b.offset, b.size, true, Some(b.requested_size)));
+            at = b.offset + b.size;
+        }
+        if at < o + l {
+            tiles.push((at, o + l - at, true, None));
+        }
+        at = o + l;
+    }
+    if at < space {
+        tiles.push((at, space - at, false, None));
+    }
+    tiles
 }

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::history::pool_id_tuple;
-use super::pools::POOL_LARGE;
+use super::state::observe::pool_id_tuple;
+use super::state::pools::POOL_LARGE;
 use super::state::DeviceState;
 use crate::backend::StreamId;
 use crate::ids::MempoolId;

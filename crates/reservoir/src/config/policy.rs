@@ -1,4 +1,4 @@
-//! Reservoir's own policies: knobs PyTorch does not have. They live beside
+//! Reservoir's own policies: a choice PyTorch does not have. They live beside
 //! PyTorch's settings (in [`AllocatorConfig::policy`](super::AllocatorConfig::policy)),
 //! and their defaults leave the allocator PyTorch-exact. PyTorch's parser
 //! ([`AllocatorConfig::parse`]) never reads them; the Reservoir-only
@@ -7,19 +7,26 @@
 use super::error::ConfigError;
 use super::AllocatorConfig;
 
-/// Reservoir-only policies, all off by default.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The policy in force: PyTorch's behaviour (the default) or one of
+/// Reservoir's own policies. One choice, made when the settings are made
+/// (`policy:NAME`, see [`ReservoirPolicy::named`]); the allocator matches on
+/// it at its one "choose the fit" hook and its other policy hooks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub struct ReservoirPolicy {
-    /// When a stream's pool has no fitting free block, take one cached on
-    /// another stream, making the allocating stream wait on an event
-    /// recorded on the block's stream (as RMM does) instead of asking the
-    /// driver for more memory. The block keeps its segment's stream and
-    /// records the allocating stream as a user, so it returns to its own
-    /// stream's pool only after the borrower's work.
+pub enum ReservoirPolicy {
+    /// PyTorch's behaviour, exact (`policy:pytorch`, the default).
+    #[default]
+    PyTorch,
+    /// Cross-stream reuse (`policy:cross_stream_reuse`): when a stream's
+    /// pool has no fitting free block, take one cached on another stream,
+    /// making the allocating stream wait on an event recorded on the block's
+    /// stream (as RMM does) instead of asking the driver for more memory.
+    /// The block keeps its segment's stream and records the allocating
+    /// stream as a user, so it returns to its own stream's pool only after
+    /// the borrower's work.
     /// Needs [`Backend::stream_wait_event`](crate::backend::Backend::stream_wait_event);
     /// on backends without it the policy does nothing.
-    pub cross_stream_reuse: bool,
+    CrossStreamReuse,
     /// The `reservoir` policy (settings string `policy:reservoir`):
     /// expandable segments in 2 MiB pages for both pools, and, when the
     /// cache must grow past a target (the peak of allocated bytes so far,
@@ -29,7 +36,7 @@ pub struct ReservoirPolicy {
     /// cache stays under the target). Implies
     /// [`expandable_segments`](super::AllocatorConfig::expandable_segments);
     /// on a backend without virtual memory it does nothing.
-    pub reservoir: bool,
+    Reservoir,
 }
 
 /// The Reservoir-only settings key naming a policy.
@@ -48,21 +55,27 @@ pub fn waste_bound(peak_live: u64, streams: u64) -> u64 {
 }
 
 impl ReservoirPolicy {
-    /// The policy named `name` in `policy:NAME`: `pytorch` (none),
-    /// `reservoir` or `cross_stream_reuse`.
+    /// The policy named `name` in `policy:NAME`: `pytorch`
+    /// ([`PyTorch`](Self::PyTorch)), `reservoir` ([`Reservoir`](Self::Reservoir))
+    /// or `cross_stream_reuse` ([`CrossStreamReuse`](Self::CrossStreamReuse)).
     pub fn named(name: &str) -> Result<ReservoirPolicy, ConfigError> {
-        let mut p = ReservoirPolicy::default();
         match name {
-            "pytorch" => {}
-            "reservoir" => p.reservoir = true,
-            "cross_stream_reuse" => p.cross_stream_reuse = true,
-            _ => {
-                return Err(ConfigError::UnknownPolicy {
-                    name: name.to_owned(),
-                })
-            }
+            "pytorch" => Ok(ReservoirPolicy::PyTorch),
+            "reservoir" => Ok(ReservoirPolicy::Reservoir),
+            "cross_stream_reuse" => Ok(ReservoirPolicy::CrossStreamReuse),
+            _ => Err(ConfigError::UnknownPolicy {
+                name: name.to_owned(),
+            }),
         }
-        Ok(p)
+    }
+
+    /// The name [`named`](Self::named) reads for this policy.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReservoirPolicy::PyTorch => "pytorch",
+            ReservoirPolicy::Reservoir => "reservoir",
+            ReservoirPolicy::CrossStreamReuse => "cross_stream_reuse",
+        }
     }
 }
 
@@ -80,20 +93,18 @@ impl AllocatorConfig {
     /// with [`CachingAllocator::reservoir`](crate::CachingAllocator::reservoir).
     ///
     /// ```
+    /// use reservoir::config::ReservoirPolicy;
     /// use reservoir::AllocatorConfig;
     ///
     /// let c = AllocatorConfig::reservoir();
-    /// assert!(c.policy.reservoir && c.expandable_segments);
+    /// assert!(c.policy == ReservoirPolicy::Reservoir && c.expandable_segments);
     /// assert_eq!(c, AllocatorConfig::parse_with_policy("policy:reservoir").unwrap());
-    /// assert!(!AllocatorConfig::default().policy.reservoir); // PyTorch mode
+    /// assert_eq!(AllocatorConfig::default().policy, ReservoirPolicy::PyTorch); // PyTorch mode
     /// ```
     pub fn reservoir() -> AllocatorConfig {
         AllocatorConfig {
             expandable_segments: true,
-            policy: ReservoirPolicy {
-                reservoir: true,
-                ..ReservoirPolicy::default()
-            },
+            policy: ReservoirPolicy::Reservoir,
             ..AllocatorConfig::default()
         }
     }
@@ -124,7 +135,7 @@ impl AllocatorConfig {
             AllocatorConfig::parse(&rest)?
         };
         if let Some(p) = policy {
-            cfg.expandable_segments |= p.reservoir;
+            cfg.expandable_segments |= p == ReservoirPolicy::Reservoir;
             cfg.policy = p;
         }
         Ok(cfg)

@@ -17,7 +17,7 @@ fn allocator(config: AllocatorConfig) -> CachingAllocator<AsyncSimDevice> {
 
 fn cross_stream() -> AllocatorConfig {
     let mut c = AllocatorConfig::default();
-    c.policy.cross_stream_reuse = true;
+    c.policy = reservoir::config::ReservoirPolicy::CrossStreamReuse;
     c
 }
 
@@ -113,7 +113,9 @@ fn cross_stream_reuse_is_off_and_invisible_in_pytorch_mode() {
         on.to_settings_string(),
         AllocatorConfig::default().to_settings_string()
     );
-    assert!(!AllocatorConfig::default().policy.cross_stream_reuse);
+    assert!(
+        AllocatorConfig::default().policy != reservoir::config::ReservoirPolicy::CrossStreamReuse
+    );
     // PyTorch mode: a block cached on s1 never serves s2.
     let a = allocator(AllocatorConfig::default());
     let dev = a.backend();

@@ -3,7 +3,7 @@
 //! unmapped (spec 1.11 `unmap_block`) before the cache grows past its
 //! target. PyTorch mode is untouched (every other test of this binary).
 
-use reservoir::config::ConfigError;
+use reservoir::config::{ConfigError, ReservoirPolicy};
 use reservoir::AllocatorConfig;
 
 use crate::common::*;
@@ -29,12 +29,12 @@ fn events_of_alloc(c: &Checked, size: u64) -> Vec<(String, u64)> {
 #[test]
 fn the_settings_string_names_the_policy_and_pytorchs_parser_still_rejects_it() {
     let c = AllocatorConfig::parse_with_policy("policy:reservoir").unwrap();
-    assert!(c.policy.reservoir && c.expandable_segments);
+    assert!(c.policy == ReservoirPolicy::Reservoir && c.expandable_segments);
     let c = AllocatorConfig::parse_with_policy("max_split_size_mb:64, policy : reservoir").unwrap();
-    assert!(c.policy.reservoir);
+    assert!(c.policy == ReservoirPolicy::Reservoir);
     assert_eq!(c.max_split_size, 64 * MIB);
     let c = AllocatorConfig::parse_with_policy("policy:cross_stream_reuse").unwrap();
-    assert!(c.policy.cross_stream_reuse && !c.policy.reservoir && !c.expandable_segments);
+    assert!(c.policy == ReservoirPolicy::CrossStreamReuse && !c.expandable_segments);
     // Without `policy:` entries it reads exactly as PyTorch's parser.
     for s in [
         "",
@@ -193,7 +193,7 @@ fn the_default_outside_pytorch_mode_is_the_reservoir_policy() {
         AllocatorConfig::parse_with_policy("policy:reservoir").unwrap()
     );
     let pytorch = AllocatorConfig::default();
-    assert!(!pytorch.policy.reservoir && !pytorch.expandable_segments);
+    assert!(pytorch.policy != ReservoirPolicy::Reservoir && !pytorch.expandable_segments);
     let run = |a: &reservoir::CachingAllocator<reservoir::sim::SimDevice>| {
         let mut live = Vec::new();
         for (i, size) in [30 * MIB, 3 * MIB, 512, 30 * MIB, 45 * MIB, 7 * MIB]

@@ -1,5 +1,5 @@
-//! Cross-stream reuse: a Reservoir-only policy ([`Policy::CrossStreamReuse`](super::Policy)), off in PyTorch mode
-//! ([`ReservoirPolicy::cross_stream_reuse`](crate::config::ReservoirPolicy::cross_stream_reuse)).
+//! Cross-stream reuse: a Reservoir-only policy ([`ReservoirPolicy::CrossStreamReuse`](crate::config::ReservoirPolicy::CrossStreamReuse)),
+//! off in PyTorch mode.
 //!
 //! PyTorch keys free blocks by stream: a block freed on stream A serves only
 //! stream A, so a program that frees on one stream and allocates on another
@@ -33,8 +33,8 @@
 #![forbid(unsafe_code)]
 
 use crate::backend::{Backend, BackendError, StreamId};
-use crate::caching::pools::FreeKey;
 use crate::caching::rules;
+use crate::caching::state::pools::FreeKey;
 use crate::caching::state::DeviceState;
 use crate::store::{BlockId, PoolId, NIL};
 

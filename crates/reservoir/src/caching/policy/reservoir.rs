@@ -1,5 +1,5 @@
-//! The `reservoir` policy ([`Policy::Reservoir`](super::Policy), off in
-//! PyTorch mode; [`ReservoirPolicy::reservoir`](crate::config::ReservoirPolicy::reservoir)).
+//! The `reservoir` policy ([`ReservoirPolicy::Reservoir`](crate::config::ReservoirPolicy::Reservoir),
+//! off in PyTorch mode), with its own fit ([`DeviceState::reservoir_fit`]).
 //!
 //! Measured on the cold-start replay of `../shared/traces` (BENCHMARKS.md
 //! "The `reservoir` policy"), the bytes PyTorch's expandable segments
@@ -52,8 +52,11 @@
 #![forbid(unsafe_code)]
 
 use crate::backend::{Backend, BackendError, StreamId};
-use crate::caching::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
+use crate::caching::request::AllocParams;
+use crate::caching::rules;
 use crate::caching::rules::{MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER};
+use crate::caching::state::pools::FreeKey;
+use crate::caching::state::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
 use crate::caching::state::DeviceState;
 use crate::config::waste_bound;
 use crate::store::{BlockId, PoolId, NIL};
@@ -113,7 +116,7 @@ impl DeviceState {
     /// The reserved bytes the `reservoir` policy lets the cache reach
     /// without unmapping free pages, for a request of `size` bytes.
     pub(crate) fn reservoir_target(&self, size: u64) -> u64 {
-        let allocated = self.stats.allocated_bytes.all();
+        let allocated = self.acct.stats().allocated_bytes.all();
         let peak = (allocated.peak.max(0) as u64).max(allocated.current.max(0) as u64 + size);
         peak + target_headroom(peak)
     }
@@ -148,7 +151,7 @@ impl DeviceState {
         }
         let seg = size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
         let maps = run.map_or(size, |r| r.maps);
-        let needs_trim = self.total_allocated_memory + maps > target;
+        let needs_trim = self.acct.total_allocated_memory() + maps > target;
         let no_free_byte_reused = seg == size && maps >= size;
         let churn = needs_trim && whole_segment_fits(size, seg);
         (no_free_byte_reused || churn).then_some(seg)
@@ -211,13 +214,16 @@ impl DeviceState {
         let own_segment = whole.is_some();
         let run = if own_segment { None } else { run };
         let maps = whole.unwrap_or_else(|| run.map_or(size, |r| r.maps));
-        if self.total_allocated_memory + maps <= target {
+        if self.acct.total_allocated_memory() + maps <= target {
             return Ok(own_segment);
         }
         if self.config.expandable_segments {
-            self.release_whole_segments(backend, (self.total_allocated_memory + maps) - target)?;
+            self.release_whole_segments(
+                backend,
+                (self.acct.total_allocated_memory() + maps) - target,
+            )?;
         }
-        if self.total_allocated_memory + maps <= target {
+        if self.acct.total_allocated_memory() + maps <= target {
             return Ok(own_segment);
         }
         // The addresses of the blocks the growth uses (contiguous).
@@ -236,7 +242,7 @@ impl DeviceState {
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
         for (_, id) in free {
-            let over = (self.total_allocated_memory + maps).saturating_sub(target);
+            let over = (self.acct.total_allocated_memory() + maps).saturating_sub(target);
             if over == 0 {
                 break;
             }
@@ -316,5 +322,99 @@ impl DeviceState {
         } else {
             (last - len, last)
         }
+    }
+
+    /// The `reservoir` policy keeps whole segments whole: the
+    /// first free block from `search` on `p`'s stream that is expandable or
+    /// that the request fits. Out of line: the common fit takes the first block.
+    #[cold]
+    #[inline(never)]
+    fn next_block_not_skipped(&self, search: &FreeKey, p: &AllocParams) -> Option<FreeKey> {
+        self.pools[p.pool as usize]
+            .blocks
+            .from(search)
+            .find(|k| {
+                k.stream != p.stream
+                    || self.store.blocks[k.id].expandable
+                    || !self.skips_whole_block(p.pool, p.size, k.size)
+            })
+            .filter(|k| k.stream == p.stream)
+    }
+
+    /// The `reservoir` policy's fit ([`choose_fit`](Self::choose_fit)):
+    /// PyTorch's best fit (spec 1.6, [`get_free_block`](Self::get_free_block))
+    /// except that a free whole segment of the large pool serves only a
+    /// request it fits tightly ([`skips_whole_block`](Self::skips_whole_block)),
+    /// and an expandable block is not passed over for a block of a whole
+    /// segment (so whole segments stay whole). Off while allocating to a
+    /// private pool, where it is PyTorch's.
+    #[inline(never)]
+    pub(in crate::caching) fn reservoir_fit(&mut self, p: &mut AllocParams) -> bool {
+        let gc = self.gc_enabled();
+        let pool = &mut self.pools[p.pool as usize];
+        if gc {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let search = FreeKey::search(p.stream, p.size);
+        let Some((first, slot)) = pool.blocks.first_from(&search) else {
+            return false;
+        };
+        let mut hit = first;
+        if hit.stream != p.stream {
+            return false;
+        }
+        if !self.store.blocks[hit.id].expandable && self.skips_whole_block(p.pool, p.size, hit.size)
+        {
+            match self.next_block_not_skipped(&search, p) {
+                Some(k) => hit = k,
+                None => return false,
+            }
+        }
+        if self.store.blocks[hit.id].expandable {
+            // The blocks after the hit (the first one is the hit).
+            let mut candidates = self.pools[p.pool as usize].blocks.from(&hit);
+            candidates.next();
+            if self.config.expandable_segments {
+                // Best fit by the size a block can grow to: a block followed by
+                // unmapped space counts as that much larger (spec 1.6).
+                let blocks = &self.store.blocks;
+                let expandable_size = |k: &FreeKey| {
+                    let b = &blocks[k.id];
+                    b.size
+                        + if b.next != NIL && !blocks[b.next].mapped {
+                            blocks[b.next].size
+                        } else {
+                            0
+                        }
+                };
+                let keeps_whole = self.maps_fewest_pages();
+                for next in candidates {
+                    if !blocks[hit.id].expandable
+                        || next.stream != p.stream
+                        || (keeps_whole && !blocks[next.id].expandable)
+                        || expandable_size(&next) >= expandable_size(&hit)
+                    {
+                        break;
+                    }
+                    hit = next;
+                }
+            } else {
+                // Expandable segments were turned off: skip their blocks.
+                match candidates
+                    .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
+                {
+                    Some(k) if k.stream == p.stream => hit = k,
+                    _ => return false,
+                }
+            }
+        }
+        let pool = &mut self.pools[p.pool as usize];
+        if rules::oversize_misfit(p.size, hit.size, &self.config) {
+            return false;
+        }
+        let removed = pool.blocks.remove_at(slot, &hit);
+        debug_assert!(removed, "the hit is in its pool");
+        p.block = hit.id;
+        true
     }
 }

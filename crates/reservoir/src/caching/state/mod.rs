@@ -9,14 +9,17 @@
 //! mirrors the PyTorch function of the same name; the spec section is named
 //! on each.
 
-use super::events::Events;
-use super::history::Observe;
-use super::live_stats::LiveStats;
-use super::malloc::FreeMemoryCallback;
-use super::oom::OomObserver;
+pub(crate) mod accounting;
+pub(crate) mod events;
+pub(crate) mod observe;
+pub(crate) mod pools;
+
+use self::accounting::Accounting;
+use self::events::Events;
+use self::observe::Observe;
+use self::pools::{BlockPool, PrivatePools};
 use super::pointer_map::PointerMap;
-use super::pools::BlockPool;
-use super::pools::PrivatePools;
+use super::request::{FreeMemoryCallback, OomObserver};
 use crate::backend::{Backend, BackendError};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
@@ -27,57 +30,47 @@ use crate::store::{BlockId, BlockStore};
 /// type); `check.rs` recounts them after every operation in tests.
 pub(crate) struct DeviceState {
     /// The device index, for messages and trace entries.
-    pub device: i8,
+    pub(in crate::caching) device: i8,
     /// The settings in force (replaced at run time by `set_config`).
-    pub config: AllocatorConfig,
+    pub(in crate::caching) config: AllocatorConfig,
     /// Segments and their blocks (see `store`).
-    pub store: BlockStore,
-    /// Free lists: [`POOL_LARGE`](super::pools::POOL_LARGE),
-    /// [`POOL_SMALL`](super::pools::POOL_SMALL), then the slots of private
+    pub(in crate::caching) store: BlockStore,
+    /// Free lists: [`POOL_LARGE`](self::pools::POOL_LARGE),
+    /// [`POOL_SMALL`](self::pools::POOL_SMALL), then the slots of private
     /// pools (see `pools.rs`). Invariant: a mapped block is in its pool's
     /// `blocks` exactly when it is live, not allocated and has no pending
     /// events or stream uses; an unmapped block is always in `unmapped`.
-    pub pools: Vec<BlockPool>,
+    pub(in crate::caching) pools: Vec<BlockPool>,
     /// Allocated blocks by address (PyTorch's sharded `allocated_blocks`).
     /// Invariant: holds exactly the allocated blocks.
-    pub allocated: PointerMap,
-    /// PyTorch's statistics. Invariant: every gauge equals a recount of the
-    /// blocks and segments (see `accounting.rs`).
-    pub stats: LiveStats,
-    /// Bytes obtained from the driver (PyTorch's `total_allocated_memory`).
-    /// Invariant: the sum of segment sizes (mapped pages for expandable ones).
-    pub total_allocated_memory: u64,
-    /// The per-process limit (`set_per_process_memory_fraction` below 1.0).
-    pub allowed_memory_maximum: Option<u64>,
+    pub(in crate::caching) allocated: PointerMap,
+    /// PyTorch's statistics, the bytes taken from the driver and the
+    /// per-process limit, changed only through [`Accounting`]'s named
+    /// events. Invariant: every gauge equals a recount of the blocks and
+    /// segments.
+    pub(in crate::caching) acct: Accounting,
     /// Cross-stream events and deferred frees (see `events.rs`).
-    pub events: Events,
+    pub(in crate::caching) events: Events,
     /// History, trace trackers, callbacks and debug output (see `history.rs`).
-    pub obs: Observe,
+    pub(in crate::caching) obs: Observe,
     /// Private pools and the allocations routed to them (see `pools.rs`).
-    pub private: PrivatePools,
+    pub(in crate::caching) private: PrivatePools,
     /// Segments created so far (the next segment's `seq`).
-    pub segment_seq: u64,
+    pub(in crate::caching) segment_seq: u64,
     /// Rank segments among equal free blocks by address (PyTorch's source
     /// order, what recorded traces show) instead of creation order; set by
     /// replays of recorded traces (see `caching::seed`).
-    pub rank_by_address: bool,
-    /// `max_split_size` changed at run time: the oversize counters then mix
-    /// two thresholds (as in PyTorch) and cannot be recounted.
-    pub max_split_changed: bool,
+    pub(in crate::caching) rank_by_address: bool,
     /// Run when the cache has no fitting block (see `malloc.rs`).
-    pub free_memory_callbacks: Vec<FreeMemoryCallback>,
+    pub(in crate::caching) free_memory_callbacks: Vec<FreeMemoryCallback>,
     /// Told of every out-of-memory error, outside the lock (see `oom.rs`).
-    pub oom_observers: Vec<OomObserver>,
+    pub(in crate::caching) oom_observers: Vec<OomObserver>,
     /// Blocks borrowed from another stream's pool (see `policy.rs`); 0 in
     /// PyTorch mode.
-    pub cross_stream_reuses: u64,
-    /// The device-wide reserved gauge shared with the other stream shards
-    /// (see `device_reserved.rs`); `None` for a lone `CachingAllocator`.
-    /// Invariant: changed by exactly what `stats.reserved_bytes` changes.
-    pub device_reserved: Option<std::sync::Arc<super::device_reserved::DeviceReserved>>,
+    pub(in crate::caching) cross_stream_reuses: u64,
     /// Streams the backend confirmed ([`Backend::check_stream`]), so that
     /// only a stream's first use asks it (see [`KnownStreams`]).
-    pub known_streams: KnownStreams,
+    pub(in crate::caching) known_streams: KnownStreams,
 }
 
 /// The non-default streams a backend confirmed, valid while its
@@ -141,26 +134,22 @@ impl DeviceState {
 
 impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
-        let stats = LiveStats::zeroed(config.max_split_size);
+        let acct = Accounting::new(config.max_split_size);
         DeviceState {
             device,
             config,
             store: BlockStore::default(),
             pools: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
             allocated: PointerMap::default(),
-            stats,
-            total_allocated_memory: 0,
-            allowed_memory_maximum: None,
+            acct,
             events: Events::new(device),
             obs: Observe::new(Default::default()),
             private: PrivatePools::default(),
             segment_seq: 0,
             rank_by_address: false,
-            max_split_changed: false,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
             cross_stream_reuses: 0,
-            device_reserved: None,
             known_streams: KnownStreams::default(),
         }
     }
