@@ -4,44 +4,19 @@
 //! table in `keys.rs`; this file holds the pass and the parsers of its
 //! keys that are more than a `True`/`False`.
 
-use super::error::{AssertSite, ConfigError, ConfigWarning, KeyParser, SyntaxProblem, ValueRule};
-use super::keys::{self, Pass};
-use super::settings::{AllocatorConfig, MIB, ROUNDUP_POWER2_INTERVALS};
-use super::tokenizer::Tokens;
+use super::error::{AssertSite, ConfigError, SyntaxProblem, ValueRule};
+use super::pass::Pass;
+use super::settings::AllocatorConfig;
+use super::values::{MIB, ROUNDUP_POWER2_INTERVALS};
 
 /// `large_segment_size_mb` must be greater than this (kMinLargeAlloc in MiB).
 const MIN_LARGE_SEGMENT_MB: u64 = 10;
 /// Values in MiB are clamped to this before being multiplied by 1 MiB.
 pub(super) const MAX_MB: u64 = u64::MAX / MIB;
 
-/// `AcceleratorAllocatorConfig::parseArgs`: `large_segment_size_mb` first
-/// (spec error 5), the resets (spec errors 3 and 4), then every common key.
-pub(super) fn parse_args(
-    cfg: &mut AllocatorConfig,
-    t: &Tokens,
-    warnings: &mut Vec<ConfigWarning>,
-) -> Result<(), ConfigError> {
-    let p = &mut Pass { cfg, t, warnings };
-    large_segment_size(p)?;
-    keys::reset(p.cfg);
-    let read = keys::read_keys(p, KeyParser::Accelerator)?;
-    let cfg = &p.cfg;
-    if read.contains(&"pinned_max_round_threshold_mb")
-        && read.contains(&"pinned_max_cached_size_mb")
-        && cfg.pinned_max_round_threshold > cfg.pinned_max_cached_size
-    {
-        p.warnings
-            .push(ConfigWarning::PinnedRoundThresholdAboveCachedSize {
-                round_threshold_mb: cfg.pinned_max_round_threshold / MIB,
-                cached_size_mb: cfg.pinned_max_cached_size / MIB,
-            });
-    }
-    Ok(())
-}
-
 /// The first pass over the whole string: `large_segment_size_mb`, the floor
 /// of two other keys, wherever it is.
-fn large_segment_size(p: &mut Pass<'_>) -> Result<(), ConfigError> {
+pub(super) fn large_segment_size(p: &mut Pass<'_>) -> Result<(), ConfigError> {
     const KEY: &str = "large_segment_size_mb";
     let t = p.t;
     let n = t.len();

@@ -1,19 +1,17 @@
 //! `c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig` (CUDAAllocatorConfig.cpp):
 //! the backend scan at load time and the CUDA keys, read at start-up before
 //! the common keys and at run time after them. The keys themselves are rows
-//! of the table in `keys.rs`; this file holds the pass and the parsers of its
-//! keys that are more than a `True`/`False`.
+//! of the table in `keys.rs` (which also runs the pass); this file holds the
+//! backend scan and the parsers of its keys that are more than a
+//! `True`/`False`.
 
 use std::collections::BTreeMap;
 
 use super::cnum::istream_double;
-use super::error::{AssertSite, ConfigError, ConfigWarning, KeyParser, ValueRule};
-use super::keys::{self, Pass};
-use super::settings::{AllocatorBackend, AllocatorConfig, ReserveSpec};
+use super::error::{AssertSite, ConfigError, ConfigWarning, ValueRule};
+use super::pass::Pass;
 use super::tokenizer::Tokens;
-
-/// Upper bound of `pinned_num_register_threads`.
-pub const MAX_REGISTER_THREADS: u64 = 128;
+use super::values::{AllocatorBackend, ReserveSpec, MAX_REGISTER_THREADS};
 
 /// `BackendStaticInitializer::parseEnvForBackend`: the first `backend` key
 /// decides; other keys are skipped with `skipKey`.
@@ -39,26 +37,6 @@ pub(super) fn backend_scan(t: &Tokens) -> Result<AllocatorBackend, ConfigError> 
         i += 1;
     }
     Ok(AllocatorBackend::Native)
-}
-
-/// `CUDAAllocatorConfig::parseArgs`. `backend` may only repeat the backend
-/// chosen at load time (`cfg.backend`, spec error 10). PyTorch warns when the
-/// async backend meets any other CUDA key (spec error 11).
-pub(super) fn parse_args(
-    cfg: &mut AllocatorConfig,
-    t: &Tokens,
-    warnings: &mut Vec<ConfigWarning>,
-) -> Result<(), ConfigError> {
-    let p = &mut Pass { cfg, t, warnings };
-    let read = keys::read_keys(p, KeyParser::Cuda)?;
-    let used_async =
-        read.contains(&"backend") && p.cfg.backend == AllocatorBackend::CudaMallocAsync;
-    let used_native_option = read.iter().any(|&key| key != "backend");
-    if used_async && used_native_option {
-        p.warnings
-            .push(ConfigWarning::AsyncBackendIgnoresNativeOptions);
-    }
-    Ok(())
 }
 
 /// `backend`: `native` or `cudaMallocAsync`, equal to the loaded one.

@@ -3,7 +3,7 @@
 //!
 //! A row names the key and its aliases, says which of PyTorch's two parsers
 //! reads it (the other one skips it with `skipKey`), points to its parser
-//! (in `accelerator.rs` or `cuda.rs`, or a one-line [`flag`] for a
+//! (in `accelerator.rs` or `cuda.rs`, or a one-line `flag` for a
 //! `True`/`False` key), says how it is reset before every reading of the
 //! common keys (spec errors 3 and 4), and writes its entry of the snapshot's
 //! `allocator_settings` dict (spec 2.5). Adding a key: a field in
@@ -13,23 +13,11 @@
 use super::accelerator;
 use super::cuda;
 use super::error::{ConfigError, ConfigWarning, KeyParser};
+use super::pass::{flag, ParseFn, Pass};
 use super::settings::AllocatorConfig;
 use super::tokenizer::Tokens;
+use super::values::{AllocatorBackend, MIB};
 use crate::snapshot::AllocatorSettings;
-
-/// One reading of a settings string by one of PyTorch's two parsers.
-pub(super) struct Pass<'a> {
-    /// The settings being changed (a copy, committed only on success).
-    pub(super) cfg: &'a mut AllocatorConfig,
-    /// The string.
-    pub(super) t: &'a Tokens,
-    /// What PyTorch would print on stderr.
-    pub(super) warnings: &'a mut Vec<ConfigWarning>,
-}
-
-/// Reads the value of the key at token `i`; returns the index of the last
-/// token it used.
-pub(super) type ParseFn = fn(&mut Pass<'_>, usize) -> Result<usize, ConfigError>;
 
 /// One row of the key table.
 pub(super) struct Key {
@@ -260,6 +248,51 @@ const fn known_keys() -> [&'static str; name_count()] {
 /// Every key PyTorch 2.15 accepts in a settings string (CUDA build).
 pub const KNOWN_KEYS: [&str; name_count()] = known_keys();
 
+/// `AcceleratorAllocatorConfig::parseArgs`: `large_segment_size_mb` first
+/// (spec error 5), the resets (spec errors 3 and 4), then every common key.
+pub(super) fn accelerator_keys(
+    cfg: &mut AllocatorConfig,
+    t: &Tokens,
+    warnings: &mut Vec<ConfigWarning>,
+) -> Result<(), ConfigError> {
+    let p = &mut Pass { cfg, t, warnings };
+    accelerator::large_segment_size(p)?;
+    reset(p.cfg);
+    let read = read_keys(p, KeyParser::Accelerator)?;
+    let cfg = &p.cfg;
+    if read.contains(&"pinned_max_round_threshold_mb")
+        && read.contains(&"pinned_max_cached_size_mb")
+        && cfg.pinned_max_round_threshold > cfg.pinned_max_cached_size
+    {
+        p.warnings
+            .push(ConfigWarning::PinnedRoundThresholdAboveCachedSize {
+                round_threshold_mb: cfg.pinned_max_round_threshold / MIB,
+                cached_size_mb: cfg.pinned_max_cached_size / MIB,
+            });
+    }
+    Ok(())
+}
+
+/// `CUDAAllocatorConfig::parseArgs`. `backend` may only repeat the backend
+/// chosen at load time (`cfg.backend`, spec error 10). PyTorch warns when the
+/// async backend meets any other CUDA key (spec error 11).
+pub(super) fn cuda_keys(
+    cfg: &mut AllocatorConfig,
+    t: &Tokens,
+    warnings: &mut Vec<ConfigWarning>,
+) -> Result<(), ConfigError> {
+    let p = &mut Pass { cfg, t, warnings };
+    let read = read_keys(p, KeyParser::Cuda)?;
+    let used_async =
+        read.contains(&"backend") && p.cfg.backend == AllocatorBackend::CudaMallocAsync;
+    let used_native_option = read.iter().any(|&key| key != "backend");
+    if used_async && used_native_option {
+        p.warnings
+            .push(ConfigWarning::AsyncBackendIgnoresNativeOptions);
+    }
+    Ok(())
+}
+
 /// The row of `name` (a key or an alias).
 fn find(name: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.names.contains(&name))
@@ -269,10 +302,7 @@ fn find(name: &str) -> Option<&'static Key> {
 /// parser, a key of the other parser is skipped with `skipKey`, anything
 /// else is an unknown key. The separator after each value is skipped, never
 /// checked (spec error 9). Returns the keys read (their first names).
-pub(super) fn read_keys(
-    p: &mut Pass<'_>,
-    parser: KeyParser,
-) -> Result<Vec<&'static str>, ConfigError> {
+fn read_keys(p: &mut Pass<'_>, parser: KeyParser) -> Result<Vec<&'static str>, ConfigError> {
     let t = p.t;
     let n = t.len();
     let mut read = Vec::new();
@@ -304,22 +334,10 @@ pub(super) fn read_keys(
 
 /// The resets every reading of the common keys starts with (spec error 4),
 /// after `large_segment_size_mb` has been read.
-pub(super) fn reset(cfg: &mut AllocatorConfig) {
+fn reset(cfg: &mut AllocatorConfig) {
     for reset in KEYS.iter().filter_map(|k| k.reset) {
         reset(cfg);
     }
-}
-
-/// A `True`/`False` key (`toBool`), stored by `set`.
-fn flag(
-    p: &mut Pass<'_>,
-    i: usize,
-    set: fn(&mut AllocatorConfig, bool),
-) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let value = t.value_of(i)?;
-    set(p.cfg, t.boolean(value, t.text(i))?);
-    Ok(value)
 }
 
 impl AllocatorConfig {

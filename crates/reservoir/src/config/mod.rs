@@ -136,14 +136,16 @@ mod env;
 mod error;
 pub mod heap;
 mod keys;
+mod message;
+mod pass;
 mod policy;
 mod settings;
 mod tokenizer;
+mod values;
 
 #[cfg(test)]
 mod tests;
 
-pub use cuda::MAX_REGISTER_THREADS;
 pub use env::{ENV_ALLOC_CONF, ENV_CUDA_ALLOC_CONF, ENV_HIP_ALLOC_CONF};
 pub use error::{quote_window, MAX_SETTINGS_LEN, QUOTE_WINDOW};
 pub use error::{
@@ -151,4 +153,7 @@ pub use error::{
 };
 pub use keys::KNOWN_KEYS;
 pub use policy::{waste_bound, ReservoirPolicy, POLICY_KEY, WASTE_SLACK_PER_STREAM};
-pub use settings::{AllocatorBackend, AllocatorConfig, ReserveSpec, MIB, ROUNDUP_POWER2_INTERVALS};
+pub use settings::AllocatorConfig;
+pub use values::{
+    AllocatorBackend, ReserveSpec, MAX_REGISTER_THREADS, MIB, ROUNDUP_POWER2_INTERVALS,
+};
