@@ -7,6 +7,7 @@
 use super::error::{AssertSite, ConfigError, SyntaxProblem, ValueRule};
 use super::pass::Pass;
 use super::settings::AllocatorConfig;
+use super::tokenizer::Tokens;
 use super::values::{MIB, ROUNDUP_POWER2_INTERVALS};
 
 /// `large_segment_size_mb` must be greater than this (kMinLargeAlloc in MiB).
@@ -53,10 +54,9 @@ pub(super) fn mib(
     i: usize,
     set: fn(&mut AllocatorConfig, u64),
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let value = t.value_of(i)?;
-    set(p.cfg, mib_value(t.size_t(value, t.text(i))?));
-    Ok(value)
+    let value = p.value(i, Tokens::size_t)?;
+    set(p.cfg, mib_value(value.v));
+    Ok(value.at)
 }
 
 /// `max_split_size_mb` and `max_non_split_rounding_mb`: a size in MiB of at
@@ -66,16 +66,13 @@ pub(super) fn at_least_large_segment(
     i: usize,
     set: fn(&mut AllocatorConfig, u64),
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let value = t.value_of(i)?;
+    let value = p.value(i, Tokens::size_t)?;
     let min = p.cfg.large_segment_size / MIB;
-    let v = t.size_t(value, key)?;
-    if v < min {
-        return Err(t.invalid(key, value, ValueRule::AtLeastMib { min }));
+    if value.v < min {
+        return Err(value.invalid(ValueRule::AtLeastMib { min }));
     }
-    set(p.cfg, mib_value(v));
-    Ok(value)
+    set(p.cfg, mib_value(value.v));
+    Ok(value.at)
 }
 
 /// `garbage_collection_threshold`: a number strictly between 0 and 1.
@@ -83,15 +80,12 @@ pub(super) fn garbage_collection_threshold(
     p: &mut Pass<'_>,
     i: usize,
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let value = t.value_of(i)?;
-    let v = t.double(value, key)?;
-    if !(v > 0.0 && v < 1.0) {
-        return Err(t.invalid(key, value, ValueRule::OpenUnitInterval));
+    let value = p.value(i, Tokens::double)?;
+    if !(value.v > 0.0 && value.v < 1.0) {
+        return Err(value.invalid(ValueRule::OpenUnitInterval));
     }
-    p.cfg.garbage_collection_threshold = v;
-    Ok(value)
+    p.cfg.garbage_collection_threshold = value.v;
+    Ok(value.at)
 }
 
 /// `parseRoundUpPower2Divisions`; `i` is the key, returns the last index used.
