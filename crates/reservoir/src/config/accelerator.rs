@@ -4,44 +4,20 @@
 //! table in `keys.rs`; this file holds the pass and the parsers of its
 //! keys that are more than a `True`/`False`.
 
-use super::error::{AssertSite, ConfigError, ConfigWarning, KeyParser, SyntaxProblem, ValueRule};
-use super::keys::{self, Pass};
-use super::settings::{AllocatorConfig, MIB, ROUNDUP_POWER2_INTERVALS};
+use super::error::{AssertSite, ConfigError, SyntaxProblem, ValueRule};
+use super::pass::Pass;
+use super::settings::AllocatorConfig;
 use super::tokenizer::Tokens;
+use super::values::{MIB, ROUNDUP_POWER2_INTERVALS};
 
 /// `large_segment_size_mb` must be greater than this (kMinLargeAlloc in MiB).
 const MIN_LARGE_SEGMENT_MB: u64 = 10;
 /// Values in MiB are clamped to this before being multiplied by 1 MiB.
 pub(super) const MAX_MB: u64 = u64::MAX / MIB;
 
-/// `AcceleratorAllocatorConfig::parseArgs`: `large_segment_size_mb` first
-/// (spec error 5), the resets (spec errors 3 and 4), then every common key.
-pub(super) fn parse_args(
-    cfg: &mut AllocatorConfig,
-    t: &Tokens,
-    warnings: &mut Vec<ConfigWarning>,
-) -> Result<(), ConfigError> {
-    let p = &mut Pass { cfg, t, warnings };
-    large_segment_size(p)?;
-    keys::reset(p.cfg);
-    let read = keys::read_keys(p, KeyParser::Accelerator)?;
-    let cfg = &p.cfg;
-    if read.contains(&"pinned_max_round_threshold_mb")
-        && read.contains(&"pinned_max_cached_size_mb")
-        && cfg.pinned_max_round_threshold > cfg.pinned_max_cached_size
-    {
-        p.warnings
-            .push(ConfigWarning::PinnedRoundThresholdAboveCachedSize {
-                round_threshold_mb: cfg.pinned_max_round_threshold / MIB,
-                cached_size_mb: cfg.pinned_max_cached_size / MIB,
-            });
-    }
-    Ok(())
-}
-
 /// The first pass over the whole string: `large_segment_size_mb`, the floor
 /// of two other keys, wherever it is.
-fn large_segment_size(p: &mut Pass<'_>) -> Result<(), ConfigError> {
+pub(super) fn large_segment_size(p: &mut Pass<'_>) -> Result<(), ConfigError> {
     const KEY: &str = "large_segment_size_mb";
     let t = p.t;
     let n = t.len();
@@ -78,10 +54,9 @@ pub(super) fn mib(
     i: usize,
     set: fn(&mut AllocatorConfig, u64),
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let value = t.value_of(i)?;
-    set(p.cfg, mib_value(t.size_t(value, t.text(i))?));
-    Ok(value)
+    let value = p.value(i, Tokens::size_t)?;
+    set(p.cfg, mib_value(value.v));
+    Ok(value.at)
 }
 
 /// `max_split_size_mb` and `max_non_split_rounding_mb`: a size in MiB of at
@@ -91,16 +66,13 @@ pub(super) fn at_least_large_segment(
     i: usize,
     set: fn(&mut AllocatorConfig, u64),
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let value = t.value_of(i)?;
+    let value = p.value(i, Tokens::size_t)?;
     let min = p.cfg.large_segment_size / MIB;
-    let v = t.size_t(value, key)?;
-    if v < min {
-        return Err(t.invalid(key, value, ValueRule::AtLeastMib { min }));
+    if value.v < min {
+        return Err(value.invalid(ValueRule::AtLeastMib { min }));
     }
-    set(p.cfg, mib_value(v));
-    Ok(value)
+    set(p.cfg, mib_value(value.v));
+    Ok(value.at)
 }
 
 /// `garbage_collection_threshold`: a number strictly between 0 and 1.
@@ -108,15 +80,12 @@ pub(super) fn garbage_collection_threshold(
     p: &mut Pass<'_>,
     i: usize,
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let value = t.value_of(i)?;
-    let v = t.double(value, key)?;
-    if !(v > 0.0 && v < 1.0) {
-        return Err(t.invalid(key, value, ValueRule::OpenUnitInterval));
+    let value = p.value(i, Tokens::double)?;
+    if !(value.v > 0.0 && value.v < 1.0) {
+        return Err(value.invalid(ValueRule::OpenUnitInterval));
     }
-    p.cfg.garbage_collection_threshold = v;
-    Ok(value)
+    p.cfg.garbage_collection_threshold = value.v;
+    Ok(value.at)
 }
 
 /// `parseRoundUpPower2Divisions`; `i` is the key, returns the last index used.

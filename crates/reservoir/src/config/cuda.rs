@@ -1,19 +1,17 @@
 //! `c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig` (CUDAAllocatorConfig.cpp):
 //! the backend scan at load time and the CUDA keys, read at start-up before
 //! the common keys and at run time after them. The keys themselves are rows
-//! of the table in `keys.rs`; this file holds the pass and the parsers of its
-//! keys that are more than a `True`/`False`.
+//! of the table in `keys.rs` (which also runs the pass); this file holds the
+//! backend scan and the parsers of its keys that are more than a
+//! `True`/`False`.
 
 use std::collections::BTreeMap;
 
 use super::cnum::istream_double;
-use super::error::{AssertSite, ConfigError, ConfigWarning, KeyParser, ValueRule};
-use super::keys::{self, Pass};
-use super::settings::{AllocatorBackend, AllocatorConfig, ReserveSpec};
+use super::error::{AssertSite, ConfigError, ConfigWarning, ValueRule};
+use super::pass::{token, Pass};
 use super::tokenizer::Tokens;
-
-/// Upper bound of `pinned_num_register_threads`.
-pub const MAX_REGISTER_THREADS: u64 = 128;
+use super::values::{AllocatorBackend, ReserveSpec, MAX_REGISTER_THREADS};
 
 /// `BackendStaticInitializer::parseEnvForBackend`: the first `backend` key
 /// decides; other keys are skipped with `skipKey`.
@@ -41,49 +39,24 @@ pub(super) fn backend_scan(t: &Tokens) -> Result<AllocatorBackend, ConfigError> 
     Ok(AllocatorBackend::Native)
 }
 
-/// `CUDAAllocatorConfig::parseArgs`. `backend` may only repeat the backend
-/// chosen at load time (`cfg.backend`, spec error 10). PyTorch warns when the
-/// async backend meets any other CUDA key (spec error 11).
-pub(super) fn parse_args(
-    cfg: &mut AllocatorConfig,
-    t: &Tokens,
-    warnings: &mut Vec<ConfigWarning>,
-) -> Result<(), ConfigError> {
-    let p = &mut Pass { cfg, t, warnings };
-    let read = keys::read_keys(p, KeyParser::Cuda)?;
-    let used_async =
-        read.contains(&"backend") && p.cfg.backend == AllocatorBackend::CudaMallocAsync;
-    let used_native_option = read.iter().any(|&key| key != "backend");
-    if used_async && used_native_option {
-        p.warnings
-            .push(ConfigWarning::AsyncBackendIgnoresNativeOptions);
-    }
-    Ok(())
-}
-
 /// `backend`: `native` or `cudaMallocAsync`, equal to the loaded one.
 pub(super) fn backend(p: &mut Pass<'_>, i: usize) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let i = t.value_of(i)?;
-    let v = t.get(i, AssertSite::TokenizerIndex, || {
-        "a value for `backend`".to_owned()
-    })?;
-    let requested = match v {
+    let value = p.value(i, token)?;
+    let requested = match value.v {
         "native" => AllocatorBackend::Native,
         "cudaMallocAsync" => AllocatorBackend::CudaMallocAsync,
-        _ => return Err(t.invalid(key, i, ValueRule::Backend)),
+        _ => return Err(value.invalid(ValueRule::Backend)),
     };
     let loaded = p.cfg.backend;
     if requested != loaded {
         return Err(ConfigError::BackendMismatch {
             requested,
             loaded,
-            index: i,
-            offset: t.offset(i),
+            index: value.at,
+            offset: value.t.offset(value.at),
         });
     }
-    Ok(i)
+    Ok(value.at)
 }
 
 /// `pinned_num_register_threads`: a power of two up to [`MAX_REGISTER_THREADS`].
@@ -91,25 +64,19 @@ pub(super) fn pinned_num_register_threads(
     p: &mut Pass<'_>,
     i: usize,
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let i = t.value_of(i)?;
-    let v = t.size_t(i, key)?;
+    let value = p.value(i, Tokens::size_t)?;
+    let v = value.v;
     if !v.is_power_of_two() {
-        return Err(t.invalid(key, i, ValueRule::ThreadsPowerOfTwo { got: v }));
+        return Err(value.invalid(ValueRule::ThreadsPowerOfTwo { got: v }));
     }
     if v > MAX_REGISTER_THREADS {
-        return Err(t.invalid(
-            key,
-            i,
-            ValueRule::ThreadsAtMost {
-                max: MAX_REGISTER_THREADS,
-                got: v,
-            },
-        ));
+        return Err(value.invalid(ValueRule::ThreadsAtMost {
+            max: MAX_REGISTER_THREADS,
+            got: v,
+        }));
     }
     p.cfg.pinned_num_register_threads = v;
-    Ok(i)
+    Ok(value.at)
 }
 
 /// `pinned_reserve_segment_size_mb`: greater than 0 (spec error 12).
@@ -117,15 +84,12 @@ pub(super) fn pinned_reserve_segment_size_mb(
     p: &mut Pass<'_>,
     i: usize,
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let i = t.value_of(i)?;
-    let v = t.size_t(i, key)?;
-    if v == 0 {
-        return Err(t.invalid(key, i, ValueRule::Positive));
+    let value = p.value(i, Tokens::size_t)?;
+    if value.v == 0 {
+        return Err(value.invalid(ValueRule::Positive));
     }
-    p.cfg.pinned_reserve_segment_size_mb = v;
-    Ok(i)
+    p.cfg.pinned_reserve_segment_size_mb = value.v;
+    Ok(value.at)
 }
 
 /// `per_process_memory_fraction`: a number from 0 to 1 inclusive.
@@ -133,15 +97,12 @@ pub(super) fn per_process_memory_fraction(
     p: &mut Pass<'_>,
     i: usize,
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let i = t.value_of(i)?;
-    let v = t.double(i, key)?;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(t.invalid(key, i, ValueRule::UnitInterval));
+    let value = p.value(i, Tokens::double)?;
+    if !(0.0..=1.0).contains(&value.v) {
+        return Err(value.invalid(ValueRule::UnitInterval));
     }
-    p.cfg.per_process_memory_fraction = v;
-    Ok(i)
+    p.cfg.per_process_memory_fraction = value.v;
+    Ok(value.at)
 }
 
 /// `expandable_segments_reserve`: one reserve; a bad one is a warning and
@@ -150,19 +111,14 @@ pub(super) fn expandable_segments_reserve(
     p: &mut Pass<'_>,
     i: usize,
 ) -> Result<usize, ConfigError> {
-    let t = p.t;
-    let key = t.text(i);
-    let i = t.value_of(i)?;
-    let v = t.get(i, AssertSite::TokenizerIndex, || {
-        format!("a value for `{key}`")
-    })?;
-    match parse_reserve_spec(v) {
+    let value = p.value(i, token)?;
+    match parse_reserve_spec(value.v) {
         Some(spec) => p.cfg.expandable_segments_reserve = Some(spec),
         None => p.warnings.push(ConfigWarning::InvalidReserveValue {
-            value: v.to_owned(),
+            value: value.v.to_owned(),
         }),
     }
-    Ok(i)
+    Ok(value.at)
 }
 
 /// `expandable_segments_reserve_by_class`: `[class:reserve,...]`, replacing

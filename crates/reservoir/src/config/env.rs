@@ -5,9 +5,9 @@
 //! (spec error 6); at run time `_set_allocator_settings` reads the common
 //! keys, then the CUDA keys (spec error 7).
 
-use super::accelerator;
 use super::cuda;
 use super::error::{ConfigError, ConfigWarning};
+use super::keys;
 use super::settings::AllocatorConfig;
 use super::tokenizer::Tokens;
 
@@ -110,9 +110,9 @@ impl AllocatorConfig {
         let mut warnings = Vec::new();
         let mut next = self.clone();
         let tokens = Tokens::new(s)?;
-        accelerator::parse_args(&mut next, &tokens, &mut warnings)?;
+        keys::accelerator_keys(&mut next, &tokens, &mut warnings)?;
         next.last_settings = s.to_owned();
-        cuda::parse_args(&mut next, &tokens, &mut warnings)?;
+        keys::cuda_keys(&mut next, &tokens, &mut warnings)?;
         *self = next;
         Ok(warnings)
     }
@@ -141,11 +141,11 @@ fn startup_parse(
     if let Some((src, var)) = cuda_src {
         let tokens = Tokens::new(src).map_err(wrap(var))?;
         cfg.backend = cuda::backend_scan(&tokens).map_err(wrap(var))?;
-        cuda::parse_args(&mut cfg, &tokens, warnings).map_err(wrap(var))?;
+        keys::cuda_keys(&mut cfg, &tokens, warnings).map_err(wrap(var))?;
     }
     if let Some((src, var)) = common_src {
         let tokens = Tokens::new(src).map_err(wrap(var))?;
-        accelerator::parse_args(&mut cfg, &tokens, warnings).map_err(wrap(var))?;
+        keys::accelerator_keys(&mut cfg, &tokens, warnings).map_err(wrap(var))?;
         cfg.last_settings = src.to_owned();
     }
     Ok(cfg)

@@ -4,9 +4,7 @@
 
 use std::fmt;
 
-use super::cuda::MAX_REGISTER_THREADS;
-use super::keys::KNOWN_KEYS;
-use super::settings::AllocatorBackend;
+use super::values::{AllocatorBackend, MAX_REGISTER_THREADS};
 
 /// Which of PyTorch's two parsers rejected a key. Start-up parsing runs the
 /// CUDA parser first, `_set_allocator_settings` the common one first.
@@ -237,20 +235,16 @@ pub fn quote_window(s: &str, offset: usize) -> String {
 
 /// A token quoted by Reservoir's messages: at most [`QUOTE_WINDOW`]
 /// characters, from its start.
-fn short(token: &str) -> String {
+pub(super) fn short(token: &str) -> String {
     quote_window(token, 0)
 }
 
-/// A settings string PyTorch would reject.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+/// A settings string PyTorch would reject. Its `Display` text, Reservoir's
+/// own words, is written in `message.rs`, above the key table it quotes.
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// A key that PyTorch 2.15 does not know.
-    #[error(
-        "unknown allocator setting `{}` (token {index}, byte {offset}); {}",
-        short(key),
-        unknown_key_advice(key)
-    )]
     UnknownKey {
         /// The key as written (whitespace removed).
         key: String,
@@ -262,21 +256,11 @@ pub enum ConfigError {
         parser: KeyParser,
     },
     /// A Reservoir policy name (`policy:NAME`) that does not exist.
-    #[error(
-        "unknown Reservoir policy `{}` in `policy:{}`; known: pytorch, reservoir, cross_stream_reuse",
-        short(name),
-        short(name)
-    )]
     UnknownPolicy {
         /// The name as written (whitespace removed).
         name: String,
     },
     /// A value that breaks the key's rule.
-    #[error(
-        "invalid value `{}` for `{}` (token {index}, byte {offset}): {rule}",
-        short(value),
-        short(key)
-    )]
     InvalidValue {
         /// The key.
         key: String,
@@ -290,7 +274,6 @@ pub enum ConfigError {
         rule: ValueRule,
     },
     /// The string is cut short or a list is not closed.
-    #[error("malformed allocator settings at byte {offset} (token {index}): {problem}")]
     Syntax {
         /// Token index where the problem shows.
         index: usize,
@@ -300,9 +283,6 @@ pub enum ConfigError {
         problem: SyntaxProblem,
     },
     /// A runtime string names another backend than the one chosen at start-up.
-    #[error(
-        "`backend:{requested}` (token {index}, byte {offset}) differs from the backend chosen at start-up (`{loaded}`); the backend can only be chosen through the environment before the allocator starts, so drop `backend` from run-time settings"
-    )]
     BackendMismatch {
         /// The backend in the string.
         requested: AllocatorBackend,
@@ -315,11 +295,6 @@ pub enum ConfigError {
     },
     /// The string is longer than [`MAX_SETTINGS_LEN`]; nothing of it was
     /// read. Reservoir's limit, not PyTorch's.
-    #[error(
-        "the allocator settings string is {len} bytes, over the limit of {max} bytes \
-         (reservoir::config::MAX_SETTINGS_LEN; real settings strings are a few hundred bytes): \
-         shorten it"
-    )]
     TooLong {
         /// The string's length in bytes.
         len: usize,
@@ -327,49 +302,12 @@ pub enum ConfigError {
         max: usize,
     },
     /// An error in the value of an environment variable.
-    #[error("{var}: {error}")]
     Env {
         /// The variable.
         var: &'static str,
         /// What is wrong with its value.
         error: Box<ConfigError>,
     },
-}
-
-/// "Did you mean" for a misspelt key, else the list of accepted keys.
-fn unknown_key_advice(key: &str) -> String {
-    let lower = key.to_ascii_lowercase();
-    // The distance is at least the difference in length: a long key is
-    // compared with nothing (and costs nothing).
-    let best = KNOWN_KEYS
-        .iter()
-        .filter(|k| lower.len() <= k.len() + 3)
-        .map(|k| (edit_distance(&lower, k), *k))
-        .min();
-    match best {
-        Some((d, k)) if d <= 3 && d < key.len() => {
-            format!("did you mean `{k}`? (keys are case-sensitive)")
-        }
-        _ => format!(
-            "remove it or fix its spelling (accepted keys: {})",
-            KNOWN_KEYS.join(", ")
-        ),
-    }
-}
-
-/// Levenshtein distance over bytes.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, &ca) in a.iter().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            let substitute = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 const H_FILE: &str = "/__w/pytorch/pytorch/c10/core/AllocatorConfig.h";

@@ -93,21 +93,36 @@
 //! failing string leaves its settings half-applied. Reservoir parses into a
 //! copy and only commits on success; on error nothing changes.
 //!
-//! Layout, one file per concern:
+//! Layout, one file per concern, bottom to top (each file uses only the
+//! ones on the lines above it):
 //!
-//! * `settings.rs`: [`AllocatorConfig`], its defaults and
-//!   [`AllocatorConfig::to_settings_string`]; `policy.rs`: [`ReservoirPolicy`],
-//!   the Reservoir-only knobs that are not PyTorch settings.
-//! * `keys.rs`: the one key table (name and aliases, which of PyTorch's
-//!   parsers reads it, its parser, its reset before every parse, its entry in
-//!   the snapshot's `allocator_settings`), and the key loop both parsers share.
-//!   Adding a key: a field in `settings.rs`, a row in the table, its parser.
-//! * `accelerator.rs` and `cuda.rs`: the per-key parsers of PyTorch's two
-//!   config classes (`AllocatorConfig.cpp`, `CUDAAllocatorConfig.cpp`).
-//! * `env.rs`: the three readers (environment, start-up string, run time).
-//! * `tokenizer.rs` (`ConfigTokenizer`), `cnum.rs` (`std::stoull` /
-//!   `std::stod` / `istream >> double` exactly as glibc and libstdc++ read
-//!   numbers), `error.rs` (errors and warnings, with PyTorch's texts).
+//! ```text
+//! cnum, values          numbers read as glibc/libstdc++ read them (`std::stoull`,
+//!                       `std::stod`, `istream >> double`); the value types and
+//!                       bounds (AllocatorBackend, ReserveSpec, MIB, ...)
+//! error                 errors and warnings, with PyTorch's texts
+//! tokenizer             ConfigTokenizer
+//! policy, settings      ReservoirPolicy (Reservoir-only knobs), AllocatorConfig
+//!                       and its defaults
+//! pass                  one reading of a string (Pass), a key's parser's
+//!                       signature, the True/False parser
+//! accelerator, cuda     the per-key parsers of PyTorch's two config classes
+//!                       (AllocatorConfig.cpp, CUDAAllocatorConfig.cpp)
+//! keys                  the one key table (name and aliases, which parser reads
+//!                       it, its parser, its reset, its snapshot entry, its
+//!                       settings-string entry), both passes over it, and
+//!                       AllocatorConfig::to_settings_string
+//! message               ConfigError's text (quotes the key table)
+//! env                   the three readers (environment, start-up string, run time)
+//! ```
+//!
+//! One exception, left for the change that reworks `ReservoirPolicy`:
+//! `policy.rs` also holds [`AllocatorConfig::parse_with_policy`], a reader
+//! that belongs on the `env` line (it calls [`AllocatorConfig::parse`]).
+//!
+//! Adding a key: a field in `settings.rs`, a row in the table of `keys.rs`,
+//! and its parser in `accelerator.rs` or `cuda.rs` when it is more than a
+//! `True`/`False`.
 //!
 //! ```
 //! use reservoir::config::{AllocatorConfig, ConfigError};
@@ -136,14 +151,16 @@ mod env;
 mod error;
 pub mod heap;
 mod keys;
+mod message;
+mod pass;
 mod policy;
 mod settings;
 mod tokenizer;
+mod values;
 
 #[cfg(test)]
 mod tests;
 
-pub use cuda::MAX_REGISTER_THREADS;
 pub use env::{ENV_ALLOC_CONF, ENV_CUDA_ALLOC_CONF, ENV_HIP_ALLOC_CONF};
 pub use error::{quote_window, MAX_SETTINGS_LEN, QUOTE_WINDOW};
 pub use error::{
@@ -151,4 +168,7 @@ pub use error::{
 };
 pub use keys::KNOWN_KEYS;
 pub use policy::{waste_bound, ReservoirPolicy, POLICY_KEY, WASTE_SLACK_PER_STREAM};
-pub use settings::{AllocatorBackend, AllocatorConfig, ReserveSpec, MIB, ROUNDUP_POWER2_INTERVALS};
+pub use settings::AllocatorConfig;
+pub use values::{
+    AllocatorBackend, ReserveSpec, MAX_REGISTER_THREADS, MIB, ROUNDUP_POWER2_INTERVALS,
+};
