@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
+use reservoir::observe::trace::TraceAction;
 use reservoir::sim::DEFAULT_CAPACITY;
-use reservoir::trace::TraceAction;
 use reservoir_replay::replay::snapshot::{convert, recorded_setting, replay_recorded};
 use reservoir_replay::replay::ReplayOptions;
 use reservoir_replay::snapshot::{self, AddressKind};

@@ -1257,11 +1257,11 @@ pub fn segments_at(
     setting: &ReplaySetting,
     options: &ReplayOptions,
     op: Option<u64>,
-) -> Result<Vec<reservoir::snapshot::Segment>, ReplayError> {
+) -> Result<Vec<reservoir::observe::snapshot::Segment>, ReplayError> {
     fn run<T: ReplayTarget>(
         mut r: Replay<'_, T>,
         op: Option<u64>,
-    ) -> Result<Vec<reservoir::snapshot::Segment>, ReplayError> {
+    ) -> Result<Vec<reservoir::observe::snapshot::Segment>, ReplayError> {
         while !matches!(op, Some(op) if r.position() as u64 > op) && r.step()? {}
         Ok(r.allocator().segments())
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::state::DeviceState;
-use crate::snapshot::BlockState;
+use crate::observe::snapshot::BlockState;
 use crate::stats::{DeviceStats, StatArray, StatType};
 use crate::store::BlockId;
 
@@ -38,7 +38,7 @@ impl DeviceState {
         self.check_contexts()?;
         self.store.check_tiling().map_err(InvariantViolation)?;
         let summary = self.layout_summary();
-        let counted = crate::snapshot::LayoutSummary::of(&self.segment_models(None));
+        let counted = crate::observe::snapshot::LayoutSummary::of(&self.segment_models(None));
         ensure!(
             summary == counted,
             "layout summary {summary:?} differs from a count of the segments {counted:?}"

@@ -23,12 +23,12 @@ use rustc_hash::FxHashMap;
 
 use super::state::DeviceState;
 use crate::backend::{DevicePtr, StreamId};
-use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
-use crate::debug::{DebugVerbosity, TARGET};
 use crate::format::format_size;
 use crate::ids::MempoolId;
+use crate::observe::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
+use crate::observe::debug::{DebugVerbosity, TARGET};
+use crate::observe::trace::{Context, Frame, RecordContext, RingBuffer, TraceAction, TraceEntry};
 use crate::store::{BlockId, PoolId, NIL};
-use crate::trace::{Context, Frame, RecordContext, RingBuffer, TraceAction, TraceEntry};
 
 /// Whether and how much history is kept (PyTorch's `enabled` argument).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -9,9 +9,9 @@ use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
+use crate::observe::trace::TraceAction;
 use crate::stats::StatType;
 use crate::store::{BlockId, PoolId, Segment, NIL};
-use crate::trace::TraceAction;
 
 /// A callback run when the cache has no fitting block, before the driver is
 /// asked (PyTorch's `FreeCudaMemoryCallbacksRegistry`). It returns the

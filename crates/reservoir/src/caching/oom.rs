@@ -9,8 +9,8 @@ use crate::backend::Backend;
 use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
 use crate::ids::{DeviceKind, StreamId};
+use crate::observe::trace::TraceAction;
 use crate::store::NIL;
-use crate::trace::TraceAction;
 
 /// Arguments of an out-of-memory observer (PyTorch's `OutOfMemoryObserver`):
 /// device, bytes it tried to allocate, bytes allowed (limit or total), free bytes.

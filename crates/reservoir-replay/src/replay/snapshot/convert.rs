@@ -14,8 +14,8 @@ use reservoir::backend::StreamId;
 use reservoir::caching::rules;
 use reservoir::caching::{SeededBlock, SeededExpandable, SeededSegment};
 use reservoir::config::AllocatorConfig;
-use reservoir::snapshot::SegmentType;
-use reservoir::trace::TraceAction;
+use reservoir::observe::snapshot::SegmentType;
+use reservoir::observe::trace::TraceAction;
 
 #[derive(Clone, Debug)]
 struct RSeg {
