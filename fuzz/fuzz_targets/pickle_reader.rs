@@ -3,14 +3,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use reservoir::pickle::WriteError;
+use reservoir::observe::pickle::WriteError;
 use reservoir_replay::pickle::{self, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(v) = pickle::from_slice(data) else {
         return;
     };
-    let bytes = match reservoir::pickle::to_vec(&v) {
+    let bytes = match reservoir::observe::pickle::to_vec(&v) {
         Ok(b) => b,
         // bytes, sets, globals and ints wider than 255 bytes are readable
         // but deliberately not writable.
@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         .unwrap_or_else(|e| panic!("re-read of written pickle failed: {e}"));
     if back != v {
         // NaN != NaN: fall back to comparing the encodings.
-        let again = reservoir::pickle::to_vec(&back).expect("second write");
+        let again = reservoir::observe::pickle::to_vec(&back).expect("second write");
         assert_eq!(again, bytes, "round trip changed the value");
     }
 });

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use reservoir::snapshot::Snapshot;
+use reservoir::observe::snapshot::Snapshot;
 use reservoir_replay::pickle::{self, Limits};
 use reservoir_replay::input::{self, ReadSnapshot};
 

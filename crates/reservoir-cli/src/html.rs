@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
 use reservoir::format::format_size;
-use reservoir::snapshot::{BlockState, Segment};
+use reservoir::observe::snapshot::{BlockState, Segment};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{Explanation, SiteUsage};
 use reservoir_replay::replay::recorded::{Fidelity, RecordedTrace};

@@ -3,7 +3,7 @@
 //! failed request and why, and the settings change that avoids the OOM.
 
 use reservoir::caching::{SeededBlock, SeededSegment};
-use reservoir::trace::Frame;
+use reservoir::observe::trace::Frame;
 use reservoir::StreamId;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{explain, Unusable, UnusableFree};

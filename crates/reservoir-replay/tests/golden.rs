@@ -37,8 +37,8 @@ use std::path::{Path, PathBuf};
 
 use reservoir::caching::stream_order;
 use reservoir::checksum::Fnv1a;
+use reservoir::observe::trace::TraceAction;
 use reservoir::sim::{CallKind, CallResult, DeviceCall, SimConfig, SimDevice};
-use reservoir::trace::TraceAction;
 use reservoir::{AllocError, AllocatorConfig, Backend, CachingAllocator, DevicePtr, StreamId};
 use reservoir_replay::oracle_trace::{golden_specs, GenKind, GenSpec, Op, Trace};
 use serde_json::Value;

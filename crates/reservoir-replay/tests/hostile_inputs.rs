@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use reservoir::pickle::{Value, WriteError};
-use reservoir::snapshot::Snapshot;
+use reservoir::observe::pickle::{Value, WriteError};
+use reservoir::observe::snapshot::Snapshot;
 use reservoir_replay::input::{self, ReadSnapshot};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::pickle::{self, Limits, PickleErrorKind};
@@ -38,7 +38,7 @@ fn pickle_round_trip(data: &[u8]) {
     let Ok(v) = pickle::from_slice(data) else {
         return;
     };
-    let bytes = match reservoir::pickle::to_vec(&v) {
+    let bytes = match reservoir::observe::pickle::to_vec(&v) {
         Ok(b) => b,
         Err(WriteError::Unsupported(_)) => return,
         Err(e) => panic!("write failed on a value the reader accepted: {e}"),
@@ -51,7 +51,7 @@ fn pickle_round_trip(data: &[u8]) {
         .unwrap_or_else(|e| panic!("re-read of written pickle failed: {e}"));
     if back != v {
         assert_eq!(
-            reservoir::pickle::to_vec(&back).unwrap(),
+            reservoir::observe::pickle::to_vec(&back).unwrap(),
             bytes,
             "round trip changed the value"
         );
@@ -404,7 +404,7 @@ fn a_value_at_the_depth_limit_is_usable_everywhere() {
     assert_eq!(v, w);
     assert!(format!("{v:?}").len() > max);
     assert!(serde_json::to_string(&v).unwrap().len() >= 2 * max);
-    let bytes = reservoir::pickle::to_vec(&v).unwrap();
+    let bytes = reservoir::observe::pickle::to_vec(&v).unwrap();
     assert_eq!(pickle::from_slice(&bytes).unwrap(), v);
     assert!(Snapshot::from_value(&v).is_err());
     drop(w);
@@ -508,7 +508,7 @@ fn unknown_keys_must_hold_writable_values() {
             assert!(e.path.contains(key), "{e}");
             assert!(e.message.contains("writer cannot write"), "{e}");
             // Through the pickle too.
-            let bytes = reservoir::pickle::to_vec(&v);
+            let bytes = reservoir::observe::pickle::to_vec(&v);
             if let Ok(bytes) = bytes {
                 assert!(input::load_bytes(&bytes).is_err());
             }

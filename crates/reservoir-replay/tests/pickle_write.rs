@@ -1,10 +1,12 @@
-//! The pickle writer of `reservoir::pickle` read back by this crate's
+//! The pickle writer of `reservoir::observe::pickle` read back by this crate's
 //! reader: every protocol round-trips, and only the opcodes `MemoryViz.js`
 //! understands are written.
 
 use std::sync::Arc;
 
-use reservoir::pickle::{op, opcode_name, to_vec, to_vec_with, Value, WriteError, WriteOptions};
+use reservoir::observe::pickle::{
+    op, opcode_name, to_vec, to_vec_with, Value, WriteError, WriteOptions,
+};
 use reservoir_replay::pickle::from_slice;
 
 /// Opcodes of a pickle this writer produced (it only emits opcodes whose

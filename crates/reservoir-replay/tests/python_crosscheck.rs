@@ -23,7 +23,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use reservoir::snapshot::Snapshot;
+use reservoir::observe::snapshot::Snapshot;
 use reservoir_replay::input::{self, InputFormat, LoadedContent, ReadSnapshot};
 use reservoir_testkit::traces::{shared_traces, trace_files};
 

@@ -4,9 +4,9 @@
 //! recorded segment is inherited; peak live (`requested_bytes.all.peak`) is
 //! the same whatever the policy. The invariant checker runs after every op.
 
+use reservoir::observe::snapshot::{Block, BlockState, Segment, SegmentType};
+use reservoir::observe::trace::{TraceAction, TraceEntry};
 use reservoir::sim::SimDevice;
-use reservoir::snapshot::{Block, BlockState, Segment, SegmentType};
-use reservoir::trace::{TraceAction, TraceEntry};
 use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
 use reservoir_replay::input::{self, AddressKind, DeviceEvents};
 use reservoir_replay::oracle_trace::{Op, Trace};

@@ -2,9 +2,9 @@
 //! invariants, and typed errors naming the entry for inconsistent input.
 
 use reservoir::caching::{SeedError, SeededBlock, SeededSegment};
+use reservoir::observe::snapshot::{BlockState, Segment, SegmentType};
+use reservoir::observe::trace::{TraceAction, TraceEntry};
 use reservoir::sim::{SimConfig, SimDevice};
-use reservoir::snapshot::{BlockState, Segment, SegmentType};
-use reservoir::trace::{TraceAction, TraceEntry};
 use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
 use reservoir_replay::input::DeviceEvents;
 use reservoir_replay::replay::recorded::{convert, fidelity};
@@ -126,7 +126,7 @@ fn device(events: Vec<TraceEntry>, segments: Vec<Segment>) -> DeviceEvents {
 fn segment(
     address: u64,
     total_size: u64,
-    blocks: Vec<(u64, reservoir::snapshot::BlockState)>,
+    blocks: Vec<(u64, reservoir::observe::snapshot::BlockState)>,
 ) -> Segment {
     Segment {
         address,
@@ -134,11 +134,11 @@ fn segment(
         segment_type: SegmentType::Large,
         blocks: blocks
             .into_iter()
-            .map(|(size, state)| reservoir::snapshot::Block {
+            .map(|(size, state)| reservoir::observe::snapshot::Block {
                 size,
                 requested_size: Some(size),
                 state,
-                ..reservoir::snapshot::Block::default()
+                ..reservoir::observe::snapshot::Block::default()
             })
             .collect(),
         ..Segment::default()
@@ -147,7 +147,7 @@ fn segment(
 
 #[test]
 fn a_mid_run_trace_is_rebuilt_and_replayed_exactly() {
-    use reservoir::snapshot::BlockState::*;
+    use reservoir::observe::snapshot::BlockState::*;
     let base = 0x7f00_0000_0000u64;
     // Before the trace: a 20 MiB segment holding a 4 MiB block at 0.
     // Trace: 18 MiB do not fit its 16 MiB free block, so a second segment
@@ -188,7 +188,7 @@ fn a_mid_run_trace_is_rebuilt_and_replayed_exactly() {
 
 #[test]
 fn inconsistent_traces_name_the_entry() {
-    use reservoir::snapshot::BlockState::*;
+    use reservoir::observe::snapshot::BlockState::*;
     let base = 0x7f00_0000_0000u64;
     let seg = || vec![segment(base, 20 * MIB, vec![(20 * MIB, Inactive)])];
     let cases: Vec<(Vec<TraceEntry>, usize, &str)> = vec![
@@ -300,7 +300,10 @@ fn inconsistent_expandable_traces_name_the_entry() {
     let mut seg = segment(
         base,
         20 * MIB,
-        vec![(20 * MIB, reservoir::snapshot::BlockState::ActiveAllocated)],
+        vec![(
+            20 * MIB,
+            reservoir::observe::snapshot::BlockState::ActiveAllocated,
+        )],
     );
     seg.is_expandable = Some(true);
     let events = vec![entry(TraceAction::SegmentMap, base, 20 * MIB)];

@@ -19,12 +19,12 @@ use std::process::Command;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use reservoir::pickle::{Value, WriteOptions};
-use reservoir::snapshot::{
+use reservoir::observe::pickle::{Value, WriteOptions};
+use reservoir::observe::snapshot::{
     AllocatorSettings, Block, BlockHistory, BlockState, ExternalAnnotation, ExtraKeys, Segment,
     SegmentType, Snapshot,
 };
-use reservoir::trace::{Frame, TraceAction, TraceEntry};
+use reservoir::observe::trace::{Frame, TraceAction, TraceEntry};
 use reservoir::StreamId;
 use reservoir_replay::input::{
     self, AddressKind, InputFormat, LoadedContent, ReadSnapshot, SnapshotFormat,
@@ -341,7 +341,7 @@ fn check_file(
 /// (spec 2.6), `PROTO` 2 to 4, and `FRAME` lengths that land on opcode
 /// boundaries.
 fn memoryviz_opcodes_only(data: &[u8]) -> Result<(), String> {
-    use reservoir::pickle::op::*;
+    use reservoir::observe::pickle::op::*;
     let mut i = 0;
     let mut frame_end = None;
     while i < data.len() {
@@ -387,7 +387,7 @@ fn memoryviz_opcodes_only(data: &[u8]) -> Result<(), String> {
             other => {
                 return Err(format!(
                     "opcode {:?} at {i} is not read by MemoryViz.js",
-                    reservoir::pickle::opcode_name(other)
+                    reservoir::observe::pickle::opcode_name(other)
                 ))
             }
         };
@@ -1208,7 +1208,7 @@ proptest! {
     #[test]
     fn values_round_trip(v in arb_value()) {
         for protocol in 2..=4 {
-            let bytes = reservoir::pickle::to_vec_with(&v, &WriteOptions { protocol, ..WriteOptions::default() }).unwrap();
+            let bytes = reservoir::observe::pickle::to_vec_with(&v, &WriteOptions { protocol, ..WriteOptions::default() }).unwrap();
             prop_assert_eq!(&pickle::from_slice(&bytes).unwrap(), &v);
         }
     }

@@ -25,7 +25,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use reservoir::caching::{HistoryConfig, HistoryMode};
-use reservoir::trace::RecordContext;
+use reservoir::observe::trace::RecordContext;
 use reservoir::CachingAllocator;
 use reservoir_capi::{torch_configure, with_torch_allocator, Failure};
 use reservoir_cuda::CudaDevice;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use loom::thread;
 use reservoir::caching::{HistoryConfig, StreamShards};
+use reservoir::observe::trace::TraceAction;
 use reservoir::sim::{SimConfig, SimDevice};
-use reservoir::trace::TraceAction;
 use reservoir::{AllocError, AllocatorConfig, DevicePtr, StreamId};
 
 const MIB: u64 = 1 << 20;

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use reservoir::backend::StreamId;
-use reservoir::pickle::Value;
-use reservoir::snapshot::{
+use reservoir::observe::pickle::Value;
+use reservoir::observe::snapshot::{
     AllocatorSettings, Block, BlockHistory, BlockState, ExternalAnnotation, Segment, SegmentType,
     Snapshot,
 };
-use reservoir::trace::{Frame, TraceAction, TraceEntry};
+use reservoir::observe::trace::{Frame, TraceAction, TraceEntry};
 
 /// A value of the wrong shape: the path of the key or index that was wrong
 /// (`segments[3].blocks[7].size`) and what was expected.

@@ -7,9 +7,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::decode::{as_dict, as_seq, as_str, as_u64, expected, missing, At, Fail, Warnings, R};
 use reservoir::backend::StreamId;
-use reservoir::pickle::Value;
-use reservoir::snapshot::{AllocatorSettings, Segment, Snapshot};
-use reservoir::trace::{Frame, TraceAction, TraceEntry};
+use reservoir::observe::pickle::Value;
+use reservoir::observe::snapshot::{AllocatorSettings, Segment, Snapshot};
+use reservoir::observe::trace::{Frame, TraceAction, TraceEntry};
 
 /// What the addresses of a [`TraceInput`] are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

@@ -3,7 +3,7 @@
 //!
 //! The snapshot model itself ([`Snapshot`], its segments and blocks), its
 //! pickle encoder and its consistency check are the allocator's
-//! ([`reservoir::snapshot`]); this module is the player's reading side:
+//! ([`reservoir::observe::snapshot`]); this module is the player's reading side:
 //!
 //! * [`ReadSnapshot`] decodes a pickle [`Value`], pickle bytes or a pickle
 //!   file into a [`Snapshot`] (every layout PyTorch has written: see
@@ -17,7 +17,7 @@
 //!   per-device events in order, with what is known of the allocator state.
 //!
 //! ```
-//! use reservoir::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
+//! use reservoir::observe::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
 //! use reservoir::StreamId;
 //! use reservoir_replay::input::ReadSnapshot;
 //!
@@ -52,8 +52,8 @@ pub use decode::{Decoded, SchemaError, SnapshotFormat};
 pub use events::{AddressKind, DeviceEvents, LiveBlock, TraceInput};
 
 use reservoir::format::format_size;
-use reservoir::pickle::{self, Value};
-use reservoir::snapshot::Snapshot;
+use reservoir::observe::pickle::{self, Value};
+use reservoir::observe::snapshot::Snapshot;
 
 use crate::pickle::PickleError;
 

@@ -1,7 +1,7 @@
 //! The pickle reader: a pickle virtual machine that builds
 //! [`Value`]s and never executes anything (spec
 //! section 2.6). The value model and the writer are the allocator's
-//! ([`reservoir::pickle`]).
+//! ([`reservoir::observe::pickle`]).
 //!
 //! * [`from_slice`] reads any pickle of protocol 0 to 5 made of plain data
 //!   (None, bools, ints of any size, floats, str, bytes, lists, tuples, dicts,
@@ -20,7 +20,7 @@
 //!   ([`PickleError`]) name the byte offset and the opcode.
 //!
 //! ```
-//! use reservoir::pickle::{self, Value};
+//! use reservoir::observe::pickle::{self, Value};
 //!
 //! let v = Value::dict(vec![(Value::from("size"), Value::from(20u64 << 20))]);
 //! let bytes = pickle::to_vec(&v).unwrap();
@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use reservoir::pickle::{op, opcode_name, Value};
+use reservoir::observe::pickle::{op, opcode_name, Value};
 
 mod opcodes;
 mod text;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use reservoir::pickle::{op, BigInt, GlobalName, Value};
+use reservoir::observe::pickle::{op, BigInt, GlobalName, Value};
 
 use super::text::{
     escape_decode, parse_decimal, parse_index, raw_unicode_escape_decode, trim_ascii,

@@ -2,7 +2,7 @@
 //! `STRING`, `UNICODE`, `GET`/`PUT`): decimal numbers, memo indices and
 //! Python's escape decodings, as CPython's unpickler reads them.
 
-use reservoir::pickle::{BigInt, Value};
+use reservoir::observe::pickle::{BigInt, Value};
 
 use super::{PickleErrorKind, Res};
 

@@ -25,7 +25,7 @@ use super::target::ReplayTarget as _;
 use super::{Replay, ReplayError, ReplayOptions, ReplayReport, ReplaySetting, StartState};
 use crate::oracle_trace::Trace;
 use reservoir::caching::rules;
-use reservoir::snapshot::{BlockState, SegmentType};
+use reservoir::observe::snapshot::{BlockState, SegmentType};
 
 /// Sites listed per moment, at most.
 pub const TOP_SITES: usize = 10;

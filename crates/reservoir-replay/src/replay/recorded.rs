@@ -73,9 +73,9 @@ use super::run::{with_replay, ReplayJob};
 use super::{Replay, ReplaySetting, ReplayTarget, StartState};
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
 use reservoir::config::AllocatorConfig;
+use reservoir::observe::snapshot::AllocatorSettings;
+use reservoir::observe::trace::TraceAction;
 use reservoir::sim::{CallKind, CallResult};
-use reservoir::snapshot::AllocatorSettings;
-use reservoir::trace::TraceAction;
 
 /// A recorded trace that cannot be replayed, with the entry at fault.
 #[derive(Debug, thiserror::Error)]

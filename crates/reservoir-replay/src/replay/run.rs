@@ -77,10 +77,10 @@ pub fn segments_at(
     setting: &ReplaySetting,
     options: &ReplayOptions,
     op: Option<u64>,
-) -> Result<Vec<reservoir::snapshot::Segment>, ReplayError> {
+) -> Result<Vec<reservoir::observe::snapshot::Segment>, ReplayError> {
     struct UpTo(Option<u64>);
     impl ReplayJob for UpTo {
-        type Output = Vec<reservoir::snapshot::Segment>;
+        type Output = Vec<reservoir::observe::snapshot::Segment>;
         fn run<T: ReplayTarget>(self, mut r: Replay<'_, T>) -> Result<Self::Output, ReplayError> {
             while !matches!(self.0, Some(op) if r.position() as u64 > op) && r.step()? {}
             Ok(r.allocator().segments())

@@ -12,7 +12,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::oracle_trace::AllocId;
-use reservoir::trace::Frame;
+use reservoir::observe::trace::Frame;
 
 /// Site of an allocation whose entry kept no stack.
 pub const NO_STACK: &str = "(no stack recorded)";

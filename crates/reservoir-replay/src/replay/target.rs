@@ -20,8 +20,8 @@ use reservoir::config::heap::HeapSettings;
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
 use reservoir::heap::{HeapAllocator, UsageFlags};
+use reservoir::observe::snapshot::{LayoutSummary, Segment};
 use reservoir::sim::SimDevice;
-use reservoir::snapshot::{LayoutSummary, Segment};
 use reservoir::stats::DeviceStats;
 
 /// An allocator the replay engine can drive on a [`SimDevice`]: PyTorch's

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::state::pools::{FreeKey, UnmappedKey};
 use super::state::DeviceState;
-use crate::snapshot::BlockState;
+use crate::observe::snapshot::BlockState;
 use crate::stats::{DeviceStats, StatArray, StatType};
 use crate::store::{Block, BlockId, Expandable, Segment};
 
@@ -51,7 +51,7 @@ impl DeviceState {
     /// The layout summary equals a count of the segments.
     fn check_layout_summary(&self) -> Result<(), InvariantViolation> {
         let summary = self.layout_summary();
-        let counted = crate::snapshot::LayoutSummary::of(&self.segment_models(None));
+        let counted = crate::observe::snapshot::LayoutSummary::of(&self.segment_models(None));
         ensure!(
             summary == counted,
             "layout summary {summary:?} differs from a count of the segments {counted:?}"

@@ -6,8 +6,8 @@ use super::request::MallocError;
 use super::state::pools::UnmappedKey;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
+use crate::observe::trace::TraceAction;
 use crate::store::{BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
-use crate::trace::TraceAction;
 
 /// The virtual-memory capability of a backend that holds an expandable
 /// segment (`find_expandable_block` checked it when creating the segment).

@@ -4,8 +4,8 @@
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
+use crate::observe::trace::TraceAction;
 use crate::store::{BlockId, NIL};
-use crate::trace::TraceAction;
 
 impl DeviceState {
     /// spec 1.10: free the block allocated at `ptr`, taking it out of the

@@ -11,7 +11,7 @@ use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::stats::StatType;
 use crate::store::{BlockId, Segment, NIL};
-use crate::trace::TraceAction;
+use crate::observe::trace::TraceAction;
 
 impl DeviceState {
     /// spec 1.5: malloc. Returns the allocated block.

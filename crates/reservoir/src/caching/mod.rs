@@ -20,10 +20,10 @@
 //!   pytorch.org/memory_viz.
 //! * [`CachingAllocator::callbacks`] is a registry of named callbacks fired
 //!   on allocations, reuses, frees, releases and failures (see
-//!   [`crate::callbacks`]); [`CachingAllocator::attach_oom_observer`] sees
+//!   [`crate::observe::callbacks`]); [`CachingAllocator::attach_oom_observer`] sees
 //!   out-of-memory failures.
 //! * Debug output through `tracing`, selected by the
-//!   `RESERVOIR_DEBUG_VERBOSITY` bitmask (see [`crate::debug`]).
+//!   `RESERVOIR_DEBUG_VERBOSITY` bitmask (see [`crate::observe::debug`]).
 //!
 //! With all of these off, each event costs the allocator one branch.
 //!
@@ -37,7 +37,7 @@
 //!
 //! ```
 //! use reservoir::caching::{HistoryConfig, HistoryMode};
-//! use reservoir::trace::{RecordContext, TraceAction};
+//! use reservoir::observe::trace::{RecordContext, TraceAction};
 //! use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
 //! use reservoir::sim::SimDevice;
 //!
@@ -88,15 +88,15 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
-use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::config::AllocatorConfig;
-use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
-use crate::snapshot::{LayoutSummary, Segment, Snapshot};
+use crate::observe::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
+use crate::observe::debug::{DebugVerbosity, TARGET};
+use crate::observe::snapshot::{LayoutSummary, Segment, Snapshot};
+use crate::observe::trace::{Context, Frame, RecordContext, TraceEntry};
 use crate::stats::DeviceStats;
 use crate::sync::{Mutex, RwLock};
-use crate::trace::{Context, Frame, RecordContext, TraceEntry};
 
 pub use check::InvariantViolation;
 pub use ipc::IpcShare;
@@ -687,13 +687,13 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The registry of named callbacks fired on allocator events (see
-    /// [`crate::callbacks`] for when each event fires).
+    /// [`crate::observe::callbacks`] for when each event fires).
     pub fn callbacks(&self) -> &Arc<CallbackRegistry> {
         &self.callbacks
     }
 
     /// Set the debug output levels (initially from `RESERVOIR_DEBUG_VERBOSITY`,
-    /// see [`crate::debug`]).
+    /// see [`crate::observe::debug`]).
     pub fn set_debug_verbosity(&self, verbosity: DebugVerbosity) {
         let mut state = self.state.lock();
         state.obs.verbosity = verbosity;

@@ -7,8 +7,8 @@ use crate::backend::Backend;
 use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
 use crate::ids::{DeviceKind, StreamId};
+use crate::observe::trace::TraceAction;
 use crate::store::NIL;
-use crate::trace::TraceAction;
 
 impl DeviceState {
     /// spec 1.5: a request of 1 EB or more fails before anything is tried.

@@ -7,8 +7,8 @@ use super::state::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr};
 use crate::ids::MempoolId;
+use crate::observe::trace::TraceAction;
 use crate::store::{Block, BlockId, PoolId};
-use crate::trace::TraceAction;
 
 impl DeviceState {
     #[inline]

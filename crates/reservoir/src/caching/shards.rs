@@ -10,10 +10,10 @@ use super::{CachingAllocator, HistoryConfig, InvariantViolation};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
-use crate::snapshot::{Segment, Snapshot};
+use crate::observe::snapshot::{Segment, Snapshot};
+use crate::observe::trace::TraceEntry;
 use crate::stats::DeviceStats;
 use crate::sync::{thread_local, Mutex, OnceSlot, SlotRef};
-use crate::trace::TraceEntry;
 
 /// Streams a [`StreamShards`] serves unless told otherwise.
 pub const DEFAULT_MAX_STREAMS: usize = 64;

@@ -9,12 +9,12 @@ use super::state::pools::POOL_LARGE;
 use super::state::DeviceState;
 use crate::backend::StreamId;
 use crate::ids::MempoolId;
-use crate::pickle::Value;
-use crate::snapshot::{
+use crate::observe::pickle::Value;
+use crate::observe::snapshot::{
     Block, BlockState, ExtraKeys, LayoutSummary, Segment, SegmentType, Snapshot,
 };
+use crate::observe::trace::{Frame, TraceAction};
 use crate::store::BlockId;
-use crate::trace::{Frame, TraceAction};
 
 /// Mapped bytes of one expandable segment (PyTorch's `StreamSegmentSize`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

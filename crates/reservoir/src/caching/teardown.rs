@@ -30,7 +30,7 @@
 
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr};
-use crate::debug::TARGET;
+use crate::observe::debug::TARGET;
 use crate::store::Expandable;
 
 /// How many live block addresses the warning lists.

@@ -34,8 +34,8 @@
 
 use super::cnum::ostream_double;
 pub use super::cnum::{strtod, strtol_base0};
-use crate::debug::DebugVerbosity;
 pub use crate::heap::SizeFormat;
+use crate::observe::debug::DebugVerbosity;
 
 /// `PYTORCH_MPS_HIGH_WATERMARK_RATIO`.
 pub const ENV_HIGH_WATERMARK_RATIO: &str = "PYTORCH_MPS_HIGH_WATERMARK_RATIO";

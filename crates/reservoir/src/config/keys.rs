@@ -20,7 +20,7 @@ use super::pass::{flag, ParseFn, Pass};
 use super::settings::AllocatorConfig;
 use super::tokenizer::Tokens;
 use super::values::{AllocatorBackend, ReserveSpec, MIB, ROUNDUP_POWER2_INTERVALS};
-use crate::snapshot::AllocatorSettings;
+use crate::observe::snapshot::AllocatorSettings;
 
 /// One row of the key table.
 pub(super) struct Key {

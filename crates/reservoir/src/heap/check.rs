@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use super::state::{BufState, Heap, State};
 use super::types::PoolKind;
-use crate::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
+use crate::observe::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
 use crate::stats::{DeviceStats, StatType};
 use crate::store::{BlockId, SegmentId};
 

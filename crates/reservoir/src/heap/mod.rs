@@ -37,7 +37,7 @@
 //!   with the lock released), garbage collection that stops at its target.
 //! * Spec 4.4: watermarks and limits ([`crate::config::heap`]).
 //! * Spec 4.5: [`CallbackRegistry`] events and [`DebugVerbosity`] messages
-//!   through `tracing` (target [`crate::debug::TARGET`]).
+//!   through `tracing` (target [`crate::observe::debug::TARGET`]).
 //!
 //! **Retain counts and pending work.** Metal's `retainCount > 1` means a
 //! command buffer still holds the buffer. Here it is work recorded for the
@@ -115,11 +115,11 @@ pub use types::{
 };
 
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
-use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::config::heap::{check_high_watermark, check_low_watermark, HeapSettings};
-use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::{AllocError, OutOfMemoryError};
-use crate::snapshot::Snapshot;
+use crate::observe::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
+use crate::observe::debug::{DebugVerbosity, TARGET};
+use crate::observe::snapshot::Snapshot;
 use crate::stats::DeviceStats;
 use crate::store::BlockId;
 use state::{BufState, Params, State};
@@ -284,7 +284,11 @@ impl<B: Backend> HeapAllocator<B> {
             None => {
                 g.stats.num_ooms += 1;
                 let info = dev.mem_info().unwrap_or_default();
-                g.trace(crate::trace::TraceAction::Oom, info.free, alloc_size);
+                g.trace(
+                    crate::observe::trace::TraceAction::Oom,
+                    info.free,
+                    alloc_size,
+                );
                 let allowed = (g.high_ratio > 0.0).then_some(g.max_total_allowed);
                 Err(AllocError::OutOfMemory(Box::new(OutOfMemoryError {
                     message: g.oom_message(dev, alloc_size, pool),
@@ -719,7 +723,7 @@ impl<B: Backend> HeapAllocator<B> {
         match (max_entries, g.history.as_mut()) {
             (None, _) => g.history = None,
             (Some(n), Some(h)) => h.set_max_entries(n),
-            (Some(n), None) => g.history = Some(crate::trace::RingBuffer::new(n)),
+            (Some(n), None) => g.history = Some(crate::observe::trace::RingBuffer::new(n)),
         }
     }
 

@@ -7,12 +7,12 @@
 use super::state::{BufState, State};
 use super::types::*;
 use crate::backend::{Backend, BackendError};
-use crate::callbacks::EventType;
-use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
+use crate::observe::callbacks::EventType;
+use crate::observe::debug::{DebugVerbosity, TARGET};
+use crate::observe::trace::TraceAction;
 use crate::stats::StatType;
 use crate::store::{BlockId, SegmentId, NIL};
-use crate::trace::TraceAction;
 
 impl State {
     /// `free_buffer`: an in-use or pending buffer goes back to its pool's

@@ -18,13 +18,13 @@ use rustc_hash::FxHashMap;
 
 use super::types::*;
 use crate::backend::{Backend, BackendError, DevicePtr, EventId, StreamId};
-use crate::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::config::heap::HeapSettings;
-use crate::debug::{DebugVerbosity, TARGET};
 use crate::error::AllocError;
+use crate::observe::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
+use crate::observe::debug::{DebugVerbosity, TARGET};
+use crate::observe::trace::{RingBuffer, TraceAction, TraceEntry};
 use crate::stats::{DeviceStats, StatType};
 use crate::store::{BlockId, BlockStore, FreeList, Segment, SegmentId, NIL};
-use crate::trace::{RingBuffer, TraceAction, TraceEntry};
 
 /// Where a buffer is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

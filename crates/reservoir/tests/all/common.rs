@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use reservoir::observe::snapshot::Segment;
 use reservoir::sim::{SimConfig, SimDevice};
-use reservoir::snapshot::Segment;
 use reservoir::{AllocError, AllocatorConfig, CachingAllocator, DevicePtr, DeviceStats, StreamId};
 
 pub const MIB: u64 = 1 << 20;

@@ -8,7 +8,7 @@ fn state(
     c: &Checked,
 ) -> (
     std::collections::BTreeMap<String, i64>,
-    Vec<reservoir::snapshot::Segment>,
+    Vec<reservoir::observe::snapshot::Segment>,
 ) {
     (c.flat(), c.segments())
 }

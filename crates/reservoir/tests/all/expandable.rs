@@ -1,6 +1,6 @@
 //! Expandable segments (spec 1.11 and checklist 6.8).
 
-use reservoir::snapshot::BlockState;
+use reservoir::observe::snapshot::BlockState;
 use reservoir::{AllocatorConfig, DevicePtr, StatType};
 
 use crate::common::*;

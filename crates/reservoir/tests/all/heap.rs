@@ -5,15 +5,15 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use reservoir::backend::HostWrite;
-use reservoir::callbacks::{AllocatorEvent, EventType};
 use reservoir::config::heap::{
     strtol_base0, HeapSettings, HeapSettingsError, ENV_DEBUG, ENV_HIGH_WATERMARK_RATIO,
     ENV_LOW_WATERMARK_RATIO,
 };
-use reservoir::debug::DebugVerbosity;
 use reservoir::heap::*;
+use reservoir::observe::callbacks::{AllocatorEvent, EventType};
+use reservoir::observe::debug::DebugVerbosity;
+use reservoir::observe::snapshot::BlockState;
 use reservoir::sim::{Access, AsyncSimDevice, SimConfig, SimDevice};
-use reservoir::snapshot::BlockState;
 use reservoir::{AllocError, Backend, BackendError, DevicePtr, StreamId};
 
 use crate::common::{GIB, MIB, S0};
@@ -1330,7 +1330,7 @@ fn stats_resets_keep_current_values() {
 fn the_history_records_buffers_and_heaps() {
     // The snapshot's device_traces (spec 2.4's actions) for the heap
     // allocator: buffers as blocks, heaps as segments.
-    use reservoir::trace::TraceAction as A;
+    use reservoir::observe::trace::TraceAction as A;
     let h = heap(128 * MIB, true, |_| {});
     h.a.record_history(Some(100));
     let p = h.malloc(3 * MIB + 1);

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use reservoir::caching::{ContextRecorder, HistoryConfig, HistoryMode, PoolFilter};
-use reservoir::callbacks::{AllocatorEvent, CallbackError, EventType};
-use reservoir::debug::{DebugVerbosity, VerbosityError};
-use reservoir::pickle::Value;
-use reservoir::snapshot::{BlockState, Snapshot};
-use reservoir::trace::{Frame, RecordContext, TraceAction, TraceEntry};
+use reservoir::observe::callbacks::{AllocatorEvent, CallbackError, EventType};
+use reservoir::observe::debug::{DebugVerbosity, VerbosityError};
+use reservoir::observe::pickle::Value;
+use reservoir::observe::snapshot::{BlockState, Snapshot};
+use reservoir::observe::trace::{Frame, RecordContext, TraceAction, TraceEntry};
 use reservoir::MempoolId;
 use reservoir::{AllocError, Backend, DevicePtr, StreamId};
 
@@ -567,7 +567,7 @@ fn expandable_segments_are_one_segment_per_mapped_run() {
     let large: Vec<_> = snap
         .segments
         .iter()
-        .filter(|s| s.segment_type == reservoir::snapshot::SegmentType::Large)
+        .filter(|s| s.segment_type == reservoir::observe::snapshot::SegmentType::Large)
         .collect();
     // torch 2.15 (oracle, same calls, context="alloc"): runs at offsets 0
     // and 60 MiB, blocks as below, no segment stacks (split heads).
@@ -873,7 +873,7 @@ fn verbosity_parsing() {
     );
 }
 
-/// A subscriber keeping the messages of `reservoir::debug` events.
+/// A subscriber keeping the messages of `reservoir::observe::debug` events.
 pub(crate) struct Collect(pub(crate) Arc<Mutex<Vec<String>>>);
 
 impl tracing::Subscriber for Collect {
@@ -884,7 +884,7 @@ impl tracing::Subscriber for Collect {
         tracing::subscriber::Interest::sometimes()
     }
     fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
-        m.target() == reservoir::debug::TARGET
+        m.target() == reservoir::observe::debug::TARGET
     }
     fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
         tracing::span::Id::from_u64(1)
@@ -1088,16 +1088,16 @@ fn recording_toggles_keep_invariants_and_drop_stacks_on_free() {
 fn verbosity_is_read_from_the_environment_at_creation() {
     // Other tests set their level explicitly, so changing the variable here
     // cannot disturb them.
-    std::env::set_var(reservoir::debug::ENV_VAR, "allocations|releases");
+    std::env::set_var(reservoir::observe::debug::ENV_VAR, "allocations|releases");
     let c = Checked::default_device();
     assert_eq!(
         c.a.debug_verbosity(),
         DebugVerbosity::ALLOCATIONS | DebugVerbosity::RELEASES
     );
-    std::env::set_var(reservoir::debug::ENV_VAR, "bogus");
+    std::env::set_var(reservoir::observe::debug::ENV_VAR, "bogus");
     let out: Arc<Mutex<Vec<String>>> = Arc::default();
     let c = tracing::subscriber::with_default(Collect(out.clone()), Checked::default_device);
-    std::env::remove_var(reservoir::debug::ENV_VAR);
+    std::env::remove_var(reservoir::observe::debug::ENV_VAR);
     assert_eq!(c.a.debug_verbosity(), DebugVerbosity::OFF);
     let msgs = out.lock().unwrap().clone();
     assert_eq!(msgs.len(), 1, "{msgs:#?}");
@@ -1219,7 +1219,7 @@ mod random {
 /// stacks memoized), and a failing sink is an error, not a panic.
 #[test]
 fn a_streamed_snapshot_pickle_is_the_same_bytes() {
-    use reservoir::pickle::{to_vec_with, to_writer_with, WriteError, WriteOptions};
+    use reservoir::observe::pickle::{to_vec_with, to_writer_with, WriteError, WriteOptions};
     let c = Checked::default_device();
     c.a.record_memory_history(HistoryConfig {
         context: RecordContext::All,

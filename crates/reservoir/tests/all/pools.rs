@@ -1,7 +1,7 @@
 //! Private pools (spec 1.14) and checkpoints (spec 1.15).
 
 use reservoir::caching::PoolFilter;
-use reservoir::snapshot::{BlockState, Segment};
+use reservoir::observe::snapshot::{BlockState, Segment};
 use reservoir::MempoolId;
 use reservoir::{Backend, StreamId};
 
@@ -332,7 +332,7 @@ fn deferred_frees_are_recorded_in_free_order() {
     let completed: Vec<u64> =
         c.a.history()
             .into_iter()
-            .filter(|e| e.action == reservoir::trace::TraceAction::FreeCompleted)
+            .filter(|e| e.action == reservoir::observe::trace::TraceAction::FreeCompleted)
             .map(|e| e.addr)
             .collect();
     assert_eq!(completed, ps.iter().map(|p| p.0).collect::<Vec<_>>());

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use reservoir::snapshot::BlockState;
-use reservoir::trace::TraceAction;
+use reservoir::observe::snapshot::BlockState;
+use reservoir::observe::trace::TraceAction;
 use reservoir::{DevicePtr, StreamId};
 
 use crate::common::*;

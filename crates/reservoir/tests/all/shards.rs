@@ -168,7 +168,7 @@ fn history_and_snapshots_cover_every_shard() {
     // spec 2.2-2.5: one snapshot of the device lists every segment in
     // address order and the whole history, with one `snapshot` entry per call.
     use reservoir::caching::HistoryConfig;
-    use reservoir::trace::TraceAction;
+    use reservoir::observe::trace::TraceAction;
     let s = shards_with_capacity(1 << 30);
     let a = s.raw_alloc(MIB, StreamId(1)).unwrap(); // shard created before recording
     s.record_memory_history(HistoryConfig::events_only(1000));
@@ -190,7 +190,7 @@ fn history_and_snapshots_cover_every_shard() {
         .collect();
     assert_eq!(allocs, [b.0, c.0], "both shards' allocations, in order");
     // Each call's `snapshot` entry shows from the next snapshot on, once.
-    let snapshots = |trace: &[reservoir::trace::TraceEntry]| {
+    let snapshots = |trace: &[reservoir::observe::trace::TraceEntry]| {
         trace
             .iter()
             .filter(|e| e.action == TraceAction::Snapshot)

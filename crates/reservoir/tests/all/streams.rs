@@ -1,7 +1,7 @@
 //! record_stream and cross-stream frees on the simulated device (spec 1.10).
 
-use reservoir::snapshot::{BlockState, SegmentType};
-use reservoir::trace::TraceAction;
+use reservoir::observe::snapshot::{BlockState, SegmentType};
+use reservoir::observe::trace::TraceAction;
 use reservoir::Backend;
 
 use crate::common::*;

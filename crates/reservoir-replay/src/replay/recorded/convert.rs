@@ -16,8 +16,8 @@ use reservoir::backend::StreamId;
 use reservoir::caching::rules;
 use reservoir::caching::{SeededBlock, SeededExpandable, SeededSegment};
 use reservoir::config::AllocatorConfig;
-use reservoir::snapshot::SegmentType;
-use reservoir::trace::{TraceAction, TraceEntry};
+use reservoir::observe::snapshot::SegmentType;
+use reservoir::observe::trace::{TraceAction, TraceEntry};
 use undo::{
     undo_alloc, undo_expandable_block, undo_free, undo_map, undo_segment_alloc, undo_segment_free,
 };

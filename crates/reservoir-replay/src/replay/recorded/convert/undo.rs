@@ -13,7 +13,7 @@ use super::{
 };
 use reservoir::caching::rules;
 use reservoir::config::AllocatorConfig;
-use reservoir::trace::{TraceAction, TraceEntry};
+use reservoir::observe::trace::{TraceAction, TraceEntry};
 
 /// Undo entry `i` (an `alloc` or `free_completed`) in the expandable
 /// segment `x` at `xb`: before an `alloc` its block was free, before a

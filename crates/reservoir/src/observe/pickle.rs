@@ -19,7 +19,7 @@
 //!   of one, for the writer and the reader alike.
 //!
 //! ```
-//! use reservoir::pickle::{self, Value};
+//! use reservoir::observe::pickle::{self, Value};
 //!
 //! let v = Value::dict(vec![
 //!     (Value::from("size"), Value::from(20u64 << 20)),

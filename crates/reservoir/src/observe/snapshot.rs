@@ -4,7 +4,7 @@
 //!
 //! * [`Snapshot`] mirrors the dict `torch.cuda.memory._snapshot()` returns:
 //!   [`Segment`]s with their [`Block`]s, per-device trace entries
-//!   ([`TraceEntry`](crate::trace::TraceEntry)), [`AllocatorSettings`] and
+//!   ([`TraceEntry`](crate::observe::trace::TraceEntry)), [`AllocatorSettings`] and
 //!   [`ExternalAnnotation`]s. Keys that differ between PyTorch versions are
 //!   `Option`s and unknown keys are kept in `extra` fields, so a reader (the
 //!   `reservoir-replay` crate decodes every layout PyTorch has written) can
@@ -16,7 +16,7 @@
 //!   each segment.
 //!
 //! ```
-//! use reservoir::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
+//! use reservoir::observe::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
 //! use reservoir::StreamId;
 //!
 //! let seg = Segment {
@@ -35,7 +35,7 @@
 //! let snap = Snapshot { segments: vec![seg], ..Snapshot::default() };
 //! snap.check_consistency().unwrap();
 //! let bytes = snap.to_pickle().unwrap();
-//! assert_eq!(bytes[0], reservoir::pickle::op::PROTO);
+//! assert_eq!(bytes[0], reservoir::observe::pickle::op::PROTO);
 //! ```
 
 mod check;

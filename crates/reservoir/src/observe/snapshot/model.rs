@@ -6,8 +6,8 @@ use std::sync::Arc;
 use serde::ser::SerializeMap;
 
 use crate::backend::StreamId;
-use crate::pickle::Value;
-use crate::trace::{Frame, TraceEntry};
+use crate::observe::pickle::Value;
+use crate::observe::trace::{Frame, TraceEntry};
 
 /// A PyTorch memory snapshot: what `torch.cuda.memory._snapshot()` returns.
 ///

@@ -8,8 +8,8 @@ use rustc_hash::FxHashMap;
 use super::model::{
     AllocatorSettings, Block, BlockHistory, ExternalAnnotation, ExtraKeys, Segment, Snapshot,
 };
-use crate::pickle::{self, Value, WriteError, WriteOptions};
-use crate::trace::{Frame, TraceAction, TraceEntry};
+use crate::observe::pickle::{self, Value, WriteError, WriteOptions};
+use crate::observe::trace::{Frame, TraceAction, TraceEntry};
 
 impl Snapshot {
     /// The snapshot as the dict PyTorch pickles: `segments`,

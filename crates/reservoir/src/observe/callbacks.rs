@@ -32,7 +32,7 @@
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
-//! use reservoir::callbacks::{AllocatorEvent, EventType};
+//! use reservoir::observe::callbacks::{AllocatorEvent, EventType};
 //! use reservoir::{AllocatorConfig, CachingAllocator, StreamId};
 //! use reservoir::sim::SimDevice;
 //!
