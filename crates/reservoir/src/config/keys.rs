@@ -23,19 +23,19 @@ use super::values::{AllocatorBackend, ReserveSpec, MIB, ROUNDUP_POWER2_INTERVALS
 use crate::observe::snapshot::AllocatorSettings;
 
 /// One row of the key table.
-pub(super) struct Key {
+struct Key {
     /// The key, then the aliases PyTorch also accepts.
-    pub(super) names: &'static [&'static str],
+    names: &'static [&'static str],
     /// The parser that reads it.
-    pub(super) parser: KeyParser,
+    parser: KeyParser,
     /// How its value is read.
-    pub(super) parse: ParseFn,
+    parse: ParseFn,
     /// What happens to its setting before every reading of the common keys
     /// (start-up and `_set_allocator_settings`): `None` keeps the value.
-    pub(super) reset: Option<fn(&mut AllocatorConfig)>,
+    reset: Option<fn(&mut AllocatorConfig)>,
     /// Writes its entry of the snapshot's `allocator_settings` dict; `None`
     /// when PyTorch writes none.
-    pub(super) snapshot: Option<fn(&AllocatorConfig, &mut AllocatorSettings)>,
+    snapshot: Option<fn(&AllocatorConfig, &mut AllocatorSettings)>,
     /// Its value in [`AllocatorConfig::to_settings_string`], given the
     /// settings and the defaults; `None` leaves the key out (its setting is
     /// at the default).
