@@ -269,7 +269,7 @@ fn steady_state_driver_time_counts_the_calls_after_the_peak() {
 
 #[test]
 fn reservoir_makes_no_steady_state_driver_call_on_the_small_decode_workloads() {
-    // BENCHMARKS.md "Steady state: growth arenas (lane steady2)": with 2 MiB
+    // BENCHMARKS.md "Steady state: growth arenas" (docs/benchmarks-history.md): with 2 MiB
     // of slack above the target's 1/64 the `reservoir` policy unmapped and
     // remapped 2 to 6 MiB every decode step of these workloads (102 us and
     // 22 us of steady-state driver time, PyTorch mode 0); the 8 MiB slack

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir::observe::trace::TraceAction;
+use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::input::{self, AddressKind};
 use reservoir_replay::replay::recorded::{convert, recorded_setting, replay_recorded};
 use reservoir_replay::replay::ReplayOptions;

@@ -20,11 +20,11 @@
 use super::state::observe::{Recorded, SegmentContext};
 use super::state::DeviceState;
 use crate::backend::{DevicePtr, StreamId};
+use crate::format::format_size;
 use crate::observe::callbacks::{AllocatorEvent, EventType};
 use crate::observe::debug::{DebugVerbosity, TARGET};
-use crate::format::format_size;
-use crate::store::{BlockId, PoolId, NIL};
 use crate::observe::trace::{Context, RecordContext, TraceAction};
+use crate::store::{BlockId, PoolId, NIL};
 impl DeviceState {
     /// Allocation stacks are held only by live active blocks, and the slow
     /// path is on while any exists (so freeing drops the stack).

@@ -9,9 +9,9 @@ use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
+use crate::observe::trace::TraceAction;
 use crate::stats::StatType;
 use crate::store::{BlockId, Segment, NIL};
-use crate::observe::trace::TraceAction;
 
 impl DeviceState {
     /// spec 1.5: malloc. Returns the allocated block.

@@ -3,7 +3,7 @@
 //!
 //! A recorded trace usually starts mid-run: at its first entry the allocator
 //! already held segments, some of their blocks allocated. To replay it, the
-//! state at the first entry is rebuilt (see `reservoir_replay::replay::snapshot`)
+//! state at the first entry is rebuilt (see `reservoir_replay::replay::recorded`)
 //! and laid into a fresh allocator with [`Seeder::seed_segment`]: the
 //! segment is obtained from the backend (a simulated device scripted with the
 //! recorded address returns that address), its blocks are linked, free ones
@@ -113,7 +113,7 @@ impl<B: Backend> Seeder<'_, B> {
     /// Obtain a segment of `seg.size` bytes from the backend and lay out
     /// `seg.blocks` in it; returns its base. Every byte not covered by a
     /// block becomes a free block in the segment's pool (a recorded trace's
-    /// start state is laid in this way, see `reservoir_replay::replay::snapshot`).
+    /// start state is laid in this way, see `reservoir_replay::replay::recorded`).
     ///
     /// Stats move as if the segment had been allocated from the driver and
     /// each block allocated in it (`num_device_alloc` included; call

@@ -109,7 +109,7 @@ fn free_pages_are_unmapped_before_the_cache_grows_past_the_target() {
 
 #[test]
 fn the_target_allows_8_mib_above_the_peak_and_its_64th() {
-    // BENCHMARKS.md "Steady state: growth arenas (lane steady2)": small
+    // BENCHMARKS.md "Steady state: growth arenas" (docs/benchmarks-history.md): small
     // decode loops unmapped and remapped the same few MiB every step with
     // 2 MiB of slack. 6 MiB after a 64 MiB peak: reserved 64 + 6 = 70 MiB
     // is under the target (66 MiB allocated once served + 1/64 + 8 MiB =
@@ -231,7 +231,7 @@ fn the_default_outside_pytorch_mode_is_the_reservoir_policy() {
 
 #[test]
 fn a_2mib_multiple_gets_a_segment_of_its_own_when_growth_would_map_it_all() {
-    // BENCHMARKS.md "Steady state (lane steady)": cudaMalloc costs about
+    // docs/benchmarks-history.md "Steady state: segments of their own": cudaMalloc costs about
     // 1/11 of mapping the same bytes in the sim's cost model.
     let c = reservoir_policy();
     c.alloc(64 * MIB);

@@ -34,7 +34,7 @@
 //!    calls (hysteresis).
 //!
 //!
-//! Whole segments (BENCHMARKS.md "Steady state (lane steady)"): the sim's
+//! Whole segments (docs/benchmarks-history.md "Steady state: segments of their own"): the sim's
 //! cost model charges a mapped 2 MiB page about 11x what `cudaMalloc`
 //! charges for the same bytes, so a cache that grows by mapping pages spends
 //! far more driver time than PyTorch mode's. A request of at least
@@ -97,8 +97,8 @@ pub(crate) fn whole_segment_fits(size: u64, block_size: u64) -> bool {
 }
 
 /// The bytes the target allows above `peak + peak / 64`
-/// ([`DeviceState::reservoir_target`]). Measured (BENCHMARKS.md "Steady
-/// state: growth arenas (lane steady2)"): with 2 MiB (the page) the small
+/// ([`DeviceState::reservoir_target`]). Measured (docs/benchmarks-history.md "Steady
+/// state: growth arenas"): with 2 MiB (the page) the small
 /// workloads `llm-infer` and `llm-infer-concat` unmap and remap the same
 /// 2 to 6 MiB every decode step; 6 MiB stops the first, 8 MiB both; 12 and
 /// 16 MiB gain nothing more.

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::backend::StreamId;
+use crate::ids::MempoolId;
 use crate::observe::callbacks::CallbackRegistry;
 use crate::observe::debug::DebugVerbosity;
-use crate::ids::MempoolId;
-use crate::store::BlockId;
 use crate::observe::trace::{Context, Frame, RecordContext, RingBuffer, TraceAction, TraceEntry};
+use crate::store::BlockId;
 
 /// Whether and how much history is kept (PyTorch's `enabled` argument).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
