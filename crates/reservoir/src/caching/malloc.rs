@@ -152,37 +152,9 @@ impl DeviceState {
             return false;
         }
         if self.store.blocks[it.id].expandable {
-            // The blocks after `it` (the first one is `it`).
-            let mut next = self.pools[p.pool as usize].blocks.from(&it);
-            next.next();
-            if self.config.expandable_segments {
-                // Best fit by the size a block can grow to: a block followed by
-                // unmapped space counts as that much larger.
-                let blocks = &self.store.blocks;
-                let expandable_size = |k: &FreeKey| {
-                    let b = &blocks[k.id];
-                    b.size
-                        + if b.next != NIL && !blocks[b.next].mapped {
-                            blocks[b.next].size
-                        } else {
-                            0
-                        }
-                };
-                for next in next {
-                    if !blocks[it.id].expandable
-                        || next.stream != p.stream
-                        || expandable_size(&next) >= expandable_size(&it)
-                    {
-                        break;
-                    }
-                    it = next;
-                }
-            } else {
-                // Expandable segments were turned off: skip their blocks.
-                match next.find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream) {
-                    Some(k) if k.stream == p.stream => it = k,
-                    _ => return false,
-                }
+            match self.expandable_best_fit(it, p, false) {
+                Some(k) => it = k,
+                None => return false,
             }
         }
         // Do not return an oversized block for a large request, and round
@@ -194,6 +166,52 @@ impl DeviceState {
         debug_assert!(removed, "the block is in its pool");
         p.block = it.id;
         true
+    }
+
+    /// spec 1.6, the expandable part of `get_free_block`: from `it`, the
+    /// first fit on `p`'s stream and a block of an expandable segment, the
+    /// best fit by the size a block can grow to (a block followed by
+    /// unmapped space counts as that much larger); with expandable segments
+    /// turned off, the first block after them. `None`: nothing on the stream
+    /// fits. With `keeps_whole` (the `reservoir` policy's fit, never PyTorch
+    /// mode's) the scan stops at a block of a whole segment.
+    #[inline]
+    pub(super) fn expandable_best_fit(
+        &self,
+        mut it: FreeKey,
+        p: &AllocParams,
+        keeps_whole: bool,
+    ) -> Option<FreeKey> {
+        // The blocks after `it` (the first one is `it`).
+        let mut next = self.pools[p.pool as usize].blocks.from(&it);
+        next.next();
+        if !self.config.expandable_segments {
+            // Expandable segments were turned off: skip their blocks.
+            return next
+                .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
+                .filter(|k| k.stream == p.stream);
+        }
+        let blocks = &self.store.blocks;
+        let expandable_size = |k: &FreeKey| {
+            let b = &blocks[k.id];
+            b.size
+                + if b.next != NIL && !blocks[b.next].mapped {
+                    blocks[b.next].size
+                } else {
+                    0
+                }
+        };
+        for next in next {
+            if !blocks[it.id].expandable
+                || next.stream != p.stream
+                || (keeps_whole && !blocks[next.id].expandable)
+                || expandable_size(&next) >= expandable_size(&it)
+            {
+                break;
+            }
+            it = next;
+        }
+        Some(it)
     }
 
     /// spec 1.5 step 4: run the free-memory callbacks; true if any freed memory.

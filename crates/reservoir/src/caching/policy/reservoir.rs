@@ -371,41 +371,10 @@ impl DeviceState {
             }
         }
         if self.store.blocks[hit.id].expandable {
-            // The blocks after the hit (the first one is the hit).
-            let mut candidates = self.pools[p.pool as usize].blocks.from(&hit);
-            candidates.next();
-            if self.config.expandable_segments {
-                // Best fit by the size a block can grow to: a block followed by
-                // unmapped space counts as that much larger (spec 1.6).
-                let blocks = &self.store.blocks;
-                let expandable_size = |k: &FreeKey| {
-                    let b = &blocks[k.id];
-                    b.size
-                        + if b.next != NIL && !blocks[b.next].mapped {
-                            blocks[b.next].size
-                        } else {
-                            0
-                        }
-                };
-                let keeps_whole = self.maps_fewest_pages();
-                for next in candidates {
-                    if !blocks[hit.id].expandable
-                        || next.stream != p.stream
-                        || (keeps_whole && !blocks[next.id].expandable)
-                        || expandable_size(&next) >= expandable_size(&hit)
-                    {
-                        break;
-                    }
-                    hit = next;
-                }
-            } else {
-                // Expandable segments were turned off: skip their blocks.
-                match candidates
-                    .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
-                {
-                    Some(k) if k.stream == p.stream => hit = k,
-                    _ => return false,
-                }
+            let keeps_whole = self.maps_fewest_pages();
+            match self.expandable_best_fit(hit, p, keeps_whole) {
+                Some(k) => hit = k,
+                None => return false,
             }
         }
         let pool = &mut self.pools[p.pool as usize];
