@@ -41,6 +41,15 @@ impl DeviceState {
     /// events, and the statistics.
     pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.check_contexts()?;
+        (self.events)
+            .check(|id| {
+                self.store
+                    .blocks
+                    .items
+                    .get(id as usize)
+                    .is_some_and(|b| b.live)
+            })
+            .map_err(InvariantViolation)?;
         self.store.check_tiling().map_err(InvariantViolation)?;
         self.check_layout_summary()?;
         let recount = self.recount_segments()?;
@@ -63,12 +72,7 @@ impl DeviceState {
     /// statistics and the free lists should hold.
     fn recount_segments(&self) -> Result<Recount, InvariantViolation> {
         let mut r = Recount::default();
-        let mut pending: HashMap<BlockId, u32> = HashMap::new();
-        for queue in self.events.queues.values() {
-            for &(_, id) in queue {
-                *pending.entry(id).or_default() += 1;
-            }
-        }
+        let pending = self.events.queued_per_block();
         for (sid, seg) in self.store.segments.items.iter().enumerate() {
             if !seg.live {
                 continue;

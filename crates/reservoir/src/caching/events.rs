@@ -3,9 +3,8 @@
 //! FIFOs kept in the order of PyTorch's `cuda_events` hash map (see
 //! `stream_order`).
 
-use std::collections::VecDeque;
-
 use super::release::keep_first;
+use super::state::events::EventQueue;
 use super::state::DeviceState;
 use super::stream_order::stream_set_order;
 use crate::backend::{Backend, BackendError, EventId, StreamId};
@@ -19,15 +18,15 @@ impl DeviceState {
         backend: &B,
     ) -> Result<(), BackendError> {
         // In the order the frees happened, as PyTorch walks its vector.
-        let mut deferred = std::mem::take(&mut self.events.needs_events_deferred).into_iter();
+        let mut deferred = self.events.take_deferred().into_iter();
         while let Some(id) = deferred.next() {
             // `remove_cudagraph_stream_uses`: work recorded during a capture
             // is captured, not run, so the streams recorded then are dropped
             // (the set is rebuilt by inserting the rest in its old order).
-            if let Some(captured) = self.events.capture_stream_uses.remove(&id) {
+            if let Some(captured) = self.events.take_capture_uses(id) {
                 let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
                 self.store.blocks[id].stream_uses =
-                    stream_set_order(&uses, &self.events.c10_streams)
+                    stream_set_order(&uses, self.events.c10_streams())
                         .into_iter()
                         .filter(|s| !captured.contains(s))
                         .collect();
@@ -35,7 +34,7 @@ impl DeviceState {
             if let Err(e) = self.insert_events(backend, id) {
                 // Nothing recorded for this block: it and the rest wait for
                 // the next call.
-                self.events.needs_events_deferred = std::iter::once(id).chain(deferred).collect();
+                self.events.defer_again(std::iter::once(id).chain(deferred));
                 return Err(e);
             }
             if self.store.blocks[id].event_count == 0 {
@@ -69,7 +68,10 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<Vec<(StreamId, EventId)>, BackendError> {
-        let order = stream_set_order(&self.store.blocks[id].stream_uses, &self.events.c10_streams);
+        let order = stream_set_order(
+            &self.store.blocks[id].stream_uses,
+            self.events.c10_streams(),
+        );
         let mut events = Vec::with_capacity(order.len());
         for s in order {
             match backend.record_event(s) {
@@ -89,19 +91,9 @@ impl DeviceState {
     /// The second half of `insert_events`: the block's stream uses become
     /// the recorded `events`, queued per stream. Cannot fail.
     pub(super) fn queue_block_events(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
-        self.store.blocks[id].stream_uses.clear();
-        // PyTorch keeps the capture-time uses of a block freed outside a
-        // capture keyed by its Block* until a later deferred free of that
-        // pointer; forgetting them here only differs when a block is reused.
-        self.events.capture_stream_uses.remove(&id);
-        self.store.blocks[id].event_count += events.len() as u32;
-        for (s, event) in events {
-            let hash = self.events.c10_streams.hash(s);
-            self.events
-                .queues
-                .get_or_insert_with(s, hash, VecDeque::new)
-                .push_back((event, id));
-        }
+        let b = &mut self.store.blocks[id];
+        b.stream_uses.clear();
+        self.events.record(id, &mut b.event_count, events);
     }
 
     /// spec 1.10: reap completed cross-stream events, per stream, stopping at
@@ -114,7 +106,7 @@ impl DeviceState {
     /// into the caller; the walk is out of line.
     #[inline]
     pub fn process_events<B: Backend + ?Sized>(&mut self, backend: &B) -> Result<(), BackendError> {
-        if self.events.needs_events_deferred.is_empty() && self.events.queues.is_empty() {
+        if self.events.is_idle() {
             return Ok(());
         }
         self.process_pending_events(backend)
@@ -126,25 +118,21 @@ impl DeviceState {
         &mut self,
         backend: &B,
     ) -> Result<(), BackendError> {
-        if !self.events.needs_events_deferred.is_empty() {
+        if self.events.has_deferred() {
             self.insert_events_deferred_until_no_capture(backend)?;
         }
-        let mut cur = self.events.queues.first();
-        while let Some(pos) = cur {
-            while let Some(&(event, id)) = self.events.queues.value_at(pos).front() {
+        let mut cur = self.events.first_queue();
+        while let Some(at) = cur {
+            while let Some((event, id)) = self.events.front(at) {
                 if !backend.query_event(event)? {
                     break;
                 }
-                self.events.queues.value_at(pos).pop_front();
+                self.events.pop_front(at);
                 // The event has completed; giving it back cannot change the outcome.
                 let _ = backend.destroy_event(event);
                 self.complete_event(id);
             }
-            cur = if self.events.queues.value_at(pos).is_empty() {
-                self.events.queues.erase_at(pos)
-            } else {
-                self.events.queues.next(pos)
-            };
+            cur = self.events.next_queue(at);
         }
         Ok(())
     }
@@ -169,10 +157,10 @@ impl DeviceState {
         // A deferred free whose events cannot be recorded stays deferred;
         // the events already queued are still waited for.
         let mut result = self.insert_events_deferred_until_no_capture(backend);
-        let mut cur = self.events.queues.first();
-        while let Some(pos) = cur {
-            let queue = std::mem::take(self.events.queues.value_at(pos));
-            let mut keep = VecDeque::new();
+        let mut cur = self.events.first_queue();
+        while let Some(at) = cur {
+            let queue = self.events.take_queue(at);
+            let mut keep = EventQueue::new();
             for (event, id) in queue {
                 if only.is_some() && self.owner(self.store.blocks[id].pool) != only {
                     keep.push_back((event, id));
@@ -189,13 +177,8 @@ impl DeviceState {
                 let _ = backend.destroy_event(event);
                 self.complete_event(id);
             }
-            let empty = keep.is_empty();
-            *self.events.queues.value_at(pos) = keep;
-            cur = if empty {
-                self.events.queues.erase_at(pos)
-            } else {
-                self.events.queues.next(pos)
-            };
+            self.events.restore_queue(at, keep);
+            cur = self.events.next_queue(at);
         }
         result
     }

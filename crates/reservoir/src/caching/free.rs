@@ -46,7 +46,7 @@ impl DeviceState {
         };
         if self.private.captures_underway.is_empty() {
             self.store.blocks[id].stream_uses.clear();
-            self.events.capture_stream_uses.remove(&id);
+            self.events.forget_capture_uses(id);
         }
         self.free_ptr(backend, ptr)
     }
@@ -98,7 +98,7 @@ impl DeviceState {
             // No events while allocating to a pool: record them once every
             // pool allocation has ended.
             self.mark_freed(backend, id);
-            self.events.needs_events_deferred.push(id);
+            self.events.defer(id);
         }
         Ok(())
     }
@@ -194,7 +194,7 @@ impl DeviceState {
         }
         let src_before = self.store.blocks[dst].prev == src;
         let size = self.store.merge(dst, src);
-        if src_before && self.obs.active {
+        if src_before && self.obs.is_active() {
             // PyTorch moves the segment's stack to the new head.
             self.move_segment_context(src, dst);
         }
@@ -204,9 +204,7 @@ impl DeviceState {
 
     #[inline]
     pub(super) fn release_block_slot(&mut self, id: BlockId) {
-        if !self.events.capture_stream_uses.is_empty() {
-            self.events.capture_stream_uses.remove(&id);
-        }
+        self.events.forget_capture_uses(id);
         self.store.free_block_slot(id);
     }
 
@@ -220,10 +218,7 @@ impl DeviceState {
             b.stream_uses.push(stream);
         }
         if !self.private.captures_underway.is_empty() {
-            let captured = self.events.capture_stream_uses.entry(id).or_default();
-            if !captured.contains(&stream) {
-                captured.push(stream);
-            }
+            self.events.note_capture_use(id, stream);
         }
     }
 }

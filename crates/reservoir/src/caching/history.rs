@@ -23,13 +23,13 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::format::format_size;
 use crate::observe::callbacks::{AllocatorEvent, EventType};
 use crate::observe::debug::{DebugVerbosity, TARGET};
-use crate::observe::trace::{Context, RecordContext, TraceAction};
+use crate::observe::trace::{Context, TraceAction};
 use crate::store::{BlockId, PoolId, NIL};
 impl DeviceState {
     /// Allocation stacks are held only by live active blocks, and the slow
     /// path is on while any exists (so freeing drops the stack).
     pub(crate) fn check_contexts(&self) -> Result<(), super::InvariantViolation> {
-        for &id in self.obs.block_ctx.keys() {
+        for id in self.obs.blocks_with_context() {
             let b = &self.store.blocks[id];
             if !b.live || !(b.allocated || b.event_count > 0 || !b.stream_uses.is_empty()) {
                 return Err(super::InvariantViolation(format!(
@@ -38,10 +38,10 @@ impl DeviceState {
                 )));
             }
         }
-        if !self.obs.block_ctx.is_empty() && !self.obs.active {
+        let holding = self.obs.blocks_with_context().count();
+        if holding > 0 && !self.obs.is_active() {
             return Err(super::InvariantViolation(format!(
-                "{} blocks hold a stack but the observing slow path is off",
-                self.obs.block_ctx.len()
+                "{holding} blocks hold a stack but the observing slow path is off"
             )));
         }
         Ok(())
@@ -49,40 +49,30 @@ impl DeviceState {
 
     /// The segment stack recorded for `block`, if still its own.
     pub(crate) fn segment_context(&self, block: BlockId) -> Option<&Context> {
-        let c = self.obs.seg_ctx.get(&block)?;
+        let c = self.obs.segment_context(block)?;
         let b = &self.store.blocks[block];
-        (b.live && b.addr == c.addr && self.store.segments[b.segment].seq == c.seq)
-            .then_some(&c.ctx)
+        (b.live && c.is_for(b.addr, self.store.segments[b.segment].seq)).then_some(c.context())
     }
 
     /// The allocation stack of `block`.
     pub(crate) fn block_context(&self, block: BlockId) -> Option<&Context> {
-        self.obs.block_ctx.get(&block)
+        self.obs.block_context(block)
     }
 
     fn set_segment_context(&mut self, block: BlockId, ctx: Option<Context>) {
-        match ctx {
-            Some(ctx) => {
-                let b = &self.store.blocks[block];
-                let c = SegmentContext {
-                    addr: b.addr,
-                    seq: self.store.segments[b.segment].seq,
-                    ctx,
-                };
-                self.obs.seg_ctx.insert(block, c);
-            }
-            None => {
-                self.obs.seg_ctx.remove(&block);
-            }
-        }
+        let c = ctx.map(|ctx| {
+            let b = &self.store.blocks[block];
+            SegmentContext::new(b.addr, self.store.segments[b.segment].seq, ctx)
+        });
+        self.obs.set_segment_context(block, c);
     }
 
     /// `try_merge_blocks` of `[src dst]`: `dst` (now starting at `src`'s
     /// address) takes `src`'s segment stack, or none (PyTorch's move).
     pub(crate) fn move_segment_context(&mut self, src: BlockId, dst: BlockId) {
-        let ctx = self.obs.seg_ctx.remove(&src).and_then(|c| {
+        let ctx = self.obs.take_segment_context(src).and_then(|c| {
             let b = &self.store.blocks[src];
-            (b.live && self.store.segments[b.segment].seq == c.seq).then_some(c.ctx)
+            (b.live && self.store.segments[b.segment].seq == c.seq()).then(|| c.into_context())
         });
         self.set_segment_context(dst, ctx);
     }
@@ -100,23 +90,8 @@ impl DeviceState {
         pool: PoolId,
         block: BlockId,
     ) {
-        if self.obs.active | self.obs.callbacks.is_active() {
+        if self.obs.is_observing() {
             self.observe_slow(action, addr, size, stream, pool, block);
-        }
-    }
-
-    fn set_block_context(&mut self, block: BlockId, ctx: Option<Context>) {
-        let was_empty = self.obs.block_ctx.is_empty();
-        match ctx {
-            Some(c) => {
-                self.obs.block_ctx.insert(block, c);
-            }
-            None => {
-                self.obs.block_ctx.remove(&block);
-            }
-        }
-        if was_empty != self.obs.block_ctx.is_empty() {
-            self.obs.refresh();
         }
     }
 
@@ -130,7 +105,7 @@ impl DeviceState {
         pool: PoolId,
         block: BlockId,
     ) {
-        let cur = self.obs.cur_ctx.clone();
+        let cur = self.obs.current_context().cloned();
         let block_ctx = |s: &Self| {
             (block != NIL)
                 .then(|| s.block_context(block).cloned())
@@ -143,13 +118,13 @@ impl DeviceState {
         };
         let ctx = match action {
             TraceAction::Alloc => {
-                self.set_block_context(block, cur.clone());
+                self.obs.set_block_context(block, cur.clone());
                 cur
             }
             TraceAction::FreeRequested => cur.or_else(|| block_ctx(self)),
             TraceAction::FreeCompleted => {
                 let c = cur.or_else(|| block_ctx(self));
-                self.set_block_context(block, None);
+                self.obs.set_block_context(block, None);
                 c
             }
             TraceAction::SegmentAlloc => {
@@ -164,7 +139,7 @@ impl DeviceState {
             }
             TraceAction::SegmentFree => {
                 let c = cur.or_else(|| seg_ctx(self));
-                self.obs.seg_ctx.remove(&block);
+                self.obs.take_segment_context(block);
                 c
             }
             TraceAction::SegmentUnmap => cur.or_else(|| seg_ctx(self)),
@@ -173,29 +148,9 @@ impl DeviceState {
         };
         let small = self.pools[pool as usize].is_small;
         let owner = self.owner(pool).unwrap_or_default();
-        if self.obs.record_history || !self.obs.trackers.is_empty() {
-            let rec = Recorded {
-                action,
-                addr,
-                size,
-                stream,
-                time_us: now_us(),
-                pool: owner,
-                context: if self.obs.when >= RecordContext::Alloc {
-                    ctx
-                } else {
-                    None
-                },
-            };
-            if !self.obs.trackers.is_empty() {
-                let entry = rec.to_entry();
-                for t in &self.obs.trackers {
-                    t(&entry);
-                }
-            }
-            if self.obs.record_history {
-                self.obs.ring.push(rec);
-            }
+        if self.obs.takes_entries() {
+            let rec = Recorded::new(action, addr, size, stream, now_us(), owner, ctx);
+            self.obs.record(rec);
         }
         self.report(action, addr, size, stream, small, block);
     }
@@ -210,11 +165,11 @@ impl DeviceState {
         small: bool,
         block: BlockId,
     ) {
-        let v = self.obs.verbosity;
+        let v = self.obs.verbosity();
         let pool_name = if small { "small" } else { "large" };
         let event = match action {
             TraceAction::Alloc => {
-                let fresh = std::mem::take(&mut self.obs.fresh);
+                let fresh = self.obs.take_fresh();
                 let block_size = self.store.blocks[block].size;
                 if fresh && v.logs(DebugVerbosity::ALLOCATIONS, small) {
                     tracing::info!(
@@ -305,7 +260,7 @@ impl DeviceState {
             TraceAction::FreeRequested | TraceAction::Snapshot => None,
         };
         if let Some((event, size)) = event {
-            self.obs.callbacks.fire(&AllocatorEvent {
+            self.obs.callbacks().fire(&AllocatorEvent {
                 event,
                 device: self.device,
                 ptr: DevicePtr(addr),

@@ -117,7 +117,7 @@ impl DeviceState {
                     && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
                     && self.alloc_block(backend, p, true)?);
             // The block comes from the device (for callbacks and debug output).
-            self.obs.fresh = found;
+            self.obs.set_fresh(found);
         }
 
         if !found {

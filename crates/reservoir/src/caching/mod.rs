@@ -176,13 +176,12 @@ impl<B: Backend> CachingAllocator<B> {
             }
         }
         let callbacks = Arc::new(CallbackRegistry::new());
-        state.obs.callbacks = callbacks.clone();
+        state.obs.set_callbacks(callbacks.clone());
         let verbosity = DebugVerbosity::from_env().unwrap_or_else(|e| {
             tracing::warn!(target: TARGET, "{e}; debug output stays off");
             DebugVerbosity::OFF
         });
-        state.obs.verbosity = verbosity;
-        state.obs.refresh();
+        state.obs.set_verbosity(verbosity);
         if verbosity.contains(DebugVerbosity::PROFILING) {
             tracing::info!(
                 target: TARGET,
@@ -218,9 +217,9 @@ impl<B: Backend> CachingAllocator<B> {
         if ctx.is_none() {
             return f(&mut state);
         }
-        state.obs.cur_ctx = ctx;
+        state.obs.set_current_context(ctx);
         let r = f(&mut state);
-        state.obs.cur_ctx = None;
+        state.obs.set_current_context(None);
         r
     }
 
@@ -283,11 +282,11 @@ impl<B: Backend> CachingAllocator<B> {
         let mut state = self.state.lock();
         let had = ctx.is_some();
         if had {
-            state.obs.cur_ctx = ctx;
+            state.obs.set_current_context(ctx);
         }
         let r = state.malloc(&self.backend, size, stream);
         if had {
-            state.obs.cur_ctx = None;
+            state.obs.set_current_context(None);
         }
         match r {
             Ok(id) => Ok(DevicePtr(state.store.blocks[id].addr)),
@@ -440,7 +439,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// so they decide which stream's cross-stream frees complete first. By
     /// default `StreamId(n)` is the n-th pool stream, the default stream 0.
     pub fn set_c10_stream_id(&self, stream: StreamId, id: i64) {
-        self.state.lock().events.c10_streams.set_id(stream, id);
+        self.state.lock().events.set_c10_stream_id(stream, id);
     }
 
     /// Release every cached segment that is entirely free, after waiting for
@@ -456,7 +455,7 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn empty_cache_pool(&self, pool: MempoolId) -> Result<(), AllocError> {
         let ctx = self.gather(RecordContext::All);
         self.with_context(ctx, |state| {
-            if state.obs.verbosity.contains(DebugVerbosity::PROFILING) {
+            if state.obs.verbosity().contains(DebugVerbosity::PROFILING) {
                 tracing::info!(
                     target: TARGET,
                     "Attempting to release cached blocks of pool {pool:?} (reserved {}, allocated {})",
@@ -658,17 +657,17 @@ impl<B: Backend> CachingAllocator<B> {
         state.obs.configure(&config);
         *self.recorder.write() = config.recorder.clone();
         self.record_level
-            .store(level_u8(state.obs.when), Ordering::Relaxed);
+            .store(level_u8(state.obs.record_context()), Ordering::Relaxed);
     }
 
     /// True while history is recorded (`isHistoryEnabled`).
     pub fn is_history_enabled(&self) -> bool {
-        self.state.lock().obs.record_history
+        self.state.lock().obs.is_recording()
     }
 
     /// Drop the recorded entries, keep recording.
     pub fn clear_history(&self) {
-        self.state.lock().obs.ring.clear();
+        self.state.lock().obs.clear_history();
     }
 
     /// The recorded history, oldest first (empty when not recording).
@@ -682,8 +681,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// allocator's lock and must not call back into the allocator.
     pub fn attach_trace_tracker(&self, tracker: TraceTracker) {
         let mut state = self.state.lock();
-        state.obs.trackers.push(tracker);
-        state.obs.refresh();
+        state.obs.add_tracker(tracker);
     }
 
     /// The registry of named callbacks fired on allocator events (see
@@ -696,13 +694,12 @@ impl<B: Backend> CachingAllocator<B> {
     /// see [`crate::observe::debug`]).
     pub fn set_debug_verbosity(&self, verbosity: DebugVerbosity) {
         let mut state = self.state.lock();
-        state.obs.verbosity = verbosity;
-        state.obs.refresh();
+        state.obs.set_verbosity(verbosity);
     }
 
     /// The debug output levels in force.
     pub fn debug_verbosity(&self) -> DebugVerbosity {
-        self.state.lock().obs.verbosity
+        self.state.lock().obs.verbosity()
     }
 
     /// A snapshot of the allocator, as `torch.cuda.memory._snapshot()`

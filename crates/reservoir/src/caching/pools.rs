@@ -261,7 +261,7 @@ impl DeviceState {
         id: MempoolId,
     ) -> Result<PoolCheckpoint, AllocError> {
         self.checkpointable(id)?;
-        if !self.events.needs_events_deferred.is_empty() {
+        if self.events.has_deferred() {
             self.process_events(backend)?;
         }
         let mut segments = Vec::new();

@@ -67,9 +67,7 @@ impl DeviceState {
     /// second call finds nothing). See the module documentation.
     pub(super) fn teardown<B: Backend + ?Sized>(&mut self, backend: &B) -> TeardownReport {
         let mut report = TeardownReport::default();
-        let has_events =
-            !self.events.queues.is_empty() || !self.events.needs_events_deferred.is_empty();
-        if has_events {
+        if !self.events.is_idle() {
             if let Err(e) = self.synchronize_and_free_events(backend, None) {
                 report.errors.push(e);
             }

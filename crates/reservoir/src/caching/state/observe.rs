@@ -113,19 +113,42 @@ impl HistoryConfig {
 /// allocator's lock: it must not call back into the allocator.
 pub type TraceTracker = Arc<dyn Fn(&TraceEntry) + Send + Sync>;
 
-/// One recorded event with its (not yet symbolized) stack.
+/// One recorded event with its (not yet symbolized) stack: a plain record.
 #[derive(Clone, Debug)]
 pub(crate) struct Recorded {
-    pub(in crate::caching) action: TraceAction,
-    pub(in crate::caching) addr: u64,
-    pub(in crate::caching) size: u64,
-    pub(in crate::caching) stream: StreamId,
-    pub(in crate::caching) time_us: i64,
-    pub(in crate::caching) pool: MempoolId,
-    pub(in crate::caching) context: Option<Context>,
+    action: TraceAction,
+    addr: u64,
+    size: u64,
+    stream: StreamId,
+    time_us: i64,
+    pool: MempoolId,
+    context: Option<Context>,
 }
 
 impl Recorded {
+    /// The event `action` on `size` bytes at `addr`, of private pool `pool`
+    /// (the default id for the global pools), at `time_us`, with its stack.
+    #[inline]
+    pub fn new(
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        time_us: i64,
+        pool: MempoolId,
+        context: Option<Context>,
+    ) -> Recorded {
+        Recorded {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+            pool,
+            context,
+        }
+    }
+
     pub fn to_entry(&self) -> TraceEntry {
         let mut e = TraceEntry::new(self.action, self.addr, self.size, self.stream);
         e.time_us = Some(self.time_us);
@@ -151,36 +174,81 @@ pub(crate) fn pool_id_tuple(id: MempoolId) -> (i64, i64) {
 /// may be reused while nothing observes).
 #[derive(Clone, Debug)]
 pub(crate) struct SegmentContext {
-    pub(in crate::caching) addr: u64,
-    pub(in crate::caching) seq: u64,
-    pub(in crate::caching) ctx: Context,
+    addr: u64,
+    seq: u64,
+    ctx: Context,
+}
+
+impl SegmentContext {
+    /// The stack `ctx` of the segment created `seq`-th, whose first block
+    /// is at `addr`.
+    #[inline]
+    pub fn new(addr: u64, seq: u64, ctx: Context) -> SegmentContext {
+        SegmentContext { addr, seq, ctx }
+    }
+
+    /// The segment's `seq`.
+    #[inline]
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Recorded for a first block at `addr` of the segment created `seq`-th.
+    #[inline]
+    pub fn is_for(&self, addr: u64, seq: u64) -> bool {
+        self.addr == addr && self.seq == seq
+    }
+
+    /// The stack.
+    #[inline]
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The stack, taken.
+    #[inline]
+    pub fn into_context(self) -> Context {
+        self.ctx
+    }
 }
 
 /// What observes a device: history, trackers, callbacks, debug output.
 ///
 /// Stacks recorded for blocks are kept here, not in the blocks, so that
 /// blocks stay as small and cheap to move as without recording.
+///
+/// The fields change only through the methods below, which keep the
+/// invariants: `active` is on exactly while something needs the slow path
+/// (recomputed by every setter); the ring keeps at most its `max_entries`;
+/// every entry recorded goes to every tracker; allocation stacks are kept
+/// only while `active` (so that freeing their block drops them).
 pub(crate) struct Observe {
     /// Something needs the slow path: history on, a tracker, debug output,
     /// or blocks still holding a stack (so that freeing them drops it).
-    pub active: bool,
-    pub record_history: bool,
-    pub when: RecordContext,
-    pub ring: RingBuffer<Recorded>,
-    pub trackers: Vec<TraceTracker>,
-    pub verbosity: DebugVerbosity,
-    pub callbacks: Arc<CallbackRegistry>,
+    active: bool,
+    /// History is recorded (`enabled` is not `None`).
+    record_history: bool,
+    /// Which events keep a stack in the history.
+    when: RecordContext,
+    /// The history, bounded by its `max_entries`.
+    ring: RingBuffer<Recorded>,
+    /// Called on every entry recorded, even with history off.
+    trackers: Vec<TraceTracker>,
+    /// Debug output levels.
+    verbosity: DebugVerbosity,
+    /// Named callbacks fired on allocator events.
+    callbacks: Arc<CallbackRegistry>,
     /// Stack of the public operation in progress (set under the lock).
-    pub cur_ctx: Option<Context>,
+    cur_ctx: Option<Context>,
     /// The block about to be handed out came from the device, not the cache.
-    pub fresh: bool,
+    fresh: bool,
     /// Allocation stacks (PyTorch's `context_when_allocated`), by block.
     /// Invariant: only active blocks have one, and the slow path is on
     /// while any exists, so that freeing the block drops it.
-    pub block_ctx: FxHashMap<BlockId, Context>,
+    block_ctx: FxHashMap<BlockId, Context>,
     /// Segment stacks (PyTorch's `context_when_segment_allocated`), by the
     /// block holding them.
-    pub seg_ctx: FxHashMap<BlockId, SegmentContext>,
+    seg_ctx: FxHashMap<BlockId, SegmentContext>,
 }
 
 impl Observe {
@@ -200,8 +268,8 @@ impl Observe {
         }
     }
 
-    /// Recompute [`Observe::active`] after a change.
-    pub fn refresh(&mut self) {
+    /// Recompute `active` after a change.
+    fn refresh(&mut self) {
         let active = self.record_history
             || !self.trackers.is_empty()
             || !self.verbosity.is_off()
@@ -234,8 +302,178 @@ impl Observe {
         self.refresh();
     }
 
+    // -- The switches -------------------------------------------------------
+
+    /// Something needs the slow path (history, a tracker, debug output or
+    /// a kept stack).
+    #[inline]
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// The slow path of `record_trace` must run: [`Observe::is_active`] or
+    /// a callback is registered.
+    #[inline]
+    pub fn is_observing(&self) -> bool {
+        self.active | self.callbacks.is_active()
+    }
+
+    /// History is recorded (`isHistoryEnabled`).
+    #[inline]
+    pub fn is_recording(&self) -> bool {
+        self.record_history
+    }
+
+    /// Which events gather a stack.
+    #[inline]
+    pub fn record_context(&self) -> RecordContext {
+        self.when
+    }
+
+    /// The debug output levels in force.
+    #[inline]
+    pub fn verbosity(&self) -> DebugVerbosity {
+        self.verbosity
+    }
+
+    /// Set the debug output levels.
+    pub fn set_verbosity(&mut self, verbosity: DebugVerbosity) {
+        self.verbosity = verbosity;
+        self.refresh();
+    }
+
+    /// Call `tracker` on every entry recorded from now on.
+    pub fn add_tracker(&mut self, tracker: TraceTracker) {
+        self.trackers.push(tracker);
+        self.refresh();
+    }
+
+    /// The callback registry.
+    #[inline]
+    pub fn callbacks(&self) -> &CallbackRegistry {
+        &self.callbacks
+    }
+
+    /// Use `callbacks` as the callback registry.
+    pub fn set_callbacks(&mut self, callbacks: Arc<CallbackRegistry>) {
+        self.callbacks = callbacks;
+    }
+
+    // -- The operation in progress --------------------------------------
+
+    /// The stack of the public operation in progress, if gathered.
+    #[inline]
+    pub fn current_context(&self) -> Option<&Context> {
+        self.cur_ctx.as_ref()
+    }
+
+    /// Set (or, with `None`, clear) the stack of the operation in progress.
+    #[inline]
+    pub fn set_current_context(&mut self, ctx: Option<Context>) {
+        self.cur_ctx = ctx;
+    }
+
+    /// Note whether the block about to be handed out comes from the device.
+    #[inline]
+    pub fn set_fresh(&mut self, fresh: bool) {
+        self.fresh = fresh;
+    }
+
+    /// Whether the block handed out came from the device; reset.
+    #[inline]
+    pub fn take_fresh(&mut self) -> bool {
+        std::mem::take(&mut self.fresh)
+    }
+
+    // -- The history ------------------------------------------------------
+
+    /// Something takes recorded entries (the history or a tracker): worth
+    /// building one.
+    #[inline]
+    pub fn takes_entries(&self) -> bool {
+        self.record_history || !self.trackers.is_empty()
+    }
+
+    /// Record one entry: its stack only if the recording level keeps stacks
+    /// in entries (`Alloc` or above); every tracker sees it, and the history
+    /// keeps it if recording.
+    pub fn record(&mut self, mut rec: Recorded) {
+        if self.when < RecordContext::Alloc {
+            rec.context = None;
+        }
+        if !self.trackers.is_empty() {
+            let entry = rec.to_entry();
+            for t in &self.trackers {
+                t(&entry);
+            }
+        }
+        if self.record_history {
+            self.ring.push(rec);
+        }
+    }
+
     /// The history, oldest first.
     pub fn entries(&self) -> Vec<TraceEntry> {
         self.ring.entries().map(Recorded::to_entry).collect()
+    }
+
+    /// Drop the recorded entries, keep recording.
+    pub fn clear_history(&mut self) {
+        self.ring.clear();
+    }
+
+    // -- Stacks of blocks and segments ----------------------------------
+
+    /// The allocation stack of `block`.
+    #[inline]
+    pub fn block_context(&self, block: BlockId) -> Option<&Context> {
+        self.block_ctx.get(&block)
+    }
+
+    /// The blocks holding an allocation stack.
+    pub fn blocks_with_context(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.block_ctx.keys().copied()
+    }
+
+    /// Keep `ctx` as the allocation stack of `block` (or, with `None`,
+    /// drop it); the slow path stays on while any is kept.
+    pub fn set_block_context(&mut self, block: BlockId, ctx: Option<Context>) {
+        let was_empty = self.block_ctx.is_empty();
+        match ctx {
+            Some(c) => {
+                self.block_ctx.insert(block, c);
+            }
+            None => {
+                self.block_ctx.remove(&block);
+            }
+        }
+        if was_empty != self.block_ctx.is_empty() {
+            self.refresh();
+        }
+    }
+
+    /// The segment stack kept by `block`, unchecked (see
+    /// [`SegmentContext::is_for`]).
+    #[inline]
+    pub fn segment_context(&self, block: BlockId) -> Option<&SegmentContext> {
+        self.seg_ctx.get(&block)
+    }
+
+    /// Keep `c` as the segment stack held by `block` (or, with `None`, drop
+    /// it).
+    pub fn set_segment_context(&mut self, block: BlockId, c: Option<SegmentContext>) {
+        match c {
+            Some(c) => {
+                self.seg_ctx.insert(block, c);
+            }
+            None => {
+                self.seg_ctx.remove(&block);
+            }
+        }
+    }
+
+    /// The segment stack held by `block`, no longer held.
+    pub fn take_segment_context(&mut self, block: BlockId) -> Option<SegmentContext> {
+        self.seg_ctx.remove(&block)
     }
 }
