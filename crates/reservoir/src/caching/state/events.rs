@@ -231,3 +231,54 @@ impl Events {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recording counts the events on the block, and a walk that empties a
+    /// queue erases it; an empty queue left behind is reported.
+    #[test]
+    fn record_counts_events_and_an_emptied_queue_is_erased() {
+        let mut ev = Events::new(0);
+        let mut count = 0;
+        ev.record(
+            7,
+            &mut count,
+            vec![(StreamId(1), EventId(10)), (StreamId(2), EventId(11))],
+        );
+        assert_eq!(count, 2);
+        assert_eq!(ev.queued_per_block().get(&7), Some(&2));
+        let at = ev.first_queue().expect("a queue");
+        let taken = ev.take_queue(at);
+        assert_eq!(taken.len(), 1);
+        ev.restore_queue(at, EventQueue::new());
+        assert!(ev.check(|_| true).is_err(), "an empty queue is kept");
+        let next = ev.next_queue(at).expect("the other stream's queue");
+        assert!(ev.check(|_| true).is_ok());
+        assert!(ev.pop_front(next).is_some());
+        assert_eq!(ev.next_queue(next), None);
+        assert!(ev.is_idle());
+    }
+
+    /// Deferred frees and capture-time uses must name live blocks, and a
+    /// block is deferred once.
+    #[test]
+    fn deferred_and_captured_blocks_must_be_live() {
+        let mut ev = Events::new(0);
+        ev.defer(3);
+        assert!(ev.has_deferred() && !ev.is_idle());
+        assert!(ev.check(|id| id == 3).is_ok());
+        assert!(ev.check(|_| false).is_err());
+        ev.defer(3);
+        assert!(ev.check(|_| true).is_err(), "deferred twice");
+        assert_eq!(ev.take_deferred(), vec![3, 3]);
+        ev.note_capture_use(5, StreamId(2));
+        ev.note_capture_use(5, StreamId(2));
+        assert!(ev.check(|id| id != 5).is_err());
+        ev.forget_capture_uses(5);
+        assert_eq!(ev.take_capture_uses(5), None);
+        assert!(ev.check(|_| false).is_ok());
+        assert!(ev.is_idle());
+    }
+}
