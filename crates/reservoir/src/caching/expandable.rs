@@ -3,7 +3,6 @@
 //! `unmap_block` and releasing a fully unmapped segment.
 
 use super::request::MallocError;
-use super::state::pools::UnmappedKey;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
 use crate::observe::trace::TraceAction;
@@ -98,20 +97,12 @@ impl DeviceState {
         pool: PoolId,
         size: u64,
     ) -> Result<BlockId, MallocError> {
-        let start = UnmappedKey {
-            stream,
-            addr: 0,
-            id: 0,
-        };
         if self.maps_fewest_pages() {
             if let Some(run) = self.fewest_pages_run(stream, pool, size) {
                 return Ok(run.start);
             }
         }
-        for k in self.pools[pool as usize].unmapped.range(start..) {
-            if k.stream != stream {
-                break;
-            }
+        for k in self.pools[pool as usize].unmapped_of(stream) {
             let c = self.run_start(k.id);
             if self.run_bytes(c, size).bytes >= size {
                 return Ok(c);
@@ -123,7 +114,7 @@ impl DeviceState {
                 backend: backend.name(),
                 what: "virtual memory (needed by expandable segments)",
             })?;
-        let page_size = self.expandable_page_size(self.pools[pool as usize].is_small);
+        let page_size = self.expandable_page_size(self.pools[pool as usize].is_small());
         // Address space beyond the device's size, so unmapped holes early in
         // the segment can be refilled at its end.
         let total = backend.mem_info()?.total;

@@ -171,7 +171,7 @@ impl DeviceState {
             TraceAction::Oom => cur,
             TraceAction::Snapshot => None,
         };
-        let small = self.pools[pool as usize].is_small;
+        let small = self.pools[pool as usize].is_small();
         let owner = self.owner(pool).unwrap_or_default();
         if self.obs.record_history || !self.obs.trackers.is_empty() {
             let rec = Recorded {

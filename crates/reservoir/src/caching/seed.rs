@@ -11,7 +11,7 @@
 //! that made the layout would have moved it, so
 //! [`check_invariants`](CachingAllocator::check_invariants) holds.
 
-use super::state::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
+use super::state::pools::{POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
@@ -206,11 +206,8 @@ impl<B: Backend> Seeder<'_, B> {
                     st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None => {
-                    let key = FreeKey::new(seg.stream, size, seq, base + offset, id);
-                    let p = &mut st.pools[pool as usize];
-                    let gc_base = p.get_free_blocks_call_count;
-                    p.blocks.insert(key);
-                    st.store.blocks[id].gc_count_base = gc_base;
+                    // Keyed by (stream, size, `seq`, address), its GC age from now.
+                    st.insert_into_pool(id);
                     if split {
                         st.acct.inactive_split_changed(stat, 1, size as i64);
                     }

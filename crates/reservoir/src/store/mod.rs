@@ -28,7 +28,7 @@ mod slab;
 pub(crate) use block::{Block, BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
 pub(crate) use free_list::FreeList;
 pub(crate) use ranked::RankedKey;
-pub(crate) use size_classes::{SizeClassList, SizeClassed};
+pub(crate) use size_classes::{Cursor, SizeClassList, SizeClassed, Slot};
 pub(crate) use slab::Slab;
 
 use crate::ids::StreamId;
