@@ -347,11 +347,11 @@ struct Recount {
 /// mapped exactly when `b` is: a block boundary may fall inside a page only
 /// between mapped blocks.
 fn check_pages(seg_addr: u64, e: &Expandable, b: &Block) -> Result<(), InvariantViolation> {
-    let page = e.page_size;
+    let page = e.page_size();
     let first = (b.addr - seg_addr) / page;
     let last = (b.addr + b.size - seg_addr).div_ceil(page);
     for pg in first..last {
-        let is_mapped = e.pages.get(pg as usize).copied().unwrap_or(false);
+        let is_mapped = e.is_mapped(pg);
         ensure!(
             is_mapped == b.mapped,
             "page {pg} of expandable segment {:#x} is {} under a {} block at {:#x}",

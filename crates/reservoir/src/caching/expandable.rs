@@ -125,11 +125,7 @@ impl DeviceState {
             seq: self.segment_rank(reservation.base.0),
             addr: reservation.base.0,
             size: reservation.size,
-            expandable: Some(Box::new(Expandable {
-                reservation,
-                page_size,
-                pages: Vec::new(),
-            })),
+            expandable: Some(Box::new(Expandable::new(reservation, page_size))),
             stream,
             pool,
             head: NIL,
@@ -162,31 +158,15 @@ impl DeviceState {
             debug_assert!(!b.mapped && size <= b.size);
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
-        let (reservation, page) = {
-            let e = self.mapping(seg);
-            (e.reservation, e.page_size)
-        };
-        let begin = (addr - reservation.base.0) / page;
-        let end = (addr + size - reservation.base.0).div_ceil(page);
-        if begin == end {
+        let pages = self.mapping(seg).pages_covering(addr, size);
+        if pages.is_empty() {
             return Ok(false);
         }
-        let vm = vm_of(backend);
-        let mapped = (end - begin) * page;
-        match vm.map(reservation, begin * page, mapped) {
-            Ok(()) => {}
+        let mapped = match self.mapping_mut(seg).map(vm_of(backend), pages) {
+            Ok(bytes) => bytes,
             Err(e) if e.is_retryable() => return Ok(false),
             Err(e) => return Err(e.into()),
-        }
-        {
-            let pages = &mut self.mapping_mut(seg).pages;
-            if pages.len() < end as usize {
-                pages.resize(end as usize, false);
-            }
-            pages[begin as usize..end as usize]
-                .iter_mut()
-                .for_each(|p| *p = true);
-        }
+        };
         self.remove_from_unmapped(id);
         self.store.blocks[id].mapped = true;
         if mapped < block_size {
@@ -270,32 +250,19 @@ impl DeviceState {
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
         debug_assert!(addr <= from && from <= to && to <= addr + size);
-        let (reservation, page) = {
+        let (base, page) = {
             let e = self.mapping(seg);
-            (e.reservation, e.page_size)
+            (e.base(), e.page_size())
         };
-        let base = reservation.base.0;
-        let begin = (from - base).div_ceil(page);
-        let end = (to - base) / page;
-        if begin >= end {
+        let pages = self.mapping(seg).pages_inside(from, to);
+        if pages.is_empty() {
             return Ok(());
         }
+        let unmapped_addr = base + pages.start * page;
         // Unmapping is not ordered with the stream's work: wait for it first.
         backend.synchronize_stream(stream)?;
-        let vm = vm_of(backend);
-        vm.unmap(reservation, begin * page, (end - begin) * page)?;
-        {
-            let pages = &mut self.mapping_mut(seg).pages;
-            pages[begin as usize..end as usize]
-                .iter_mut()
-                .for_each(|p| *p = false);
-            while pages.last() == Some(&false) {
-                pages.pop();
-            }
-        }
+        let unmapped_size = self.mapping_mut(seg).unmap(vm_of(backend), pages)?;
         self.remove_from_pool(id);
-        let unmapped_addr = base + begin * page;
-        let unmapped_size = (end - begin) * page;
         let before = unmapped_addr - addr;
         if before > 0 {
             let b = self.store.split_front(id, before, stream);
@@ -332,12 +299,12 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<(), BackendError> {
         let seg = self.store.blocks[id].segment;
-        let reservation = self.mapping(seg).reservation;
         debug_assert!(
-            !self.store.blocks[id].mapped && self.store.blocks[id].size == reservation.size
+            !self.store.blocks[id].mapped
+                && self.store.blocks[id].size == self.mapping(seg).reservation().size
         );
-        let vm = vm_of(backend);
-        vm.release(reservation)?;
+        // Nothing is mapped: only the reservation goes back.
+        self.mapping(seg).release(vm_of(backend))?;
         self.remove_from_unmapped(id);
         self.release_block_slot(id);
         self.store.remove_segment(seg);

@@ -180,7 +180,7 @@ impl DeviceState {
             .map(|(s, e)| StreamSegmentSize {
                 stream: s.stream,
                 is_small_pool: self.pools[s.pool as usize].is_small(),
-                total_size: e.pages.iter().filter(|&&m| m).count() as u64 * e.page_size,
+                total_size: e.mapped_bytes(),
             })
             .collect()
     }

@@ -299,7 +299,7 @@ impl DeviceState {
                 .expandable
                 .as_deref()
                 .expect("an expandable block");
-            (e.reservation.base.0, e.page_size)
+            (e.base(), e.page_size())
         };
         let first = base + (b.addr - base).div_ceil(page) * page;
         let last = base + (b.addr + b.size - base) / page * page;
