@@ -158,12 +158,11 @@ impl DeviceState {
             debug_assert!(!b.mapped && size <= b.size);
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
-        let pages = self.mapping(seg).pages_covering(addr, size);
-        if pages.is_empty() {
-            return Ok(false);
-        }
-        let mapped = match self.mapping_mut(seg).map(vm_of(backend), pages) {
-            Ok(bytes) => bytes,
+        let mapped = match self.mapping_mut(seg).map(vm_of(backend), addr, size) {
+            // Nothing to map.
+            Ok(range) if range.size == 0 => return Ok(false),
+            Ok(range) => range.size,
+            // The device is full.
             Err(e) if e.is_retryable() => return Ok(false),
             Err(e) => return Err(e.into()),
         };
@@ -250,18 +249,13 @@ impl DeviceState {
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
         debug_assert!(addr <= from && from <= to && to <= addr + size);
-        let (base, page) = {
-            let e = self.mapping(seg);
-            (e.base(), e.page_size())
-        };
-        let pages = self.mapping(seg).pages_inside(from, to);
-        if pages.is_empty() {
+        if !self.mapping(seg).holds_a_page(from, to) {
             return Ok(());
         }
-        let unmapped_addr = base + pages.start * page;
         // Unmapping is not ordered with the stream's work: wait for it first.
         backend.synchronize_stream(stream)?;
-        let unmapped_size = self.mapping_mut(seg).unmap(vm_of(backend), pages)?;
+        let unmapped = self.mapping_mut(seg).unmap(vm_of(backend), from, to)?;
+        let (unmapped_addr, unmapped_size) = (unmapped.ptr, unmapped.size);
         self.remove_from_pool(id);
         let before = unmapped_addr - addr;
         if before > 0 {

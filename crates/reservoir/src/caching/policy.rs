@@ -93,8 +93,7 @@ impl DeviceState {
     /// address that holds it.
     #[inline]
     pub(super) fn maps_fewest_pages(&self) -> bool {
-        self.config.policy == ReservoirPolicy::Reservoir
-            && !self.private.any_capture_underway()
+        self.config.policy == ReservoirPolicy::Reservoir && !self.private.any_capture_underway()
     }
 
     /// Hook: whether the best-fit search for a rounded request of `size`

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 
 use super::rules;
-use super::state::pools::{
-    BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL,
-};
+use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
@@ -163,7 +161,9 @@ impl DeviceState {
         if self.private.end_capture(id) {
             Ok(())
         } else {
-            Err(err("endAllocatePool: not currently recording to mempool_id"))
+            Err(err(
+                "endAllocatePool: not currently recording to mempool_id",
+            ))
         }
     }
 

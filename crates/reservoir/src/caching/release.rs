@@ -180,7 +180,12 @@ impl DeviceState {
             // mapped pages, one down per unmap) can reach 0 while segments
             // remain, and PyTorch would leave blocks pointing at a deleted
             // pool: keep the pool until it owns nothing.
-            if self.private.get(id).expect("not erased yet").cuda_malloc_count() == 0
+            if self
+                .private
+                .get(id)
+                .expect("not erased yet")
+                .cuda_malloc_count()
+                == 0
                 && !self.owns_segments(small, large)
             {
                 self.erase_private_pool(id);

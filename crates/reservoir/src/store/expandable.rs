@@ -5,6 +5,16 @@ use std::ops::Range;
 
 use crate::backend::{BackendError, Reservation, VirtualMemory};
 
+/// A range of addresses (PyTorch's `SegmentRange`): what
+/// [`Expandable::map`] and [`Expandable::unmap`] changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentRange {
+    /// First address.
+    pub ptr: u64,
+    /// Bytes (0: nothing).
+    pub size: u64,
+}
+
 /// The mapping state of an expandable segment (PyTorch's
 /// `ExpandableSegment`): its reservation, its page size and which pages are
 /// mapped.
@@ -85,7 +95,7 @@ impl Expandable {
     /// The pages under the `len` bytes at `addr` (partly covered ones
     /// included): what mapping them maps.
     #[inline]
-    pub fn pages_covering(&self, addr: u64, len: u64) -> Range<u64> {
+    fn pages_covering(&self, addr: u64, len: u64) -> Range<u64> {
         let base = self.base();
         (addr - base) / self.page_size..(addr + len - base).div_ceil(self.page_size)
     }
@@ -93,47 +103,77 @@ impl Expandable {
     /// The pages entirely inside `[from, to)`: what unmapping it unmaps.
     /// Empty (`start >= end`) when no whole page is inside.
     #[inline]
-    pub fn pages_inside(&self, from: u64, to: u64) -> Range<u64> {
+    fn pages_inside(&self, from: u64, to: u64) -> Range<u64> {
         let base = self.base();
         (from - base).div_ceil(self.page_size)..(to - base) / self.page_size
     }
 
-    /// PyTorch's `ExpandableSegment::map`: back the unmapped `pages` with
-    /// physical memory. Returns the bytes mapped; on a driver error nothing
-    /// is mapped and nothing changes.
-    pub fn map(&mut self, vm: &dyn VirtualMemory, pages: Range<u64>) -> Result<u64, BackendError> {
-        debug_assert!(pages.start < pages.end);
+    /// The range of the pages `pages`.
+    #[inline]
+    fn range_of(&self, pages: &Range<u64>) -> SegmentRange {
+        SegmentRange {
+            ptr: self.base() + pages.start * self.page_size,
+            size: (pages.end - pages.start) * self.page_size,
+        }
+    }
+
+    /// PyTorch's `ExpandableSegment::map`: back the unmapped pages under
+    /// the `len` bytes at `addr` (rounded out to whole pages) with physical
+    /// memory. Returns the range mapped: empty (and no driver call) when
+    /// `len` is 0. On a driver error nothing is mapped and nothing changes.
+    pub fn map(
+        &mut self,
+        vm: &dyn VirtualMemory,
+        addr: u64,
+        len: u64,
+    ) -> Result<SegmentRange, BackendError> {
+        let pages = self.pages_covering(addr, len);
+        let range = self.range_of(&pages);
+        if pages.is_empty() {
+            return Ok(range);
+        }
         debug_assert!(pages.clone().all(|p| !self.is_mapped(p)));
-        let bytes = (pages.end - pages.start) * self.page_size;
-        vm.map(self.reservation, pages.start * self.page_size, bytes)?;
+        vm.map(self.reservation, range.ptr - self.base(), range.size)?;
         if self.pages.len() < pages.end as usize {
             self.pages.resize(pages.end as usize, false);
         }
         self.pages[pages.start as usize..pages.end as usize]
             .iter_mut()
             .for_each(|p| *p = true);
-        Ok(bytes)
+        Ok(range)
     }
 
-    /// PyTorch's `ExpandableSegment::unmap`: give the physical memory of
-    /// the mapped `pages` back. Returns the bytes unmapped; on a driver
-    /// error nothing changes.
+    /// Does `[from, to)` hold a whole page (something for
+    /// [`unmap`](Self::unmap) to do)?
+    #[inline]
+    pub fn holds_a_page(&self, from: u64, to: u64) -> bool {
+        !self.pages_inside(from, to).is_empty()
+    }
+
+    /// PyTorch's `ExpandableSegment::unmap`: give back the physical memory
+    /// of the mapped pages entirely inside `[from, to)`. Returns the range
+    /// unmapped: empty (and no driver call) when it holds no whole page. On
+    /// a driver error nothing changes.
     pub fn unmap(
         &mut self,
         vm: &dyn VirtualMemory,
-        pages: Range<u64>,
-    ) -> Result<u64, BackendError> {
-        debug_assert!(pages.start < pages.end);
+        from: u64,
+        to: u64,
+    ) -> Result<SegmentRange, BackendError> {
+        let pages = self.pages_inside(from, to);
+        if pages.is_empty() {
+            return Ok(SegmentRange { ptr: from, size: 0 });
+        }
+        let range = self.range_of(&pages);
         debug_assert!(pages.clone().all(|p| self.is_mapped(p)));
-        let bytes = (pages.end - pages.start) * self.page_size;
-        vm.unmap(self.reservation, pages.start * self.page_size, bytes)?;
+        vm.unmap(self.reservation, range.ptr - self.base(), range.size)?;
         self.pages[pages.start as usize..pages.end as usize]
             .iter_mut()
             .for_each(|p| *p = false);
         while self.pages.last() == Some(&false) {
             self.pages.pop();
         }
-        Ok(bytes)
+        Ok(range)
     }
 
     /// Unmap every mapped run of pages, then release the reservation (a
