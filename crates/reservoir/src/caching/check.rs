@@ -90,7 +90,7 @@ impl DeviceState {
         pending: &HashMap<BlockId, u32>,
         r: &mut Recount,
     ) -> Result<(), InvariantViolation> {
-        let st = StatType::for_pool(self.pools[seg.pool as usize].is_small);
+        let st = StatType::for_pool(self.pools[seg.pool as usize].is_small());
         let expandable = seg.expandable.as_deref();
         if expandable.is_none() {
             // Expandable segments never count as segments (spec 1.11).
@@ -151,7 +151,7 @@ impl DeviceState {
             id,
         };
         ensure!(
-            self.pools[b.pool as usize].unmapped.contains(&key),
+            self.pools[b.pool as usize].contains_unmapped(&key),
             "unmapped block {:#x} missing from the unmapped set",
             b.addr
         );
@@ -187,7 +187,7 @@ impl DeviceState {
             b.addr,
             id,
         );
-        let in_pool = self.pools[b.pool as usize].blocks.contains(&key);
+        let in_pool = self.pools[b.pool as usize].contains(&key);
         ensure!(
             events == b.event_count,
             "block {:#x}: event_count {} but {} queued events",
@@ -247,12 +247,12 @@ impl DeviceState {
     fn check_membership(&self, r: &Recount) -> Result<(), InvariantViolation> {
         let pool_members = r.pool_members;
         let unmapped_members = r.unmapped_members;
-        let in_pools: usize = self.pools.iter().map(|p| p.blocks.len()).sum();
+        let in_pools: usize = self.pools.iter().map(|p| p.len()).sum();
         ensure!(
             in_pools == pool_members,
             "free lists hold {in_pools} blocks, {pool_members} blocks are free"
         );
-        let in_unmapped: usize = self.pools.iter().map(|p| p.unmapped.len()).sum();
+        let in_unmapped: usize = self.pools.iter().map(|p| p.unmapped_len()).sum();
         ensure!(
             in_unmapped == unmapped_members,
             "unmapped sets hold {in_unmapped} blocks, {unmapped_members} blocks are unmapped"
@@ -351,11 +351,11 @@ struct Recount {
 /// mapped exactly when `b` is: a block boundary may fall inside a page only
 /// between mapped blocks.
 fn check_pages(seg_addr: u64, e: &Expandable, b: &Block) -> Result<(), InvariantViolation> {
-    let page = e.page_size;
+    let page = e.page_size();
     let first = (b.addr - seg_addr) / page;
     let last = (b.addr + b.size - seg_addr).div_ceil(page);
     for pg in first..last {
-        let is_mapped = e.pages.get(pg as usize).copied().unwrap_or(false);
+        let is_mapped = e.is_mapped(pg);
         ensure!(
             is_mapped == b.mapped,
             "page {pg} of expandable segment {:#x} is {} under a {} block at {:#x}",

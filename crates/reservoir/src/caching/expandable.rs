@@ -3,7 +3,6 @@
 //! `unmap_block` and releasing a fully unmapped segment.
 
 use super::request::MallocError;
-use super::state::pools::UnmappedKey;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
 use crate::observe::trace::TraceAction;
@@ -98,20 +97,12 @@ impl DeviceState {
         pool: PoolId,
         size: u64,
     ) -> Result<BlockId, MallocError> {
-        let start = UnmappedKey {
-            stream,
-            addr: 0,
-            id: 0,
-        };
         if self.maps_fewest_pages() {
             if let Some(run) = self.fewest_pages_run(stream, pool, size) {
                 return Ok(run.start);
             }
         }
-        for k in self.pools[pool as usize].unmapped.range(start..) {
-            if k.stream != stream {
-                break;
-            }
+        for k in self.pools[pool as usize].unmapped_of(stream) {
             let c = self.run_start(k.id);
             if self.run_bytes(c, size).bytes >= size {
                 return Ok(c);
@@ -123,7 +114,7 @@ impl DeviceState {
                 backend: backend.name(),
                 what: "virtual memory (needed by expandable segments)",
             })?;
-        let page_size = self.expandable_page_size(self.pools[pool as usize].is_small);
+        let page_size = self.expandable_page_size(self.pools[pool as usize].is_small());
         // Address space beyond the device's size, so unmapped holes early in
         // the segment can be refilled at its end.
         let total = backend.mem_info()?.total;
@@ -134,11 +125,7 @@ impl DeviceState {
             seq: self.segment_rank(reservation.base.0),
             addr: reservation.base.0,
             size: reservation.size,
-            expandable: Some(Box::new(Expandable {
-                reservation,
-                page_size,
-                pages: Vec::new(),
-            })),
+            expandable: Some(Box::new(Expandable::new(reservation, page_size))),
             stream,
             pool,
             head: NIL,
@@ -171,31 +158,14 @@ impl DeviceState {
             debug_assert!(!b.mapped && size <= b.size);
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
-        let (reservation, page) = {
-            let e = self.mapping(seg);
-            (e.reservation, e.page_size)
-        };
-        let begin = (addr - reservation.base.0) / page;
-        let end = (addr + size - reservation.base.0).div_ceil(page);
-        if begin == end {
-            return Ok(false);
-        }
-        let vm = vm_of(backend);
-        let mapped = (end - begin) * page;
-        match vm.map(reservation, begin * page, mapped) {
-            Ok(()) => {}
+        let mapped = match self.mapping_mut(seg).map(vm_of(backend), addr, size) {
+            // Nothing to map.
+            Ok(range) if range.size == 0 => return Ok(false),
+            Ok(range) => range.size,
+            // The device is full.
             Err(e) if e.is_retryable() => return Ok(false),
             Err(e) => return Err(e.into()),
-        }
-        {
-            let pages = &mut self.mapping_mut(seg).pages;
-            if pages.len() < end as usize {
-                pages.resize(end as usize, false);
-            }
-            pages[begin as usize..end as usize]
-                .iter_mut()
-                .for_each(|p| *p = true);
-        }
+        };
         self.remove_from_unmapped(id);
         self.store.blocks[id].mapped = true;
         if mapped < block_size {
@@ -279,32 +249,14 @@ impl DeviceState {
             (b.addr, b.size, b.segment, b.stream, b.pool)
         };
         debug_assert!(addr <= from && from <= to && to <= addr + size);
-        let (reservation, page) = {
-            let e = self.mapping(seg);
-            (e.reservation, e.page_size)
-        };
-        let base = reservation.base.0;
-        let begin = (from - base).div_ceil(page);
-        let end = (to - base) / page;
-        if begin >= end {
+        if !self.mapping(seg).holds_a_page(from, to) {
             return Ok(());
         }
         // Unmapping is not ordered with the stream's work: wait for it first.
         backend.synchronize_stream(stream)?;
-        let vm = vm_of(backend);
-        vm.unmap(reservation, begin * page, (end - begin) * page)?;
-        {
-            let pages = &mut self.mapping_mut(seg).pages;
-            pages[begin as usize..end as usize]
-                .iter_mut()
-                .for_each(|p| *p = false);
-            while pages.last() == Some(&false) {
-                pages.pop();
-            }
-        }
+        let unmapped = self.mapping_mut(seg).unmap(vm_of(backend), from, to)?;
+        let (unmapped_addr, unmapped_size) = (unmapped.ptr, unmapped.size);
         self.remove_from_pool(id);
-        let unmapped_addr = base + begin * page;
-        let unmapped_size = (end - begin) * page;
         let before = unmapped_addr - addr;
         if before > 0 {
             let b = self.store.split_front(id, before, stream);
@@ -341,12 +293,12 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<(), BackendError> {
         let seg = self.store.blocks[id].segment;
-        let reservation = self.mapping(seg).reservation;
         debug_assert!(
-            !self.store.blocks[id].mapped && self.store.blocks[id].size == reservation.size
+            !self.store.blocks[id].mapped
+                && self.store.blocks[id].size == self.mapping(seg).reservation().size
         );
-        let vm = vm_of(backend);
-        vm.release(reservation)?;
+        // Nothing is mapped: only the reservation goes back.
+        self.mapping(seg).release(vm_of(backend))?;
         self.remove_from_unmapped(id);
         self.release_block_slot(id);
         self.store.remove_segment(seg);

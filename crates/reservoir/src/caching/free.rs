@@ -44,7 +44,7 @@ impl DeviceState {
         let Some(&id) = self.allocated.get(&ptr.0) else {
             return Err(AllocError::InvalidPointer { ptr });
         };
-        if self.private.captures_underway.is_empty() {
+        if !self.private.any_capture_underway() {
             self.store.blocks[id].stream_uses.clear();
             self.events.forget_capture_uses(id);
         }
@@ -90,7 +90,7 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), BackendError> {
-        if self.private.captures_underway.is_empty() {
+        if !self.private.any_capture_underway() {
             let events = self.record_block_events(backend, id)?;
             self.mark_freed(backend, id);
             self.queue_block_events(id, events);
@@ -217,7 +217,7 @@ impl DeviceState {
         if !b.stream_uses.contains(&stream) {
             b.stream_uses.push(stream);
         }
-        if !self.private.captures_underway.is_empty() {
+        if self.private.any_capture_underway() {
             self.events.note_capture_use(id, stream);
         }
     }

@@ -146,7 +146,7 @@ impl DeviceState {
             TraceAction::Oom => cur,
             TraceAction::Snapshot => None,
         };
-        let small = self.pools[pool as usize].is_small;
+        let small = self.pools[pool as usize].is_small();
         let owner = self.owner(pool).unwrap_or_default();
         if self.obs.takes_entries() {
             let rec = Recorded::new(action, addr, size, stream, now_us(), owner, ctx);

@@ -53,7 +53,7 @@ impl DeviceState {
         if orig_size >= ONE_EXABYTE {
             return Err(self.too_large(backend.device_kind(), orig_size, stream));
         }
-        if self.private.captures_underway.is_empty() {
+        if !self.private.any_capture_underway() {
             self.process_events(backend)?;
         }
 
@@ -62,7 +62,7 @@ impl DeviceState {
         // The pool serves sizes of its kind (spec 1.4): its stat type
         // follows from the size without reading the pool.
         let small = rules::is_small(size);
-        debug_assert_eq!(small, self.pools[pool as usize].is_small);
+        debug_assert_eq!(small, self.pools[pool as usize].is_small());
         let mut p = AllocParams {
             size,
             stream,
@@ -113,7 +113,7 @@ impl DeviceState {
             found = self.alloc_block(backend, p, false)?
                 || (self.release_available_cached_blocks(backend, p)?
                     && self.alloc_block(backend, p, false)?)
-                || (self.private.captures_underway.is_empty()
+                || (!self.private.any_capture_underway()
                     && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
                     && self.alloc_block(backend, p, true)?);
             // The block comes from the device (for callbacks and debug output).
@@ -139,18 +139,9 @@ impl DeviceState {
     pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
         let pool = &mut self.pools[p.pool as usize];
-        if gc {
-            // Track block reuse interval only when garbage collection is enabled.
-            pool.get_free_blocks_call_count += 1;
-        }
-        let search = FreeKey::search(p.stream, p.size);
-        let Some((first, slot)) = pool.blocks.first_from(&search) else {
+        let Some((mut it, slot)) = pool.lower_bound(p.stream, p.size, gc) else {
             return false;
         };
-        let mut it = first;
-        if it.stream != p.stream {
-            return false;
-        }
         if self.store.blocks[it.id].expandable {
             match self.expandable_best_fit(it, p, false) {
                 Some(k) => it = k,
@@ -162,7 +153,7 @@ impl DeviceState {
         if rules::oversize_misfit(p.size, it.size, &self.config) {
             return false;
         }
-        let removed = self.pools[p.pool as usize].blocks.remove_at(slot, &it);
+        let removed = self.pools[p.pool as usize].erase(slot, &it);
         debug_assert!(removed, "the block is in its pool");
         p.block = it.id;
         true
@@ -183,7 +174,7 @@ impl DeviceState {
         keeps_whole: bool,
     ) -> Option<FreeKey> {
         // The blocks after `it` (the first one is `it`).
-        let mut next = self.pools[p.pool as usize].blocks.from(&it);
+        let mut next = self.pools[p.pool as usize].from(&it);
         next.next();
         if !self.config.expandable_segments {
             // Expandable segments were turned off: skip their blocks.

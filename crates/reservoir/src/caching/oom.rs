@@ -51,7 +51,7 @@ impl DeviceState {
         // Free cached blocks of private pools (none until private pools exist).
         let in_private_pools: u64 = self.pools[2..]
             .iter()
-            .flat_map(|pool| pool.blocks.iter())
+            .flat_map(|pool| pool.iter())
             .map(|k| k.size)
             .sum();
         let message = render_message(

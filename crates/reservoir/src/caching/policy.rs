@@ -64,7 +64,7 @@ impl DeviceState {
         match self.config.policy {
             ReservoirPolicy::PyTorch => Ok(false),
             // Off while allocations go to a private pool.
-            _ if !self.private.captures_underway.is_empty() => Ok(false),
+            _ if self.private.any_capture_underway() => Ok(false),
             ReservoirPolicy::Reservoir => {
                 // Never serves the request itself: it makes room so that
                 // the driver path below maps as little as possible, and
@@ -93,8 +93,7 @@ impl DeviceState {
     /// address that holds it.
     #[inline]
     pub(super) fn maps_fewest_pages(&self) -> bool {
-        self.config.policy == ReservoirPolicy::Reservoir
-            && self.private.captures_underway.is_empty()
+        self.config.policy == ReservoirPolicy::Reservoir && !self.private.any_capture_underway()
     }
 
     /// Hook: whether the best-fit search for a rounded request of `size`

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 
 use super::rules;
-use super::state::pools::{
-    BlockPool, FilterFn, FreeKey, PrivatePool, UnmappedKey, POOL_LARGE, POOL_SMALL,
-};
+use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::error::AllocError;
@@ -105,22 +103,13 @@ impl DeviceState {
     /// Count a driver allocation (`up`) or free of a private pool.
     pub(crate) fn count_private_malloc(&mut self, pool: PoolId, up: bool) {
         if let Some(id) = self.owner(pool) {
-            let p = self
-                .private
-                .graph_pools
-                .get_mut(&id)
-                .expect("owner pool exists");
-            if up {
-                p.cuda_malloc_count += 1;
-            } else {
-                p.cuda_malloc_count = p.cuda_malloc_count.saturating_sub(1);
-            }
+            self.private.count_malloc(id, up);
         }
     }
 
     fn new_pool_slot(&mut self, is_small: bool, owner: MempoolId) -> PoolId {
         let pool = BlockPool::new(is_small, Some(owner));
-        match self.private.free_pool_slots.pop() {
+        match self.private.take_free_slot() {
             Some(slot) => {
                 self.pools[slot as usize] = pool;
                 slot
@@ -133,13 +122,9 @@ impl DeviceState {
     }
 
     pub(crate) fn erase_private_pool(&mut self, id: MempoolId) {
-        if let Some(p) = self.private.graph_pools.remove(&id) {
-            for slot in [p.small, p.large] {
-                self.pools[slot as usize].owner = None;
-                self.private.free_pool_slots.push(slot);
-            }
+        for slot in self.private.erase(id).into_iter().flatten() {
+            self.pools[slot as usize].disown();
         }
-        self.private.graph_pools_freeable.remove(&id);
     }
 
     /// spec 1.14 `beginAllocateToPool`.
@@ -153,64 +138,47 @@ impl DeviceState {
                 "the default pool (0, 0) cannot be a private pool".into(),
             ));
         }
-        if self.private.captures_underway.iter().any(|(c, _)| *c == id) {
+        if self.private.is_capturing_to(id) {
             return Err(err("beginAllocateToPool: already recording to mempool_id"));
         }
-        if self.private.graph_pools_freeable.contains(&id) {
+        if self.private.is_freeable(id) {
             return Err(err(format!(
                 "private pool {id:?} was released and waits for empty_cache to free it; \
                  it cannot be allocated to again"
             )));
         }
-        if let Some(p) = self.private.graph_pools.get_mut(&id) {
-            p.use_count += 1;
-        } else {
+        if !self.private.add_use(id) {
             let small = self.new_pool_slot(true, id);
             let large = self.new_pool_slot(false, id);
-            self.private.graph_pools.insert(
-                id,
-                PrivatePool {
-                    use_count: 1,
-                    cuda_malloc_count: 0,
-                    large,
-                    small,
-                },
-            );
+            self.private.create(id, small, large);
         }
-        self.private.captures_underway.push((id, filter));
+        self.private.begin_capture(id, filter);
         Ok(())
     }
 
     /// spec 1.14 `endAllocateToPool`.
     pub(crate) fn end_allocate_to_pool(&mut self, id: MempoolId) -> Result<(), AllocError> {
-        match self
-            .private
-            .captures_underway
-            .iter()
-            .position(|(c, _)| *c == id)
-        {
-            Some(i) => {
-                self.private.captures_underway.remove(i);
-                Ok(())
-            }
-            None => Err(err(
+        if self.private.end_capture(id) {
+            Ok(())
+        } else {
+            Err(err(
                 "endAllocatePool: not currently recording to mempool_id",
-            )),
+            ))
         }
     }
 
     /// spec 1.14 `releasePool`: drop one use; at zero the pool becomes
     /// freeable and a later empty_cache or flush returns its memory.
     pub(crate) fn release_pool(&mut self, id: MempoolId) -> Result<(), AllocError> {
-        let Some(p) = self.private.graph_pools.get_mut(&id) else {
+        let Some(p) = self.private.get(id) else {
             return Err(err(format!("releasePool: unknown private pool {id:?}")));
         };
-        if p.use_count == 0 {
+        if p.use_count() == 0 {
             return Err(err(format!(
                 "releasePool: private pool {id:?} was already released"
             )));
         }
-        if p.use_count == 1 && self.private.captures_underway.iter().any(|(c, _)| *c == id) {
+        if p.use_count() == 1 && self.private.is_capturing_to(id) {
             // PyTorch would free the pool under a running capture and then
             // fail an internal assert on the next allocation routed to it.
             return Err(err(format!(
@@ -218,16 +186,13 @@ impl DeviceState {
                  end_allocate_to_pool first"
             )));
         }
-        p.use_count -= 1;
-        if p.use_count == 0 {
-            self.private.graph_pools_freeable.insert(id);
-        }
+        self.private.drop_use(id);
         Ok(())
     }
 
     /// Use count of a private pool (0 for unknown pools).
     pub(crate) fn pool_use_count(&self, id: MempoolId) -> u32 {
-        self.private.graph_pools.get(&id).map_or(0, |p| p.use_count)
+        self.private.get(id).map_or(0, |p| p.use_count())
     }
 
     /// The heads (first blocks) of the segments of a private pool, by address.
@@ -245,10 +210,10 @@ impl DeviceState {
     }
 
     fn checkpointable(&self, id: MempoolId) -> Result<(), AllocError> {
-        if self.private.graph_pools_freeable.contains(&id) {
+        if self.private.is_freeable(id) {
             return Err(err("Not expected to checkpoint freeable graph"));
         }
-        if !self.private.graph_pools.contains_key(&id) {
+        if self.private.get(id).is_none() {
             return Err(err("Could not find pool of id"));
         }
         Ok(())
@@ -285,7 +250,7 @@ impl DeviceState {
             }
             segments.push(SegmentCheckpoint {
                 blocks,
-                is_small: self.pools[self.store.blocks[head].pool as usize].is_small,
+                is_small: self.pools[self.store.blocks[head].pool as usize].is_small(),
             });
         }
         Ok(PoolCheckpoint {
@@ -420,8 +385,7 @@ impl DeviceState {
     pub(crate) fn insert_into_pool(&mut self, id: BlockId) {
         let pool = self.store.blocks[id].pool as usize;
         let key = self.free_key(id);
-        self.store.blocks[id].gc_count_base = self.pools[pool].get_free_blocks_call_count;
-        let inserted = self.pools[pool].blocks.insert(key);
+        let inserted = self.pools[pool].insert_into_blocks(key, &mut self.store.blocks[id]);
         debug_assert!(inserted, "block inserted twice into its pool");
     }
 
@@ -429,7 +393,7 @@ impl DeviceState {
     pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
         let pool = self.store.blocks[id].pool as usize;
         let key = self.free_key(id);
-        let removed = self.pools[pool].blocks.remove(&key);
+        let removed = self.pools[pool].remove(&key);
         debug_assert!(removed, "block missing from its pool");
     }
 
@@ -446,14 +410,14 @@ impl DeviceState {
     pub(crate) fn insert_into_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
         let pool = self.store.blocks[id].pool as usize;
-        let inserted = self.pools[pool].unmapped.insert(key);
+        let inserted = self.pools[pool].insert_unmapped(key);
         debug_assert!(inserted, "unmapped block inserted twice");
     }
 
     pub(super) fn remove_from_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
         let pool = self.store.blocks[id].pool as usize;
-        let removed = self.pools[pool].unmapped.remove(&key);
+        let removed = self.pools[pool].remove_unmapped(&key);
         debug_assert!(removed, "unmapped block missing from its set");
     }
 
@@ -463,12 +427,9 @@ impl DeviceState {
     #[inline]
     pub(super) fn get_pool(&self, size: u64, stream: StreamId) -> PoolId {
         let small = rules::is_small(size);
-        if !self.private.captures_underway.is_empty() {
-            for (id, filter) in self.private.captures_underway.iter().rev() {
-                if filter(stream) {
-                    let pool = &self.private.graph_pools[id];
-                    return if small { pool.small } else { pool.large };
-                }
+        if self.private.any_capture_underway() {
+            if let Some(pool) = self.private.capture_pool(stream) {
+                return if small { pool.small() } else { pool.large() };
             }
         }
         if small {
@@ -490,6 +451,6 @@ impl DeviceState {
     /// The private pool that owns a pool slot, if any.
     #[inline]
     pub(crate) fn owner(&self, pool: PoolId) -> Option<MempoolId> {
-        self.pools[pool as usize].owner
+        self.pools[pool as usize].owner()
     }
 }

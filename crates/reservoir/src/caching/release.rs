@@ -38,11 +38,11 @@ impl DeviceState {
         }
         let target = self.acct.total_allocated_memory() - gc_threshold;
         let mut reclaimed = 0u64;
-        let clock = self.pools[POOL_LARGE as usize].get_free_blocks_call_count;
+        let clock = self.pools[POOL_LARGE as usize].gc_clock();
         let age = |b: &Block| (clock - b.gc_count_base) as i32 as i64 as u64;
         let mut total_age: u64 = 0;
         let mut freeable: u64 = 0;
-        for k in &self.pools[POOL_LARGE as usize].blocks {
+        for k in self.pools[POOL_LARGE as usize].iter() {
             let b = &self.store.blocks[k.id];
             if !b.is_split() {
                 total_age += age(b);
@@ -57,7 +57,6 @@ impl DeviceState {
             let threshold = total_age as f64 / freeable as f64;
             block_freed = false;
             let candidates: Vec<BlockId> = self.pools[POOL_LARGE as usize]
-                .blocks
                 .iter()
                 .map(|k| k.id)
                 .filter(|&id| {
@@ -94,7 +93,7 @@ impl DeviceState {
         // Blocks at or above max_split_size are never split while the setting
         // is unchanged; one split by an earlier setting stays (PyTorch would
         // hand its interior address to cudaFree).
-        if let Some(hit) = pool.blocks.from(&search).next() {
+        if let Some(hit) = pool.from(&search).next() {
             let b = &self.store.blocks[hit.id];
             if hit.stream == p.stream && !b.is_split() && !b.expandable {
                 self.release_block(backend, hit.id)?;
@@ -104,7 +103,7 @@ impl DeviceState {
         // No single block is large enough: free oversize blocks from the largest down.
         let mut released = 0u64;
         let mut victims = Vec::new();
-        for k in pool.blocks.before(&search) {
+        for k in pool.before(&search) {
             if released >= key_size || k.size < max_split || k.stream != p.stream {
                 break;
             }
@@ -158,7 +157,7 @@ impl DeviceState {
     ) -> Result<(), MallocError> {
         // In `graph_pools_freeable`'s hash-map order; erasing the visited entry
         // (below) does not change the order of the rest.
-        let freeable: Vec<MempoolId> = self.private.graph_pools_freeable.iter().collect();
+        let freeable: Vec<MempoolId> = self.private.freeable();
         let mut first = Ok(());
         for id in freeable {
             if !pool.is_default() {
@@ -171,8 +170,8 @@ impl DeviceState {
                 );
             }
             let (small, large) = {
-                let p = &self.private.graph_pools[&id];
-                (p.small, p.large)
+                let p = self.private.get(id).expect("a freeable pool exists");
+                (p.small(), p.large())
             };
             keep_first(&mut first, self.release_blocks(backend, small));
             keep_first(&mut first, self.release_blocks(backend, large));
@@ -181,7 +180,12 @@ impl DeviceState {
             // mapped pages, one down per unmap) can reach 0 while segments
             // remain, and PyTorch would leave blocks pointing at a deleted
             // pool: keep the pool until it owns nothing.
-            if self.private.graph_pools[&id].cuda_malloc_count == 0
+            if self
+                .private
+                .get(id)
+                .expect("not erased yet")
+                .cuda_malloc_count()
+                == 0
                 && !self.owns_segments(small, large)
             {
                 self.erase_private_pool(id);
@@ -199,7 +203,7 @@ impl DeviceState {
         &mut self,
         backend: &B,
     ) -> Result<(), MallocError> {
-        if self.private.captures_underway.is_empty() {
+        if !self.private.any_capture_underway() {
             let mut first = self.synchronize_and_free_events(backend, None);
             keep_first(&mut first, self.release_blocks(backend, POOL_LARGE));
             first?;
@@ -214,7 +218,7 @@ impl DeviceState {
         backend: &B,
     ) -> Result<(), MallocError> {
         let mut first = Ok(());
-        if self.private.captures_underway.is_empty() {
+        if !self.private.any_capture_underway() {
             keep_first(
                 &mut first,
                 self.release_blocks(backend, POOL_SMALL).map_err(Into::into),
@@ -239,7 +243,7 @@ impl DeviceState {
     ) -> Result<(), BackendError> {
         let mut victims = Vec::new();
         let mut to_unmap = Vec::new();
-        for k in &self.pools[pool as usize].blocks {
+        for k in self.pools[pool as usize].iter() {
             let b = &self.store.blocks[k.id];
             if b.expandable {
                 to_unmap.push(k.id);

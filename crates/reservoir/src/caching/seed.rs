@@ -11,7 +11,7 @@
 //! that made the layout would have moved it, so
 //! [`check_invariants`](CachingAllocator::check_invariants) holds.
 
-use super::state::pools::{FreeKey, POOL_LARGE, POOL_SMALL};
+use super::state::pools::{POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
@@ -206,11 +206,8 @@ impl<B: Backend> Seeder<'_, B> {
                     st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None => {
-                    let key = FreeKey::new(seg.stream, size, seq, base + offset, id);
-                    let p = &mut st.pools[pool as usize];
-                    let gc_base = p.get_free_blocks_call_count;
-                    p.blocks.insert(key);
-                    st.store.blocks[id].gc_count_base = gc_base;
+                    // Keyed by (stream, size, `seq`, address), its GC age from now.
+                    st.insert_into_pool(id);
                     if split {
                         st.acct.inactive_split_changed(stat, 1, size as i64);
                     }
@@ -254,7 +251,7 @@ impl<B: Backend> Seeder<'_, B> {
             .map_err(|source| SeedError::Backend { size: 0, source })?
             .total;
         let space = super::policy::whole_pages(total.saturating_add(total / 8), page);
-        let (mapped, end, blocks) = check_expandable_layout(seg, page, space)?;
+        let (mapped, blocks) = check_expandable_layout(seg, page, space)?;
         let vm = self
             .alloc
             .backend
@@ -285,21 +282,11 @@ impl<B: Backend> Seeder<'_, B> {
         let stat = StatType::for_pool(seg.small);
         st.segment_seq += 1;
         let seq = st.segment_rank(base);
-        let mut pages = vec![false; (end / page) as usize];
-        for &(o, l) in &mapped {
-            pages[(o / page) as usize..((o + l) / page) as usize]
-                .iter_mut()
-                .for_each(|p| *p = true);
-        }
         let sid = st.store.segments.insert(Segment {
             seq,
             addr: base,
             size: space,
-            expandable: Some(Box::new(Expandable {
-                reservation,
-                page_size: page,
-                pages,
-            })),
+            expandable: Some(Box::new(Expandable::seeded(reservation, page, &mapped))),
             stream: seg.stream,
             pool,
             head: NIL,
@@ -389,14 +376,13 @@ fn check_segment_layout(seg: &SeededSegment, blocks: &[SeededBlock]) -> Result<u
 /// mapped ranges page-aligned, not empty, not overlapping and inside the
 /// reservation of `space` bytes; each block 512-aligned, not overlapping,
 /// inside one mapped range, none requesting more than its size. Returns the
-/// mapped ranges and the blocks in address order, and the end of the last
-/// mapped range.
+/// mapped ranges and the blocks in address order.
 #[allow(clippy::type_complexity)]
 fn check_expandable_layout(
     seg: &SeededExpandable,
     page: u64,
     space: u64,
-) -> Result<(Vec<(u64, u64)>, u64, Vec<SeededBlock>), SeedError> {
+) -> Result<(Vec<(u64, u64)>, Vec<SeededBlock>), SeedError> {
     let layout = |m: String| Err(SeedError::Layout(m));
     let mut mapped = seg.mapped.clone();
     mapped.sort_unstable();
@@ -435,7 +421,7 @@ fn check_expandable_layout(
         }
         bend = b.offset + b.size;
     }
-    Ok((mapped, end, blocks))
+    Ok((mapped, blocks))
 }
 
 /// The tiling of an expandable segment of `space` bytes whose `mapped`

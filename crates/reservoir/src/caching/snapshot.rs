@@ -45,8 +45,8 @@ impl DeviceState {
         let segments = self.segment_models(only);
         let total_active: u64 = segments.iter().map(|s| s.active_size).sum();
         let pool = only
-            .and_then(|p| self.private.graph_pools.get(&p))
-            .map_or(POOL_LARGE, |p| p.large);
+            .and_then(|p| self.private.get(p))
+            .map_or(POOL_LARGE, |p| p.large());
         self.record_trace(
             TraceAction::Snapshot,
             0,
@@ -79,7 +79,7 @@ impl DeviceState {
             if !s.live || pool.is_some_and(|p| p != owner) {
                 continue;
             }
-            let segment_type = if self.pools[s.pool as usize].is_small {
+            let segment_type = if self.pools[s.pool as usize].is_small() {
                 SegmentType::Small
             } else {
                 SegmentType::Large
@@ -179,8 +179,8 @@ impl DeviceState {
         segs.into_iter()
             .map(|(s, e)| StreamSegmentSize {
                 stream: s.stream,
-                is_small_pool: self.pools[s.pool as usize].is_small,
-                total_size: e.pages.iter().filter(|&&m| m).count() as u64 * e.page_size,
+                is_small_pool: self.pools[s.pool as usize].is_small(),
+                total_size: e.mapped_bytes(),
             })
             .collect()
     }

@@ -131,23 +131,7 @@ fn release_expandable<B: Backend + ?Sized>(
             what: "virtual memory (releasing an expandable segment)",
         });
     };
-    let mut mapped = 0;
-    let mut page = 0;
-    while page < e.pages.len() {
-        if !e.pages[page] {
-            page += 1;
-            continue;
-        }
-        let start = page;
-        while page < e.pages.len() && e.pages[page] {
-            page += 1;
-        }
-        let len = (page - start) as u64 * e.page_size;
-        vm.unmap(e.reservation, start as u64 * e.page_size, len)?;
-        mapped += len;
-    }
-    vm.release(e.reservation)?;
-    Ok(mapped)
+    e.release(vm)
 }
 
 /// Log what a teardown found: a warning for live blocks or errors, a

@@ -63,19 +63,6 @@ impl Block {
     }
 }
 
-/// The virtual-memory side of an expandable segment (PyTorch's
-/// `ExpandableSegment`): a reserved range mapped page by page.
-#[derive(Clone, Debug)]
-pub(crate) struct Expandable {
-    /// The reserved range.
-    pub reservation: crate::backend::Reservation,
-    /// Page size: 2 MiB for the small pool, `large_segment_size` for the large.
-    pub page_size: u64,
-    /// Which pages are mapped, trimmed after the last mapped page.
-    /// Invariant: runs of mapped blocks cover exactly the mapped pages.
-    pub pages: Vec<bool>,
-}
-
 /// One driver allocation (PyTorch's segment), or one expandable segment's
 /// whole reserved range (its blocks tile the range, mapped or not).
 #[derive(Clone, Debug)]
@@ -88,7 +75,7 @@ pub(crate) struct Segment {
     /// Bytes obtained from the driver (the reserved range if expandable).
     pub size: u64,
     /// The mapping state, for expandable segments.
-    pub expandable: Option<Box<Expandable>>,
+    pub expandable: Option<Box<super::Expandable>>,
     /// Stream the segment serves.
     pub stream: StreamId,
     /// Pool of its blocks.

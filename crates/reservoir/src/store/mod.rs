@@ -1,14 +1,18 @@
 //! The block store: segments tiled by blocks, and the free lists that index
-//! them. Pure mechanism, shared by allocators: no settings, no backend, no
-//! statistics; whoever owns a [`BlockStore`] decides when to split, merge,
-//! obtain or give back memory (the caching allocator in `caching/`, after
-//! PyTorch's `DeviceCachingAllocator`).
+//! them. Pure mechanism, shared by allocators: no settings, no statistics,
+//! and no backend except the virtual-memory calls by which an expandable
+//! segment maps and unmaps its own pages ([`Expandable`]); whoever owns a
+//! [`BlockStore`] decides when to split, merge, obtain or give back memory
+//! (the caching allocator in `caching/`, after PyTorch's
+//! `DeviceCachingAllocator`).
 //!
 //! * [`Slab`]: values addressed by `u32` ids; blocks and segments refer to
 //!   each other by id, so splitting and merging are index updates and no
 //!   operation allocates once the slabs are warm.
 //! * [`Block`], [`Segment`]: PyTorch's `Block` and segment; a segment's
 //!   blocks form a doubly linked list in address order from its `head`.
+//! * [`Expandable`]: PyTorch's `ExpandableSegment`, the mapped pages of an
+//!   expandable segment's reservation.
 //! * [`BlockStore`]: link, split and merge blocks inside a segment; walk a
 //!   segment's blocks.
 //! * [`FreeList`]: free blocks sorted by a key the owner chooses (PyTorch's
@@ -20,15 +24,17 @@
 mod block;
 mod check;
 mod chunked;
+mod expandable;
 mod free_list;
 mod ranked;
 mod size_classes;
 mod slab;
 
-pub(crate) use block::{Block, BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
+pub(crate) use block::{Block, BlockId, PoolId, Segment, SegmentId, NIL};
+pub(crate) use expandable::Expandable;
 pub(crate) use free_list::FreeList;
 pub(crate) use ranked::RankedKey;
-pub(crate) use size_classes::{SizeClassList, SizeClassed};
+pub(crate) use size_classes::{Cursor, SizeClassList, SizeClassed, Slot};
 pub(crate) use slab::Slab;
 
 use crate::ids::StreamId;

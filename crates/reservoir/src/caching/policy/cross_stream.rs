@@ -62,7 +62,7 @@ impl DeviceState {
             Err(BackendError::Unsupported { .. }) => return Ok(None),
             Err(e) => return Err(e),
         }
-        self.pools[pool as usize].blocks.remove(&key);
+        self.pools[pool as usize].remove(&key);
         self.cross_stream_reuses += 1;
         let b = &self.store.blocks[key.id];
         if b.prev == NIL && b.next == NIL {
@@ -83,7 +83,7 @@ impl DeviceState {
         size: u64,
         stream: StreamId,
     ) -> Option<FreeKey> {
-        let blocks = &self.pools[pool as usize].blocks;
+        let blocks = &self.pools[pool as usize];
         let mut best: Option<FreeKey> = None;
         let mut next = blocks.iter().next().map(|k| k.stream);
         while let Some(s) = next {

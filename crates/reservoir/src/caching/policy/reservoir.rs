@@ -56,7 +56,7 @@ use crate::caching::request::AllocParams;
 use crate::caching::rules;
 use crate::caching::rules::{MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER};
 use crate::caching::state::pools::FreeKey;
-use crate::caching::state::pools::{UnmappedKey, POOL_LARGE, POOL_SMALL};
+use crate::caching::state::pools::{POOL_LARGE, POOL_SMALL};
 use crate::caching::state::DeviceState;
 use crate::config::waste_bound;
 use crate::store::{BlockId, PoolId, NIL};
@@ -167,16 +167,8 @@ impl DeviceState {
         pool: PoolId,
         size: u64,
     ) -> Option<GrowthRun> {
-        let from = UnmappedKey {
-            stream,
-            addr: 0,
-            id: 0,
-        };
         let mut best: Option<GrowthRun> = None;
-        for k in self.pools[pool as usize].unmapped.range(from..) {
-            if k.stream != stream {
-                break;
-            }
+        for k in self.pools[pool as usize].unmapped_of(stream) {
             let start = self.run_start(k.id);
             let run = self.run_bytes(start, size);
             // A run that ends in a mapped block past unmapped ones leaves
@@ -233,7 +225,7 @@ impl DeviceState {
         });
         let mut free: Vec<(u64, BlockId)> = [POOL_LARGE, POOL_SMALL]
             .iter()
-            .flat_map(|&pool| self.pools[pool as usize].blocks.iter())
+            .flat_map(|&pool| self.pools[pool as usize].iter())
             .filter(|k| {
                 let b = &self.store.blocks[k.id];
                 b.expandable && !used.as_ref().is_some_and(|u| u.contains(&b.addr))
@@ -261,7 +253,6 @@ impl DeviceState {
         over: u64,
     ) -> Result<(), BackendError> {
         let mut whole: Vec<(u64, BlockId)> = self.pools[POOL_LARGE as usize]
-            .blocks
             .iter()
             .filter(|k| {
                 let b = &self.store.blocks[k.id];
@@ -308,7 +299,7 @@ impl DeviceState {
                 .expandable
                 .as_deref()
                 .expect("an expandable block");
-            (e.reservation.base.0, e.page_size)
+            (e.base(), e.page_size())
         };
         let first = base + (b.addr - base).div_ceil(page) * page;
         let last = base + (b.addr + b.size - base) / page * page;
@@ -325,14 +316,13 @@ impl DeviceState {
     }
 
     /// The `reservoir` policy keeps whole segments whole: the
-    /// first free block from `search` on `p`'s stream that is expandable or
+    /// first free block from `p`'s search key on its stream that is expandable or
     /// that the request fits. Out of line: the common fit takes the first block.
     #[cold]
     #[inline(never)]
-    fn next_block_not_skipped(&self, search: &FreeKey, p: &AllocParams) -> Option<FreeKey> {
+    fn next_block_not_skipped(&self, p: &AllocParams) -> Option<FreeKey> {
         self.pools[p.pool as usize]
-            .blocks
-            .from(search)
+            .from(&FreeKey::search(p.stream, p.size))
             .find(|k| {
                 k.stream != p.stream
                     || self.store.blocks[k.id].expandable
@@ -352,20 +342,12 @@ impl DeviceState {
     pub(in crate::caching) fn reservoir_fit(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
         let pool = &mut self.pools[p.pool as usize];
-        if gc {
-            pool.get_free_blocks_call_count += 1;
-        }
-        let search = FreeKey::search(p.stream, p.size);
-        let Some((first, slot)) = pool.blocks.first_from(&search) else {
+        let Some((mut hit, slot)) = pool.lower_bound(p.stream, p.size, gc) else {
             return false;
         };
-        let mut hit = first;
-        if hit.stream != p.stream {
-            return false;
-        }
         if !self.store.blocks[hit.id].expandable && self.skips_whole_block(p.pool, p.size, hit.size)
         {
-            match self.next_block_not_skipped(&search, p) {
+            match self.next_block_not_skipped(p) {
                 Some(k) => hit = k,
                 None => return false,
             }
@@ -381,7 +363,7 @@ impl DeviceState {
         if rules::oversize_misfit(p.size, hit.size, &self.config) {
             return false;
         }
-        let removed = pool.blocks.remove_at(slot, &hit);
+        let removed = pool.erase(slot, &hit);
         debug_assert!(removed, "the hit is in its pool");
         p.block = hit.id;
         true

@@ -158,7 +158,7 @@ impl DeviceState {
     pub fn cache_info<B: Backend + ?Sized>(&self, backend: &B) -> Result<u64, BackendError> {
         let mut largest = backend.mem_info()?.free;
         for pool in &self.pools {
-            for k in &pool.blocks {
+            for k in pool.iter() {
                 largest = largest.max(k.size);
             }
         }

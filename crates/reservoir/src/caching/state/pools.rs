@@ -8,7 +8,9 @@ use std::sync::Arc;
 use crate::backend::StreamId;
 use crate::caching::stream_order::MempoolSet;
 use crate::ids::MempoolId;
-use crate::store::{BlockId, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed};
+use crate::store::{
+    Block, BlockId, Cursor, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed, Slot,
+};
 
 /// The global large pool (free blocks above 1 MiB).
 pub(crate) const POOL_LARGE: PoolId = 0;
@@ -124,23 +126,36 @@ pub(crate) struct UnmappedKey {
 }
 
 /// Free blocks of one kind (PyTorch's `BlockPool`).
+///
+/// Invariant (kept with the callers in `caching/pools.rs`, which compute
+/// the keys from the blocks): a free mapped block is in exactly one pool's
+/// `blocks`, under the [`FreeKey`] of its current stream, size and address;
+/// an unmapped block (only of expandable segments) is in its pool's
+/// `unmapped` under its [`UnmappedKey`]; a block whose key fields change is
+/// removed first and inserted again after.
 #[derive(Clone, Debug)]
 pub(crate) struct BlockPool {
     /// Free, mapped blocks in (stream, size, address) order, indexed by
     /// stream and size class.
-    pub blocks: SizeClassList<FreeKey>,
+    blocks: SizeClassList<FreeKey>,
     /// Unmapped blocks of expandable segments in (stream, address) order.
-    pub unmapped: FreeList<UnmappedKey>,
+    unmapped: FreeList<UnmappedKey>,
     /// Small pool (blocks of at most 1 MiB)?
-    pub is_small: bool,
-    /// The private pool this belongs to (None for the global pools).
-    pub owner: Option<crate::ids::MempoolId>,
+    is_small: bool,
+    /// The private pool this belongs to (None for the global pools and for
+    /// the slots of erased private pools).
+    owner: Option<MempoolId>,
     /// Free-block searches so far: the garbage collector's clock.
-    pub get_free_blocks_call_count: i64,
+    get_free_blocks_call_count: i64,
 }
 
+/// Where [`BlockPool::lower_bound`] found a free block, for
+/// [`BlockPool::erase`].
+pub(crate) type Found = (FreeKey, Slot);
+
 impl BlockPool {
-    pub fn new(is_small: bool, owner: Option<crate::ids::MempoolId>) -> BlockPool {
+    /// An empty pool of small or large blocks, of a private pool or global.
+    pub fn new(is_small: bool, owner: Option<MempoolId>) -> BlockPool {
         BlockPool {
             blocks: SizeClassList::default(),
             unmapped: FreeList::default(),
@@ -149,22 +164,179 @@ impl BlockPool {
             get_free_blocks_call_count: 0,
         }
     }
+
+    /// Small pool (blocks of at most 1 MiB)?
+    #[inline]
+    pub fn is_small(&self) -> bool {
+        self.is_small
+    }
+
+    /// The private pool this belongs to (None for the global pools).
+    #[inline]
+    pub fn owner(&self) -> Option<MempoolId> {
+        self.owner
+    }
+
+    /// The private pool owning this slot was erased: the slot waits for
+    /// reuse, owned by none.
+    pub fn disown(&mut self) {
+        self.owner = None;
+    }
+
+    /// The garbage collector's clock: free-block searches so far (PyTorch's
+    /// `get_free_blocks_call_count`).
+    #[inline]
+    pub fn gc_clock(&self) -> i64 {
+        self.get_free_blocks_call_count
+    }
+
+    /// spec 1.6, the start of PyTorch's `get_free_block`: count the search
+    /// on the GC clock when garbage collection tracks reuse (`track_reuse`),
+    /// then `blocks.lower_bound(search_key)`: the first free block at or
+    /// after (`stream`, `size`), or `None` at the end or when it is on
+    /// another stream. Take it with [`erase`](Self::erase).
+    #[inline]
+    pub fn lower_bound(&mut self, stream: StreamId, size: u64, track_reuse: bool) -> Option<Found> {
+        if track_reuse {
+            // Track block reuse interval only when garbage collection is enabled.
+            self.get_free_blocks_call_count += 1;
+        }
+        let found = self.blocks.first_from(&FreeKey::search(stream, size))?;
+        (found.0.stream == stream).then_some(found)
+    }
+
+    /// Take the free block `key` out of the pool, found at `slot` by
+    /// [`lower_bound`](Self::lower_bound) (or anywhere after it on the same
+    /// search: it is then searched for). False if it was not there.
+    #[inline]
+    pub fn erase(&mut self, slot: Slot, key: &FreeKey) -> bool {
+        self.blocks.remove_at(slot, key)
+    }
+
+    /// PyTorch's `insert_into_blocks`: the free block `block`, under its
+    /// current `key`, into the pool, its GC age starting now. False if it
+    /// was there already.
+    #[inline]
+    pub fn insert_into_blocks(&mut self, key: FreeKey, block: &mut Block) -> bool {
+        block.gc_count_base = self.get_free_blocks_call_count;
+        self.blocks.insert(key)
+    }
+
+    /// Take a free block out of the pool by its current key; false if it
+    /// was not there.
+    #[inline]
+    pub fn remove(&mut self, key: &FreeKey) -> bool {
+        self.blocks.remove(key)
+    }
+
+    /// Is the free block of this key in the pool?
+    #[inline]
+    pub fn contains(&self, key: &FreeKey) -> bool {
+        self.blocks.contains(key)
+    }
+
+    /// The free blocks at or after `key`, in (stream, size, address) order
+    /// (a best-fit search).
+    #[inline]
+    pub fn from(&self, key: &FreeKey) -> Cursor<'_, FreeKey> {
+        self.blocks.from(key)
+    }
+
+    /// The free blocks strictly before `key`, in descending order.
+    #[inline]
+    pub fn before(&self, key: &FreeKey) -> Cursor<'_, FreeKey> {
+        self.blocks.before(key)
+    }
+
+    /// Every free block, in (stream, size, address) order.
+    #[inline]
+    pub fn iter(&self) -> Cursor<'_, FreeKey> {
+        self.blocks.iter()
+    }
+
+    /// Number of free (mapped) blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// An unmapped block of an expandable segment into the pool's unmapped
+    /// set; false if it was there already.
+    #[inline]
+    pub fn insert_unmapped(&mut self, key: UnmappedKey) -> bool {
+        self.unmapped.insert(key)
+    }
+
+    /// Take an unmapped block out of the unmapped set; false if it was not
+    /// there.
+    #[inline]
+    pub fn remove_unmapped(&mut self, key: &UnmappedKey) -> bool {
+        self.unmapped.remove(key)
+    }
+
+    /// Is the unmapped block of this key in the unmapped set?
+    pub fn contains_unmapped(&self, key: &UnmappedKey) -> bool {
+        self.unmapped.contains(key)
+    }
+
+    /// The unmapped blocks of `stream`, by address.
+    #[inline]
+    pub fn unmapped_of(&self, stream: StreamId) -> impl Iterator<Item = &UnmappedKey> + '_ {
+        let from = UnmappedKey {
+            stream,
+            addr: 0,
+            id: 0,
+        };
+        self.unmapped
+            .range(from..)
+            .take_while(move |k| k.stream == stream)
+    }
+
+    /// Number of unmapped blocks.
+    pub fn unmapped_len(&self) -> usize {
+        self.unmapped.len()
+    }
 }
 
 /// Decides whether an allocation on a stream goes to a private pool
-/// (PyTorch's capture filter). See [`PoolFilter`].
+/// (PyTorch's capture filter). See [`PoolFilter`](crate::caching::PoolFilter).
 pub(crate) type FilterFn = Arc<dyn Fn(StreamId) -> bool + Send + Sync>;
 
 /// A private memory pool (PyTorch's `PrivatePool`, CUDA-graph style).
 pub(crate) struct PrivatePool {
     /// Users (captures, MemPools) still holding the pool; at 0 it is freeable.
-    pub use_count: u32,
+    use_count: u32,
     /// Driver allocations (and expandable allocations) not given back yet.
-    pub cuda_malloc_count: u32,
+    cuda_malloc_count: u32,
     /// The pool's large-block pool.
-    pub large: PoolId,
+    large: PoolId,
     /// The pool's small-block pool.
-    pub small: PoolId,
+    small: PoolId,
+}
+
+impl PrivatePool {
+    /// Users (captures, MemPools) still holding the pool.
+    #[inline]
+    pub fn use_count(&self) -> u32 {
+        self.use_count
+    }
+
+    /// Driver allocations (and expandable allocations) not given back yet.
+    #[inline]
+    pub fn cuda_malloc_count(&self) -> u32 {
+        self.cuda_malloc_count
+    }
+
+    /// The pool's large-block pool slot.
+    #[inline]
+    pub fn large(&self) -> PoolId {
+        self.large
+    }
+
+    /// The pool's small-block pool slot.
+    #[inline]
+    pub fn small(&self) -> PoolId {
+        self.small
+    }
 }
 
 /// The private pools of one device (PyTorch's `graph_pools` and friends).
@@ -173,13 +345,135 @@ pub(crate) struct PrivatePools {
     /// Private pools by id (PyTorch's `graph_pools`). Invariant: each owns
     /// two slots of `DeviceState::pools` (small and large) whose `owner` is
     /// its id; a pool stays while it owns a segment.
-    pub graph_pools: BTreeMap<MempoolId, PrivatePool>,
+    graph_pools: BTreeMap<MempoolId, PrivatePool>,
     /// Private pools whose use count reached 0 (`graph_pools_freeable`).
     /// Invariant: a subset of `graph_pools`' keys.
-    pub graph_pools_freeable: MempoolSet,
+    graph_pools_freeable: MempoolSet,
     /// Pools being allocated to, with their filters (`captures_underway`),
     /// oldest first. Invariant: ids are distinct keys of `graph_pools`.
-    pub captures_underway: Vec<(MempoolId, FilterFn)>,
+    captures_underway: Vec<(MempoolId, FilterFn)>,
     /// Pool slots of erased private pools, for reuse (their `owner` is None).
-    pub free_pool_slots: Vec<PoolId>,
+    free_pool_slots: Vec<PoolId>,
+}
+
+impl PrivatePools {
+    /// Is any pool being allocated to (`!captures_underway.empty()`)?
+    #[inline]
+    pub fn any_capture_underway(&self) -> bool {
+        !self.captures_underway.is_empty()
+    }
+
+    /// spec 1.4: the private pool an allocation on `stream` goes to: the
+    /// newest capture whose filter accepts the stream (as torch 2.9+ does).
+    #[inline]
+    pub fn capture_pool(&self, stream: StreamId) -> Option<&PrivatePool> {
+        self.captures_underway
+            .iter()
+            .rev()
+            .find(|(_, filter)| filter(stream))
+            .map(|(id, _)| &self.graph_pools[id])
+    }
+
+    /// Is the pool `id` being allocated to?
+    pub fn is_capturing_to(&self, id: MempoolId) -> bool {
+        self.captures_underway.iter().any(|(c, _)| *c == id)
+    }
+
+    /// The private pool `id`, if it exists.
+    #[inline]
+    pub fn get(&self, id: MempoolId) -> Option<&PrivatePool> {
+        self.graph_pools.get(&id)
+    }
+
+    /// Was the pool `id` released by all its users (waiting to be freed)?
+    pub fn is_freeable(&self, id: MempoolId) -> bool {
+        self.graph_pools_freeable.contains(&id)
+    }
+
+    /// The freeable pools, in `graph_pools_freeable`'s hash-map order.
+    pub fn freeable(&self) -> Vec<MempoolId> {
+        self.graph_pools_freeable.iter().collect()
+    }
+
+    /// A slot of an erased private pool, for reuse.
+    pub fn take_free_slot(&mut self) -> Option<PoolId> {
+        self.free_pool_slots.pop()
+    }
+
+    /// A new private pool `id` with its two pool slots, used once. `id` is
+    /// not a pool yet.
+    pub fn create(&mut self, id: MempoolId, small: PoolId, large: PoolId) {
+        let old = self.graph_pools.insert(
+            id,
+            PrivatePool {
+                use_count: 1,
+                cuda_malloc_count: 0,
+                large,
+                small,
+            },
+        );
+        debug_assert!(old.is_none(), "private pool {id:?} created twice");
+    }
+
+    /// One more user of the existing pool `id`; false if there is none.
+    pub fn add_use(&mut self, id: MempoolId) -> bool {
+        match self.graph_pools.get_mut(&id) {
+            Some(p) => {
+                p.use_count += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One user less of the pool `id` (which has one); at zero it becomes
+    /// freeable.
+    pub fn drop_use(&mut self, id: MempoolId) {
+        let p = self.graph_pools.get_mut(&id).expect("a private pool");
+        debug_assert!(p.use_count > 0, "private pool {id:?} has no user");
+        p.use_count -= 1;
+        if p.use_count == 0 {
+            self.graph_pools_freeable.insert(id);
+        }
+    }
+
+    /// Start allocating to the existing pool `id` (not being allocated to)
+    /// for the allocations `filter` accepts.
+    pub fn begin_capture(&mut self, id: MempoolId, filter: FilterFn) {
+        debug_assert!(self.graph_pools.contains_key(&id) && !self.is_capturing_to(id));
+        self.captures_underway.push((id, filter));
+    }
+
+    /// Stop allocating to the pool `id`; false if it was not being
+    /// allocated to.
+    pub fn end_capture(&mut self, id: MempoolId) -> bool {
+        match self.captures_underway.iter().position(|(c, _)| *c == id) {
+            Some(i) => {
+                self.captures_underway.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Count a driver allocation (`up`) or free of the pool `id`.
+    pub fn count_malloc(&mut self, id: MempoolId, up: bool) {
+        let p = self.graph_pools.get_mut(&id).expect("owner pool exists");
+        if up {
+            p.cuda_malloc_count += 1;
+        } else {
+            p.cuda_malloc_count = p.cuda_malloc_count.saturating_sub(1);
+        }
+    }
+
+    /// Erase the pool `id`, if it exists; its two slots wait for reuse.
+    /// Returns them: the caller disowns them
+    /// ([`BlockPool::disown`]).
+    pub fn erase(&mut self, id: MempoolId) -> Option<[PoolId; 2]> {
+        self.graph_pools_freeable.remove(&id);
+        let p = self.graph_pools.remove(&id)?;
+        let slots = [p.small, p.large];
+        self.free_pool_slots.extend(slots);
+        Some(slots)
+    }
 }
