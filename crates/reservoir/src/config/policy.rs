@@ -111,9 +111,12 @@ impl AllocatorConfig {
 
     /// A settings string with, besides PyTorch's keys, Reservoir-only
     /// `policy:NAME` entries (see [`ReservoirPolicy::named`]; the last one
-    /// wins). The entries are taken out and the rest is read by
-    /// [`AllocatorConfig::parse`], so a string without them reads exactly
-    /// as in PyTorch. `policy:reservoir` also turns on expandable segments.
+    /// wins). `policy:pytorch-2.11` ... `policy:pytorch-2.15` name PyTorch
+    /// mode of one release ([`AllocatorConfig::torch_release`]); every other
+    /// name means the newest release, and a key the named release does not
+    /// have is refused as that release refuses it. The entries are taken
+    /// out and the rest is read by [`AllocatorConfig::parse`], so a string
+    /// without them reads exactly as in PyTorch. `policy:reservoir` also turns on expandable segments.
     pub fn parse_with_policy(s: &str) -> Result<AllocatorConfig, ConfigError> {
         super::tokenizer::check_len(s)?;
         let mut policy = None;
@@ -124,7 +127,7 @@ impl AllocatorConfig {
                 .filter(|(k, _)| k.trim() == POLICY_KEY)
                 .map(|(_, v)| v.trim());
             match named {
-                Some(name) => policy = Some(ReservoirPolicy::named(name)?),
+                Some(name) => policy = Some(super::torch_release::policy_and_release(name)?),
                 None => rest.push(entry),
             }
         }
@@ -134,10 +137,12 @@ impl AllocatorConfig {
         } else {
             AllocatorConfig::parse(&rest)?
         };
-        if let Some(p) = policy {
+        if let Some((p, release)) = policy {
             cfg.expandable_segments |= p == ReservoirPolicy::Reservoir;
             cfg.policy = p;
+            cfg.torch_release = release;
         }
+        super::torch_release::check_release_keys(&cfg, &rest)?;
         Ok(cfg)
     }
 }
