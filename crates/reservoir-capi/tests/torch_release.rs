@@ -102,7 +102,10 @@ fn the_config_string_names_the_release_and_the_stats_follow_it() {
             .cloned()
             .collect();
         assert_eq!(k, expected, "{conf}");
-        assert_eq!(reservoir_allocator_destroy(h), ReservoirStatus::RESERVOIR_OK);
+        assert_eq!(
+            reservoir_allocator_destroy(h),
+            ReservoirStatus::RESERVOIR_OK
+        );
     }
     assert_eq!(
         reservoir_allocator_destroy(newest),

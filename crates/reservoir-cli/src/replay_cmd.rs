@@ -118,10 +118,7 @@ impl Run<'_> {
             if let Some(obj) = value.as_object_mut() {
                 // The release of PyTorch mode and how it was decided (the
                 // header's `PyTorch mode:` line).
-                obj.insert(
-                    "torch_release".into(),
-                    input.torch.release.version().into(),
-                );
+                obj.insert("torch_release".into(), input.torch.release.version().into());
                 obj.insert("torch_release_how".into(), input.torch.how.clone().into());
             }
             self.json.push(value);

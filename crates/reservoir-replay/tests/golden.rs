@@ -1193,6 +1193,12 @@ fn release_dirs() -> Vec<(TorchRelease, PathBuf)> {
 /// made by `tools/regen-release-goldens.sh` with that release's oracle):
 /// every trace of the manifest, replayed in the PyTorch mode of the release,
 /// must match. `RESERVOIR_GOLDEN_RELEASE=2.13[,2.12]` checks only those.
+/// This is the test of each rule of `ReleaseRules` (docs/replay-fidelity.md,
+/// "PyTorch releases", names the golden that shows each):
+/// `expandable_oom_advice` (the OOM tails of the expandable goldens of 2.13
+/// and 2.14), `expandable_oversize_released_unmapped` (`huge-004` op 19 and
+/// the device calls of 2.13/2.14's `oom-*`), `stat_num_oom_rejections`
+/// (2.11's `stats_keys.json`).
 #[test]
 fn release_goldens_match_pytorch() {
     let keys = load_stats_keys();

@@ -331,7 +331,9 @@ mod tests {
         use crate::sim::SimDevice;
         use crate::CachingAllocator;
         for release in TorchRelease::ALL {
-            let cfg = AllocatorConfig::parse_with_policy(&release.policy_name()).unwrap();
+            let cfg =
+                AllocatorConfig::parse_with_policy(&format!("policy:{}", release.policy_name()))
+                    .unwrap();
             assert_eq!(cfg.torch_release, release);
             let alloc = CachingAllocator::new(SimDevice::default(), cfg.clone());
             let stats = alloc.memory_stats();
@@ -363,7 +365,10 @@ mod tests {
             let written = c.to_settings_string();
             if release == TorchRelease::NEWEST {
                 assert_eq!(written, "max_split_size_mb:64");
-                assert_eq!(AllocatorConfig::parse(&written).unwrap().max_split_size, 64 << 20);
+                assert_eq!(
+                    AllocatorConfig::parse(&written).unwrap().max_split_size,
+                    64 << 20
+                );
             } else {
                 assert_eq!(written, s);
             }
@@ -383,6 +388,9 @@ mod tests {
             ConfigError::UnknownPolicy { name } => assert_eq!(name, "pytorch-2.99"),
             other => panic!("{other:?}"),
         }
-        assert!(e.to_string().contains("pytorch-2.11 ... pytorch-2.15"), "{e}");
+        assert!(
+            e.to_string().contains("pytorch-2.11 ... pytorch-2.15"),
+            "{e}"
+        );
     }
 }
