@@ -5,6 +5,7 @@
 //! [`AllocatorConfig::parse_with_policy`] also accepts `policy:NAME` entries.
 
 use super::error::ConfigError;
+use super::torch_release::TorchRelease;
 use super::AllocatorConfig;
 
 /// The policy in force: PyTorch's behaviour (the default) or one of
@@ -79,6 +80,17 @@ impl ReservoirPolicy {
     }
 }
 
+/// The policy and release a `policy:NAME` entry names: `pytorch` (PyTorch
+/// mode of the newest release), `pytorch-2.11` ... `pytorch-2.15` (PyTorch
+/// mode of that release), or one of Reservoir's own policies
+/// ([`ReservoirPolicy::named`], with the newest release's rules).
+fn policy_and_release(name: &str) -> Result<(ReservoirPolicy, TorchRelease), ConfigError> {
+    match TorchRelease::from_policy_name(name) {
+        Some(release) => Ok((ReservoirPolicy::PyTorch, release)),
+        None => Ok((ReservoirPolicy::named(name)?, TorchRelease::NEWEST)),
+    }
+}
+
 impl AllocatorConfig {
     /// Reservoir's default settings **outside PyTorch mode**: PyTorch's
     /// defaults plus the `reservoir` policy (and the expandable segments it
@@ -127,7 +139,7 @@ impl AllocatorConfig {
                 .filter(|(k, _)| k.trim() == POLICY_KEY)
                 .map(|(_, v)| v.trim());
             match named {
-                Some(name) => policy = Some(super::torch_release::policy_and_release(name)?),
+                Some(name) => policy = Some(policy_and_release(name)?),
                 None => rest.push(entry),
             }
         }

@@ -14,7 +14,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::error::{ConfigError, KeyParser};
-use super::policy::ReservoirPolicy;
 use super::AllocatorConfig;
 
 /// A PyTorch release whose CUDA caching allocator PyTorch mode reproduces.
@@ -193,19 +192,6 @@ impl ReleaseRules {
     }
 }
 
-/// The policy and release a `policy:NAME` entry names: `pytorch` (PyTorch
-/// mode of the newest release), `pytorch-2.11` ... `pytorch-2.15` (PyTorch
-/// mode of that release), or one of Reservoir's own policies
-/// ([`ReservoirPolicy::named`], with the newest release's rules).
-pub(super) fn policy_and_release(
-    name: &str,
-) -> Result<(ReservoirPolicy, TorchRelease), ConfigError> {
-    match TorchRelease::from_policy_name(name) {
-        Some(release) => Ok((ReservoirPolicy::PyTorch, release)),
-        None => Ok((ReservoirPolicy::named(name)?, TorchRelease::NEWEST)),
-    }
-}
-
 /// Refuse, as PyTorch of `cfg`'s release does, a key that release does not
 /// have ([`ReleaseRules::unknown_keys`]) in `rest`, the settings string
 /// without its `policy:` entries (positions are those of `rest`).
@@ -269,7 +255,7 @@ mod tests {
             AllocatorConfig::parse_with_policy("policy:pytorch-2.13,max_split_size_mb:64").unwrap();
         assert_eq!(c.torch_release, TorchRelease::V2_13);
         assert_eq!(c.max_split_size, 64 << 20);
-        assert_eq!(c.policy, ReservoirPolicy::PyTorch);
+        assert_eq!(c.policy, crate::config::ReservoirPolicy::PyTorch);
         let c = AllocatorConfig::parse_with_policy("").unwrap();
         assert_eq!(c.torch_release, TorchRelease::V2_15);
         // The reserve keys exist in 2.15 only.
@@ -381,7 +367,7 @@ mod tests {
         assert_eq!(c.torch_release, TorchRelease::NEWEST);
         let c = AllocatorConfig::parse_with_policy("policy:pytorch,policy:pytorch-2.11").unwrap();
         assert_eq!(c.torch_release, TorchRelease::V2_11);
-        assert_eq!(c.policy, ReservoirPolicy::PyTorch);
+        assert_eq!(c.policy, crate::config::ReservoirPolicy::PyTorch);
         // A bad release is a typed error naming it, with the known names.
         let e = AllocatorConfig::parse_with_policy("policy:pytorch-2.99").unwrap_err();
         match &e {
