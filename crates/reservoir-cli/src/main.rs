@@ -3,7 +3,7 @@
 //! ```text
 //! reservoir replay [FILE]... [--workload NAME[:key=value,...]] [--policy NAME]...
 //!                  [--setting NAME=CONF]... [--config CONF]... [--capacity SIZE] [--device N]
-//!                  [--json] [--html REPORT.html]
+//!                  [--json] [--html REPORT.html] [--torch RELEASE]
 //! reservoir convert FILE --oracle-trace OUT [--device N]
 //! reservoir workload NAME[:key=value,...] [--out FILE]
 //! reservoir workloads
@@ -27,11 +27,13 @@ use clap::{Args, Parser, Subcommand};
 
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
+use reservoir::TorchRelease;
 use reservoir_replay::input::{self, AddressKind};
 use reservoir_replay::replay::recorded::{
     convert, describe_skipped, overlay_config, recorded_setting, RecordedTrace, StartMode,
 };
 use reservoir_replay::replay::ReplaySetting;
+use reservoir_replay::torch_release::{recorded_setting_as, ReleaseChoice};
 use reservoir_replay::workload::{self, Workload, WorkloadKind};
 
 /// Reservoir: PyTorch's CUDA caching allocator in Rust, and tools to study it
@@ -80,6 +82,8 @@ struct ReplayArgs {
     workload: Option<String>,
 
     /// A named policy (repeatable): `pytorch` (the recorded settings),
+    /// `pytorch-2.11` ... `pytorch-2.15` (the recorded settings, in PyTorch
+    /// mode of that release),
     /// `expandable` (expandable_segments:True), `max-split-N`
     /// (max_split_size_mb:N, default 128), `roundup-N`
     /// (roundup_power2_divisions:N, default 4), `gc-T`
@@ -131,7 +135,8 @@ struct ReplayArgs {
     min_capacity: bool,
 
     /// Print the reports as a JSON array, one object per input and setting,
-    /// instead of the table.
+    /// instead of the table (a recorded input's also say `torch_release`,
+    /// the release of PyTorch mode, and `torch_release_how`).
     #[arg(long)]
     json: bool,
 
@@ -139,6 +144,22 @@ struct ReplayArgs {
     /// the peak, the numbers).
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+
+    /// The PyTorch release (2.11 to 2.15) whose allocator PyTorch mode
+    /// reproduces. Default: the release a snapshot was recorded with, where
+    /// its keys show it, else the newest; the header says which and how.
+    #[arg(long, value_name = "RELEASE", value_parser = parse_torch_release)]
+    torch: Option<TorchRelease>,
+}
+
+/// `--torch`: `2.13`, `2.13.0` or `pytorch-2.13`.
+fn parse_torch_release(s: &str) -> Result<TorchRelease, String> {
+    s.parse::<TorchRelease>().map_err(|_| {
+        format!(
+            "unsupported PyTorch release {s:?}; supported: {}",
+            TorchRelease::ALL.map(|r| r.version()).join(", ")
+        )
+    })
 }
 
 #[derive(Debug, Args)]
@@ -251,6 +272,12 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
     let param = |prefix: &str| name.strip_prefix(prefix).map(|r| r.trim_start_matches('-'));
     let change = if name == "pytorch" {
         return Ok(ReplaySetting::new("pytorch", base));
+    } else if let Some(release) = TorchRelease::from_policy_name(name) {
+        format!(
+            "{}:{}",
+            reservoir::config::POLICY_KEY,
+            release.policy_name()
+        )
     } else if name == "mps-heap" {
         return Ok(ReplaySetting::mps_heap());
     } else if name == "expandable" {
@@ -276,8 +303,9 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
         )
     } else {
         bail!(
-            "unknown policy {name:?}; known: pytorch, expandable, reservoir, max-split-N, roundup-N, \
-             gc-T, large-segment-N, mps-heap (or use --setting NAME=CONF)"
+            "unknown policy {name:?}; known: pytorch, pytorch-2.11 ... pytorch-2.15, expandable, \
+             reservoir, max-split-N, roundup-N, gc-T, large-segment-N, mps-heap (or use \
+             --setting NAME=CONF)"
         );
     };
     let setting = ReplaySetting::new(name, overlay_config(base, &change));
@@ -355,6 +383,8 @@ struct RecordedInput {
     capacity: u64,
     /// Entries of the file skipped for an unknown action.
     skipped: Skipped,
+    /// The PyTorch release of PyTorch mode, and how it was decided.
+    torch: ReleaseChoice,
 }
 
 /// One device trace of a recorded file, converted.
@@ -376,6 +406,18 @@ fn convert_file(
     path: &std::path::Path,
     device: Option<u32>,
 ) -> Result<(String, Vec<Converted>, Skipped)> {
+    convert_file_as(path, device, None).map(|(c, d, s, _)| (c, d, s))
+}
+
+/// [`convert_file`], in PyTorch mode of the release `torch` names, else the
+/// one the file shows (see [`reservoir_replay::torch_release`]); the
+/// recorded settings string names the release (`policy:pytorch-2.12`)
+/// unless it is the newest.
+fn convert_file_as(
+    path: &std::path::Path,
+    device: Option<u32>,
+    torch: Option<TorchRelease>,
+) -> Result<(String, Vec<Converted>, Skipped, ReleaseChoice)> {
     let loaded = input::load(path).with_context(|| format!("cannot load {}", path.display()))?;
     if !loaded.skipped_actions.is_empty() {
         eprintln!(
@@ -385,7 +427,7 @@ fn convert_file(
         );
     }
     let input = loaded.to_trace_input();
-    let recorded = recorded_setting(input.allocator_settings.as_ref());
+    let (recorded, choice) = recorded_setting_as(&loaded, &input, torch);
     let config = recorded
         .allocator_config()
         .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
@@ -412,12 +454,12 @@ fn convert_file(
             ),
         }
     }
-    Ok((recorded.config, out, loaded.skipped_actions))
+    Ok((recorded.config, out, loaded.skipped_actions, choice))
 }
 
 /// Load `path` and convert the trace of each selected device.
 fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
-    let (recorded, devices, skipped) = convert_file(path, args.device)?;
+    let (recorded, devices, skipped, torch) = convert_file_as(path, args.device, args.torch)?;
     let settings = settings(args, Some(&recorded))?;
     let mut out = Vec::new();
     for Converted { events, rec, .. } in devices {
@@ -432,6 +474,7 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
             settings: settings.clone(),
             capacity,
             skipped: skipped.clone(),
+            torch: torch.clone(),
         });
     }
     Ok(out)

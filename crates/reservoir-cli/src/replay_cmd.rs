@@ -114,8 +114,14 @@ impl Run<'_> {
                 fidelity: fid,
                 skipped_entries: input.skipped.clone(),
             };
-            self.json
-                .push(serde_json::to_value(&rr).context("serializing a report")?);
+            let mut value = serde_json::to_value(&rr).context("serializing a report")?;
+            if let Some(obj) = value.as_object_mut() {
+                // The release of PyTorch mode and how it was decided (the
+                // header's `PyTorch mode:` line).
+                obj.insert("torch_release".into(), input.torch.release.version().into());
+                obj.insert("torch_release_how".into(), input.torch.how.clone().into());
+            }
+            self.json.push(value);
             fids.push((s.name.clone(), rr.fidelity.clone()));
             reports.push(rr.report);
         }
@@ -142,7 +148,8 @@ impl Run<'_> {
         };
         let _ = writeln!(
             self.text,
-            "{title}\n{} trace entries -> {} ops {start}; simulated {} device{}\n",
+            "{title}\n{}\n{} trace entries -> {} ops {start}; simulated {} device{}\n",
+            input.torch.header(),
             input.events,
             input.rec.trace.ops.len(),
             format_size(input.capacity),

@@ -34,4 +34,5 @@ pub mod input;
 pub mod oracle_trace;
 pub mod pickle;
 pub mod replay;
+pub mod torch_release;
 pub mod workload;

@@ -17,6 +17,13 @@
 //!   per page, the simulated device one map call per range; see
 //!   [`normalize_oracle_calls`]).
 //!
+//! Each golden is replayed in PyTorch mode of the release in its `torch`
+//! field ([`TorchRelease`], docs/replay-fidelity.md "PyTorch releases"):
+//! `tests/golden/traces` are torch 2.15's, `tests/golden/releases/<release>/`
+//! hold other releases' (`release_goldens_match_pytorch`;
+//! `RESERVOIR_GOLDEN_RELEASE=2.13[,2.12]` selects releases), and the extra
+//! goldens (`RESERVOIR_GOLDEN_EXTRA`) may mix releases in one folder.
+//!
 //! On a mismatch it prints the first diverging entry with its context and the
 //! ops around it, and how to get the trace. No torch needed: the goldens are
 //! committed JSON.
@@ -39,7 +46,9 @@ use reservoir::caching::stream_order;
 use reservoir::checksum::Fnv1a;
 use reservoir::observe::trace::TraceAction;
 use reservoir::sim::{CallKind, CallResult, DeviceCall, SimConfig, SimDevice};
-use reservoir::{AllocError, AllocatorConfig, Backend, CachingAllocator, DevicePtr, StreamId};
+use reservoir::{
+    AllocError, AllocatorConfig, Backend, CachingAllocator, DevicePtr, StreamId, TorchRelease,
+};
 use reservoir_replay::oracle_trace::{golden_specs, GenKind, GenSpec, Op, Trace};
 use serde_json::Value;
 
@@ -148,6 +157,11 @@ struct Outcome {
 
 struct Golden {
     name: String,
+    /// The release of the golden's `torch` field: the PyTorch mode it is
+    /// replayed in.
+    release: TorchRelease,
+    /// The `memory_stats()` keys of that release.
+    keys: Vec<String>,
     spec: GenSpec,
     fingerprint: u64,
     ops: usize,
@@ -209,11 +223,15 @@ fn load_stats_keys() -> Vec<String> {
         .collect()
 }
 
-fn load_golden(name: &str, keys: &[String]) -> Result<Golden, String> {
-    load_golden_at(
-        &golden_dir().join("traces").join(format!("{name}.json")),
-        keys,
-    )
+/// The `memory_stats()` keys of `release`: `keys` (torch 2.15's, from
+/// `stats_keys.json`) less those the release does not have
+/// ([`reservoir::ReleaseRules::missing_stat_keys`]).
+fn release_keys(keys: &[String], release: TorchRelease) -> Vec<String> {
+    let missing = release.rules().missing_stat_keys();
+    keys.iter()
+        .filter(|k| !missing.contains(&k.as_str()))
+        .cloned()
+        .collect()
 }
 
 fn load_golden_at(path: &Path, keys: &[String]) -> Result<Golden, String> {
@@ -233,10 +251,20 @@ fn load_golden_at(path: &Path, keys: &[String]) -> Result<Golden, String> {
         .and_then(|h| u64::from_str_radix(h, 16).ok())
         .ok_or_else(|| bad("fingerprint"))?;
     let op_of = |v: &Value| v.as_u64().map(|o| o as usize);
+    let torch = g["torch"].as_str().ok_or_else(|| bad("torch"))?;
+    let release = TorchRelease::from_version(torch).ok_or_else(|| {
+        format!(
+            "{}: torch {torch:?} is not a supported release",
+            path.display()
+        )
+    })?;
+    let keys = release_keys(keys, release);
     let mut expected = Outcome::default();
     let values = g["stats"].as_array().ok_or_else(|| bad("stats"))?;
     if values.len() != keys.len() {
-        return Err(bad("stats (not one value per key of stats_keys.json)"));
+        return Err(bad(
+            "stats (not one value per key of stats_keys.json, less the keys the release lacks)",
+        ));
     }
     for (k, v) in keys.iter().zip(values) {
         expected
@@ -321,6 +349,8 @@ fn load_golden_at(path: &Path, keys: &[String]) -> Result<Golden, String> {
         .collect();
     Ok(Golden {
         name: spec.name.clone(),
+        release,
+        keys,
         spec,
         fingerprint,
         ops: g["ops"].as_u64().ok_or_else(|| bad("ops"))? as usize,
@@ -418,8 +448,10 @@ struct Replay {
 }
 
 fn replay(g: &Golden, trace: &Trace, check_each_op: bool) -> Result<Replay, String> {
-    let config = AllocatorConfig::parse(&g.spec.conf)
+    let mut config = AllocatorConfig::parse(&g.spec.conf)
         .map_err(|e| format!("AllocatorConfig::parse({:?}): {e:?}", g.spec.conf))?;
+    // PyTorch mode of the release that made the golden (its `torch` field).
+    config.torch_release = g.release;
     let sim_config = SimConfig {
         capacity: g.capacity,
         call_log: true,
@@ -781,7 +813,8 @@ fn diff_seq<T: PartialEq + std::fmt::Display>(
     Some(s)
 }
 
-fn compare(g: &Golden, trace: &Trace, keys: &[String], r: &Replay) -> Vec<String> {
+fn compare(g: &Golden, trace: &Trace, r: &Replay) -> Vec<String> {
+    let keys = &g.keys;
     let mut problems = Vec::new();
     let exp = &g.expected;
     let act = &r.outcome;
@@ -798,8 +831,8 @@ fn compare(g: &Golden, trace: &Trace, keys: &[String], r: &Replay) -> Vec<String
     for k in act.stats.keys() {
         if !keys.contains(k) {
             bad.push(format!(
-                "{k}: not a PyTorch 2.15 key (got {})",
-                act.stats[k]
+                "{k}: not a PyTorch {} key (got {})",
+                g.release, act.stats[k]
             ));
         }
     }
@@ -866,8 +899,9 @@ fn compare(g: &Golden, trace: &Trace, keys: &[String], r: &Replay) -> Vec<String
 
 fn describe(g: &Golden) -> String {
     format!(
-        "golden {} (kind {}, seed {}, {} ops, conf {:?}, capacity {}, fraction {})",
+        "golden {} (torch {}, kind {}, seed {}, {} ops, conf {:?}, capacity {}, fraction {})",
         g.name,
+        g.release,
         g.spec.kind,
         g.spec.seed,
         g.ops,
@@ -905,8 +939,24 @@ enum Verdict {
     Fail(String, Vec<String>),
 }
 
-fn run_one(name: &str, keys: &[String], check_each_op: bool) -> Verdict {
-    let g = match load_golden(name, keys) {
+fn run_one(
+    dir: &Path,
+    name: &str,
+    keys: &[String],
+    expect: TorchRelease,
+    check_each_op: bool,
+) -> Verdict {
+    let g = match load_golden_at(&dir.join("traces").join(format!("{name}.json")), keys) {
+        Ok(g) if g.release != expect => {
+            return Verdict::Fail(
+                format!(
+                    "golden {name} in {} is of torch {}, not {expect}\n",
+                    dir.display(),
+                    g.release
+                ),
+                vec!["loading".into()],
+            )
+        }
         Ok(g) => g,
         Err(e) => {
             return Verdict::Fail(
@@ -924,15 +974,15 @@ fn run_one(name: &str, keys: &[String], check_each_op: bool) -> Verdict {
         );
         return Verdict::Fail(report, vec!["generator".into()]);
     }
-    run_trace(&g, &trace, keys, check_each_op)
+    run_trace(&g, &trace, check_each_op)
 }
 
 /// Replay `trace` and compare with its golden `g`.
-fn run_trace(g: &Golden, trace: &Trace, keys: &[String], check_each_op: bool) -> Verdict {
+fn run_trace(g: &Golden, trace: &Trace, check_each_op: bool) -> Verdict {
     let mut report = describe(g) + "\n";
     let result = catch_unwind(AssertUnwindSafe(|| replay(g, trace, check_each_op)));
     let problems = match result {
-        Ok(Ok(r)) => compare(g, trace, keys, &r),
+        Ok(Ok(r)) => compare(g, trace, &r),
         Ok(Err(e)) => vec![format!("  replay stopped: {e}\n")],
         Err(p) => {
             let msg = p
@@ -965,6 +1015,110 @@ fn selected(name: &str) -> bool {
     }
 }
 
+/// What a run of goldens found: the failing traces with their reports,
+/// (matching, total) per kind, failing traces per check.
+#[derive(Default)]
+struct SuiteResult {
+    failed: Vec<(String, String)>,
+    per_kind: BTreeMap<String, (usize, usize)>,
+    per_check: BTreeMap<String, usize>,
+}
+
+/// Replay the goldens `dir/traces/<name>.json` of `names` on all cores,
+/// each in the PyTorch mode of its `torch` field, which must be `expect`.
+fn run_suite(
+    dir: &Path,
+    names: &[String],
+    keys: &[String],
+    expect: TorchRelease,
+    check: bool,
+) -> SuiteResult {
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(names.len())
+        .max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Verdict>>> =
+        names.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= names.len() {
+                    break;
+                }
+                let v = run_one(dir, &names[i], keys, expect, check);
+                *results[i].lock().unwrap() = Some(v);
+            });
+        }
+    });
+    let mut out = SuiteResult::default();
+    for (name, r) in names.iter().zip(results) {
+        let kind = name
+            .rsplit_once('-')
+            .map_or(name.as_str(), |(k, _)| k)
+            .to_string();
+        let e = out.per_kind.entry(kind).or_default();
+        e.1 += 1;
+        match r.into_inner().unwrap().expect("every trace ran") {
+            Verdict::Pass => e.0 += 1,
+            Verdict::Fail(rep, checks) => {
+                for c in checks {
+                    *out.per_check.entry(c).or_default() += 1;
+                }
+                out.failed.push((name.clone(), rep));
+            }
+        }
+    }
+    out
+}
+
+/// The panic message for `failed` (a subset of `r.failed`) out of `total`.
+fn failure_message(
+    what: &str,
+    r: &SuiteResult,
+    failed: &[(String, String)],
+    total: usize,
+    details: usize,
+) -> String {
+    let mut msg = String::new();
+    for (_, rep) in failed.iter().take(details) {
+        msg.push_str(rep);
+        msg.push('\n');
+    }
+    let _ = writeln!(msg, "failing traces per check:");
+    for (c, n) in &r.per_check {
+        let _ = writeln!(msg, "  {c:<20} {n:>4}");
+    }
+    let _ = writeln!(msg, "per kind (matching / total):");
+    for (k, (ok, n)) in &r.per_kind {
+        let _ = writeln!(msg, "  {k:<14} {ok:>4} / {n}");
+    }
+    let _ = writeln!(
+        msg,
+        "{} of {} {what} differ from PyTorch: {}",
+        failed.len(),
+        total,
+        failed
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let _ = writeln!(
+        msg,
+        "(RESERVOIR_GOLDEN=name[,name] selects traces, RESERVOIR_GOLDEN_DETAILS=N shows more)"
+    );
+    msg
+}
+
+fn details() -> usize {
+    std::env::var("RESERVOIR_GOLDEN_DETAILS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
 /// Replay every golden trace and compare with PyTorch.
 #[test]
 fn golden_traces_match_pytorch() {
@@ -976,66 +1130,24 @@ fn golden_traces_match_pytorch() {
         .collect();
     assert!(!names.is_empty(), "no golden trace selected");
     let check = std::env::var("RESERVOIR_GOLDEN_CHECK").is_ok_and(|v| v == "1");
-    let details: usize = std::env::var("RESERVOIR_GOLDEN_DETAILS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-
-    // Replay on all cores; results in manifest order.
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .min(names.len());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<Verdict>>> =
-        names.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= names.len() {
-                    break;
-                }
-                let v = run_one(&names[i], &keys, check);
-                *results[i].lock().unwrap() = Some(v);
-            });
-        }
-    });
-
-    let mut failed: Vec<(String, String)> = Vec::new();
-    let mut per_kind: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    let mut per_check: BTreeMap<String, usize> = BTreeMap::new();
-    for (name, r) in names.iter().zip(results) {
-        let kind = name
-            .rsplit_once('-')
-            .map_or(name.as_str(), |(k, _)| k)
-            .to_string();
-        let e = per_kind.entry(kind).or_default();
-        e.1 += 1;
-        match r.into_inner().unwrap().expect("every trace ran") {
-            Verdict::Pass => e.0 += 1,
-            Verdict::Fail(rep, checks) => {
-                for c in checks {
-                    *per_check.entry(c).or_default() += 1;
-                }
-                failed.push((name.clone(), rep));
-            }
-        }
-    }
+    let r = run_suite(&golden_dir(), &names, &keys, TorchRelease::NEWEST, check);
     // Known divergences (tests/golden/KNOWN_DIVERGENCES.md) are reported,
     // not failed; anything else that differs fails, and so does a listed
     // trace that now matches (the list must shrink as fixes land).
     let known = known_divergences();
     let failed_names: std::collections::BTreeSet<String> =
-        failed.iter().map(|(n, _)| n.clone()).collect();
+        r.failed.iter().map(|(n, _)| n.clone()).collect();
     let selected: std::collections::BTreeSet<&str> = names.iter().map(|n| n.as_str()).collect();
     let fixed: Vec<&str> = known
         .iter()
         .map(|s| s.as_str())
         .filter(|k| selected.contains(k) && !failed_names.contains(*k))
         .collect();
-    let failed: Vec<(String, String)> = failed
-        .into_iter()
+    let failed: Vec<(String, String)> = r
+        .failed
+        .iter()
         .filter(|(n, _)| !known.contains(n))
+        .cloned()
         .collect();
     let known_now = failed_names.len() - failed.len();
     eprintln!(
@@ -1048,38 +1160,138 @@ fn golden_traces_match_pytorch() {
         fixed.is_empty(),
         "these traces now match PyTorch: remove them from tests/golden/KNOWN_DIVERGENCES.md: {fixed:?}"
     );
-    if failed.is_empty() {
-        return;
+    if !failed.is_empty() {
+        panic!(
+            "{}",
+            failure_message("golden traces", &r, &failed, names.len(), details())
+        );
     }
-    let mut msg = String::new();
-    for (_, rep) in failed.iter().take(details) {
-        msg.push_str(rep);
-        msg.push('\n');
-    }
-    let _ = writeln!(msg, "failing traces per check:");
-    for (c, n) in &per_check {
-        let _ = writeln!(msg, "  {c:<20} {n:>4}");
-    }
-    let _ = writeln!(msg, "per kind (matching / total):");
-    for (k, (ok, n)) in &per_kind {
-        let _ = writeln!(msg, "  {k:<14} {ok:>4} / {n}");
-    }
-    let _ = writeln!(
-        msg,
-        "{} of {} golden traces differ from PyTorch: {}",
-        failed.len(),
-        names.len(),
-        failed
+}
+
+/// The release folders of `tests/golden/releases` (`2.11`, ... as named by
+/// their folders), oldest first.
+fn release_dirs() -> Vec<(TorchRelease, PathBuf)> {
+    let root = golden_dir().join("releases");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<(TorchRelease, PathBuf)> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            let release = TorchRelease::from_version(&name)
+                .unwrap_or_else(|| panic!("{}: not a supported torch release", p.display()));
+            (release, p)
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// The goldens of every other supported release (`tests/golden/releases/<release>/`,
+/// made by `tools/regen-release-goldens.sh` with that release's oracle):
+/// every trace of the manifest, replayed in the PyTorch mode of the release,
+/// must match. `RESERVOIR_GOLDEN_RELEASE=2.13[,2.12]` checks only those.
+/// This is the test of each rule of `ReleaseRules` (docs/replay-fidelity.md,
+/// "PyTorch releases", names the golden that shows each):
+/// `expandable_oom_advice` (the OOM tails of the expandable goldens of 2.13
+/// and 2.14), `expandable_oversize_released_unmapped` (`huge-004` op 19 and
+/// the device calls of 2.13/2.14's `oom-*`), `stat_num_oom_rejections`
+/// (2.11's `stats_keys.json`).
+#[test]
+fn release_goldens_match_pytorch() {
+    let keys = load_stats_keys();
+    let manifest: Vec<String> = load_manifest().into_iter().map(|(s, _)| s.name).collect();
+    let wanted = std::env::var("RESERVOIR_GOLDEN_RELEASE").unwrap_or_default();
+    let check = std::env::var("RESERVOIR_GOLDEN_CHECK").is_ok_and(|v| v == "1");
+    let mut problems = Vec::new();
+    for (release, dir) in release_dirs() {
+        if !wanted.is_empty()
+            && !wanted
+                .split(',')
+                .any(|w| TorchRelease::from_version(w) == Some(release))
+        {
+            continue;
+        }
+        // The stats key set of the release is the rule table's.
+        let rel_keys = load_json(&dir.join("stats_keys.json")).unwrap();
+        let rel_keys: Vec<String> = rel_keys["keys"]
+            .as_array()
+            .expect("stats_keys.json: keys")
             .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let _ = writeln!(
-        msg,
-        "(RESERVOIR_GOLDEN=name[,name] selects traces, RESERVOIR_GOLDEN_DETAILS=N shows more)"
-    );
-    panic!("{msg}");
+            .map(|k| k.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            rel_keys,
+            release_keys(&keys, release),
+            "{}: the memory_stats() keys of torch {release} differ from ReleaseRules's",
+            dir.display()
+        );
+        let present: BTreeSet<String> = std::fs::read_dir(dir.join("traces"))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .strip_suffix(".json")
+                    .map(str::to_string)
+            })
+            .collect();
+        for p in &present {
+            assert!(
+                manifest.contains(p),
+                "{}: {p}.json is not a trace of the manifest",
+                dir.display()
+            );
+        }
+        let names: Vec<String> = manifest
+            .iter()
+            .filter(|n| present.contains(*n) && selected(n))
+            .cloned()
+            .collect();
+        let r = run_suite(&dir, &names, &keys, release, check);
+        // As for tests/golden: the release's KNOWN_DIVERGENCES.md lists the
+        // goldens that differ (reported, not failed); a listed one that now
+        // matches fails.
+        let known = known_divergences_in(&dir);
+        let failed: Vec<(String, String)> = r
+            .failed
+            .iter()
+            .filter(|(n, _)| !known.contains(n))
+            .cloned()
+            .collect();
+        let fixed: Vec<&String> = known
+            .iter()
+            .filter(|k| names.contains(k) && !r.failed.iter().any(|(n, _)| n == *k))
+            .collect();
+        eprintln!(
+            "golden {release}: {} of {} traces match PyTorch {release} exactly (replayed as \
+             pytorch-{release}; {} differ as listed in its KNOWN_DIVERGENCES.md; the release has \
+             goldens for {} of the manifest's {} traces)",
+            names.len() - r.failed.len(),
+            names.len(),
+            r.failed.len() - failed.len(),
+            present.len(),
+            manifest.len()
+        );
+        if !fixed.is_empty() {
+            problems.push(format!(
+                "these torch {release} goldens now match: remove them from {}: {fixed:?}",
+                dir.join("KNOWN_DIVERGENCES.md").display()
+            ));
+        }
+        if !failed.is_empty() {
+            problems.push(failure_message(
+                &format!("torch {release} golden traces"),
+                &r,
+                &failed,
+                names.len(),
+                details(),
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 /// Hand-made traces (ones the generator cannot make) checked against the
@@ -1107,7 +1319,12 @@ fn extra_traces_match_pytorch() {
         let trace = Trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
         let g = load_golden_at(&path.with_extension("json"), &keys)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        if let Verdict::Fail(report, _) = run_trace(&g, &trace, &keys, check) {
+        eprintln!(
+            "golden extra: {} replayed as pytorch-{} (its torch field)",
+            path.display(),
+            g.release
+        );
+        if let Verdict::Fail(report, _) = run_trace(&g, &trace, check) {
             eprintln!("{report}");
             failed.push(path.display().to_string());
         }
@@ -1122,7 +1339,12 @@ fn extra_traces_match_pytorch() {
 
 /// Names listed in `tests/golden/KNOWN_DIVERGENCES.md` (lines `- name: cause`).
 fn known_divergences() -> std::collections::BTreeSet<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/KNOWN_DIVERGENCES.md");
+    known_divergences_in(&golden_dir())
+}
+
+/// Names listed in `dir/KNOWN_DIVERGENCES.md` (lines `- name: cause`).
+fn known_divergences_in(dir: &Path) -> std::collections::BTreeSet<String> {
+    let path = dir.join("KNOWN_DIVERGENCES.md");
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     text.lines()
         .filter_map(|l| l.strip_prefix("- "))

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::input::{self, AddressKind};
-use reservoir_replay::replay::recorded::{convert, recorded_setting, replay_recorded};
+use reservoir_replay::replay::recorded::{convert, replay_recorded};
 use reservoir_replay::replay::ReplayOptions;
+use reservoir_replay::torch_release::recorded_setting_as;
 use reservoir_testkit::traces::{shared_traces, trace_files};
 
 /// `file#device` -> the line listing it in KNOWN_MISMATCHES.md.
@@ -32,6 +33,7 @@ fn every_real_trace_replays_exactly_or_is_explained() {
     let known = known();
     let mut failures = Vec::new();
     let mut replayed = 0;
+    let mut releases: BTreeMap<String, usize> = BTreeMap::new();
     let (mut seg_m, mut seg_t, mut pl_m, mut pl_t) = (0, 0, 0, 0);
     for path in trace_files(&dir) {
         let rel = path.strip_prefix(&dir).unwrap().display().to_string();
@@ -43,8 +45,12 @@ fn every_real_trace_replays_exactly_or_is_explained() {
             }
         };
         let input = loaded.to_trace_input();
-        let setting = recorded_setting(input.allocator_settings.as_ref());
+        // PyTorch mode of the release the file shows, as `reservoir replay`
+        // replays it (docs/replay-fidelity.md, "PyTorch releases").
+        let (setting, choice) = recorded_setting_as(&loaded, &input, None);
+        *releases.entry(choice.release.to_string()).or_insert(0) += 1;
         let config = setting.allocator_config().unwrap();
+        assert_eq!(config.torch_release, choice.release, "{rel}");
         for dev in &input.devices {
             if dev.events.is_empty() {
                 continue;
@@ -114,6 +120,7 @@ fn every_real_trace_replays_exactly_or_is_explained() {
         }
     }
     eprintln!("{replayed} device traces; segment events {seg_m}/{seg_t}, placements {pl_m}/{pl_t}");
+    eprintln!("files per PyTorch release replayed (detected): {releases:?}");
     assert!(replayed >= 40, "only {replayed} device traces replayed");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

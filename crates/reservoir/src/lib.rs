@@ -92,7 +92,7 @@ pub(crate) mod sync;
 
 pub use backend::{Backend, BackendError, MemInfo};
 pub use caching::CachingAllocator;
-pub use config::AllocatorConfig;
+pub use config::{AllocatorConfig, ReleaseRules, TorchRelease};
 pub use error::AllocError;
 pub use ids::{DeviceIndex, DevicePtr, EventId, MempoolId, StreamId};
 pub use observe::snapshot::Snapshot;

@@ -194,7 +194,10 @@ impl DeviceState {
         let segments_before = self.segment_seq;
         let mut candidate = self.find_expandable_block(backend, stream, pool, size)?;
         let created = self.segment_seq != segments_before;
-        if created && self.store.blocks[candidate].size < size {
+        // A new segment whose whole address space is smaller than the request.
+        let oversize = created && self.store.blocks[candidate].size < size;
+        let rules = self.config.torch_release.rules();
+        if oversize && rules.expandable_oversize_released_unmapped {
             // The request is larger than a whole segment's address space:
             // no map is tried (torch 2.15 logs reserve + addr_free only).
             self.release_expandable_segment(backend, candidate)?;
@@ -209,6 +212,12 @@ impl DeviceState {
                 // releases segments it unmaps (FINDINGS.md 11).
                 return Ok(None);
             }
+        }
+        if oversize && self.store.blocks[candidate].size < size {
+            // Before torch 2.15 the whole segment is mapped first
+            // (ReleaseRules::expandable_oversize_released_unmapped); it is
+            // smaller than the request all the same.
+            return Ok(None);
         }
         while self.store.blocks[candidate].size < size {
             let remaining = size - self.store.blocks[candidate].size;

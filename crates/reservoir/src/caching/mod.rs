@@ -546,9 +546,16 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().acct.snapshot()
     }
 
-    /// The statistics as `torch.cuda.memory_stats()` keys.
+    /// The statistics as `torch.cuda.memory_stats()` keys: the keys of the
+    /// PyTorch release of the configuration
+    /// ([`ReleaseRules::missing_stat_keys`](crate::config::ReleaseRules::missing_stat_keys)).
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
-        self.stats().to_flat()
+        let state = self.state.lock();
+        let mut flat = state.acct.snapshot().to_flat();
+        for key in state.config.torch_release.rules().missing_stat_keys() {
+            flat.remove(*key);
+        }
+        flat
     }
 
     /// Blocks handed out to a stream from another stream's cache by the

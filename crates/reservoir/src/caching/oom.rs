@@ -4,6 +4,7 @@
 use super::request::{AllocParams, MallocError, OomReport};
 use super::state::DeviceState;
 use crate::backend::Backend;
+use crate::config::ExpandableOomAdvice;
 use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
 use crate::ids::{DeviceKind, StreamId};
@@ -66,6 +67,7 @@ impl DeviceState {
                 reserved,
                 in_private_pools,
                 expandable_segments: self.config.expandable_segments,
+                advice: self.config.torch_release.rules().expandable_oom_advice,
             },
         );
         Ok(OomReport {
@@ -100,6 +102,8 @@ struct OomFacts {
     /// Free cached bytes of private pools.
     in_private_pools: u64,
     expandable_segments: bool,
+    /// The advice of the release when expandable segments are on.
+    advice: ExpandableOomAdvice,
 }
 
 /// PyTorch's out-of-memory message (torch 2.15), in the words of the
@@ -117,8 +121,11 @@ fn render_message(kind: DeviceKind, f: &OomFacts) -> String {
     } else {
         String::new()
     };
-    // torch 2.15: the advice depends on whether expandable segments are on.
-    let advice = if f.expandable_segments {
+    // The advice depends on whether expandable segments are on, and with
+    // them on on the release (ReleaseRules::expandable_oom_advice).
+    let advice = if f.expandable_segments && f.advice == ExpandableOomAdvice::Nothing {
+        ""
+    } else if f.expandable_segments && f.advice == ExpandableOomAdvice::VirtualAddressSpace {
         " expandable_segments is enabled. If instead the process is running out of virtual \
          address space (VSZ), expandable segments may be over-reserving VA (each segment \
          reserves ~9/8 of device memory, times the number of streams); reduce it via \
@@ -162,6 +169,7 @@ mod tests {
             reserved: 7 << 30,
             in_private_pools: 0,
             expandable_segments: false,
+            advice: ExpandableOomAdvice::VirtualAddressSpace,
         }
     }
 

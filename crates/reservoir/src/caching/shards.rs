@@ -428,9 +428,15 @@ impl<B: Backend> StreamShards<B> {
         all
     }
 
-    /// [`stats`](Self::stats) as `torch.cuda.memory_stats()` keys.
+    /// [`stats`](Self::stats) as `torch.cuda.memory_stats()` keys: the keys
+    /// of the PyTorch release of the configuration
+    /// ([`ReleaseRules::missing_stat_keys`](crate::config::ReleaseRules::missing_stat_keys)).
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
-        self.stats().to_flat()
+        let mut flat = self.stats().to_flat();
+        for key in self.config.torch_release.rules().missing_stat_keys() {
+            flat.remove(*key);
+        }
+        flat
     }
 
     /// Set every shard's peaks to their current values.

@@ -486,14 +486,20 @@ impl AllocatorConfig {
     }
 
     /// A settings string that reproduces these settings: parsing it (from the
-    /// defaults) gives back `self`, apart from `last_settings` and `policy`.
+    /// defaults) gives back `self`, apart from `last_settings`, `policy` and (unless
+    /// [`parse_with_policy`](Self::parse_with_policy) reads it)
+    /// `torch_release`.
     /// Only settings that differ from their defaults are written. Values that
     /// no settings string can produce (sizes that are not whole MiB, divisions
     /// that are not 0 or a power of two, out-of-range fractions) are written
     /// as best they can be and will not read back the same.
     ///
     /// Written from the key table: each row's `write` gives its value, in
-    /// the order of the rows' `written_at`.
+    /// the order of the rows' `written_at`. A [`torch_release`](Self::torch_release)
+    /// other than the newest is written last as `policy:pytorch-2.13`, which
+    /// [`AllocatorConfig::parse_with_policy`] reads back (PyTorch's own
+    /// parser knows no `policy` key: a string for it is of the newest
+    /// release, written without one).
     pub fn to_settings_string(&self) -> String {
         let defaults = AllocatorConfig::default();
         let mut parts: Vec<String> = Vec::new();
@@ -502,6 +508,13 @@ impl AllocatorConfig {
             if let Some(value) = (key.write)(self, &defaults) {
                 parts.push(format!("{}:{value}", key.names[0]));
             }
+        }
+        if self.torch_release != defaults.torch_release {
+            parts.push(format!(
+                "{}:{}",
+                super::POLICY_KEY,
+                self.torch_release.policy_name()
+            ));
         }
         parts.join(",")
     }

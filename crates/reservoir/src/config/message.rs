@@ -21,7 +21,7 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::UnknownPolicy { name } => write!(
                 f,
-                "unknown Reservoir policy `{}` in `policy:{}`; known: pytorch, reservoir, cross_stream_reuse",
+                "unknown Reservoir policy `{}` in `policy:{}`; known: pytorch, pytorch-2.11 ... pytorch-2.15, reservoir, cross_stream_reuse",
                 short(name),
                 short(name)
             ),

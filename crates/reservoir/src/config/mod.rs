@@ -104,6 +104,9 @@
 //! tokenizer             ConfigTokenizer
 //! policy, settings      ReservoirPolicy (Reservoir-only knobs), AllocatorConfig
 //!                       and its defaults
+//! torch_release         TorchRelease (the PyTorch release PyTorch mode
+//!                       reproduces) and ReleaseRules, every rule that differs
+//!                       between releases
 //! pass                  one reading of a string (Pass), a key's parser's
 //!                       signature, the True/False parser
 //! accelerator, cuda     the per-key parsers of PyTorch's two config classes
@@ -156,6 +159,7 @@ mod pass;
 mod policy;
 mod settings;
 mod tokenizer;
+mod torch_release;
 mod values;
 
 #[cfg(test)]
@@ -169,6 +173,7 @@ pub use error::{
 pub use keys::KNOWN_KEYS;
 pub use policy::{waste_bound, ReservoirPolicy, POLICY_KEY, WASTE_SLACK_PER_STREAM};
 pub use settings::AllocatorConfig;
+pub use torch_release::{ExpandableOomAdvice, ReleaseRules, TorchRelease};
 pub use values::{
     AllocatorBackend, ReserveSpec, MAX_REGISTER_THREADS, MIB, ROUNDUP_POWER2_INTERVALS,
 };

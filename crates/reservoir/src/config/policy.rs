@@ -5,6 +5,7 @@
 //! [`AllocatorConfig::parse_with_policy`] also accepts `policy:NAME` entries.
 
 use super::error::ConfigError;
+use super::torch_release::TorchRelease;
 use super::AllocatorConfig;
 
 /// The policy in force: PyTorch's behaviour (the default) or one of
@@ -79,6 +80,17 @@ impl ReservoirPolicy {
     }
 }
 
+/// The policy and release a `policy:NAME` entry names: `pytorch` (PyTorch
+/// mode of the newest release), `pytorch-2.11` ... `pytorch-2.15` (PyTorch
+/// mode of that release), or one of Reservoir's own policies
+/// ([`ReservoirPolicy::named`], with the newest release's rules).
+fn policy_and_release(name: &str) -> Result<(ReservoirPolicy, TorchRelease), ConfigError> {
+    match TorchRelease::from_policy_name(name) {
+        Some(release) => Ok((ReservoirPolicy::PyTorch, release)),
+        None => Ok((ReservoirPolicy::named(name)?, TorchRelease::NEWEST)),
+    }
+}
+
 impl AllocatorConfig {
     /// Reservoir's default settings **outside PyTorch mode**: PyTorch's
     /// defaults plus the `reservoir` policy (and the expandable segments it
@@ -111,9 +123,12 @@ impl AllocatorConfig {
 
     /// A settings string with, besides PyTorch's keys, Reservoir-only
     /// `policy:NAME` entries (see [`ReservoirPolicy::named`]; the last one
-    /// wins). The entries are taken out and the rest is read by
-    /// [`AllocatorConfig::parse`], so a string without them reads exactly
-    /// as in PyTorch. `policy:reservoir` also turns on expandable segments.
+    /// wins). `policy:pytorch-2.11` ... `policy:pytorch-2.15` name PyTorch
+    /// mode of one release ([`AllocatorConfig::torch_release`]); every other
+    /// name means the newest release, and a key the named release does not
+    /// have is refused as that release refuses it. The entries are taken
+    /// out and the rest is read by [`AllocatorConfig::parse`], so a string
+    /// without them reads exactly as in PyTorch. `policy:reservoir` also turns on expandable segments.
     pub fn parse_with_policy(s: &str) -> Result<AllocatorConfig, ConfigError> {
         super::tokenizer::check_len(s)?;
         let mut policy = None;
@@ -124,7 +139,7 @@ impl AllocatorConfig {
                 .filter(|(k, _)| k.trim() == POLICY_KEY)
                 .map(|(_, v)| v.trim());
             match named {
-                Some(name) => policy = Some(ReservoirPolicy::named(name)?),
+                Some(name) => policy = Some(policy_and_release(name)?),
                 None => rest.push(entry),
             }
         }
@@ -134,10 +149,12 @@ impl AllocatorConfig {
         } else {
             AllocatorConfig::parse(&rest)?
         };
-        if let Some(p) = policy {
+        if let Some((p, release)) = policy {
             cfg.expandable_segments |= p == ReservoirPolicy::Reservoir;
             cfg.policy = p;
+            cfg.torch_release = release;
         }
+        super::torch_release::check_release_keys(&cfg, &rest)?;
         Ok(cfg)
     }
 }

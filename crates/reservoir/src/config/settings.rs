@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::policy::ReservoirPolicy;
+use super::torch_release::TorchRelease;
 use super::values::{AllocatorBackend, ReserveSpec, MIB, ROUNDUP_POWER2_INTERVALS};
 
 /// Settings of the caching allocator, with PyTorch's defaults.
@@ -84,6 +85,12 @@ pub struct AllocatorConfig {
     /// Reservoir's own policies, not PyTorch settings: never parsed from nor
     /// written to a settings string. The defaults are PyTorch-exact.
     pub policy: ReservoirPolicy,
+    /// The PyTorch release whose allocator PyTorch mode reproduces (its
+    /// [`ReleaseRules`](super::ReleaseRules)): settings string entry
+    /// `policy:pytorch-2.13` ([`AllocatorConfig::parse_with_policy`]); the
+    /// default is the newest supported, [`TorchRelease::NEWEST`]. Not a
+    /// PyTorch setting: PyTorch's parser never reads it.
+    pub torch_release: TorchRelease,
 }
 
 impl Default for AllocatorConfig {
@@ -111,6 +118,7 @@ impl Default for AllocatorConfig {
             pinned_max_cached_size: u64::MAX,
             pinned_free_catch_all: false,
             policy: ReservoirPolicy::default(),
+            torch_release: TorchRelease::NEWEST,
         }
     }
 }

@@ -1,0 +1,382 @@
+//! Which PyTorch release PyTorch mode reproduces, and every rule of the CUDA
+//! caching allocator that changed between the supported releases, in one
+//! table keyed by release.
+//!
+//! PyTorch mode (`policy:pytorch`, the default) is torch 2.15, the newest
+//! supported release; `policy:pytorch-2.11` ... `policy:pytorch-2.15` name
+//! one. Each rule below was found in the releases themselves (the wheels'
+//! `libc10_cuda.so` strings, headers and Python sources) and confirmed with
+//! that release's real allocator on the fake device (`../shared/oracle`,
+//! `PYTORCH_ORACLE_TORCH_VERSION`); `docs/replay-fidelity.md` lists them with
+//! the golden trace that shows each.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::error::{ConfigError, KeyParser};
+use super::AllocatorConfig;
+
+/// A PyTorch release whose CUDA caching allocator PyTorch mode reproduces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TorchRelease {
+    /// torch 2.11.
+    V2_11,
+    /// torch 2.12.
+    V2_12,
+    /// torch 2.13.
+    V2_13,
+    /// torch 2.14.
+    V2_14,
+    /// torch 2.15 (the newest supported; PyTorch mode's default).
+    #[default]
+    V2_15,
+}
+
+impl TorchRelease {
+    /// Every supported release, oldest first.
+    pub const ALL: [TorchRelease; 5] = [
+        TorchRelease::V2_11,
+        TorchRelease::V2_12,
+        TorchRelease::V2_13,
+        TorchRelease::V2_14,
+        TorchRelease::V2_15,
+    ];
+
+    /// The newest supported release (what `pytorch` means when the input
+    /// does not show its release).
+    pub const NEWEST: TorchRelease = TorchRelease::V2_15;
+
+    /// `"2.13"` for [`TorchRelease::V2_13`].
+    pub fn version(self) -> &'static str {
+        match self {
+            TorchRelease::V2_11 => "2.11",
+            TorchRelease::V2_12 => "2.12",
+            TorchRelease::V2_13 => "2.13",
+            TorchRelease::V2_14 => "2.14",
+            TorchRelease::V2_15 => "2.15",
+        }
+    }
+
+    /// The policy name of this release: `pytorch-2.13`.
+    pub fn policy_name(self) -> String {
+        format!("pytorch-{}", self.version())
+    }
+
+    /// The release of a torch version string: `2.13`, `2.13.0`,
+    /// `2.13.0+cu132`, `2.13.1` all give [`TorchRelease::V2_13`]; `None`
+    /// for a release that is not supported (or not a version).
+    pub fn from_version(v: &str) -> Option<TorchRelease> {
+        let v = v.trim();
+        let mut parts = v.split(['.', '+', 'a', 'r', 'd']);
+        let major = parts.next()?;
+        let minor = parts.next()?;
+        if major != "2" {
+            return None;
+        }
+        TorchRelease::ALL
+            .into_iter()
+            .find(|r| r.version().strip_prefix("2.") == Some(minor))
+    }
+
+    /// The release a policy name names: `pytorch-2.13` (or `pytorch-2.13.0`);
+    /// `None` for any other name (plain `pytorch` included).
+    pub fn from_policy_name(name: &str) -> Option<TorchRelease> {
+        TorchRelease::from_version(name.strip_prefix("pytorch-")?)
+    }
+
+    /// The rules of this release (see [`ReleaseRules`]).
+    pub fn rules(self) -> ReleaseRules {
+        ReleaseRules::of(self)
+    }
+}
+
+impl fmt::Display for TorchRelease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.version())
+    }
+}
+
+impl FromStr for TorchRelease {
+    type Err = ConfigError;
+
+    /// `2.13`, `2.13.0`, `pytorch-2.13`; an unsupported release is
+    /// [`ConfigError::UnknownPolicy`] naming it.
+    fn from_str(s: &str) -> Result<TorchRelease, ConfigError> {
+        TorchRelease::from_policy_name(s)
+            .or_else(|| TorchRelease::from_version(s))
+            .ok_or_else(|| ConfigError::UnknownPolicy {
+                name: s.trim().to_owned(),
+            })
+    }
+}
+
+/// How a release ends the out-of-memory message when expandable segments
+/// are on ([`ReleaseRules::expandable_oom_advice`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpandableOomAdvice {
+    /// torch 2.11 to 2.13: the same advice as with them off (`If reserved
+    /// but unallocated memory is large try setting
+    /// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ...`).
+    Fragmentation,
+    /// torch 2.14: no advice; the message ends after `... is reserved by
+    /// PyTorch but unallocated.`.
+    Nothing,
+    /// torch 2.15: ` expandable_segments is enabled. If instead the process
+    /// is running out of virtual address space (VSZ) ...`.
+    VirtualAddressSpace,
+}
+
+/// The rules of the allocator that differ between supported releases. Each
+/// field names the release that changed it; everything not listed here is
+/// the same in 2.11 to 2.15 as far as the goldens of every release show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReleaseRules {
+    /// How the out-of-memory message ends when expandable segments are on
+    /// (changed in 2.14 and in 2.15; with them off it always ends with the
+    /// advice to turn them on).
+    pub expandable_oom_advice: ExpandableOomAdvice,
+    /// `memory_stats()` has the key `num_oom_rejections` (torch 2.12 and
+    /// later).
+    pub stat_num_oom_rejections: bool,
+    /// The settings keys `expandable_segments_reserve` and
+    /// `expandable_segments_reserve_by_class` exist (torch 2.15); before,
+    /// they are unknown keys (`Unrecognized key
+    /// 'expandable_segments_reserve' in Accelerator allocator config.`).
+    pub expandable_segments_reserve_keys: bool,
+    /// torch 2.15: an expandable segment created for a request larger than
+    /// its whole address space is released at once, without a map
+    /// (`reserve` + `addr_free`). Before, its whole range is mapped page by
+    /// page until the device runs out, the pages are released, and the
+    /// segment is kept (fully unmapped) for later requests.
+    pub expandable_oversize_released_unmapped: bool,
+}
+
+impl ReleaseRules {
+    /// The rules of `release`.
+    pub const fn of(release: TorchRelease) -> ReleaseRules {
+        use TorchRelease::*;
+        ReleaseRules {
+            expandable_oom_advice: match release {
+                V2_11 | V2_12 | V2_13 => ExpandableOomAdvice::Fragmentation,
+                V2_14 => ExpandableOomAdvice::Nothing,
+                V2_15 => ExpandableOomAdvice::VirtualAddressSpace,
+            },
+            stat_num_oom_rejections: !matches!(release, V2_11),
+            expandable_segments_reserve_keys: matches!(release, V2_15),
+            expandable_oversize_released_unmapped: matches!(release, V2_15),
+        }
+    }
+
+    /// The settings keys of torch 2.15 this release does not have: a
+    /// settings string naming one is refused in PyTorch mode of the release.
+    pub fn unknown_keys(&self) -> &'static [&'static str] {
+        if self.expandable_segments_reserve_keys {
+            &[]
+        } else {
+            &[
+                "expandable_segments_reserve",
+                "expandable_segments_reserve_by_class",
+            ]
+        }
+    }
+
+    /// The `memory_stats()` keys this release does not have (Reservoir
+    /// computes them; PyTorch mode of the release leaves them out).
+    pub fn missing_stat_keys(&self) -> &'static [&'static str] {
+        if self.stat_num_oom_rejections {
+            &[]
+        } else {
+            &["num_oom_rejections"]
+        }
+    }
+}
+
+/// Refuse, as PyTorch of `cfg`'s release does, a key that release does not
+/// have ([`ReleaseRules::unknown_keys`]) in `rest`, the settings string
+/// without its `policy:` entries (positions are those of `rest`).
+pub(super) fn check_release_keys(cfg: &AllocatorConfig, rest: &str) -> Result<(), ConfigError> {
+    let unknown = cfg.torch_release.rules().unknown_keys();
+    if unknown.is_empty() || rest.trim().is_empty() {
+        return Ok(());
+    }
+    let t = super::tokenizer::Tokens::new(rest)?;
+    let mut i = 0;
+    while i < t.len() {
+        if unknown.contains(&t.text(i)) {
+            return Err(ConfigError::UnknownKey {
+                key: t.text(i).to_owned(),
+                index: i,
+                offset: t.offset(i),
+                parser: KeyParser::Accelerator,
+            });
+        }
+        i = t.skip_key(i)? + 2;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_and_names_read_back() {
+        for r in TorchRelease::ALL {
+            assert_eq!(TorchRelease::from_version(r.version()), Some(r));
+            assert_eq!(TorchRelease::from_policy_name(&r.policy_name()), Some(r));
+            assert_eq!(r.policy_name().parse::<TorchRelease>().unwrap(), r);
+        }
+        assert_eq!(
+            TorchRelease::from_version("2.13.0+cu132"),
+            Some(TorchRelease::V2_13)
+        );
+        assert_eq!(
+            TorchRelease::from_version("2.12.1"),
+            Some(TorchRelease::V2_12)
+        );
+        assert_eq!(TorchRelease::from_version("2.10.0"), None);
+        assert_eq!(TorchRelease::from_version("2.1"), None);
+        assert_eq!(TorchRelease::from_version("3.13"), None);
+        assert_eq!(TorchRelease::from_policy_name("pytorch"), None);
+        let e = "pytorch-2.9".parse::<TorchRelease>().unwrap_err();
+        assert!(e.to_string().contains("pytorch-2.9"), "{e}");
+        assert_eq!(TorchRelease::default(), TorchRelease::NEWEST);
+    }
+
+    // Rule expandable_segments_reserve_keys (docs/replay-fidelity.md,
+    // "PyTorch releases"): torch 2.13's `_set_allocator_settings` raises
+    // "Unrecognized key 'expandable_segments_reserve' in Accelerator
+    // allocator config.".
+    #[test]
+    fn settings_string_names_the_release() {
+        use crate::config::{AllocatorConfig, KeyParser};
+        let c =
+            AllocatorConfig::parse_with_policy("policy:pytorch-2.13,max_split_size_mb:64").unwrap();
+        assert_eq!(c.torch_release, TorchRelease::V2_13);
+        assert_eq!(c.max_split_size, 64 << 20);
+        assert_eq!(c.policy, crate::config::ReservoirPolicy::PyTorch);
+        let c = AllocatorConfig::parse_with_policy("").unwrap();
+        assert_eq!(c.torch_release, TorchRelease::V2_15);
+        // The reserve keys exist in 2.15 only.
+        let reserve = "expandable_segments:True,expandable_segments_reserve:0.5";
+        assert!(
+            AllocatorConfig::parse_with_policy(&format!("{reserve},policy:pytorch-2.15")).is_ok()
+        );
+        assert!(AllocatorConfig::parse_with_policy(reserve).is_ok());
+        for old in ["2.11", "2.12", "2.13", "2.14"] {
+            let e = AllocatorConfig::parse_with_policy(&format!("policy:pytorch-{old},{reserve}"))
+                .unwrap_err();
+            match &e {
+                ConfigError::UnknownKey { key, parser, .. } => {
+                    assert_eq!(key, "expandable_segments_reserve");
+                    assert_eq!(*parser, KeyParser::Accelerator);
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                e.pytorch_message(),
+                "Unrecognized key 'expandable_segments_reserve' in Accelerator allocator config."
+            );
+        }
+        let e = AllocatorConfig::parse_with_policy("policy:pytorch-2.10").unwrap_err();
+        assert!(matches!(e, ConfigError::UnknownPolicy { .. }), "{e:?}");
+        assert!(e.to_string().contains("pytorch-2.10"), "{e}");
+    }
+
+    #[test]
+    fn rule_table() {
+        use ExpandableOomAdvice::*;
+        use TorchRelease::*;
+        let advice: Vec<ExpandableOomAdvice> = TorchRelease::ALL
+            .iter()
+            .map(|r| r.rules().expandable_oom_advice)
+            .collect();
+        assert_eq!(
+            advice,
+            [
+                Fragmentation,
+                Fragmentation,
+                Fragmentation,
+                Nothing,
+                VirtualAddressSpace
+            ]
+        );
+        assert_eq!(V2_11.rules().missing_stat_keys(), ["num_oom_rejections"]);
+        assert!(V2_12.rules().missing_stat_keys().is_empty());
+        assert_eq!(V2_14.rules().unknown_keys().len(), 2);
+        assert!(V2_15.rules().unknown_keys().is_empty());
+    }
+
+    // Rule stat_num_oom_rejections (docs/replay-fidelity.md, "PyTorch
+    // releases"): torch 2.11's memory_stats() has no `num_oom_rejections`
+    // (releases/2.11/stats_keys.json); 2.12 added it.
+    #[test]
+    fn memory_stats_keys_follow_the_release() {
+        use crate::caching::StreamShards;
+        use crate::sim::SimDevice;
+        use crate::CachingAllocator;
+        for release in TorchRelease::ALL {
+            let cfg =
+                AllocatorConfig::parse_with_policy(&format!("policy:{}", release.policy_name()))
+                    .unwrap();
+            assert_eq!(cfg.torch_release, release);
+            let alloc = CachingAllocator::new(SimDevice::default(), cfg.clone());
+            let stats = alloc.memory_stats();
+            let shards = StreamShards::new(SimDevice::default(), cfg).unwrap();
+            let shard_stats = shards.memory_stats();
+            let has = release != TorchRelease::V2_11;
+            assert_eq!(stats.contains_key("num_oom_rejections"), has, "{release}");
+            assert_eq!(
+                shard_stats.contains_key("num_oom_rejections"),
+                has,
+                "{release}"
+            );
+            assert!(stats.contains_key("num_ooms"), "{release}");
+            // Only that key differs from the newest release's set.
+            let newest = CachingAllocator::new(SimDevice::default(), AllocatorConfig::default());
+            let extra = newest.memory_stats().len() - stats.len();
+            assert_eq!(extra, usize::from(!has), "{release}");
+        }
+    }
+
+    // The settings string writes the release back (`policy:pytorch-2.13`,
+    // last), and parse_with_policy reads it; the newest release is written
+    // without it, so PyTorch's own parser reads the string.
+    #[test]
+    fn settings_string_round_trips_the_release() {
+        for release in TorchRelease::ALL {
+            let s = format!("max_split_size_mb:64,policy:{}", release.policy_name());
+            let c = AllocatorConfig::parse_with_policy(&s).unwrap();
+            let written = c.to_settings_string();
+            if release == TorchRelease::NEWEST {
+                assert_eq!(written, "max_split_size_mb:64");
+                assert_eq!(
+                    AllocatorConfig::parse(&written).unwrap().max_split_size,
+                    64 << 20
+                );
+            } else {
+                assert_eq!(written, s);
+            }
+            let back = AllocatorConfig::parse_with_policy(&written).unwrap();
+            assert_eq!(back.torch_release, release);
+            assert_eq!(back.max_split_size, 64 << 20);
+        }
+        // `policy:pytorch` is the newest release; the last entry wins.
+        let c = AllocatorConfig::parse_with_policy("policy:pytorch-2.11,policy:pytorch").unwrap();
+        assert_eq!(c.torch_release, TorchRelease::NEWEST);
+        let c = AllocatorConfig::parse_with_policy("policy:pytorch,policy:pytorch-2.11").unwrap();
+        assert_eq!(c.torch_release, TorchRelease::V2_11);
+        assert_eq!(c.policy, crate::config::ReservoirPolicy::PyTorch);
+        // A bad release is a typed error naming it, with the known names.
+        let e = AllocatorConfig::parse_with_policy("policy:pytorch-2.99").unwrap_err();
+        match &e {
+            ConfigError::UnknownPolicy { name } => assert_eq!(name, "pytorch-2.99"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            e.to_string().contains("pytorch-2.11 ... pytorch-2.15"),
+            "{e}"
+        );
+    }
+}
