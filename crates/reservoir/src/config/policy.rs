@@ -108,36 +108,4 @@ impl AllocatorConfig {
             ..AllocatorConfig::default()
         }
     }
-
-    /// A settings string with, besides PyTorch's keys, Reservoir-only
-    /// `policy:NAME` entries (see [`ReservoirPolicy::named`]; the last one
-    /// wins). The entries are taken out and the rest is read by
-    /// [`AllocatorConfig::parse`], so a string without them reads exactly
-    /// as in PyTorch. `policy:reservoir` also turns on expandable segments.
-    pub fn parse_with_policy(s: &str) -> Result<AllocatorConfig, ConfigError> {
-        super::tokenizer::check_len(s)?;
-        let mut policy = None;
-        let mut rest = Vec::new();
-        for entry in s.split(',') {
-            let named = entry
-                .split_once(':')
-                .filter(|(k, _)| k.trim() == POLICY_KEY)
-                .map(|(_, v)| v.trim());
-            match named {
-                Some(name) => policy = Some(ReservoirPolicy::named(name)?),
-                None => rest.push(entry),
-            }
-        }
-        let rest = rest.join(",");
-        let mut cfg = if rest.trim().is_empty() {
-            AllocatorConfig::default()
-        } else {
-            AllocatorConfig::parse(&rest)?
-        };
-        if let Some(p) = policy {
-            cfg.expandable_segments |= p == ReservoirPolicy::Reservoir;
-            cfg.policy = p;
-        }
-        Ok(cfg)
-    }
 }
