@@ -83,12 +83,16 @@ impl DeviceState {
 
 /// Replay-only operations on a [`CachingAllocator`], kept off its own
 /// (PyTorch's) surface: laying a recorded start state into a fresh
-/// allocator and reading what a replay compares after each step. Get one
-/// with [`CachingAllocator::seeder`].
+/// allocator, replaying operations with the recorded stacks and c10 stream
+/// ids, and reading what a replay compares after each step. Get one with
+/// [`CachingAllocator::seeder`].
 pub struct Seeder<'a, B: Backend> {
     alloc: &'a CachingAllocator<B>,
 }
 
+/// Replay-only operations: seeding a recorded start state, mirroring a
+/// recording's stacks and stream ids, and what a replay compares after each
+/// step, all on the [`Seeder`].
 impl<B: Backend> CachingAllocator<B> {
     /// The replay-only operations on this allocator (see [`Seeder`]).
     pub fn seeder(&self) -> Seeder<'_, B> {
