@@ -416,7 +416,7 @@ pub extern "C" fn reservoir_allocator_record_history(
 ) -> ReservoirStatus {
     guard("reservoir_allocator_record_history", || {
         with_handle(h, |a| {
-            each_backend!(a, a => a.record_history_with_limit(enabled, max_entries));
+            each_backend!(a, a => a.record_history(enabled.then_some(max_entries)));
             Ok(())
         })
     })

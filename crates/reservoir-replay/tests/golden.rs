@@ -465,7 +465,7 @@ fn replay(g: &Golden, trace: &Trace, check_each_op: bool) -> Result<Replay, Stri
         SimDevice::with_recorded_addresses(sim_config, g.segment_addresses.iter().copied())
     };
     let alloc = CachingAllocator::new(dev, config);
-    alloc.record_history(true);
+    alloc.record_history(Some(usize::MAX));
     if let Some(f) = g.spec.fraction {
         alloc
             .set_memory_fraction(f)
@@ -504,7 +504,9 @@ fn replay(g: &Golden, trace: &Trace, check_each_op: bool) -> Result<Replay, Stri
                     id
                 }
             };
-            alloc.set_c10_stream_id(id, stream_order::c10_pool_stream_id(0, index));
+            alloc
+                .seeder()
+                .set_c10_stream_id(id, stream_order::c10_pool_stream_id(0, index));
         }
         if let Some(&id) = ids.get(name) {
             return id;

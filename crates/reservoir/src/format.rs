@@ -1,4 +1,5 @@
-//! Human-readable sizes exactly as PyTorch's `format_size` prints them.
+//! Human-readable sizes exactly as PyTorch's `format_size` prints them (and, for
+//! the MPS allocator, its PyTorch 2.0-2.6 variant: [`SizeFormat`]).
 //!
 //! PyTorch (`c10/cuda/CUDACachingAllocator.cpp`, unchanged in 2.15) writes the
 //! size to an `std::ostringstream` with `std::fixed` and precision 2:
@@ -34,6 +35,57 @@ pub fn format_size(size: u64) -> String {
         format!("{:.2} MiB", size as f64 / 1_048_576.0)
     } else {
         format!("{:.2} GiB", size as f64 / 1_073_741_824.0)
+    }
+}
+
+/// How the MPS allocator writes sizes (`MPSHeapAllocatorImpl::format_size`),
+/// by PyTorch version.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SizeFormat {
+    /// The seed's 2.7-era code (pytorch/pytorch 57ba412): `return
+    /// c10::CachingAllocator::format_size(size);`, "bytes"/"KiB"/"MiB"/"GiB"
+    /// from a `double` ([`format_size`], the CUDA allocator's).
+    /// The default.
+    #[default]
+    C10,
+    /// PyTorch 2.0-2.6: the MPS allocator's own version, "KB"/"MB"/"GB"
+    /// from a `float` ([`format_size_2_6`]).
+    Mps26,
+}
+
+impl SizeFormat {
+    /// `size` written this way.
+    pub fn format(self, size: u64) -> String {
+        match self {
+            SizeFormat::C10 => format_size(size),
+            SizeFormat::Mps26 => format_size_2_6(size),
+        }
+    }
+}
+
+/// The MPS allocator's own `format_size` of PyTorch 2.0-2.6 (the
+/// [`SizeFormat::Mps26`] setting): unlike c10's it says "KB", "MB", "GB"
+/// and divides a *single-precision* copy of the size, printed with two
+/// decimals; the boundaries (1024, 1 MiB, 1 GiB) are inclusive.
+///
+/// ```
+/// use reservoir::heap::format_size_2_6;
+/// assert_eq!(format_size_2_6(1024), "1024 bytes");
+/// assert_eq!(format_size_2_6(1025), "1.00 KB");
+/// assert_eq!(format_size_2_6(32 << 20), "32.00 MB");
+/// assert_eq!(format_size_2_6(524_293_232), "500.01 MB");
+/// assert_eq!(format_size_2_6(3 << 30), "3.00 GB");
+/// ```
+pub fn format_size_2_6(size: u64) -> String {
+    let f = size as f32 as f64;
+    if size <= 1024 {
+        format!("{size} bytes")
+    } else if size <= 1_048_576 {
+        format!("{:.2} KB", f / 1024.0)
+    } else if size <= 1_073_741_824 {
+        format!("{:.2} MB", f / 1_048_576.0)
+    } else {
+        format!("{:.2} GB", f / 1_073_741_824.0)
     }
 }
 

@@ -22,8 +22,7 @@
 //!   of user functions, also usable as the [`Backend`] under the caching
 //!   allocator.
 //!
-//! The layers, bottom to top: each line uses only the lines above it (the
-//! one exception is marked).
+//! The layers, bottom to top: each line uses only the lines above it.
 //!
 //! ```text
 //! ids, format, checksum, rng,           plain types and helpers; import nothing
@@ -39,8 +38,7 @@
 //!          debug, snapshot              callbacks, debug output, the snapshot model
 //!                                       and its pickle encoding
 //! config                                settings (PyTorch's keys, the snapshot's
-//!                                       allocator_settings); exception: config::heap
-//!                                       re-exports heap::SizeFormat from the line below
+//!                                       allocator_settings)
 //! caching | heap | pluggable            the three allocators of PyTorch's headers;
 //!                                       caching/policy.rs is where Reservoir's own
 //!                                       policies hook in

@@ -147,7 +147,7 @@ impl ReplayTarget for CachingAllocator<SimDevice> {
     }
 
     fn layout_summary(&self) -> LayoutSummary {
-        CachingAllocator::layout_summary(self)
+        self.seeder().layout_summary()
     }
 
     fn reset_accumulated_stats(&self) {
@@ -206,7 +206,7 @@ impl ReplayTarget for StreamShards<SimDevice> {
     }
 
     fn allocated_and_reserved(&self) -> (u64, u64) {
-        StreamShards::allocated_and_reserved(self)
+        self.seeder().allocated_and_reserved()
     }
 
     fn segments(&self) -> Vec<Segment> {
@@ -222,16 +222,18 @@ impl ReplayTarget for StreamShards<SimDevice> {
     }
 
     fn rank_segments_by_address(&self, on: bool) {
-        StreamShards::rank_segments_by_address(self, on)
+        self.seeder().rank_segments_by_address(on)
     }
 
     fn seed_segment(&self, seg: &SeededSegment) -> Result<DevicePtr, SeedError> {
-        self.with_shard(seg.stream, |a| a.seeder().seed_segment(seg))
+        self.seeder()
+            .with_shard(seg.stream, |a| a.seeder().seed_segment(seg))
             .map_err(|e| SeedError::Layout(e.to_string()))?
     }
 
     fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
-        self.with_shard(seg.stream, |a| a.seeder().seed_expandable(seg))
+        self.seeder()
+            .with_shard(seg.stream, |a| a.seeder().seed_expandable(seg))
             .map_err(|e| SeedError::Layout(e.to_string()))?
     }
 }

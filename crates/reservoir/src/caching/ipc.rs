@@ -47,6 +47,8 @@ fn ipc_of<B: Backend>(backend: &B) -> Result<&dyn Ipc, AllocError> {
     })
 }
 
+/// Sharing blocks with other processes (spec 1.16): exporting a block's
+/// segment handle, and opening and closing other processes' handles.
 impl<B: Backend> CachingAllocator<B> {
     /// The handle another process opens to reach the allocated block at
     /// `ptr`: its segment's handle and offset (PyTorch's `shareIpcHandle`).

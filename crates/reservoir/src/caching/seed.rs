@@ -11,10 +11,17 @@
 //! that made the layout would have moved it, so
 //! [`check_invariants`](CachingAllocator::check_invariants) holds.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::level_u8;
 use super::state::pools::{POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::error::AllocError;
+use crate::observe::snapshot::LayoutSummary;
+use crate::observe::trace::{Context, Frame, RecordContext};
 use crate::stats::StatType;
 use crate::store::{Block, Expandable, Segment, NIL};
 
@@ -76,12 +83,16 @@ impl DeviceState {
 
 /// Replay-only operations on a [`CachingAllocator`], kept off its own
 /// (PyTorch's) surface: laying a recorded start state into a fresh
-/// allocator and reading what a replay compares after each step. Get one
-/// with [`CachingAllocator::seeder`].
+/// allocator, replaying operations with the recorded stacks and c10 stream
+/// ids, and reading what a replay compares after each step. Get one with
+/// [`CachingAllocator::seeder`].
 pub struct Seeder<'a, B: Backend> {
     alloc: &'a CachingAllocator<B>,
 }
 
+/// Replay-only operations: seeding a recorded start state, mirroring a
+/// recording's stacks and stream ids, and what a replay compares after each
+/// step, all on the [`Seeder`].
 impl<B: Backend> CachingAllocator<B> {
     /// The replay-only operations on this allocator (see [`Seeder`]).
     pub fn seeder(&self) -> Seeder<'_, B> {
@@ -215,6 +226,61 @@ impl<B: Backend> Seeder<'_, B> {
             }
         }
         Ok(ptr)
+    }
+}
+
+/// Mirroring a recording's operations: allocations and frees with the
+/// recorded stacks, the recorded c10 stream ids, and the layout counts a
+/// replay compares after each step.
+impl<B: Backend> Seeder<'_, B> {
+    /// [`raw_alloc`](CachingAllocator::raw_alloc) with the caller's own stack (for FFI
+    /// layers and replays that know the allocating code's frames). The
+    /// frames are used as a gathered stack would be: kept only if history
+    /// is recorded with a context level of `State` or more.
+    pub fn raw_alloc_with_frames(
+        &self,
+        size: u64,
+        stream: StreamId,
+        frames: Arc<[Frame]>,
+    ) -> Result<DevicePtr, AllocError> {
+        if size == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let ctx = (self.alloc.record_level.load(Ordering::Relaxed)
+            >= level_u8(RecordContext::State))
+        .then(|| Context::from_frames(frames));
+        self.alloc.malloc_with(size, stream, ctx)
+    }
+
+    /// [`raw_free`](CachingAllocator::raw_free) with the caller's own stack, used (as a
+    /// gathered stack would be) only at context level `All`.
+    pub fn raw_free_with_frames(
+        &self,
+        ptr: DevicePtr,
+        frames: Arc<[Frame]>,
+    ) -> Result<(), AllocError> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let ctx = (self.alloc.record_level.load(Ordering::Relaxed) >= level_u8(RecordContext::All))
+            .then(|| Context::from_frames(frames));
+        self.alloc
+            .with_context(ctx, |state| state.free_ptr(&self.alloc.backend, ptr))
+    }
+
+    /// Tell the allocator the c10 stream id PyTorch would give `stream`
+    /// (see [`c10_pool_stream_id`](crate::caching::stream_order::c10_pool_stream_id)). PyTorch walks its
+    /// per-stream event queues in the order of a hash map keyed by these ids,
+    /// so they decide which stream's cross-stream frees complete first. By
+    /// default `StreamId(n)` is the n-th pool stream, the default stream 0.
+    pub fn set_c10_stream_id(&self, stream: StreamId, id: i64) {
+        self.alloc.state.lock().events.set_c10_stream_id(stream, id);
+    }
+
+    /// The counts of [`segments`](CachingAllocator::segments) (segments, blocks, free
+    /// blocks, largest free block) without building the segment list.
+    pub fn layout_summary(&self) -> LayoutSummary {
+        self.alloc.state.lock().layout_summary()
     }
 }
 

@@ -104,7 +104,7 @@ thread_local! {
 ///   ([`StreamShardsError::MemoryFraction`]): a limit shared by shards would
 ///   need a budget shared on the driver path, not built yet.
 ///
-/// * **Not offered** (use [`with_shard`](StreamShards::with_shard) for one
+/// * **Not offered** (use [`ShardsSeeder::with_shard`] for one
 ///   stream, or [`CachingAllocator`]): private pools and checkpoints, IPC,
 ///   free-memory callbacks, out-of-memory observers, the callback registry,
 ///   run-time settings changes. They are device-wide in PyTorch and would
@@ -156,7 +156,7 @@ pub struct StreamShards<B: Backend> {
 struct ShardSettings {
     /// See [`StreamShards::record_memory_history`].
     history: HistoryConfig,
-    /// See [`StreamShards::rank_segments_by_address`].
+    /// See [`ShardsSeeder::rank_segments_by_address`].
     rank_by_address: bool,
 }
 
@@ -328,38 +328,6 @@ impl<B: Backend> StreamShards<B> {
             alloc.seeder().rank_segments_by_address(true);
         }
         Box::new(Shard { stream, alloc })
-    }
-
-    /// Run `f` on `stream`'s shard (created if it has none yet): for what
-    /// only a [`CachingAllocator`] offers, such as seeding a recorded
-    /// segment of that stream with [`CachingAllocator::seeder`].
-    pub fn with_shard<R>(
-        &self,
-        stream: StreamId,
-        f: impl FnOnce(&CachingAllocator<Arc<B>>) -> R,
-    ) -> Result<R, AllocError> {
-        let (_, shard) = self.shard_for(stream)?;
-        Ok(f(&shard.alloc))
-    }
-
-    /// Among free blocks of equal size, prefer the lowest address, in every
-    /// shard and those created later (see
-    /// [`Seeder::rank_segments_by_address`](super::Seeder::rank_segments_by_address);
-    /// for replays of recorded traces).
-    pub fn rank_segments_by_address(&self, on: bool) {
-        let mut settings = self.settings.lock();
-        for shard in self.shards() {
-            shard.alloc.seeder().rank_segments_by_address(on);
-        }
-        settings.rank_by_address = on;
-    }
-
-    /// Allocated and reserved bytes now, summed over the shards (see
-    /// [`Seeder::allocated_and_reserved`](super::Seeder::allocated_and_reserved)).
-    pub fn allocated_and_reserved(&self) -> (u64, u64) {
-        self.shards()
-            .map(|s| s.alloc.seeder().allocated_and_reserved())
-            .fold((0, 0), |(a, r), (sa, sr)| (a + sa, r + sr))
     }
 
     /// The shards created so far, in slot order.
@@ -566,5 +534,55 @@ fn home_slot(stream: StreamId, slots: usize) -> usize {
         stream.0 as usize
     } else {
         ((stream.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % slots as u64) as usize
+    }
+}
+
+/// Replay-only operations on a [`StreamShards`], kept off its own surface
+/// as [`Seeder`](super::Seeder) keeps them off [`CachingAllocator`]'s:
+/// seeding a stream's shard, ranking segments by address, and the totals a
+/// replay reads after each step. Get one with [`StreamShards::seeder`].
+pub struct ShardsSeeder<'a, B: Backend> {
+    shards: &'a StreamShards<B>,
+}
+
+impl<B: Backend> StreamShards<B> {
+    /// The replay-only operations on these shards (see [`ShardsSeeder`]).
+    pub fn seeder(&self) -> ShardsSeeder<'_, B> {
+        ShardsSeeder { shards: self }
+    }
+}
+
+impl<B: Backend> ShardsSeeder<'_, B> {
+    /// Run `f` on `stream`'s shard (created if it has none yet): for what
+    /// only a [`CachingAllocator`] offers, such as seeding a recorded
+    /// segment of that stream with [`CachingAllocator::seeder`].
+    pub fn with_shard<R>(
+        &self,
+        stream: StreamId,
+        f: impl FnOnce(&CachingAllocator<Arc<B>>) -> R,
+    ) -> Result<R, AllocError> {
+        let (_, shard) = self.shards.shard_for(stream)?;
+        Ok(f(&shard.alloc))
+    }
+
+    /// Among free blocks of equal size, prefer the lowest address, in every
+    /// shard and those created later (see
+    /// [`Seeder::rank_segments_by_address`](super::Seeder::rank_segments_by_address);
+    /// for replays of recorded traces).
+    pub fn rank_segments_by_address(&self, on: bool) {
+        let mut settings = self.shards.settings.lock();
+        for shard in self.shards.shards() {
+            shard.alloc.seeder().rank_segments_by_address(on);
+        }
+        settings.rank_by_address = on;
+    }
+
+    /// Allocated and reserved bytes now, summed over the shards (see
+    /// [`Seeder::allocated_and_reserved`](super::Seeder::allocated_and_reserved)).
+    pub fn allocated_and_reserved(&self) -> (u64, u64) {
+        self.shards
+            .shards()
+            .map(|s| s.alloc.seeder().allocated_and_reserved())
+            .fold((0, 0), |(a, r), (sa, sr)| (a + sa, r + sr))
     }
 }

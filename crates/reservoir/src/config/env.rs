@@ -8,6 +8,7 @@
 use super::cuda;
 use super::error::{ConfigError, ConfigWarning};
 use super::keys;
+use super::policy::{policy_and_release, ReservoirPolicy, POLICY_KEY};
 use super::settings::AllocatorConfig;
 use super::tokenizer::Tokens;
 
@@ -115,6 +116,46 @@ impl AllocatorConfig {
         keys::cuda_keys(&mut next, &tokens, &mut warnings)?;
         *self = next;
         Ok(warnings)
+    }
+}
+
+impl AllocatorConfig {
+    /// A settings string with, besides PyTorch's keys, Reservoir-only
+    /// `policy:NAME` entries (see [`ReservoirPolicy::named`]; the last one
+    /// wins). `policy:pytorch-2.11` ... `policy:pytorch-2.15` name PyTorch
+    /// mode of one release ([`AllocatorConfig::torch_release`]); every other
+    /// name means the newest release, and a key the named release does not
+    /// have is refused as that release refuses it. The entries are taken
+    /// out and the rest is read by [`AllocatorConfig::parse`], so a string
+    /// without them reads exactly as in PyTorch. `policy:reservoir` also
+    /// turns on expandable segments.
+    pub fn parse_with_policy(s: &str) -> Result<AllocatorConfig, ConfigError> {
+        super::tokenizer::check_len(s)?;
+        let mut policy = None;
+        let mut rest = Vec::new();
+        for entry in s.split(',') {
+            let named = entry
+                .split_once(':')
+                .filter(|(k, _)| k.trim() == POLICY_KEY)
+                .map(|(_, v)| v.trim());
+            match named {
+                Some(name) => policy = Some(policy_and_release(name)?),
+                None => rest.push(entry),
+            }
+        }
+        let rest = rest.join(",");
+        let mut cfg = if rest.trim().is_empty() {
+            AllocatorConfig::default()
+        } else {
+            AllocatorConfig::parse(&rest)?
+        };
+        if let Some((p, release)) = policy {
+            cfg.expandable_segments |= p == ReservoirPolicy::Reservoir;
+            cfg.policy = p;
+            cfg.torch_release = release;
+        }
+        super::torch_release::check_release_keys(&cfg, &rest)?;
+        Ok(cfg)
     }
 }
 

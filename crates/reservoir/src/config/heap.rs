@@ -34,7 +34,7 @@
 
 use super::cnum::ostream_double;
 pub use super::cnum::{strtod, strtol_base0};
-pub use crate::heap::SizeFormat;
+pub use crate::format::SizeFormat;
 use crate::observe::debug::DebugVerbosity;
 
 /// `PYTORCH_MPS_HIGH_WATERMARK_RATIO`.

@@ -116,12 +116,9 @@
 //!                       settings-string entry), both passes over it, and
 //!                       AllocatorConfig::to_settings_string
 //! message               ConfigError's text (quotes the key table)
-//! env                   the three readers (environment, start-up string, run time)
+//! env                   the readers (environment, start-up string, run time, and
+//!                       AllocatorConfig::parse_with_policy for `policy:NAME`)
 //! ```
-//!
-//! One exception, left for the change that reworks `ReservoirPolicy`:
-//! `policy.rs` also holds [`AllocatorConfig::parse_with_policy`], a reader
-//! that belongs on the `env` line (it calls [`AllocatorConfig::parse`]).
 //!
 //! Adding a key: a field in `settings.rs`, a row in the table of `keys.rs`,
 //! and its parser in `accelerator.rs` or `cuda.rs` when it is more than a

@@ -84,7 +84,7 @@ impl ReservoirPolicy {
 /// mode of the newest release), `pytorch-2.11` ... `pytorch-2.15` (PyTorch
 /// mode of that release), or one of Reservoir's own policies
 /// ([`ReservoirPolicy::named`], with the newest release's rules).
-fn policy_and_release(name: &str) -> Result<(ReservoirPolicy, TorchRelease), ConfigError> {
+pub(super) fn policy_and_release(name: &str) -> Result<(ReservoirPolicy, TorchRelease), ConfigError> {
     match TorchRelease::from_policy_name(name) {
         Some(release) => Ok((ReservoirPolicy::PyTorch, release)),
         None => Ok((ReservoirPolicy::named(name)?, TorchRelease::NEWEST)),
@@ -119,42 +119,5 @@ impl AllocatorConfig {
             policy: ReservoirPolicy::Reservoir,
             ..AllocatorConfig::default()
         }
-    }
-
-    /// A settings string with, besides PyTorch's keys, Reservoir-only
-    /// `policy:NAME` entries (see [`ReservoirPolicy::named`]; the last one
-    /// wins). `policy:pytorch-2.11` ... `policy:pytorch-2.15` name PyTorch
-    /// mode of one release ([`AllocatorConfig::torch_release`]); every other
-    /// name means the newest release, and a key the named release does not
-    /// have is refused as that release refuses it. The entries are taken
-    /// out and the rest is read by [`AllocatorConfig::parse`], so a string
-    /// without them reads exactly as in PyTorch. `policy:reservoir` also turns on expandable segments.
-    pub fn parse_with_policy(s: &str) -> Result<AllocatorConfig, ConfigError> {
-        super::tokenizer::check_len(s)?;
-        let mut policy = None;
-        let mut rest = Vec::new();
-        for entry in s.split(',') {
-            let named = entry
-                .split_once(':')
-                .filter(|(k, _)| k.trim() == POLICY_KEY)
-                .map(|(_, v)| v.trim());
-            match named {
-                Some(name) => policy = Some(policy_and_release(name)?),
-                None => rest.push(entry),
-            }
-        }
-        let rest = rest.join(",");
-        let mut cfg = if rest.trim().is_empty() {
-            AllocatorConfig::default()
-        } else {
-            AllocatorConfig::parse(&rest)?
-        };
-        if let Some((p, release)) = policy {
-            cfg.expandable_segments |= p == ReservoirPolicy::Reservoir;
-            cfg.policy = p;
-            cfg.torch_release = release;
-        }
-        super::torch_release::check_release_keys(&cfg, &rest)?;
-        Ok(cfg)
     }
 }

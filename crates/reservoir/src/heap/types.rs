@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+pub use crate::format::{format_size_2_6, SizeFormat};
+
 const MIB: u64 = 1 << 20;
 
 /// `kMaxSmallAlloc`: buffers up to 1 MiB go to the small pools.
@@ -171,31 +173,6 @@ impl fmt::Display for PoolKind {
     }
 }
 
-/// How the MPS allocator writes sizes (`MPSHeapAllocatorImpl::format_size`),
-/// by PyTorch version.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum SizeFormat {
-    /// The seed's 2.7-era code (pytorch/pytorch 57ba412): `return
-    /// c10::CachingAllocator::format_size(size);`, "bytes"/"KiB"/"MiB"/"GiB"
-    /// from a `double` ([`format_size`], the CUDA allocator's
-    /// [`crate::format::format_size`]). The default.
-    #[default]
-    C10,
-    /// PyTorch 2.0-2.6: the MPS allocator's own version, "KB"/"MB"/"GB"
-    /// from a `float` ([`format_size_2_6`]).
-    Mps26,
-}
-
-impl SizeFormat {
-    /// `size` written this way.
-    pub fn format(self, size: u64) -> String {
-        match self {
-            SizeFormat::C10 => format_size(size),
-            SizeFormat::Mps26 => format_size_2_6(size),
-        }
-    }
-}
-
 /// The MPS allocator's `format_size` in the seed's 2.7-era code
 /// (pytorch/pytorch 57ba412), which is c10's
 /// `c10::CachingAllocator::format_size`: "bytes" up to 1024 bytes, then
@@ -212,30 +189,4 @@ impl SizeFormat {
 /// ```
 pub fn format_size(size: u64) -> String {
     crate::format::format_size(size)
-}
-
-/// The MPS allocator's own `format_size` of PyTorch 2.0-2.6 (the
-/// [`SizeFormat::Mps26`] setting): unlike c10's it says "KB", "MB", "GB"
-/// and divides a *single-precision* copy of the size, printed with two
-/// decimals; the boundaries (1024, 1 MiB, 1 GiB) are inclusive.
-///
-/// ```
-/// use reservoir::heap::format_size_2_6;
-/// assert_eq!(format_size_2_6(1024), "1024 bytes");
-/// assert_eq!(format_size_2_6(1025), "1.00 KB");
-/// assert_eq!(format_size_2_6(32 << 20), "32.00 MB");
-/// assert_eq!(format_size_2_6(524_293_232), "500.01 MB");
-/// assert_eq!(format_size_2_6(3 << 30), "3.00 GB");
-/// ```
-pub fn format_size_2_6(size: u64) -> String {
-    let f = size as f32 as f64;
-    if size <= 1024 {
-        format!("{size} bytes")
-    } else if size <= 1_048_576 {
-        format!("{:.2} KB", f / 1024.0)
-    } else if size <= 1_073_741_824 {
-        format!("{:.2} MB", f / 1_048_576.0)
-    } else {
-        format!("{:.2} GB", f / 1_073_741_824.0)
-    }
 }

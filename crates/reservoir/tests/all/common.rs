@@ -29,7 +29,7 @@ impl Checked {
             ..SimConfig::default()
         });
         let a = CachingAllocator::new(dev, config);
-        a.record_history(true);
+        a.record_history(Some(usize::MAX));
         Checked { a }
     }
 

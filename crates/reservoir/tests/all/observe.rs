@@ -428,8 +428,13 @@ fn backtrace_recorder_and_caller_frames() {
         filename: "model.py".into(),
         line: 12,
     }]);
-    let q = c.a.raw_alloc_with_frames(MIB, S0, frames.clone()).unwrap();
-    c.a.raw_free_with_frames(q, frames.clone()).unwrap();
+    let q =
+        c.a.seeder()
+            .raw_alloc_with_frames(MIB, S0, frames.clone())
+            .unwrap();
+    c.a.seeder()
+        .raw_free_with_frames(q, frames.clone())
+        .unwrap();
     let h = c.a.history();
     assert!(
         h[1].frames.len() > 1,
@@ -1238,10 +1243,15 @@ fn a_streamed_snapshot_pickle_is_the_same_bytes() {
     let mut live = Vec::new();
     for i in 0..2600u64 {
         let f = stacks[(i % 7) as usize].clone();
-        live.push(c.a.raw_alloc_with_frames(512 + i * 4096, S0, f).unwrap());
+        live.push(
+            c.a.seeder()
+                .raw_alloc_with_frames(512 + i * 4096, S0, f)
+                .unwrap(),
+        );
         if i % 3 == 0 {
             let p = live.swap_remove(0);
-            c.a.raw_free_with_frames(p, stacks[(i % 5) as usize].clone())
+            c.a.seeder()
+                .raw_free_with_frames(p, stacks[(i % 5) as usize].clone())
                 .unwrap();
         }
     }
