@@ -630,6 +630,7 @@ impl<B: Backend> CachingAllocator<B> {
             state.acct.note_max_split_changed();
         }
         state.config = config;
+        state.set_free_order();
     }
 
     /// The settings in force.

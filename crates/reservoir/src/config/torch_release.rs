@@ -126,6 +126,30 @@ pub enum ExpandableOomAdvice {
     VirtualAddressSpace,
 }
 
+/// Which of several free blocks of one stream and one size best fit takes
+/// ([`ReleaseRules::free_block_order`]): the comparator of PyTorch's
+/// `BlockPool::blocks`, whose first block at or after the search key
+/// `get_free_block` takes, and whose order `release_available_cached_blocks`,
+/// `release_blocks` and the garbage collection walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeBlockOrder {
+    /// torch 2.11: `BlockComparatorSize` compares (stream, size, address):
+    /// the lowest address first.
+    Address,
+    /// torch 2.12: `BlockComparatorRegistrationCounter` compares (stream,
+    /// size, `registration_counter`), where every new `Block` object (a new
+    /// segment's block, the front part a split hands out, the pieces an
+    /// expandable segment's map and unmap cut off) takes the next value of
+    /// one global counter, and a merge keeps the counter of the block that
+    /// absorbs its neighbours: the block object created first comes first.
+    BlockCreation,
+    /// torch 2.13 and later: `BlockComparatorSizeCounterAddress` compares
+    /// (stream, size, `registration_counter`, address), where the counter is
+    /// taken once per segment (in `alloc_block`) and every block of the
+    /// segment carries it: the oldest segment first, then the lowest address.
+    SegmentCreation,
+}
+
 /// The rules of the allocator that differ between supported releases. Each
 /// field names the release that changed it; everything not listed here is
 /// the same in 2.11 to 2.15 as far as the goldens of every release show.
@@ -150,6 +174,9 @@ pub struct ReleaseRules {
     /// page until the device runs out, the pages are released, and the
     /// segment is kept (fully unmapped) for later requests.
     pub expandable_oversize_released_unmapped: bool,
+    /// Which free block of equal size best fit takes (changed in 2.12 and
+    /// in 2.13; see [`FreeBlockOrder`]).
+    pub free_block_order: FreeBlockOrder,
 }
 
 impl ReleaseRules {
@@ -165,6 +192,11 @@ impl ReleaseRules {
             stat_num_oom_rejections: !matches!(release, V2_11),
             expandable_segments_reserve_keys: matches!(release, V2_15),
             expandable_oversize_released_unmapped: matches!(release, V2_15),
+            free_block_order: match release {
+                V2_11 => FreeBlockOrder::Address,
+                V2_12 => FreeBlockOrder::BlockCreation,
+                V2_13 | V2_14 | V2_15 => FreeBlockOrder::SegmentCreation,
+            },
         }
     }
 
@@ -300,6 +332,23 @@ mod tests {
                 Fragmentation,
                 Nothing,
                 VirtualAddressSpace
+            ]
+        );
+        // Rule free_block_order (docs/replay-fidelity.md, "PyTorch releases"):
+        // the comparator of `BlockPool::blocks` in each release's
+        // libc10_cuda.so.
+        let order: Vec<FreeBlockOrder> = TorchRelease::ALL
+            .iter()
+            .map(|r| r.rules().free_block_order)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                FreeBlockOrder::Address,
+                FreeBlockOrder::BlockCreation,
+                FreeBlockOrder::SegmentCreation,
+                FreeBlockOrder::SegmentCreation,
+                FreeBlockOrder::SegmentCreation
             ]
         );
         assert_eq!(V2_11.rules().missing_stat_keys(), ["num_oom_rejections"]);
