@@ -90,11 +90,13 @@ impl<B: Backend> CachingAllocator<B> {
 }
 
 impl<B: Backend> Seeder<'_, B> {
-    /// Among free blocks of equal size, prefer the lowest address (PyTorch's
-    /// `BlockComparatorSize`, and what recorded traces from real GPUs show)
-    /// instead of the oldest segment (what the oracle's fake driver shows,
-    /// the default). Applies to segments created from now on: set it before
-    /// the first allocation. Replays of recorded traces turn it on.
+    /// Among free blocks of equal size, prefer the lowest address (torch
+    /// 2.11's `BlockComparatorSize`, and what recorded traces from real GPUs
+    /// show) whatever the release's own order
+    /// ([`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order):
+    /// the oldest segment since torch 2.13, the default). Applies to
+    /// segments created from now on: set it before the first allocation.
+    /// Replays of recorded traces turn it on.
     pub fn rank_segments_by_address(&self, on: bool) {
         let mut st = self.alloc.state.lock();
         st.rank_by_address = on;

@@ -110,6 +110,17 @@ impl FromStr for TorchRelease {
     }
 }
 
+/// The settings keys added after torch 2.11, newest first: two in 2.15,
+/// two in 2.13, two in 2.12 ([`ReleaseRules::unknown_keys`]).
+const NEWER_KEYS: [&str; 6] = [
+    "expandable_segments_reserve",
+    "expandable_segments_reserve_by_class",
+    "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
+    "throw_on_cudamalloc_oom",
+    "pinned_free_catch_all",
+];
+
 /// How a release ends the out-of-memory message when expandable segments
 /// are on ([`ReleaseRules::expandable_oom_advice`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,6 +179,15 @@ pub struct ReleaseRules {
     /// they are unknown keys (`Unrecognized key
     /// 'expandable_segments_reserve' in Accelerator allocator config.`).
     pub expandable_segments_reserve_keys: bool,
+    /// The settings keys `pinned_max_round_threshold_mb` and
+    /// `pinned_max_cached_size_mb` exist (torch 2.13 and later); before,
+    /// they are unknown keys (`Unrecognized key
+    /// 'pinned_max_round_threshold_mb' in Accelerator allocator config.`).
+    pub pinned_cache_limit_keys: bool,
+    /// The settings keys `throw_on_cudamalloc_oom` and
+    /// `pinned_free_catch_all` exist (torch 2.12 and later); in 2.11 they
+    /// are unknown keys.
+    pub throw_on_cudamalloc_oom_keys: bool,
     /// torch 2.15: an expandable segment created for a request larger than
     /// its whole address space is released at once, without a map
     /// (`reserve` + `addr_free`). Before, its whole range is mapped page by
@@ -191,6 +211,8 @@ impl ReleaseRules {
             },
             stat_num_oom_rejections: !matches!(release, V2_11),
             expandable_segments_reserve_keys: matches!(release, V2_15),
+            pinned_cache_limit_keys: !matches!(release, V2_11 | V2_12),
+            throw_on_cudamalloc_oom_keys: !matches!(release, V2_11),
             expandable_oversize_released_unmapped: matches!(release, V2_15),
             free_block_order: match release {
                 V2_11 => FreeBlockOrder::Address,
@@ -201,16 +223,22 @@ impl ReleaseRules {
     }
 
     /// The settings keys of torch 2.15 this release does not have: a
-    /// settings string naming one is refused in PyTorch mode of the release.
+    /// settings string naming one is refused in PyTorch mode of the release
+    /// (rules `expandable_segments_reserve_keys`, `pinned_cache_limit_keys`,
+    /// `throw_on_cudamalloc_oom_keys`). Keys were only ever added, each
+    /// release having every key of the releases before it, so the keys a
+    /// release lacks are a prefix of `NEWER_KEYS`, newest first.
     pub fn unknown_keys(&self) -> &'static [&'static str] {
-        if self.expandable_segments_reserve_keys {
-            &[]
+        let n = if !self.throw_on_cudamalloc_oom_keys {
+            6
+        } else if !self.pinned_cache_limit_keys {
+            4
+        } else if !self.expandable_segments_reserve_keys {
+            2
         } else {
-            &[
-                "expandable_segments_reserve",
-                "expandable_segments_reserve_by_class",
-            ]
-        }
+            0
+        };
+        &NEWER_KEYS[..n]
     }
 
     /// The `memory_stats()` keys this release does not have (Reservoir
@@ -311,6 +339,50 @@ mod tests {
                 "Unrecognized key 'expandable_segments_reserve' in Accelerator allocator config."
             );
         }
+        // torch 2.12 and 2.11 refuse the pinned cache limits of 2.13, 2.11
+        // also throw_on_cudamalloc_oom and pinned_free_catch_all of 2.12
+        // (measured with each release's `_set_allocator_settings` on the
+        // oracle).
+        for (setting, key, refused_by) in [
+            (
+                "pinned_max_round_threshold_mb:8",
+                "pinned_max_round_threshold_mb",
+                &["2.11", "2.12"][..],
+            ),
+            (
+                "pinned_max_cached_size_mb:64",
+                "pinned_max_cached_size_mb",
+                &["2.11", "2.12"][..],
+            ),
+            (
+                "throw_on_cudamalloc_oom:False",
+                "throw_on_cudamalloc_oom",
+                &["2.11"][..],
+            ),
+            (
+                "pinned_free_catch_all:True",
+                "pinned_free_catch_all",
+                &["2.11"][..],
+            ),
+        ] {
+            for r in TorchRelease::ALL {
+                let conf = format!("max_split_size_mb:64,{setting},policy:pytorch-{r}");
+                match AllocatorConfig::parse_with_policy(&conf) {
+                    Ok(_) => assert!(!refused_by.contains(&r.version()), "{conf}"),
+                    Err(e) => {
+                        assert!(refused_by.contains(&r.version()), "{conf}: {e}");
+                        assert!(
+                            matches!(&e, ConfigError::UnknownKey { key: k, .. } if k == key),
+                            "{e:?}"
+                        );
+                        assert_eq!(
+                            e.pytorch_message(),
+                            format!("Unrecognized key '{key}' in Accelerator allocator config.")
+                        );
+                    }
+                }
+            }
+        }
         let e = AllocatorConfig::parse_with_policy("policy:pytorch-2.10").unwrap_err();
         assert!(matches!(e, ConfigError::UnknownPolicy { .. }), "{e:?}");
         assert!(e.to_string().contains("pytorch-2.10"), "{e}");
@@ -355,6 +427,28 @@ mod tests {
         assert!(V2_12.rules().missing_stat_keys().is_empty());
         assert_eq!(V2_14.rules().unknown_keys().len(), 2);
         assert!(V2_15.rules().unknown_keys().is_empty());
+        // Rules pinned_cache_limit_keys and throw_on_cudamalloc_oom_keys
+        // (docs/replay-fidelity.md, "PyTorch releases"): each release's
+        // `_set_allocator_settings` on the oracle.
+        assert_eq!(V2_13.rules().unknown_keys(), V2_14.rules().unknown_keys());
+        assert_eq!(
+            V2_12.rules().unknown_keys(),
+            [
+                "expandable_segments_reserve",
+                "expandable_segments_reserve_by_class",
+                "pinned_max_round_threshold_mb",
+                "pinned_max_cached_size_mb"
+            ]
+        );
+        assert_eq!(V2_11.rules().unknown_keys().len(), 6);
+        assert!(V2_11
+            .rules()
+            .unknown_keys()
+            .contains(&"throw_on_cudamalloc_oom"));
+        assert!(V2_11
+            .rules()
+            .unknown_keys()
+            .contains(&"pinned_free_catch_all"));
     }
 
     // Rule stat_num_oom_rejections (docs/replay-fidelity.md, "PyTorch

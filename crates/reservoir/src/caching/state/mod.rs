@@ -57,9 +57,10 @@ pub(crate) struct DeviceState {
     pub(in crate::caching) private: PrivatePools,
     /// Segments created so far (the next segment's `seq`).
     pub(in crate::caching) segment_seq: u64,
-    /// Rank segments among equal free blocks by address (PyTorch's source
-    /// order, what recorded traces show) instead of creation order; set by
-    /// replays of recorded traces (see `caching::seed`).
+    /// Rank segments among equal free blocks by address (torch 2.11's
+    /// order, what recorded traces show) instead of the release's order
+    /// (`ReleaseRules::free_block_order`, see `DeviceState::free_key`); set
+    /// by replays of recorded traces (see `caching::seed`).
     pub(in crate::caching) rank_by_address: bool,
     /// What ranks free blocks of equal size in every pool (see
     /// [`DeviceState::free_key`]): the release's
