@@ -141,6 +141,29 @@ fn best_fit_ties_follow_the_release() {
 }
 
 #[test]
+fn best_fit_ties_follow_a_release_set_at_run_time() {
+    // Rule `free_block_order` as in `best_fit_ties_follow_the_release`
+    // (tie-a), but the release changes from 2.15 to 2.11 through
+    // `set_config` while both tied blocks are cached: they are re-keyed
+    // (the invariant checker finds each free block under the new order's
+    // key) and best fit takes the lower address, as torch 2.11 does.
+    let c = Checked::new("policy:pytorch-2.15", 80 * GIB);
+    let p1 = c.alloc(MIB);
+    let p2 = c.alloc(MIB);
+    let p3 = c.alloc(MIB);
+    let p4 = c.alloc(MIB);
+    assert!(p3 < p1, "the newer segment lies lower");
+    for p in [p1, p2, p3, p4] {
+        c.free(p);
+    }
+    let mut config = c.a.config();
+    config.torch_release = reservoir::config::TorchRelease::V2_11;
+    c.a.set_config(config);
+    c.check();
+    assert_eq!(c.alloc(MIB), p3, "torch 2.11 takes the lowest address");
+}
+
+#[test]
 fn best_fit_prefers_the_smallest_fitting_block() {
     // spec 1.6: lower_bound on size: the smallest block that fits wins.
     let c = Checked::default_device();
