@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::state::pools::{FreeKey, UnmappedKey};
+use super::state::pools::UnmappedKey;
 use super::state::DeviceState;
 use crate::observe::snapshot::BlockState;
 use crate::stats::{DeviceStats, StatArray, StatType};
@@ -180,13 +180,7 @@ impl DeviceState {
     ) -> Result<BlockState, InvariantViolation> {
         let b = &self.store.blocks[id];
         let in_map = self.allocated.get(&b.addr) == Some(&id);
-        let key = FreeKey::new(
-            b.stream,
-            b.size,
-            self.store.segments[b.segment].seq,
-            b.addr,
-            id,
-        );
+        let key = self.free_key(id);
         let in_pool = self.pools[b.pool as usize].contains(&key);
         ensure!(
             events == b.event_count,

@@ -9,6 +9,7 @@ use super::rules;
 use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::config::FreeBlockOrder;
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::store::{BlockId, PoolId, NIL};
@@ -368,16 +369,58 @@ impl DeviceState {
 }
 
 impl DeviceState {
+    /// The key of free block `id` in its pool: PyTorch's comparator of
+    /// `BlockPool::blocks`, which changed between releases
+    /// ([`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order);
+    /// docs/replay-fidelity.md, "PyTorch releases"). Every order is (stream,
+    /// size, rank, address); the rank is what breaks ties among blocks of
+    /// equal size.
     #[inline]
     pub(super) fn free_key(&self, id: BlockId) -> FreeKey {
         let b = &self.store.blocks[id];
-        FreeKey::new(
-            b.stream,
-            b.size,
-            self.store.segments[b.segment].seq,
-            b.addr,
-            id,
-        )
+        let segment = &self.store.segments[b.segment];
+        let rank = match self.free_order {
+            // 2.13 and later: (stream, size, the segment's counter, ptr);
+            // under `rank_by_address`, `seq` is the segment's address.
+            FreeBlockOrder::SegmentCreation => segment.seq,
+            // 2.11: (stream, size, ptr). Segments do not overlap, so
+            // (segment address, address) is the address order.
+            FreeBlockOrder::Address => segment.addr,
+            // 2.12: (stream, size, registration_counter of the Block).
+            FreeBlockOrder::BlockCreation => b.registration,
+        };
+        FreeKey::new(b.stream, b.size, rank, b.addr, id)
+    }
+
+    /// Rank free blocks of equal size by the order of the release in
+    /// `self.config` (or by `seq` under `rank_by_address`), re-keying the
+    /// free blocks already cached when that order changes (a
+    /// `set_config` naming another release).
+    pub(super) fn set_free_order(&mut self) {
+        let order = if self.rank_by_address {
+            FreeBlockOrder::SegmentCreation
+        } else {
+            self.config.torch_release.rules().free_block_order
+        };
+        if order == self.free_order {
+            return;
+        }
+        let cached: Vec<(usize, FreeKey)> = (self.pools.iter().enumerate())
+            .flat_map(|(pool, p)| p.iter().map(move |key| (pool, key)))
+            .collect();
+        for (pool, key) in &cached {
+            let removed = self.pools[*pool].remove(key);
+            debug_assert!(removed, "block missing from its pool");
+        }
+        self.free_order = order;
+        for (pool, old) in cached {
+            let key = self.free_key(old.id);
+            let b = &mut self.store.blocks[old.id];
+            // Re-keyed, not freed again: the GC age goes on.
+            let gc_count_base = b.gc_count_base;
+            self.pools[pool].insert_into_blocks(key, b);
+            b.gc_count_base = gc_count_base;
+        }
     }
 
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.

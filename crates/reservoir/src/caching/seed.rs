@@ -23,7 +23,7 @@ use crate::error::AllocError;
 use crate::observe::snapshot::LayoutSummary;
 use crate::observe::trace::{Context, Frame, RecordContext};
 use crate::stats::StatType;
-use crate::store::{Block, Expandable, Segment, NIL};
+use crate::store::{Expandable, Segment, NIL};
 
 /// One allocated block of a [`SeededSegment`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,13 +101,17 @@ impl<B: Backend> CachingAllocator<B> {
 }
 
 impl<B: Backend> Seeder<'_, B> {
-    /// Among free blocks of equal size, prefer the lowest address (PyTorch's
-    /// `BlockComparatorSize`, and what recorded traces from real GPUs show)
-    /// instead of the oldest segment (what the oracle's fake driver shows,
-    /// the default). Applies to segments created from now on: set it before
-    /// the first allocation. Replays of recorded traces turn it on.
+    /// Among free blocks of equal size, prefer the lowest address (torch
+    /// 2.11's `BlockComparatorSize`, and what recorded traces from real GPUs
+    /// show) whatever the release's own order
+    /// ([`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order):
+    /// the oldest segment since torch 2.13, the default). Applies to
+    /// segments created from now on: set it before the first allocation.
+    /// Replays of recorded traces turn it on.
     pub fn rank_segments_by_address(&self, on: bool) {
-        self.alloc.state.lock().rank_by_address = on;
+        let mut st = self.alloc.state.lock();
+        st.rank_by_address = on;
+        st.set_free_order();
     }
 
     /// Allocated and reserved bytes now (`allocated_bytes.all.current`,
@@ -189,23 +193,14 @@ impl<B: Backend> Seeder<'_, B> {
         let tail = (end < seg.size).then(|| (end, seg.size - end, None));
         let mut prev = NIL;
         for (offset, size, requested) in gaps_and_blocks.flatten().chain(tail) {
-            let id = st.store.blocks.insert(Block {
-                addr: base + offset,
-                size,
-                requested_size: requested.unwrap_or(0),
-                stream: seg.stream,
-                pool,
-                segment: sid,
-                prev,
-                next: NIL,
-                allocated: requested.is_some(),
-                mapped: true,
-                expandable: false,
-                event_count: 0,
-                stream_uses: Vec::new(),
-                gc_count_base: 0,
-                live: true,
-            });
+            // Registered in address order, as the blocks were made.
+            let id = st
+                .store
+                .new_block(base + offset, size, seg.stream, pool, sid, true, false);
+            let b = &mut st.store.blocks[id];
+            b.requested_size = requested.unwrap_or(0);
+            b.prev = prev;
+            b.allocated = requested.is_some();
             if prev == NIL {
                 st.store.segments[sid].head = id;
             } else {
@@ -217,7 +212,7 @@ impl<B: Backend> Seeder<'_, B> {
                     st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None => {
-                    // Keyed by (stream, size, `seq`, address), its GC age from now.
+                    // Keyed by the release's free-block order, its GC age from now.
                     st.insert_into_pool(id);
                     if split {
                         st.acct.inactive_split_changed(stat, 1, size as i64);

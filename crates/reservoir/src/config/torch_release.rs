@@ -110,6 +110,17 @@ impl FromStr for TorchRelease {
     }
 }
 
+/// The settings keys added after torch 2.11, newest first: two in 2.15,
+/// two in 2.13, two in 2.12 ([`ReleaseRules::unknown_keys`]).
+const NEWER_KEYS: [&str; 6] = [
+    "expandable_segments_reserve",
+    "expandable_segments_reserve_by_class",
+    "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
+    "throw_on_cudamalloc_oom",
+    "pinned_free_catch_all",
+];
+
 /// How a release ends the out-of-memory message when expandable segments
 /// are on ([`ReleaseRules::expandable_oom_advice`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +135,30 @@ pub enum ExpandableOomAdvice {
     /// torch 2.15: ` expandable_segments is enabled. If instead the process
     /// is running out of virtual address space (VSZ) ...`.
     VirtualAddressSpace,
+}
+
+/// Which of several free blocks of one stream and one size best fit takes
+/// ([`ReleaseRules::free_block_order`]): the comparator of PyTorch's
+/// `BlockPool::blocks`, whose first block at or after the search key
+/// `get_free_block` takes, and whose order `release_available_cached_blocks`,
+/// `release_blocks` and the garbage collection walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeBlockOrder {
+    /// torch 2.11: `BlockComparatorSize` compares (stream, size, address):
+    /// the lowest address first.
+    Address,
+    /// torch 2.12: `BlockComparatorRegistrationCounter` compares (stream,
+    /// size, `registration_counter`), where every new `Block` object (a new
+    /// segment's block, the front part a split hands out, the pieces an
+    /// expandable segment's map and unmap cut off) takes the next value of
+    /// one global counter, and a merge keeps the counter of the block that
+    /// absorbs its neighbours: the block object created first comes first.
+    BlockCreation,
+    /// torch 2.13 and later: `BlockComparatorSizeCounterAddress` compares
+    /// (stream, size, `registration_counter`, address), where the counter is
+    /// taken once per segment (in `alloc_block`) and every block of the
+    /// segment carries it: the oldest segment first, then the lowest address.
+    SegmentCreation,
 }
 
 /// The rules of the allocator that differ between supported releases. Each
@@ -144,12 +179,24 @@ pub struct ReleaseRules {
     /// they are unknown keys (`Unrecognized key
     /// 'expandable_segments_reserve' in Accelerator allocator config.`).
     pub expandable_segments_reserve_keys: bool,
+    /// The settings keys `pinned_max_round_threshold_mb` and
+    /// `pinned_max_cached_size_mb` exist (torch 2.13 and later); before,
+    /// they are unknown keys (`Unrecognized key
+    /// 'pinned_max_round_threshold_mb' in Accelerator allocator config.`).
+    pub pinned_cache_limit_keys: bool,
+    /// The settings keys `throw_on_cudamalloc_oom` and
+    /// `pinned_free_catch_all` exist (torch 2.12 and later); in 2.11 they
+    /// are unknown keys.
+    pub throw_on_cudamalloc_oom_keys: bool,
     /// torch 2.15: an expandable segment created for a request larger than
     /// its whole address space is released at once, without a map
     /// (`reserve` + `addr_free`). Before, its whole range is mapped page by
     /// page until the device runs out, the pages are released, and the
     /// segment is kept (fully unmapped) for later requests.
     pub expandable_oversize_released_unmapped: bool,
+    /// Which free block of equal size best fit takes (changed in 2.12 and
+    /// in 2.13; see [`FreeBlockOrder`]).
+    pub free_block_order: FreeBlockOrder,
 }
 
 impl ReleaseRules {
@@ -164,21 +211,34 @@ impl ReleaseRules {
             },
             stat_num_oom_rejections: !matches!(release, V2_11),
             expandable_segments_reserve_keys: matches!(release, V2_15),
+            pinned_cache_limit_keys: !matches!(release, V2_11 | V2_12),
+            throw_on_cudamalloc_oom_keys: !matches!(release, V2_11),
             expandable_oversize_released_unmapped: matches!(release, V2_15),
+            free_block_order: match release {
+                V2_11 => FreeBlockOrder::Address,
+                V2_12 => FreeBlockOrder::BlockCreation,
+                V2_13 | V2_14 | V2_15 => FreeBlockOrder::SegmentCreation,
+            },
         }
     }
 
     /// The settings keys of torch 2.15 this release does not have: a
-    /// settings string naming one is refused in PyTorch mode of the release.
+    /// settings string naming one is refused in PyTorch mode of the release
+    /// (rules `expandable_segments_reserve_keys`, `pinned_cache_limit_keys`,
+    /// `throw_on_cudamalloc_oom_keys`). Keys were only ever added, each
+    /// release having every key of the releases before it, so the keys a
+    /// release lacks are a prefix of `NEWER_KEYS`, newest first.
     pub fn unknown_keys(&self) -> &'static [&'static str] {
-        if self.expandable_segments_reserve_keys {
-            &[]
+        let n = if !self.throw_on_cudamalloc_oom_keys {
+            6
+        } else if !self.pinned_cache_limit_keys {
+            4
+        } else if !self.expandable_segments_reserve_keys {
+            2
         } else {
-            &[
-                "expandable_segments_reserve",
-                "expandable_segments_reserve_by_class",
-            ]
-        }
+            0
+        };
+        &NEWER_KEYS[..n]
     }
 
     /// The `memory_stats()` keys this release does not have (Reservoir
@@ -279,6 +339,50 @@ mod tests {
                 "Unrecognized key 'expandable_segments_reserve' in Accelerator allocator config."
             );
         }
+        // torch 2.12 and 2.11 refuse the pinned cache limits of 2.13, 2.11
+        // also throw_on_cudamalloc_oom and pinned_free_catch_all of 2.12
+        // (measured with each release's `_set_allocator_settings` on the
+        // oracle).
+        for (setting, key, refused_by) in [
+            (
+                "pinned_max_round_threshold_mb:8",
+                "pinned_max_round_threshold_mb",
+                &["2.11", "2.12"][..],
+            ),
+            (
+                "pinned_max_cached_size_mb:64",
+                "pinned_max_cached_size_mb",
+                &["2.11", "2.12"][..],
+            ),
+            (
+                "throw_on_cudamalloc_oom:False",
+                "throw_on_cudamalloc_oom",
+                &["2.11"][..],
+            ),
+            (
+                "pinned_free_catch_all:True",
+                "pinned_free_catch_all",
+                &["2.11"][..],
+            ),
+        ] {
+            for r in TorchRelease::ALL {
+                let conf = format!("max_split_size_mb:64,{setting},policy:pytorch-{r}");
+                match AllocatorConfig::parse_with_policy(&conf) {
+                    Ok(_) => assert!(!refused_by.contains(&r.version()), "{conf}"),
+                    Err(e) => {
+                        assert!(refused_by.contains(&r.version()), "{conf}: {e}");
+                        assert!(
+                            matches!(&e, ConfigError::UnknownKey { key: k, .. } if k == key),
+                            "{e:?}"
+                        );
+                        assert_eq!(
+                            e.pytorch_message(),
+                            format!("Unrecognized key '{key}' in Accelerator allocator config.")
+                        );
+                    }
+                }
+            }
+        }
         let e = AllocatorConfig::parse_with_policy("policy:pytorch-2.10").unwrap_err();
         assert!(matches!(e, ConfigError::UnknownPolicy { .. }), "{e:?}");
         assert!(e.to_string().contains("pytorch-2.10"), "{e}");
@@ -302,10 +406,49 @@ mod tests {
                 VirtualAddressSpace
             ]
         );
+        // Rule free_block_order (docs/replay-fidelity.md, "PyTorch releases"):
+        // the comparator of `BlockPool::blocks` in each release's
+        // libc10_cuda.so.
+        let order: Vec<FreeBlockOrder> = TorchRelease::ALL
+            .iter()
+            .map(|r| r.rules().free_block_order)
+            .collect();
+        assert_eq!(
+            order,
+            [
+                FreeBlockOrder::Address,
+                FreeBlockOrder::BlockCreation,
+                FreeBlockOrder::SegmentCreation,
+                FreeBlockOrder::SegmentCreation,
+                FreeBlockOrder::SegmentCreation
+            ]
+        );
         assert_eq!(V2_11.rules().missing_stat_keys(), ["num_oom_rejections"]);
         assert!(V2_12.rules().missing_stat_keys().is_empty());
         assert_eq!(V2_14.rules().unknown_keys().len(), 2);
         assert!(V2_15.rules().unknown_keys().is_empty());
+        // Rules pinned_cache_limit_keys and throw_on_cudamalloc_oom_keys
+        // (docs/replay-fidelity.md, "PyTorch releases"): each release's
+        // `_set_allocator_settings` on the oracle.
+        assert_eq!(V2_13.rules().unknown_keys(), V2_14.rules().unknown_keys());
+        assert_eq!(
+            V2_12.rules().unknown_keys(),
+            [
+                "expandable_segments_reserve",
+                "expandable_segments_reserve_by_class",
+                "pinned_max_round_threshold_mb",
+                "pinned_max_cached_size_mb"
+            ]
+        );
+        assert_eq!(V2_11.rules().unknown_keys().len(), 6);
+        assert!(V2_11
+            .rules()
+            .unknown_keys()
+            .contains(&"throw_on_cudamalloc_oom"));
+        assert!(V2_11
+            .rules()
+            .unknown_keys()
+            .contains(&"pinned_free_catch_all"));
     }
 
     // Rule stat_num_oom_rejections (docs/replay-fidelity.md, "PyTorch

@@ -50,6 +50,10 @@ pub(crate) struct Block {
     pub stream_uses: Vec<StreamId>,
     /// The pool's free-block search count when the block was (re)inserted.
     pub gc_count_base: i64,
+    /// When the block record was made, counting every block the store has
+    /// made (PyTorch 2.12's per-`Block` `registration_counter`; see
+    /// [`BlockStore::new_block`](super::BlockStore::new_block)).
+    pub registration: u64,
     /// The slot holds a live block (false on the slab's free list).
     /// (Stacks recorded for blocks live in side tables, see `history.rs`.)
     pub live: bool,

@@ -49,10 +49,21 @@ pub(crate) struct BlockStore {
     pub blocks: Slab<Block>,
     /// The segments. Invariant: a live segment's `head` is a live block.
     pub segments: Slab<Segment>,
+    /// Blocks made so far (the next block's `registration`).
+    pub registrations: u64,
 }
 
 impl BlockStore {
-    /// A new live block (not linked, not in any free list).
+    /// The next block's [`Block::registration`]: PyTorch 2.12's `Block`
+    /// constructor takes `++registration_counter_global`.
+    #[inline]
+    fn next_registration(&mut self) -> u64 {
+        self.registrations += 1;
+        self.registrations
+    }
+
+    /// A new live block (not linked, not in any free list), registered
+    /// after every block made before it.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn new_block(
@@ -65,6 +76,7 @@ impl BlockStore {
         mapped: bool,
         expandable: bool,
     ) -> BlockId {
+        let registration = self.next_registration();
         self.blocks.insert(Block {
             addr,
             size,
@@ -80,6 +92,7 @@ impl BlockStore {
             event_count: 0,
             stream_uses: Vec::new(),
             gc_count_base: 0,
+            registration,
             live: true,
         })
     }

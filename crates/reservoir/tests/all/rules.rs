@@ -91,6 +91,79 @@ fn best_fit_breaks_ties_by_oldest_segment_then_lowest_address() {
 }
 
 #[test]
+fn best_fit_ties_follow_the_release() {
+    // docs/replay-fidelity.md, "PyTorch releases", rule `free_block_order`:
+    // the comparator of `BlockPool::blocks` changed in 2.12 and in 2.13.
+    // Two whole free 2 MiB small segments of one stream, the newer one at the
+    // lower address (the simulated device, like the fake driver's mmap,
+    // places segments top-down). The traces are the extra goldens
+    // `tie-a-2.1X` / `tie-b-2.1X` (tests/golden/extra of reservoir-replay),
+    // made with each release's oracle.
+    // tie-a: the older segment's block is also the older block object.
+    // tie-b: the older segment is split and merged again first, so its
+    // block is the newer object.
+    fn tie(release: &str, resplit_older: bool) -> (DevicePtr, DevicePtr, DevicePtr) {
+        let c = Checked::new(&format!("policy:pytorch-{release}"), 80 * GIB);
+        let p1 = c.alloc(MIB);
+        let p2 = c.alloc(MIB);
+        let p3 = c.alloc(MIB);
+        let p4 = c.alloc(MIB);
+        assert!(p3 < p1, "the newer segment lies lower");
+        c.free(p1);
+        c.free(p2);
+        if resplit_older {
+            let p5 = c.alloc(MIB);
+            assert_eq!(p5, p1);
+            c.free(p5);
+        }
+        c.free(p3);
+        c.free(p4);
+        (c.alloc(MIB), p1, p3)
+    }
+    for (release, a_takes_older, b_takes_older) in [
+        // BlockComparatorSize: (stream, size, ptr).
+        ("2.11", false, false),
+        // BlockComparatorRegistrationCounter: (stream, size, the Block's counter).
+        ("2.12", true, false),
+        // BlockComparatorSizeCounterAddress: (stream, size, the segment's counter, ptr).
+        ("2.13", true, true),
+        ("2.15", true, true),
+    ] {
+        for (resplit, takes_older) in [(false, a_takes_older), (true, b_takes_older)] {
+            let (got, older, newer) = tie(release, resplit);
+            let want = if takes_older { older } else { newer };
+            assert_eq!(
+                got, want,
+                "torch {release}, re-split older segment: {resplit}"
+            );
+        }
+    }
+}
+
+#[test]
+fn best_fit_ties_follow_a_release_set_at_run_time() {
+    // Rule `free_block_order` as in `best_fit_ties_follow_the_release`
+    // (tie-a), but the release changes from 2.15 to 2.11 through
+    // `set_config` while both tied blocks are cached: they are re-keyed
+    // (the invariant checker finds each free block under the new order's
+    // key) and best fit takes the lower address, as torch 2.11 does.
+    let c = Checked::new("policy:pytorch-2.15", 80 * GIB);
+    let p1 = c.alloc(MIB);
+    let p2 = c.alloc(MIB);
+    let p3 = c.alloc(MIB);
+    let p4 = c.alloc(MIB);
+    assert!(p3 < p1, "the newer segment lies lower");
+    for p in [p1, p2, p3, p4] {
+        c.free(p);
+    }
+    let mut config = c.a.config();
+    config.torch_release = reservoir::config::TorchRelease::V2_11;
+    c.a.set_config(config);
+    c.check();
+    assert_eq!(c.alloc(MIB), p3, "torch 2.11 takes the lowest address");
+}
+
+#[test]
 fn best_fit_prefers_the_smallest_fitting_block() {
     // spec 1.6: lower_bound on size: the smallest block that fits wins.
     let c = Checked::default_device();

@@ -33,6 +33,7 @@ impl<B: Backend> CachingAllocator<B> {
             state.acct.note_max_split_changed();
         }
         state.config = config;
+        state.set_free_order();
     }
 
     /// Limit the memory this allocator may reserve to `fraction` of the

@@ -21,7 +21,7 @@ use self::pools::{BlockPool, PrivatePools};
 use super::pointer_map::PointerMap;
 use super::request::{FreeMemoryCallback, OomObserver};
 use crate::backend::{Backend, BackendError};
-use crate::config::AllocatorConfig;
+use crate::config::{AllocatorConfig, FreeBlockOrder};
 use crate::error::AllocError;
 use crate::store::{BlockId, BlockStore};
 
@@ -57,10 +57,17 @@ pub(crate) struct DeviceState {
     pub(in crate::caching) private: PrivatePools,
     /// Segments created so far (the next segment's `seq`).
     pub(in crate::caching) segment_seq: u64,
-    /// Rank segments among equal free blocks by address (PyTorch's source
-    /// order, what recorded traces show) instead of creation order; set by
-    /// replays of recorded traces (see `caching::seed`).
+    /// Rank segments among equal free blocks by address (torch 2.11's
+    /// order, what recorded traces show) instead of the release's order
+    /// (`ReleaseRules::free_block_order`, see `DeviceState::free_key`); set
+    /// by replays of recorded traces (see `caching::seed`).
     pub(in crate::caching) rank_by_address: bool,
+    /// What ranks free blocks of equal size in every pool (see
+    /// [`DeviceState::free_key`]): the release's
+    /// [`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order),
+    /// or the segment's `seq` under `rank_by_address`. Decided once (by
+    /// [`DeviceState::set_free_order`]), not on each key.
+    pub(in crate::caching) free_order: FreeBlockOrder,
     /// Run when the cache has no fitting block (see `malloc.rs`).
     pub(in crate::caching) free_memory_callbacks: Vec<FreeMemoryCallback>,
     /// Told of every out-of-memory error, outside the lock (see `oom.rs`).
@@ -135,6 +142,7 @@ impl DeviceState {
 impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
         let acct = Accounting::new(config.max_split_size);
+        let free_order = config.torch_release.rules().free_block_order;
         DeviceState {
             device,
             config,
@@ -147,6 +155,7 @@ impl DeviceState {
             private: PrivatePools::default(),
             segment_seq: 0,
             rank_by_address: false,
+            free_order,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
             cross_stream_reuses: 0,

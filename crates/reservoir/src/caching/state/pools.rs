@@ -17,16 +17,19 @@ pub(crate) const POOL_LARGE: PoolId = 0;
 /// The global small pool (free blocks of at most 1 MiB).
 pub(crate) const POOL_SMALL: PoolId = 1;
 
-/// Ordering key of free blocks: (stream, size, address), the order of
-/// PyTorch's `BlockComparatorSize`, except that among blocks of equal size
-/// the *highest* address comes first: that is what torch 2.15 does (measured
-/// on the oracle, see README "Spec errors found"), although its source
-/// compares addresses ascending.
+/// Ordering key of free blocks: (stream, size, rank, address), the order of
+/// PyTorch's comparator of `BlockPool::blocks`. The rank breaks ties among
+/// blocks of equal size and is what changed between releases: the
+/// segment's creation number since torch 2.13
+/// (`BlockComparatorSizeCounterAddress`: the oldest segment first, which is
+/// what the oracle showed before the comparator was read, see README "Spec
+/// errors found"), the block's creation number in 2.12, the segment's
+/// address in 2.11 (`DeviceState::free_key`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct FreeKey {
     pub stream: StreamId,
     pub size: u64,
-    /// `!segment_base`: segments in descending address order.
+    /// What breaks ties among blocks of equal size (see `DeviceState::free_key`).
     rank: u64,
     /// Address within the segment order: ascending.
     addr: u64,
@@ -36,11 +39,11 @@ pub(crate) struct FreeKey {
 impl FreeKey {
     /// The key of a free block.
     #[inline]
-    pub fn new(stream: StreamId, size: u64, segment_base: u64, addr: u64, id: BlockId) -> FreeKey {
+    pub fn new(stream: StreamId, size: u64, rank: u64, addr: u64, id: BlockId) -> FreeKey {
         FreeKey {
             stream,
             size,
-            rank: segment_base,
+            rank,
             addr,
             id,
         }
