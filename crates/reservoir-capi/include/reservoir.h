@@ -178,6 +178,8 @@ enum ReservoirStatus reservoir_allocator_snapshot(struct ReservoirAllocator *h, 
 
 // Write the number of statistics (`torch.cuda.memory_stats()` keys) to
 // `*out`. The key set is fixed: index `i` names the same key on every call.
+// It is the key set of the configured PyTorch release (`policy:pytorch-2.11`
+// has no `num_oom_rejections`; docs/replay-fidelity.md, "PyTorch releases").
 //
 // # Safety
 // `out` is null or valid for a write.
