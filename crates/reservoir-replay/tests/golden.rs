@@ -1121,6 +1121,25 @@ fn details() -> usize {
         .unwrap_or(5)
 }
 
+/// A suite's failures read against its known divergences: the failures not
+/// listed (they fail the test) and the listed traces of `names` that now
+/// match (they fail it too: the list must shrink as fixes land).
+fn against_known(
+    r: &SuiteResult,
+    names: &[String],
+    known: &std::collections::BTreeSet<String>,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let failed = (r.failed.iter())
+        .filter(|(n, _)| !known.contains(n))
+        .cloned()
+        .collect();
+    let fixed = (known.iter())
+        .filter(|k| names.contains(k) && !r.failed.iter().any(|(n, _)| n == *k))
+        .cloned()
+        .collect();
+    (failed, fixed)
+}
+
 /// Replay every golden trace and compare with PyTorch.
 #[test]
 fn golden_traces_match_pytorch() {
@@ -1136,27 +1155,12 @@ fn golden_traces_match_pytorch() {
     // Known divergences (tests/golden/KNOWN_DIVERGENCES.md) are reported,
     // not failed; anything else that differs fails, and so does a listed
     // trace that now matches (the list must shrink as fixes land).
-    let known = known_divergences();
-    let failed_names: std::collections::BTreeSet<String> =
-        r.failed.iter().map(|(n, _)| n.clone()).collect();
-    let selected: std::collections::BTreeSet<&str> = names.iter().map(|n| n.as_str()).collect();
-    let fixed: Vec<&str> = known
-        .iter()
-        .map(|s| s.as_str())
-        .filter(|k| selected.contains(k) && !failed_names.contains(*k))
-        .collect();
-    let failed: Vec<(String, String)> = r
-        .failed
-        .iter()
-        .filter(|(n, _)| !known.contains(n))
-        .cloned()
-        .collect();
-    let known_now = failed_names.len() - failed.len();
+    let (failed, fixed) = against_known(&r, &names, &known_divergences());
     eprintln!(
         "golden: {} of {} traces match PyTorch exactly; {} differ as listed in KNOWN_DIVERGENCES.md",
-        names.len() - failed_names.len(),
+        names.len() - r.failed.len(),
         names.len(),
-        known_now
+        r.failed.len() - failed.len()
     );
     assert!(
         fixed.is_empty(),
@@ -1256,17 +1260,7 @@ fn release_goldens_match_pytorch() {
         // As for tests/golden: the release's KNOWN_DIVERGENCES.md lists the
         // goldens that differ (reported, not failed); a listed one that now
         // matches fails.
-        let known = known_divergences_in(&dir);
-        let failed: Vec<(String, String)> = r
-            .failed
-            .iter()
-            .filter(|(n, _)| !known.contains(n))
-            .cloned()
-            .collect();
-        let fixed: Vec<&String> = known
-            .iter()
-            .filter(|k| names.contains(k) && !r.failed.iter().any(|(n, _)| n == *k))
-            .collect();
+        let (failed, fixed) = against_known(&r, &names, &known_divergences_in(&dir));
         eprintln!(
             "golden {release}: {} of {} traces match PyTorch {release} exactly (replayed as \
              pytorch-{release}; {} differ as listed in its KNOWN_DIVERGENCES.md; the release has \

@@ -84,7 +84,9 @@ impl ReservoirPolicy {
 /// mode of the newest release), `pytorch-2.11` ... `pytorch-2.15` (PyTorch
 /// mode of that release), or one of Reservoir's own policies
 /// ([`ReservoirPolicy::named`], with the newest release's rules).
-pub(super) fn policy_and_release(name: &str) -> Result<(ReservoirPolicy, TorchRelease), ConfigError> {
+pub(super) fn policy_and_release(
+    name: &str,
+) -> Result<(ReservoirPolicy, TorchRelease), ConfigError> {
     match TorchRelease::from_policy_name(name) {
         Some(release) => Ok((ReservoirPolicy::PyTorch, release)),
         None => Ok((ReservoirPolicy::named(name)?, TorchRelease::NEWEST)),
