@@ -334,6 +334,16 @@ impl DeviceStats {
         self.reset_peak_with(StatArray::reset_peak);
     }
 
+    /// [`to_flat`](Self::to_flat) with the keys of PyTorch release `release`
+    /// ([`ReleaseRules::missing_stat_keys`](crate::config::ReleaseRules::missing_stat_keys)).
+    pub fn to_flat_of(&self, release: crate::config::TorchRelease) -> BTreeMap<String, i64> {
+        let mut flat = self.to_flat();
+        for key in release.rules().missing_stat_keys() {
+            flat.remove(*key);
+        }
+        flat
+    }
+
     /// The flat, sorted view `torch.cuda.memory_stats()` returns, with the
     /// same keys: `allocated_bytes.all.current`, `num_alloc_retries`, ...
     pub fn to_flat(&self) -> BTreeMap<String, i64> {

@@ -400,11 +400,7 @@ impl<B: Backend> StreamShards<B> {
     /// of the PyTorch release of the configuration
     /// ([`ReleaseRules::missing_stat_keys`](crate::config::ReleaseRules::missing_stat_keys)).
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
-        let mut flat = self.stats().to_flat();
-        for key in self.config.torch_release.rules().missing_stat_keys() {
-            flat.remove(*key);
-        }
-        flat
+        self.stats().to_flat_of(self.config.torch_release)
     }
 
     /// Set every shard's peaks to their current values.

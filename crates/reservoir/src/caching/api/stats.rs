@@ -22,11 +22,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// ([`ReleaseRules::missing_stat_keys`](crate::config::ReleaseRules::missing_stat_keys)).
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
         let state = self.state.lock();
-        let mut flat = state.acct.snapshot().to_flat();
-        for key in state.config.torch_release.rules().missing_stat_keys() {
-            flat.remove(*key);
-        }
-        flat
+        state.acct.snapshot().to_flat_of(state.config.torch_release)
     }
 
     /// Blocks handed out to a stream from another stream's cache by the
