@@ -11,6 +11,7 @@ use super::keys;
 use super::policy::{policy_and_release, ReservoirPolicy, POLICY_KEY};
 use super::settings::AllocatorConfig;
 use super::tokenizer::Tokens;
+use super::torch_release::TorchRelease;
 
 /// The environment variable PyTorch reads first (it wins even when empty).
 pub const ENV_CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
@@ -35,7 +36,8 @@ impl AllocatorConfig {
         s: &str,
     ) -> Result<(AllocatorConfig, Vec<ConfigWarning>), ConfigError> {
         let mut warnings = Vec::new();
-        let cfg = startup_parse(Some((s, None)), Some((s, None)), &mut warnings)?;
+        let src = Some((s, None));
+        let cfg = startup_parse(TorchRelease::NEWEST, src, src, &mut warnings)?;
         Ok((cfg, warnings))
     }
 
@@ -85,7 +87,7 @@ impl AllocatorConfig {
             (None, None, None) => None,
         };
         let mut warnings = Vec::new();
-        let cfg = startup_parse(cuda_src, common_src, &mut warnings)?;
+        let cfg = startup_parse(TorchRelease::NEWEST, cuda_src, common_src, &mut warnings)?;
         Ok((cfg, warnings))
     }
 
@@ -144,17 +146,20 @@ impl AllocatorConfig {
             }
         }
         let rest = rest.join(",");
+        let release = policy.map(|(_, r)| r).unwrap_or_default();
         let mut cfg = if rest.trim().is_empty() {
-            AllocatorConfig::default()
+            AllocatorConfig {
+                torch_release: release,
+                ..AllocatorConfig::default()
+            }
         } else {
-            AllocatorConfig::parse(&rest)?
+            let src = Some((rest.as_str(), None));
+            startup_parse(release, src, src, &mut Vec::new())?
         };
-        if let Some((p, release)) = policy {
+        if let Some((p, _)) = policy {
             cfg.expandable_segments |= p == ReservoirPolicy::Reservoir;
             cfg.policy = p;
-            cfg.torch_release = release;
         }
-        super::torch_release::check_release_keys(&cfg, &rest)?;
         Ok(cfg)
     }
 }
@@ -162,9 +167,11 @@ impl AllocatorConfig {
 /// A settings string and, when it came from the environment, its variable.
 type Source<'a> = Option<(&'a str, Option<&'static str>)>;
 
-/// Start-up parsing in PyTorch's order: the backend scan and the CUDA keys
-/// of `cuda_src`, then the common keys of `common_src`.
+/// Start-up parsing in PyTorch's order, as PyTorch `release` reads it: the
+/// backend scan and the CUDA keys of `cuda_src`, then the common keys of
+/// `common_src`.
 fn startup_parse(
+    release: TorchRelease,
     cuda_src: Source<'_>,
     common_src: Source<'_>,
     warnings: &mut Vec<ConfigWarning>,
@@ -178,7 +185,10 @@ fn startup_parse(
             None => e,
         }
     }
-    let mut cfg = AllocatorConfig::default();
+    let mut cfg = AllocatorConfig {
+        torch_release: release,
+        ..AllocatorConfig::default()
+    };
     if let Some((src, var)) = cuda_src {
         let tokens = Tokens::new(src).map_err(wrap(var))?;
         cfg.backend = cuda::backend_scan(&tokens).map_err(wrap(var))?;

@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::torch_release::TorchRelease;
 use super::values::{AllocatorBackend, MAX_REGISTER_THREADS};
 
 /// Which of PyTorch's two parsers rejected a key. Start-up parsing runs the
@@ -119,7 +120,8 @@ impl fmt::Display for ValueRule {
 }
 
 /// Where PyTorch's internal assertion for a syntax error sits (it is part
-/// of the text PyTorch raises).
+/// of the text PyTorch raises; the lines are 2.15's, see [`AssertLines`](super::AssertLines)
+/// for each release's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AssertSite {
     /// `ConfigTokenizer::operator[]`, AllocatorConfig.h:54.
@@ -310,10 +312,6 @@ pub enum ConfigError {
     },
 }
 
-const H_FILE: &str = "/__w/pytorch/pytorch/c10/core/AllocatorConfig.h";
-const CPP_FILE: &str = "/__w/pytorch/pytorch/c10/core/AllocatorConfig.cpp";
-const CUDA_CPP_FILE: &str = "/__w/pytorch/pytorch/c10/cuda/CUDAAllocatorConfig.cpp";
-
 impl ConfigError {
     /// The byte offset in the settings string where the error shows, if it
     /// has one (for [`quote_window`]).
@@ -331,6 +329,15 @@ impl ConfigError {
     /// The message PyTorch 2.15 raises for this error (without its C++
     /// stack trace), e.g. `Unrecognized key 'bogus' in CUDA allocator config.`.
     pub fn pytorch_message(&self) -> String {
+        self.pytorch_message_of(TorchRelease::NEWEST)
+    }
+
+    /// The message PyTorch `release` raises for this error: as
+    /// [`ConfigError::pytorch_message`], with the source locations of the
+    /// release's internal assertions ([`AssertLines`](super::AssertLines)).
+    pub fn pytorch_message_of(&self, release: TorchRelease) -> String {
+        let lines = release.rules().assert_lines;
+        let root = lines.source_root;
         match self {
             ConfigError::UnknownKey { key, parser, .. } => {
                 let which = match parser {
@@ -394,21 +401,39 @@ impl ConfigError {
                 let bracket = "Expected closing bracket ']' in ConfigTokenizer but reached end of config";
                 let index = "Index out of bounds in ConfigTokenizer";
                 let (cond, file, line, text) = match site {
-                    AssertSite::TokenizerIndex => ("i < config_.size()", H_FILE, 54, index),
-                    AssertSite::TokenizerCheckIndex => ("i < config_.size()", H_FILE, 123, index),
-                    AssertSite::TokenizerSkipKey => ("i < config_.size()", H_FILE, 114, bracket),
-                    AssertSite::RoundupList => ("i < tokenizer.size()", CPP_FILE, 213, bracket),
+                    AssertSite::TokenizerIndex => {
+                        ("i < config_.size()", "core/AllocatorConfig.h", lines.tokenizer_index, index)
+                    }
+                    AssertSite::TokenizerCheckIndex => (
+                        "i < config_.size()",
+                        "core/AllocatorConfig.h",
+                        lines.tokenizer_check_index,
+                        index,
+                    ),
+                    AssertSite::TokenizerSkipKey => (
+                        "i < config_.size()",
+                        "core/AllocatorConfig.h",
+                        lines.tokenizer_skip_key,
+                        bracket,
+                    ),
+                    AssertSite::RoundupList => (
+                        "i < tokenizer.size()",
+                        "core/AllocatorConfig.cpp",
+                        lines.roundup_list,
+                        bracket,
+                    ),
                 };
                 format!(
-                    "{cond} INTERNAL ASSERT FAILED at \"{file}\":{line}, please report a bug to PyTorch. {text}"
+                    "{cond} INTERNAL ASSERT FAILED at \"{root}/c10/{file}\":{line}, please report a bug to PyTorch. {text}"
                 )
             }
             ConfigError::BackendMismatch {
                 requested, loaded, ..
             } => format!(
-                "tokenizer[i] == get()->name() INTERNAL ASSERT FAILED at \"{CUDA_CPP_FILE}\":64, please report a bug to PyTorch. Allocator backend parsed at runtime != allocator backend parsed at load time, {requested} != {loaded}"
+                "tokenizer[i] == get()->name() INTERNAL ASSERT FAILED at \"{root}/c10/cuda/CUDAAllocatorConfig.cpp\":{}, please report a bug to PyTorch. Allocator backend parsed at runtime != allocator backend parsed at load time, {requested} != {loaded}",
+                lines.backend_mismatch
             ),
-            ConfigError::Env { error, .. } => error.pytorch_message(),
+            ConfigError::Env { error, .. } => error.pytorch_message_of(release),
             // PyTorch has no limit: Reservoir's own words.
             ConfigError::TooLong { .. } => self.to_string(),
             // PyTorch knows no `policy` key at all.

@@ -438,8 +438,12 @@ fn read_keys(p: &mut Pass<'_>, parser: KeyParser) -> Result<Vec<&'static str>, C
     let n = t.len();
     let mut read = Vec::new();
     let mut i = 0;
+    let rules = p.cfg.torch_release.rules();
     while i < n {
-        i = match find(t.text(i)) {
+        // A key the release does not have is unknown to it (PyTorch mode of
+        // older releases, ReleaseRules::unknown_keys).
+        let known = find(t.text(i)).filter(|k| k.names.iter().all(|n| rules.has_key(n)));
+        i = match known {
             Some(key) if key.parser == parser => {
                 let last = (key.parse)(p, i)?;
                 read.push(key.names[0]);

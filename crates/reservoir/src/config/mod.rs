@@ -170,7 +170,9 @@ pub use error::{
 pub use keys::KNOWN_KEYS;
 pub use policy::{waste_bound, ReservoirPolicy, POLICY_KEY, WASTE_SLACK_PER_STREAM};
 pub use settings::AllocatorConfig;
-pub use torch_release::{ExpandableOomAdvice, FreeBlockOrder, ReleaseRules, TorchRelease};
+pub use torch_release::{
+    AssertLines, ExpandableOomAdvice, FreeBlockOrder, ReleaseRules, TorchRelease,
+};
 pub use values::{
     AllocatorBackend, ReserveSpec, MAX_REGISTER_THREADS, MIB, ROUNDUP_POWER2_INTERVALS,
 };

@@ -949,6 +949,7 @@ fn settings_string_round_trip() {
 }
 
 mod golden;
+mod golden_releases;
 mod settings_string;
 
 // Issue 29: a settings string is bounded, and messages quote a window of it.

@@ -13,8 +13,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::error::{ConfigError, KeyParser};
-use super::AllocatorConfig;
+use super::error::ConfigError;
 
 /// A PyTorch release whose CUDA caching allocator PyTorch mode reproduces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -197,6 +196,39 @@ pub struct ReleaseRules {
     /// Which free block of equal size best fit takes (changed in 2.12 and
     /// in 2.13; see [`FreeBlockOrder`]).
     pub free_block_order: FreeBlockOrder,
+    /// Where the settings parser's internal assertions sit in the release's
+    /// sources, which PyTorch's error text quotes (see [`AssertLines`]).
+    pub assert_lines: AssertLines,
+}
+
+/// Where PyTorch's internal assertions of the settings parser sit in one
+/// release's sources: the directory its wheel was built in and the line of
+/// each assertion. Both are part of the text PyTorch raises (`i <
+/// config_.size() INTERNAL ASSERT FAILED at "/pytorch/c10/core/AllocatorConfig.h":124,
+/// ...`, see [`ConfigError::pytorch_message_of`](super::ConfigError::pytorch_message_of)).
+/// Measured with `_set_allocator_settings` on each release's wheel
+/// (`tools/probe_config_releases.py`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AssertLines {
+    /// The build's source root: `/pytorch` (2.11, 2.12) or
+    /// `/__w/pytorch/pytorch` (2.13 and later).
+    pub source_root: &'static str,
+    /// `ConfigTokenizer::operator[]`, `c10/core/AllocatorConfig.h`: 55
+    /// (2.15: 54).
+    pub tokenizer_index: u32,
+    /// `ConfigTokenizer::checkIndex`, `c10/core/AllocatorConfig.h`: 124
+    /// (2.15: 123).
+    pub tokenizer_check_index: u32,
+    /// `ConfigTokenizer::skipKey`, `c10/core/AllocatorConfig.h`: 115 (2.15:
+    /// 114).
+    pub tokenizer_skip_key: u32,
+    /// `parseRoundUpPower2Divisions`, `c10/core/AllocatorConfig.cpp`: 185
+    /// (2.11, 2.12), 211 (2.13, 2.14), 213 (2.15).
+    pub roundup_list: u32,
+    /// The backend check of `CUDAAllocatorConfig::parseArgs`,
+    /// `c10/cuda/CUDAAllocatorConfig.cpp`: 44 (2.15: 64).
+    pub backend_mismatch: u32,
 }
 
 impl ReleaseRules {
@@ -219,7 +251,28 @@ impl ReleaseRules {
                 V2_12 => FreeBlockOrder::BlockCreation,
                 V2_13 | V2_14 | V2_15 => FreeBlockOrder::SegmentCreation,
             },
+            assert_lines: AssertLines {
+                source_root: match release {
+                    V2_11 | V2_12 => "/pytorch",
+                    V2_13 | V2_14 | V2_15 => "/__w/pytorch/pytorch",
+                },
+                tokenizer_index: if matches!(release, V2_15) { 54 } else { 55 },
+                tokenizer_check_index: if matches!(release, V2_15) { 123 } else { 124 },
+                tokenizer_skip_key: if matches!(release, V2_15) { 114 } else { 115 },
+                roundup_list: match release {
+                    V2_11 | V2_12 => 185,
+                    V2_13 | V2_14 => 211,
+                    V2_15 => 213,
+                },
+                backend_mismatch: if matches!(release, V2_15) { 64 } else { 44 },
+            },
         }
+    }
+
+    /// Whether this release has the settings key `name` (a name of torch
+    /// 2.15's keys or an alias; see [`ReleaseRules::unknown_keys`]).
+    pub fn has_key(&self, name: &str) -> bool {
+        !self.unknown_keys().contains(&name)
     }
 
     /// The settings keys of torch 2.15 this release does not have: a
@@ -252,33 +305,10 @@ impl ReleaseRules {
     }
 }
 
-/// Refuse, as PyTorch of `cfg`'s release does, a key that release does not
-/// have ([`ReleaseRules::unknown_keys`]) in `rest`, the settings string
-/// without its `policy:` entries (positions are those of `rest`).
-pub(super) fn check_release_keys(cfg: &AllocatorConfig, rest: &str) -> Result<(), ConfigError> {
-    let unknown = cfg.torch_release.rules().unknown_keys();
-    if unknown.is_empty() || rest.trim().is_empty() {
-        return Ok(());
-    }
-    let t = super::tokenizer::Tokens::new(rest)?;
-    let mut i = 0;
-    while i < t.len() {
-        if unknown.contains(&t.text(i)) {
-            return Err(ConfigError::UnknownKey {
-                key: t.text(i).to_owned(),
-                index: i,
-                offset: t.offset(i),
-                parser: KeyParser::Accelerator,
-            });
-        }
-        i = t.skip_key(i)? + 2;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::AllocatorConfig;
 
     #[test]
     fn versions_and_names_read_back() {
@@ -305,12 +335,16 @@ mod tests {
     }
 
     // Rule expandable_segments_reserve_keys (docs/replay-fidelity.md,
-    // "PyTorch releases"): torch 2.13's `_set_allocator_settings` raises
-    // "Unrecognized key 'expandable_segments_reserve' in Accelerator
-    // allocator config.".
+    // "PyTorch releases"): torch 2.13 refuses 'expandable_segments_reserve'
+    // as an unknown key. A settings string is read as at start-up, where
+    // the CUDA parser reads first ("Unrecognized key
+    // 'expandable_segments_reserve' in CUDA allocator config.", measured
+    // with PYTORCH_CUDA_ALLOC_CONF on each release's wheel); at run time
+    // (`_set_allocator_settings`) the common parser reads first ("... in
+    // Accelerator allocator config.").
     #[test]
     fn settings_string_names_the_release() {
-        use crate::config::{AllocatorConfig, KeyParser};
+        use crate::config::KeyParser;
         let c =
             AllocatorConfig::parse_with_policy("policy:pytorch-2.13,max_split_size_mb:64").unwrap();
         assert_eq!(c.torch_release, TorchRelease::V2_13);
@@ -330,19 +364,30 @@ mod tests {
             match &e {
                 ConfigError::UnknownKey { key, parser, .. } => {
                     assert_eq!(key, "expandable_segments_reserve");
-                    assert_eq!(*parser, KeyParser::Accelerator);
+                    assert_eq!(*parser, KeyParser::Cuda);
                 }
                 other => panic!("{other:?}"),
             }
             assert_eq!(
                 e.pytorch_message(),
+                "Unrecognized key 'expandable_segments_reserve' in CUDA allocator config."
+            );
+            let mut c = AllocatorConfig {
+                torch_release: old.parse().unwrap(),
+                ..AllocatorConfig::default()
+            };
+            let before = c.clone();
+            let e = c.apply_runtime(reserve).unwrap_err();
+            assert_eq!(
+                e.pytorch_message(),
                 "Unrecognized key 'expandable_segments_reserve' in Accelerator allocator config."
             );
+            assert_eq!(c, before, "a refused string changes nothing");
         }
         // torch 2.12 and 2.11 refuse the pinned cache limits of 2.13, 2.11
         // also throw_on_cudamalloc_oom and pinned_free_catch_all of 2.12
-        // (measured with each release's `_set_allocator_settings` on the
-        // oracle).
+        // (measured at start-up and with `_set_allocator_settings` on each
+        // release's wheel).
         for (setting, key, refused_by) in [
             (
                 "pinned_max_round_threshold_mb:8",
@@ -377,9 +422,20 @@ mod tests {
                         );
                         assert_eq!(
                             e.pytorch_message(),
-                            format!("Unrecognized key '{key}' in Accelerator allocator config.")
+                            format!("Unrecognized key '{key}' in CUDA allocator config.")
                         );
                     }
+                }
+                let mut c = AllocatorConfig {
+                    torch_release: r,
+                    ..AllocatorConfig::default()
+                };
+                match c.apply_runtime(&format!("max_split_size_mb:64,{setting}")) {
+                    Ok(()) => assert!(!refused_by.contains(&r.version()), "{r} {setting}"),
+                    Err(e) => assert_eq!(
+                        e.pytorch_message(),
+                        format!("Unrecognized key '{key}' in Accelerator allocator config.")
+                    ),
                 }
             }
         }

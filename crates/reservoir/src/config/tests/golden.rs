@@ -401,3 +401,54 @@ const GOLDEN_ENV: &[GoldenEnv] = &[
 (None, Some("backend:cudaMallocAsync"), None, "ok"),
 (Some("bogus:1"), None, Some("expandable_segments:True"), "ValueError Unrecognized key 'bogus' in CUDA allocator config."),
 ];
+
+// Issue 33 (versioned PyTorch mode; ReleaseRules::assert_lines and the key
+// rules): every case of GOLDEN as torch 2.11 to 2.14 read it, at run time
+// and at start-up, measured on each release's wheel
+// (tools/probe_config_releases.py writes golden_releases.rs with the
+// outcomes that differ from 2.15's).
+#[test]
+fn golden_of_every_release() {
+    use super::golden_releases::{RUNTIME, STARTUP, UNMEASURED_STARTUP};
+    let status = |r: &Result<AllocatorConfig, ConfigError>, rel: TorchRelease| match r {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => format!("{:?} {}", e.pytorch_exception(), e.pytorch_message_of(rel)),
+    };
+    let want =
+        |table: &[(&str, &str, &str)], rel: TorchRelease, input: &str, v215: &str| match table
+            .iter()
+            .find(|(r, i, _)| *r == rel.version() && *i == input)
+        {
+            Some((_, _, o)) => o.to_string(),
+            None if v215.starts_with("ok") => "ok".to_owned(),
+            None => v215.to_owned(),
+        };
+    let mut checked = 0;
+    for rel in TorchRelease::ALL {
+        if rel == TorchRelease::NEWEST {
+            continue;
+        }
+        for &(input, runtime, _, startup, _) in GOLDEN {
+            let mut c = AllocatorConfig {
+                torch_release: rel,
+                ..AllocatorConfig::default()
+            };
+            let before = c.clone();
+            let r = c.apply_runtime(input).map(|_| c.clone());
+            if r.is_err() {
+                assert_eq!(c, before, "a refused string changes nothing");
+            }
+            let expected = want(RUNTIME, rel, input, runtime);
+            assert_eq!(status(&r, rel), expected, "{rel} run time {input:?}");
+            checked += 1;
+            if UNMEASURED_STARTUP.contains(&input) {
+                continue;
+            }
+            let r = AllocatorConfig::parse_with_policy(&format!("{input},policy:pytorch-{rel}"));
+            let expected = want(STARTUP, rel, input, startup);
+            assert_eq!(status(&r, rel), expected, "{rel} start-up {input:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 4 * GOLDEN.len(), "{checked}");
+}
