@@ -127,10 +127,18 @@ pub(crate) fn cmd_diff(args: DiffArgs) -> Result<()> {
     let (a, note_a) = measure(&args.a, &args)?;
     let (b, note_b) = measure(&args.b, &args)?;
     let d = diff::compare(a, b, args.top);
-    let notes: Vec<String> = [("A", note_a), ("B", note_b)]
-        .into_iter()
-        .filter_map(|(k, n)| n.map(|n| format!("{k}: {n}")))
-        .collect();
+    // Who recorded each file, when not PyTorch's CUDA allocator.
+    let notes: Vec<String> = if note_a.is_some() && note_a == note_b {
+        note_a
+            .map(|n| format!("A and B: {n}"))
+            .into_iter()
+            .collect()
+    } else {
+        [("A", note_a), ("B", note_b)]
+            .into_iter()
+            .filter_map(|(k, n)| n.map(|n| format!("{k}: {n}")))
+            .collect()
+    };
     if let Some(path) = &args.html {
         std::fs::write(path, render_html(&d, &notes))
             .with_context(|| format!("cannot write {}", path.display()))?;

@@ -181,7 +181,8 @@ impl Run<'_> {
                     &fids,
                 )?
                 .with_explanations(explanations)
-                .with_skipped(describe_skipped(&input.skipped)),
+                .with_skipped(describe_skipped(&input.skipped))
+                .with_recorder_note(input.recorder.note()),
             );
         }
         Ok(())
@@ -284,9 +285,9 @@ fn fidelity_text(
                 f.segment_events_total,
                 match (input.skipped.is_empty(), f.segment_events_exact) {
                     (true, exact) if input.recorder.recorder.is_foreign() => format!(
-                        "{}: {}, replayed with each request {} bytes larger",
+                        "{} with the padding of {} modelled: {} bytes added to each request",
                         if exact { "exact" } else { "differs" },
-                        input.recorder.recorder.describe(),
+                        input.recorder.recorder.name(),
                         input.recorder.recorder.request_padding()
                     ),
                     (true, true) => "exact".to_string(),

@@ -36,6 +36,7 @@ use crate::replay::{
     AllocatorKind, Replay, ReplayError, ReplayOptions, ReplayReport, ReplaySetting, ReplayTarget,
 };
 use reservoir::caching::CachingAllocator;
+use reservoir::format::format_size;
 use reservoir::heap::HeapAllocator;
 use reservoir::observe::snapshot::BlockState;
 use reservoir::sim::SimDevice;
@@ -369,12 +370,12 @@ fn side(
             format!(
                 "a replay in PyTorch mode with the recorded settings, which differs from the \
                  recording (segment events {}/{}, block placements {}/{}, recorded peak \
-                 reserved {} bytes, recorded OOMs {})",
+                 reserved {}, recorded OOMs {})",
                 f.segment_events_matched,
                 f.segment_events_total,
                 f.placements_matched,
                 f.placements_total,
-                f.recorded_peak_reserved,
+                format_size(f.recorded_peak_reserved),
                 f.recorded_ooms
             ),
         ),

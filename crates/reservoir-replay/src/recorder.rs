@@ -72,7 +72,15 @@ impl Recorder {
         self != Recorder::PytorchCuda
     }
 
-    /// The recorder in words, for the fidelity line.
+    /// The recorder's name in words.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recorder::PytorchCuda => "PyTorch's CUDA caching allocator",
+            Recorder::TorchNpu => "torch_npu's NPU caching allocator (Ascend)",
+        }
+    }
+
+    /// The recorder and what it means for a replay, in words.
     pub fn describe(self) -> &'static str {
         match self {
             Recorder::PytorchCuda => "recorded by PyTorch's CUDA caching allocator",
@@ -161,8 +169,8 @@ pub fn detect_snapshot(snap: &Snapshot) -> Detection {
     } else if d.padded_blocks >= MIN_PADDED_BLOCKS && d.unpadded_blocks == 0 {
         d.recorder = Recorder::TorchNpu;
         d.how = format!(
-            "{} small blocks of the dump-time segments are their request plus 32 bytes, rounded \
-             (PyTorch's CUDA allocator rounds the request alone; none is)",
+            "{} small blocks of the dump-time segments sized as their request plus 32 bytes, \
+             rounded (PyTorch's CUDA allocator rounds the request alone: no block is sized so)",
             d.padded_blocks
         );
     }
@@ -209,11 +217,11 @@ impl Detection {
     pub fn note(&self) -> Option<String> {
         self.recorder.is_foreign().then(|| {
             format!(
-                "{} (recognised from {}); PyTorch mode here models it: every request replayed \
-                 {} bytes larger",
+                "{}; PyTorch mode models the padding (each request replayed {} bytes larger). \
+                 Recognised by {}.",
                 self.recorder.describe(),
-                self.how,
-                self.recorder.request_padding()
+                self.recorder.request_padding(),
+                self.how
             )
         })
     }
