@@ -276,10 +276,8 @@ fn sites_at_peak<T: ReplayTarget>(
                 break;
             }
             match &rec.trace.ops[i] {
-                Op::Alloc { id, .. } => {
-                    if r.pointer(*id).is_some() {
-                        live.insert(*id);
-                    }
+                Op::Alloc { id, .. } if r.pointer(*id).is_some() => {
+                    live.insert(*id);
                 }
                 Op::Free { id } => {
                     live.remove(id);
