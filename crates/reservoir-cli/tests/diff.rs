@@ -376,6 +376,30 @@ fn a_synthetic_pair_with_a_known_site_growth() {
         .as_str()
         .unwrap()
         .contains("not the recording"));
+    // On a 22 MiB device A (one 20 MiB large segment and a 2 MiB small
+    // one) fits; B's third activation needs a second large segment: an OOM.
+    assert_eq!(u(&v["a"]["peak_reserved"]), 22 * MIB);
+    assert_eq!(u(&v["b"]["peak_reserved"]), 42 * MIB);
+    let small = diff_json(&pa, &pb, &["--capacity", "22MiB"]);
+    check_shape(&small);
+    assert_eq!((u(&small["a"]["ooms"]), u(&small["b"]["ooms"])), (0, 1));
+    assert_eq!(i(&small["ooms"]["delta"]), 1);
+    assert_eq!(small["a"]["first_oom"], Value::Null);
+    assert_eq!(small["b"]["first_oom"]["bytes"], 6 * MIB);
+    assert_eq!(small["b"]["first_oom"]["site"], "model.py:20:act");
+    assert_eq!(small["b"]["source"], "replay", "the recording had no OOM");
+    let out = reservoir(&[
+        "diff",
+        pa.to_str().unwrap(),
+        pb.to_str().unwrap(),
+        "--capacity",
+        "22MiB",
+    ]);
+    assert!(
+        stdout(&out).contains("first OOM of B: 6.00 MiB at model.py:20:act"),
+        "{}",
+        stdout(&out)
+    );
     // The table.
     let out = reservoir(&["diff", pa.to_str().unwrap(), pb.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
