@@ -264,9 +264,10 @@ fn render_text(d: &Diff, notes: &[String]) -> String {
     let c = &d.changes;
     let _ = writeln!(
         out,
-        "\nlive bytes by site at each one's allocated peak: {} sites ({} grew, {} shrank, {} new, \
+        "\nlive bytes by site at each one's allocated peak: {} site{} ({} grew, {} shrank, {} new, \
          {} gone, {} same){}",
         d.sites_total,
+        if d.sites_total == 1 { "" } else { "s" },
         c.grew,
         c.shrank,
         c.new,
@@ -390,9 +391,10 @@ p.source {{ font-size: 13px; }}
     let c = &d.changes;
     let _ = writeln!(
         out,
-        "<h2>Live bytes by site at each one's allocated peak</h2>\n<p class=\"source\">{} sites: \
+        "<h2>Live bytes by site at each one's allocated peak</h2>\n<p class=\"source\">{} site{}: \
          {} grew, {} shrank, {} new, {} gone, {} same; the {} largest changes below.</p>",
         d.sites_total,
+        if d.sites_total == 1 { "" } else { "s" },
         c.grew,
         c.shrank,
         c.new,

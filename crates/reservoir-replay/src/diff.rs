@@ -383,14 +383,18 @@ fn side(
              segments to check it against)"
                 .to_string(),
         ),
-        (false, ..) => (
-            "what-if",
+        (false, ..) => ("what-if", {
+            let how = report.describe_setting();
+            let how = if how.starts_with('(') {
+                how
+            } else {
+                format!("({how})")
+            };
             format!(
-                "a what-if replay with {} ({}), not the recording",
-                setting.name,
-                report.describe_setting()
-            ),
-        ),
+                "a what-if replay with {} {how}, not the recording",
+                setting.name
+            )
+        }),
     };
     let (fragmentation_bytes, fragmentation_percent, peak_reserved_op) = match &report.peak {
         Some(p) if p.reserved > 0 => {
