@@ -40,6 +40,9 @@ pub struct Section {
     /// The trace entries the reader skipped (unknown actions), in words;
     /// empty when none.
     skipped: String,
+    /// Who recorded the input when not PyTorch's CUDA allocator
+    /// (`reservoir_replay::recorder`); empty otherwise.
+    recorder_note: String,
 }
 
 impl Section {
@@ -117,6 +120,7 @@ impl Section {
             segments,
             explanations: Vec::new(),
             skipped: String::new(),
+            recorder_note: String::new(),
         })
     }
 
@@ -130,6 +134,13 @@ impl Section {
     /// (its fidelity is then not called exact).
     pub fn with_skipped(mut self, skipped: String) -> Section {
         self.skipped = skipped;
+        self
+    }
+
+    /// The section with the line saying who recorded it (when not
+    /// PyTorch's CUDA allocator), shown above its fidelity.
+    pub fn with_recorder_note(mut self, note: Option<String>) -> Section {
+        self.recorder_note = note.unwrap_or_default();
         self
     }
 }
@@ -202,7 +213,8 @@ const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 
-fn esc(s: &str) -> String {
+/// `s` escaped for HTML text and attribute values.
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -423,6 +435,13 @@ fn numbers(out: &mut String, s: &Section) {
         out.push_str("</tr>\n");
     }
     out.push_str("</table>\n");
+    if !s.recorder_note.is_empty() {
+        let _ = writeln!(
+            out,
+            r#"<p class="fidelity recorder">{}</p>"#,
+            esc(&s.recorder_note)
+        );
+    }
     for (name, f) in &s.fidelity {
         if let Some(f) = f {
             let _ = writeln!(

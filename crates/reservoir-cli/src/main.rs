@@ -8,9 +8,11 @@
 //! reservoir workload NAME[:key=value,...] [--out FILE]
 //! reservoir workloads
 //! reservoir compare [--traces DIR] [--policy NAME]... [--no-workloads] [--no-traces] [--json]
+//! reservoir diff A B [--json OUT] [--html OUT] [--policy NAME | --setting NAME=CONF] [--top N]
 //! ```
 
 mod compare;
+mod diff;
 mod explain;
 mod html;
 mod replay_cmd;
@@ -29,6 +31,7 @@ use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir::TorchRelease;
 use reservoir_replay::input::{self, AddressKind};
+use reservoir_replay::recorder::{self, Detection};
 use reservoir_replay::replay::recorded::{
     convert, describe_skipped, overlay_config, recorded_setting, RecordedTrace, StartMode,
 };
@@ -65,6 +68,12 @@ enum Command {
     /// built-in workload: peak live and reserved bytes, their ratio, the
     /// minimum capacity, driver calls and time, allocator time per call.
     Compare(compare::CompareArgs),
+    /// Compare two snapshots of the same program (before and after a
+    /// change, or two ranks): peak allocated and reserved, live bytes by
+    /// site at each peak (what grew, shrank, is new, is gone), OOMs and
+    /// fragmentation, as the allocator ran each (the recording, replayed in
+    /// PyTorch mode).
+    Diff(diff::DiffArgs),
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +208,7 @@ fn main() {
         Command::Workload(args) => cmd_workload(args),
         Command::Workloads => cmd_workloads(),
         Command::Compare(args) => compare::cmd_compare(args),
+        Command::Diff(args) => diff::cmd_diff(args),
     };
     if let Err(e) = result {
         eprintln!("error: {}", error_chain(&e));
@@ -385,6 +395,8 @@ struct RecordedInput {
     skipped: Skipped,
     /// The PyTorch release of PyTorch mode, and how it was decided.
     torch: ReleaseChoice,
+    /// The allocator that recorded the file.
+    recorder: Detection,
 }
 
 /// One device trace of a recorded file, converted.
@@ -393,6 +405,9 @@ struct Converted {
     /// Recorded trace entries of the device.
     events: u64,
     rec: RecordedTrace,
+    /// The allocator that recorded the file (its padding is modelled in
+    /// `rec`).
+    recorder: Detection,
 }
 
 /// The trace entries a reader skipped for an unknown action, by action.
@@ -428,6 +443,11 @@ fn convert_file_as(
     }
     let input = loaded.to_trace_input();
     let (recorded, choice) = recorded_setting_as(&loaded, &input, torch);
+    let recorder = recorder::detect(&loaded);
+    let recorded = ReplaySetting::new(
+        recorded.name.clone(),
+        recorder.recorded_config(&loaded, &recorded.config),
+    );
     let config = recorded
         .allocator_config()
         .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
@@ -436,12 +456,14 @@ fn convert_file_as(
         if device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
             continue;
         }
-        let rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
+        let mut rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
             .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
+        recorder.model(&mut rec);
         out.push(Converted {
             device: dev.device,
             events: dev.events.len() as u64,
             rec,
+            recorder: recorder.clone(),
         });
     }
     if out.is_empty() {
@@ -462,7 +484,13 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
     let (recorded, devices, skipped, torch) = convert_file_as(path, args.device, args.torch)?;
     let settings = settings(args, Some(&recorded))?;
     let mut out = Vec::new();
-    for Converted { events, rec, .. } in devices {
+    for Converted {
+        events,
+        rec,
+        recorder,
+        ..
+    } in devices
+    {
         let live_at_start = rec.live_at_start_count();
         let rec = rec.with_start(args.start);
         let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
@@ -475,6 +503,7 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
             capacity,
             skipped: skipped.clone(),
             torch: torch.clone(),
+            recorder,
         });
     }
     Ok(out)

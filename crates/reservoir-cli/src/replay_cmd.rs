@@ -120,6 +120,9 @@ impl Run<'_> {
                 // header's `PyTorch mode:` line).
                 obj.insert("torch_release".into(), input.torch.release.version().into());
                 obj.insert("torch_release_how".into(), input.torch.how.clone().into());
+                // The allocator that recorded the file (`pytorch-cuda`,
+                // `torch_npu`): see `reservoir_replay::recorder`.
+                obj.insert("recorded_by".into(), input.recorder.recorder.key().into());
             }
             self.json.push(value);
             fids.push((s.name.clone(), rr.fidelity.clone()));
@@ -146,9 +149,14 @@ impl Run<'_> {
                 input.live_at_start
             ),
         };
+        // Who recorded the file, when not PyTorch's CUDA allocator.
+        let note = input
+            .recorder
+            .note()
+            .map_or_else(String::new, |n| format!("{n}\n"));
         let _ = writeln!(
             self.text,
-            "{title}\n{}\n{} trace entries -> {} ops {start}; simulated {} device{}\n",
+            "{title}\n{}\n{note}{} trace entries -> {} ops {start}; simulated {} device{}\n",
             input.torch.header(),
             input.events,
             input.rec.trace.ops.len(),
@@ -173,7 +181,8 @@ impl Run<'_> {
                     &fids,
                 )?
                 .with_explanations(explanations)
-                .with_skipped(describe_skipped(&input.skipped)),
+                .with_skipped(describe_skipped(&input.skipped))
+                .with_recorder_note(input.recorder.note()),
             );
         }
         Ok(())
@@ -275,6 +284,12 @@ fn fidelity_text(
                 f.segment_events_matched,
                 f.segment_events_total,
                 match (input.skipped.is_empty(), f.segment_events_exact) {
+                    (true, exact) if input.recorder.recorder.is_foreign() => format!(
+                        "{} with the padding of {} modelled: {} bytes added to each request",
+                        if exact { "exact" } else { "differs" },
+                        input.recorder.recorder.name(),
+                        input.recorder.recorder.request_padding()
+                    ),
                     (true, true) => "exact".to_string(),
                     (true, false) => "differs".to_string(),
                     (false, _) => format!(

@@ -30,9 +30,11 @@
 #![warn(missing_docs)]
 
 pub mod compare;
+pub mod diff;
 pub mod input;
 pub mod oracle_trace;
 pub mod pickle;
+pub mod recorder;
 pub mod replay;
 pub mod torch_release;
 pub mod workload;
