@@ -256,6 +256,7 @@ pub(crate) fn tracker(buf: &EventBuffer) -> reservoir::caching::TraceTracker {
 }
 
 /// The events of `buf` so far, emptied.
+#[cfg(test)]
 pub(crate) fn drain(buf: &EventBuffer) -> Vec<Event> {
     buf.lock()
         .map(|mut b| std::mem::take(&mut *b))
@@ -876,6 +877,9 @@ pub fn lints(
             .map_or_else(|| s.0.to_string(), |(n, _)| n.clone())
     };
     let peak_op = report.peak.as_ref().map(|p| p.op);
+    // The last allocation op of each stream id, filled as streams appear.
+    let mut last_of: FxHashMap<StreamId, Option<u64>> = FxHashMap::default();
+    let mut events = Vec::new();
     while !r.is_done() {
         let i = r.position();
         let op = &trace.ops[i];
@@ -885,22 +889,27 @@ pub fn lints(
                 Some(n) => r.streams.get(n),
                 None => Some(r.current),
             };
+            for &sid in acc.streams.keys() {
+                last_of
+                    .entry(sid)
+                    .or_insert_with(|| last_by_name.get(&name_of(&r.streams, sid)).copied());
+            }
             let streams = &r.streams;
             let by = || match (stream, s) {
                 (Some(n), _) => n.canonical().to_string(),
                 (None, Some(s)) => name_of(streams, s),
                 (None, None) => String::new(),
             };
-            acc.before_alloc(i as u64, s, by, |x| {
-                last_by_name.get(&name_of(streams, x)).copied()
-            });
+            acc.before_alloc(i as u64, s, by, |x| last_of.get(&x).copied().flatten());
         }
         r.step()?;
         #[cfg(test)]
         r.alloc
             .check_invariants()
             .unwrap_or_else(|e| panic!("invariant broken after op {i}: {e}"));
-        let events = drain(&buf);
+        if let Ok(mut b) = buf.lock() {
+            std::mem::swap(&mut *b, &mut events);
+        }
         let alloc = match op {
             Op::Alloc { id, bytes, .. } => {
                 let (allocated, _) = r.alloc.allocated_and_reserved();
@@ -913,6 +922,7 @@ pub fn lints(
             _ => None,
         };
         acc.op_events(i as u64, &events, matches!(op, Op::Alloc { .. }), alloc);
+        events.clear();
         if peak_op == Some(i as u64) {
             acc.at_peak(i as u64);
         }
