@@ -719,7 +719,6 @@ impl Accumulator {
         if let Some(first) = top.first() {
             if let Some(r) = first.request {
                 let rounded = rules::round_size(r, &self.config);
-                let below = boundary_below(r, &self.config);
                 detail.push_str(&format!(
                     "; the largest, {}, asks {} ({} B), rounded to {}",
                     first.site,
@@ -727,7 +726,7 @@ impl Accumulator {
                     r,
                     format_size(rounded)
                 ));
-                if below > 0 && (r - below) * 8 <= rounded - below {
+                if let Some(below) = just_above(r, &self.config) {
                     detail.push_str(&format!(", just above the boundary {}", format_size(below)));
                     fixes.push(format!(
                         "trim {}'s request to {} ({} B) to save {} per allocation",
@@ -768,6 +767,14 @@ pub(crate) struct NewBlock<'a> {
     pub(crate) pool: (i64, i64),
     pub(crate) site: &'a str,
     pub(crate) request: Option<u64>,
+}
+
+/// The boundary `request` is just above (within an eighth of the rounding
+/// step above it), if it is.
+pub fn just_above(request: u64, config: &AllocatorConfig) -> Option<u64> {
+    let rounded = rules::round_size(request, config);
+    let below = boundary_below(request, config);
+    (below > 0 && (request - below) * 8 <= rounded - below).then_some(below)
 }
 
 /// The largest rounded size below the rounding of `request`: the boundary
@@ -935,12 +942,83 @@ pub fn lints(
         |s| last_by_name.get(&name_of(streams, s)).copied(),
         &setting.config,
     );
+    let mut lints = lints;
+    for l in lints.iter_mut().filter(|l| l.kind == LintKind::Rounding) {
+        verify_rounding(l, trace, quiet.as_ref(), setting, options, report, sites)?;
+    }
     Ok(SettingLints {
         setting: setting.name.clone(),
         computed: true,
         threshold,
         lints,
     })
+}
+
+/// Prove the rounding lint's fixes by replaying the trace with each: the
+/// top site's requests trimmed to the boundary they are just above, and
+/// `roundup_power2_divisions:1` (none) where the setting has divisions; the
+/// peak reserved bytes each gives are added to the fix.
+fn verify_rounding(
+    l: &mut Lint,
+    trace: &Trace,
+    start: Option<&StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+    report: &ReplayReport,
+    sites: &Sites,
+) -> Result<(), ReplayError> {
+    let config = setting.allocator_config()?;
+    let before = report.peak_reserved;
+    let says = |after: u64, what: &str| {
+        if after < before {
+            format!(
+                " (replayed: {what} lowers peak reserved from {} to {})",
+                format_size(before),
+                format_size(after)
+            )
+        } else {
+            format!(
+                " (replayed: {what} does not lower peak reserved here: {} against {})",
+                format_size(after),
+                format_size(before)
+            )
+        }
+    };
+    // The fix's parts (see `rounding_lint`): the trim first when there is
+    // one, the divisions last.
+    let mut parts: Vec<String> = l.fix.split("; or ").map(str::to_string).collect();
+    if let Some((site, request)) = l
+        .sites
+        .first()
+        .and_then(|s| Some((s.site.clone(), s.request?)))
+    {
+        if let Some(below) = just_above(request, &config) {
+            let mut trimmed = trace.clone();
+            for op in trimmed.ops.iter_mut() {
+                if let Op::Alloc { id, bytes, .. } = op {
+                    if *bytes == request && sites.site(*id) == site {
+                        *bytes = below;
+                    }
+                }
+            }
+            let r = super::run_setting(&trimmed, start, setting, options, &mut |_| {})?;
+            parts[0].push_str(&says(r.peak_reserved, "the trim"));
+        }
+    }
+    if setting.config.contains("roundup_power2_divisions") {
+        let none = ReplaySetting::new(
+            setting.name.clone(),
+            super::recorded::overlay_config(&setting.config, "roundup_power2_divisions:1"),
+        );
+        if none.allocator_config().is_ok() {
+            let r = super::run_setting(trace, start, &none, options, &mut |_| {})?;
+            if let Some(last) = parts.last_mut() {
+                last.push_str(&says(r.peak_reserved, "roundup_power2_divisions:1"));
+            }
+        }
+    }
+    l.fix = parts.join("; or ");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -174,6 +174,47 @@ fn requests_just_above_a_power_of_two_division_lose_to_rounding() {
         r[0].fix
     );
     assert!(r[0].fix.contains("roundup_power2_divisions"));
+    // Both fixes replayed: 8 MiB blocks (trimmed, or 512-byte steps) take
+    // 20 MiB segments (spec 1.4) and the third needs a second one: 40 MiB
+    // against the 30 MiB of three 10 MiB segments.
+    assert!(
+        r[0].fix.contains(
+            "(replayed: the trim does not lower peak reserved here: 40.00 MiB against 30.00 MiB)"
+        ),
+        "{}",
+        r[0].fix
+    );
+    assert!(
+        r[0].fix.contains(
+            "(replayed: roundup_power2_divisions:1 does not lower peak reserved here: \
+             40.00 MiB against 30.00 MiB)"
+        ),
+        "{}",
+        r[0].fix
+    );
+}
+
+#[test]
+fn a_trim_that_saves_memory_is_proven_by_replay() {
+    // 16 MiB + 1 with 4 divisions rounds to 20 MiB; four live at once: 80
+    // MiB of segments (each its own, spec 1.4). Trimmed to 16 MiB: 64 MiB.
+    let text = "a 1 16777217\na 2 16777217\na 3 16777217\na 4 16777217\nf 1\nf 2\nf 3\nf 4\n";
+    let named = [
+        (1, "kv.py:1:grow"),
+        (2, "kv.py:1:grow"),
+        (3, "kv.py:1:grow"),
+        (4, "kv.py:1:grow"),
+    ];
+    let l = lint(text, "roundup_power2_divisions:4", &named);
+    let r = of(&l, LintKind::Rounding);
+    assert_eq!(r.len(), 1, "{l:?}");
+    assert_eq!(r[0].bytes, 4 * (4 * MIB - 1));
+    assert!(
+        r[0].fix
+            .contains("(replayed: the trim lowers peak reserved from 80.00 MiB to 64.00 MiB)"),
+        "{}",
+        r[0].fix
+    );
 }
 
 #[test]
