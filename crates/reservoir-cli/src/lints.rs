@@ -43,8 +43,9 @@ pub fn lint_all(
 }
 
 /// Add `lints` (each lint: `kind`, `bytes`, `op`, `stream`, `pool`, `ops`,
-/// `detail`, `sites`, `fix`) and `lints_threshold` (bytes) to each JSON
-/// report, in the same order as `lints`.
+/// `detail`, `sites`, `fix`), `lints_threshold` (bytes) and
+/// `lints_computed` (false for the MPS heap allocator) to each JSON report,
+/// in the same order as `lints`.
 pub fn add_json(json: &mut [serde_json::Value], lints: &[SettingLints]) -> Result<()> {
     for (v, l) in json.iter_mut().zip(lints) {
         if let Some(obj) = v.as_object_mut() {
@@ -53,6 +54,7 @@ pub fn add_json(json: &mut [serde_json::Value], lints: &[SettingLints]) -> Resul
                 serde_json::to_value(&l.lints).context("serializing lints")?,
             );
             obj.insert("lints_threshold".into(), l.threshold.into());
+            obj.insert("lints_computed".into(), l.computed.into());
         }
     }
     Ok(())

@@ -29,6 +29,7 @@ fn a_real_trace_is_linted_in_json_table_and_html() {
     for r in a {
         assert!(r["lints"].is_array(), "no lints in {}", r["setting"]);
         assert_eq!(r["lints_threshold"], 1 << 20);
+        assert_eq!(r["lints_computed"], true);
     }
     // PyTorch's 512-byte steps waste nothing worth a lint here.
     assert_eq!(a[0]["lints"].as_array().unwrap().len(), 0);
