@@ -37,6 +37,8 @@ pub struct Section {
     segments: Vec<Segment>,
     /// Each setting's peak and first OOM explained.
     explanations: Vec<Explanation>,
+    /// Each setting's lints.
+    lints: Vec<reservoir_replay::replay::lints::SettingLints>,
     /// The trace entries the reader skipped (unknown actions), in words;
     /// empty when none.
     skipped: String,
@@ -119,6 +121,7 @@ impl Section {
             peak_op: peak_op.unwrap_or(0),
             segments,
             explanations: Vec::new(),
+            lints: Vec::new(),
             skipped: String::new(),
             recorder_note: String::new(),
         })
@@ -127,6 +130,15 @@ impl Section {
     /// The section with each setting's peak and first OOM explained.
     pub fn with_explanations(mut self, explanations: Vec<Explanation>) -> Section {
         self.explanations = explanations;
+        self
+    }
+
+    /// The section with each setting's lints.
+    pub fn with_lints(
+        mut self,
+        lints: Vec<reservoir_replay::replay::lints::SettingLints>,
+    ) -> Section {
+        self.lints = lints;
         self
     }
 
@@ -513,6 +525,7 @@ p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
         segment_map(&mut out, k, s);
         numbers(&mut out, s);
         explanations(&mut out, s);
+        crate::lints::render_html(&mut out, &s.lints);
         out.push_str("</section>\n");
     }
     out.push_str("</body></html>\n");

@@ -15,6 +15,7 @@ mod compare;
 mod diff;
 mod explain;
 mod html;
+mod lints;
 mod replay_cmd;
 mod size;
 mod table;

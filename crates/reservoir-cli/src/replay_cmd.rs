@@ -9,13 +9,14 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::{
-    explain, html, load_recorded, load_workload, settings, table, RecordedInput, ReplayArgs,
+    explain, html, lints, load_recorded, load_workload, settings, table, RecordedInput, ReplayArgs,
 };
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::explain::Explanation;
+use reservoir_replay::replay::lints::SettingLints;
 use reservoir_replay::replay::recorded::{
     describe_skipped, replay_recorded, Fidelity, RecordedReport, StartMode,
 };
@@ -129,7 +130,7 @@ impl Run<'_> {
             reports.push(rr.report);
         }
         let title = format!("{} (device {})", input.file, input.rec.device);
-        let (explanations, analysis) = Analysed {
+        let (explanations, lints, analysis) = Analysed {
             label: &title,
             trace: &input.rec.trace,
             start: Some(&input.rec.start),
@@ -181,6 +182,7 @@ impl Run<'_> {
                     &fids,
                 )?
                 .with_explanations(explanations)
+                .with_lints(lints)
                 .with_skipped(describe_skipped(&input.skipped))
                 .with_recorder_note(input.recorder.note()),
             );
@@ -211,7 +213,7 @@ impl Run<'_> {
                 .push(serde_json::to_value(r).context("serializing a report")?);
         }
         let title = format!("workload {}", w.spec());
-        let (explanations, analysis) = Analysed {
+        let (explanations, lints, analysis) = Analysed {
             label: &title,
             trace,
             start: None,
@@ -237,7 +239,8 @@ impl Run<'_> {
         if self.args.html.is_some() {
             self.sections.push(
                 html::Section::workload(title, trace, settings, options.capacity, &reports)?
-                    .with_explanations(explanations),
+                    .with_explanations(explanations)
+                    .with_lints(lints),
             );
         }
         Ok(())
@@ -365,16 +368,17 @@ struct Analysed<'a> {
 }
 
 impl Analysed<'_> {
-    /// Explain each setting's reserved peak and first OOM and, with
-    /// `min_capacity`, find each setting's smallest device; add both to the
-    /// input's JSON reports (`json`, one per setting) and return the
-    /// explanations with the text of the table and the explanations.
+    /// Explain each setting's reserved peak and first OOM, lint it and,
+    /// with `min_capacity`, find each setting's smallest device; add them
+    /// to the input's JSON reports (`json`, one per setting) and return the
+    /// explanations and lints with the text of the table, the explanations
+    /// and the lints.
     fn analyse(
         &self,
         reports: &[ReplayReport],
         min_capacity: bool,
         json: &mut [serde_json::Value],
-    ) -> Result<(Vec<Explanation>, String)> {
+    ) -> Result<(Vec<Explanation>, Vec<SettingLints>, String)> {
         let explanations = explain::explain_all(
             self.trace,
             self.start,
@@ -393,7 +397,17 @@ impl Analysed<'_> {
         };
         let mut text = render_table(reports, mins.as_deref());
         text.push_str(&explain::render_text(&explanations));
-        Ok((explanations, text))
+        let lints = lints::lint_all(
+            self.trace,
+            self.start,
+            self.settings,
+            reports,
+            self.capacity,
+            self.sites,
+        )?;
+        lints::add_json(json, &lints)?;
+        text.push_str(&lints::render_text(&lints));
+        Ok((explanations, lints, text))
     }
 }
 

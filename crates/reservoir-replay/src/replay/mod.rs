@@ -58,6 +58,7 @@
 
 pub mod capacity;
 pub mod explain;
+pub mod lints;
 mod live;
 mod measure;
 pub mod recorded;
