@@ -13,7 +13,9 @@ use reservoir_replay::replay::recorded::overlay_config;
 use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::{ReplayOptions, ReplayReport, ReplaySetting, StartState};
 
-/// Changes tried, in order, to avoid an OOM (added to the setting's own).
+/// General changes tried, in order, to avoid an OOM (added to the
+/// setting's own), after those relevant to its causes (see
+/// `reservoir_replay::replay::diagnose`).
 const FIXES: [&str; 5] = [
     "expandable_segments:True",
     "garbage_collection_threshold:0.8",
@@ -127,18 +129,7 @@ pub fn render_text(ex: &[Explanation]) -> String {
             }
             out.push_str("  live allocations by site:\n");
             sites_text(&mut out, &o.top_sites);
-            match &o.avoided_by {
-                Some(fix) => {
-                    let _ = writeln!(out, "  avoided with `{fix}` added to the settings");
-                }
-                None => {
-                    let _ = writeln!(
-                        out,
-                        "  none of {} avoids it on this device (try --min-capacity)",
-                        FIXES.join(", ")
-                    );
-                }
-            }
+            crate::diagnose::render_text(&mut out, &o.diagnosis);
         }
     }
     out

@@ -11,6 +11,7 @@
 //! ```
 
 mod compare;
+mod diagnose;
 mod explain;
 mod html;
 mod replay_cmd;

@@ -57,6 +57,7 @@
 //! ```
 
 pub mod capacity;
+pub mod diagnose;
 pub mod explain;
 mod live;
 mod measure;
