@@ -44,8 +44,8 @@
 //! larger memory fraction; without `max_split_size_mb` for the split and
 //! oversize rules; without `roundup_power2_divisions` for rounding; without
 //! expandable segments for their granularity), then the general settings
-//! the caller gives (the CLI: expandable segments, a garbage-collection
-//! threshold, split limits, rounding divisions), then Reservoir's
+//! the caller gives (the CLI: the setting's own with expandable segments, a
+//! garbage-collection threshold, split limits, rounding divisions), then Reservoir's
 //! `reservoir` policy, then, for stream stranding, a code change
 //! (`torch.cuda.synchronize(); torch.cuda.empty_cache()` before the failed
 //! allocation, a real trace transform), then, for memory outside the
@@ -67,7 +67,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::explain::{SiteUsage, TOP_SITES};
 use super::sites::{Sites, BEFORE_TRACE, NO_STACK, NO_USER_FRAME};
-use super::{Replay, ReplayOptions, ReplaySetting, StartState};
+use super::{AllocatorKind, Replay, ReplayOptions, ReplaySetting, StartState};
 use crate::oracle_trace::{AllocId, Op, Trace};
 use reservoir::caching::rules;
 use reservoir::config::AllocatorConfig;
@@ -594,8 +594,10 @@ fn candidates(
     let rule = |r: Rule| causes.iter().any(|x| x.rule == Some(r));
     let conf = &setting.config;
     let mut out = Vec::new();
+    // No setting helps when no allocator could serve the request, and
+    // settings strings do not apply to the MPS heap allocator.
     let capacity = has(CauseClass::Capacity);
-    if !capacity {
+    if !capacity && setting.allocator == AllocatorKind::Caching {
         if has(CauseClass::MemoryFraction) {
             let need = limit(s.capacity, config) + short;
             let f = (((need as f64 / s.capacity.max(1) as f64) * 20.0).ceil() / 20.0).min(1.0);
@@ -633,13 +635,12 @@ fn candidates(
                 "-expandable_segments".into(),
             ));
         }
-        for g in general {
-            let have = super::recorded::split_conf(conf);
-            let changes = super::recorded::split_conf(&g.config);
-            if !changes.iter().all(|c| have.contains(c)) {
-                let changed = super::recorded::overlay_config(conf, &g.config);
-                out.push(Candidate::Setting(FixKind::Setting, changed, g.name.clone()));
-            }
+        for g in general.iter().filter(|g| g.config != *conf) {
+            out.push(Candidate::Setting(
+                FixKind::Setting,
+                g.config.clone(),
+                g.name.clone(),
+            ));
         }
         if !conf.contains("policy:reservoir") {
             out.push(Candidate::Setting(
@@ -672,7 +673,7 @@ impl Groups<'_> {
     fn key(&self, id: AllocId, bytes: u64) -> String {
         let site = self.sites.site(id);
         if self.by_size {
-            format!("{site} {}", format_size(bytes))
+            format!("{site}, requests of {}", format_size(bytes))
         } else {
             site.to_string()
         }
@@ -696,7 +697,9 @@ pub struct DiagnoseInput<'a, 'r> {
     pub options: &'a ReplayOptions,
     /// The sites of the allocations.
     pub sites: &'a Sites,
-    /// General settings changes to try after the relevant ones.
+    /// General settings to try after the relevant changes: whole
+    /// settings (their `config` replaces the setting's), each named by its
+    /// change; one equal to the setting's own is skipped.
     pub general: &'a [ReplaySetting],
     /// The failed op's index.
     pub op: u64,
@@ -764,7 +767,7 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
                 FixKind::Setting if change.starts_with('-') => {
                     format!("remove `{}` from the settings", &change[1..])
                 }
-                FixKind::Setting => format!("add `{change}` to the settings"),
+                FixKind::Setting => format!("set `{change}` in the settings"),
                 FixKind::Policy => "use Reservoir's `reservoir` policy (`policy:reservoir`)".into(),
                 FixKind::SyncEmptyCache => format!("call {change}"),
                 FixKind::Device => {
