@@ -71,9 +71,7 @@ pub fn render_html(out: &mut String, d: &Diagnosis) {
         format_size(d.limit),
         format_size(d.live_requested)
     );
-    out.push_str(
-        "<table class=\"numbers\"><tr><th>cause</th><th>bytes</th><th>why</th></tr>\n",
-    );
+    out.push_str("<table class=\"numbers\"><tr><th>cause</th><th>bytes</th><th>why</th></tr>\n");
     for c in &d.causes {
         let _ = writeln!(
             out,
@@ -84,9 +82,5 @@ pub fn render_html(out: &mut String, d: &Diagnosis) {
         );
     }
     out.push_str("</table>\n");
-    let _ = writeln!(
-        out,
-        "<p class=\"fidelity\">Fix: {}</p>",
-        esc(&d.verdict)
-    );
+    let _ = writeln!(out, "<p class=\"fidelity\">Fix: {}</p>", esc(&d.verdict));
 }

@@ -650,9 +650,8 @@ fn peak_and_oom_are_explained_in_table_json_and_html() {
     );
     assert!(page.contains("Diagnosis: <b>30.00 MiB short</b>"));
     assert!(page.contains("<td>fragmentation (scattered)</td><td>47.00 MiB</td>"));
-    assert!(page.contains(
-        "Fix: set `expandable_segments:True` in the settings: proven by replay: no OOM"
-    ));
+    assert!(page
+        .contains("Fix: set `expandable_segments:True` in the settings: proven by replay: no OOM"));
     let o = reservoir(&[&args[..7], &["--json"]].concat());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let ex = &v[0]["explain"];

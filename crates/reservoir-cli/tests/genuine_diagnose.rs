@@ -140,7 +140,11 @@ fn check(case: &Case, dir: &Path) {
     assert!(o.status.success(), "{}: {}", case.name, text(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     // The replay reproduces PyTorch's OOM, message and all.
-    assert_eq!(v[0]["first_oom"]["message"], oracle_oom["message"], "{}", case.name);
+    assert_eq!(
+        v[0]["first_oom"]["message"], oracle_oom["message"],
+        "{}",
+        case.name
+    );
     let d = &v[0]["explain"]["oom"]["diagnosis"];
     let cause = &d["causes"][0];
     assert_eq!(cause["class"], case.class, "{}: {d}", case.name);
@@ -167,7 +171,11 @@ fn check(case: &Case, dir: &Path) {
         ),
         case.line,
     ] {
-        assert!(out.contains(needle), "{}: missing {needle:?} in\n{out}", case.name);
+        assert!(
+            out.contains(needle),
+            "{}: missing {needle:?} in\n{out}",
+            case.name
+        );
     }
 }
 

@@ -74,7 +74,11 @@ fn first(d: &Diagnosis) -> (CauseClass, Option<Rule>, u64) {
 /// The proven fix: kind, change and peak reserved.
 fn fix(d: &Diagnosis) -> (FixKind, &str, u64) {
     let f = d.fix.as_ref().expect("a proven fix");
-    assert!(d.verdict.contains("proven by replay: no OOM"), "{}", d.verdict);
+    assert!(
+        d.verdict.contains("proven by replay: no OOM"),
+        "{}",
+        d.verdict
+    );
     (f.kind, f.change.as_str(), f.peak_reserved)
 }
 
@@ -110,10 +114,7 @@ fn capacity_with_no_site_that_fits_says_none_found() {
     for id in 1..=4 {
         sites.name(id, if id % 2 == 1 { "a" } else { "b" });
     }
-    let text = format!(
-        "a 1 {0}\na 2 {0}\nf 1\na 3 {0}\na 4 {0}\n",
-        mib(40)
-    );
+    let text = format!("a 1 {0}\na 2 {0}\nf 1\na 3 {0}\na 4 {0}\n", mib(40));
     let d = diagnose(&text, "", 64 * M, None, &sites);
     assert_eq!(first(&d).0, CauseClass::Capacity);
     assert_eq!(d.fix, None);
@@ -204,7 +205,13 @@ fn expandable_page_pieces_are_the_expandable_granularity() {
         mib(8),
         mib(12)
     );
-    let d = diagnose(&text, "expandable_segments:True", 40 * M, None, &Sites::new());
+    let d = diagnose(
+        &text,
+        "expandable_segments:True",
+        40 * M,
+        None,
+        &Sites::new(),
+    );
     assert_eq!(
         first(&d),
         (
@@ -223,7 +230,13 @@ fn rounding_loss_and_removing_the_divisions_is_proven() {
     // Spec 1.3: with two divisions per power of two 33 MiB rounds to
     // 48 MiB; two of them need 96 MiB on a 90 MiB device, 68 MiB unrounded.
     let text = format!("a 1 {0}\na 2 {0}\n", mib(33));
-    let d = diagnose(&text, "roundup_power2_divisions:2", 90 * M, None, &Sites::new());
+    let d = diagnose(
+        &text,
+        "roundup_power2_divisions:2",
+        90 * M,
+        None,
+        &Sites::new(),
+    );
     assert_eq!(
         first(&d),
         (CauseClass::Fragmentation, Some(Rule::Rounding), 30 * M)
@@ -301,7 +314,12 @@ fn segment(blocks: &[(u64, BlockState)]) -> Segment {
     }
 }
 
-fn state<'a>(segments: &'a [Segment], bytes: u64, capacity: u64, config: &'a AllocatorConfig) -> OomState<'a> {
+fn state<'a>(
+    segments: &'a [Segment],
+    bytes: u64,
+    capacity: u64,
+    config: &'a AllocatorConfig,
+) -> OomState<'a> {
     OomState {
         segments,
         bytes,
@@ -318,7 +336,10 @@ fn free_blocks_of_a_private_pool_are_pool_retention() {
     // Spec 1.14: a graph pool's free 16 MiB serves only that pool. The
     // replay has no private pools, so the state is built by hand.
     let config = AllocatorConfig::default();
-    let mut pool = segment(&[(4 * M, BlockState::ActiveAllocated), (16 * M, BlockState::Inactive)]);
+    let mut pool = segment(&[
+        (4 * M, BlockState::ActiveAllocated),
+        (16 * M, BlockState::Inactive),
+    ]);
     pool.segment_pool_id = Some((1, 0));
     let segs = [pool];
     let causes = classify(&state(&segs, 16 * M, 30 * M, &config));
@@ -371,7 +392,10 @@ fn shortfall_arithmetic() {
     // Spec 1.11: expandable segments map whole 20 MiB pages after the free
     // tail of the stream's mapped run.
     let x = AllocatorConfig::parse("expandable_segments:True").unwrap();
-    let mut run = segment(&[(14 * M, BlockState::ActiveAllocated), (6 * M, BlockState::Inactive)]);
+    let mut run = segment(&[
+        (14 * M, BlockState::ActiveAllocated),
+        (6 * M, BlockState::Inactive),
+    ]);
     run.is_expandable = Some(true);
     let runs = [run];
     assert_eq!(segment_request(&state(&runs, 10 * M, 40 * M, &x)), 20 * M);
@@ -382,10 +406,8 @@ fn shortfall_arithmetic() {
 
 #[test]
 fn dropping_allocations_removes_their_ops_and_start_blocks() {
-    let trace = Trace::parse(
-        "a 1 100\na 2 200 s1\nr 2 0\nk s1 1 2\nf 2\nf 1\ne\na 2 300\nf 2\n",
-    )
-    .unwrap();
+    let trace =
+        Trace::parse("a 1 100\na 2 200 s1\nr 2 0\nk s1 1 2\nf 2\nf 1\ne\na 2 300\nf 2\n").unwrap();
     // Drop allocation 2's first life (200 bytes), not its second (300).
     let (t, st) = drop_allocations(&trace, None, &|id, bytes| id == 2 && bytes == 200);
     assert!(st.is_none());
@@ -431,14 +453,10 @@ fn dropping_allocations_removes_their_ops_and_start_blocks() {
     assert_eq!(t.ops, [Op::Free { id: 7 }]);
     // And the transformed trace replays from the transformed start.
     let setting = ReplaySetting::new("pytorch", "");
-    let r = reservoir_replay::replay::Replay::with_start(
-        &t,
-        &st,
-        &setting,
-        &ReplayOptions::default(),
-    )
-    .and_then(|mut r| r.run().map(|_| r.report()))
-    .unwrap();
+    let r =
+        reservoir_replay::replay::Replay::with_start(&t, &st, &setting, &ReplayOptions::default())
+            .and_then(|mut r| r.run().map(|_| r.report()))
+            .unwrap();
     assert_eq!(r.ooms, 0);
 }
 

@@ -944,7 +944,14 @@ fn free_sites(
     let freed: u64 = sites.iter().map(|s| s.bytes).sum();
     let names = sites
         .iter()
-        .map(|s| format!("{} ({} live, {} allocations)", s.site, format_size(s.bytes), s.count))
+        .map(|s| {
+            format!(
+                "{} ({} live, {} allocations)",
+                s.site,
+                format_size(s.bytes),
+                s.count
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ");
     Some(ProvenFix {

@@ -226,7 +226,9 @@ pub fn explain(
     sites: &Sites,
     candidates: &[ReplaySetting],
 ) -> Result<Explanation, ReplayError> {
-    explain_on_device(trace, start, setting, options, report, sites, candidates, None)
+    explain_on_device(
+        trace, start, setting, options, report, sites, candidates, None,
+    )
 }
 
 /// [`explain`] on a device of `device_total` bytes in all, of which the
