@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use crate::table::shown_name;
 use reservoir::format::format_size;
 use reservoir_replay::oracle_trace::Trace;
-use reservoir_replay::replay::explain::{explain, Explanation, SiteUsage, Unusable};
+use reservoir_replay::replay::explain::{explain_on_device, Explanation, SiteUsage, Unusable};
 use reservoir_replay::replay::recorded::overlay_config;
 use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::{ReplayOptions, ReplayReport, ReplaySetting, StartState};
@@ -38,13 +38,15 @@ fn candidates(setting: &ReplaySetting) -> Vec<ReplaySetting> {
         .collect()
 }
 
-/// Explain every report of one input.
+/// Explain every report of one input, on a device of `device_total` bytes
+/// in all when given (`--device-total`).
 pub fn explain_all(
     trace: &Trace,
     start: Option<&StartState>,
     settings: &[ReplaySetting],
     reports: &[ReplayReport],
     capacity: u64,
+    device_total: Option<u64>,
     sites: &Sites,
 ) -> Result<Vec<Explanation>> {
     let options = ReplayOptions {
@@ -56,8 +58,17 @@ pub fn explain_all(
         .iter()
         .zip(reports)
         .map(|(s, r)| {
-            explain(trace, start, s, &options, r, sites, &candidates(s))
-                .with_context(|| format!("explaining the peak and OOM of {}", s.name))
+            explain_on_device(
+                trace,
+                start,
+                s,
+                &options,
+                r,
+                sites,
+                &candidates(s),
+                device_total,
+            )
+            .with_context(|| format!("explaining the peak and OOM of {}", s.name))
         })
         .collect()
 }

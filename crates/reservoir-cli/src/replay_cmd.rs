@@ -133,6 +133,7 @@ impl Run<'_> {
             sites: &input.rec.sites,
             settings: &input.settings,
             capacity: input.capacity,
+            device_total: args.device_total,
         }
         .analyse(&reports, args.min_capacity, &mut self.json[first_json..])?;
         let start = match args.start {
@@ -209,6 +210,7 @@ impl Run<'_> {
             sites,
             settings,
             capacity: options.capacity,
+            device_total: self.args.device_total,
         }
         .analyse(
             &reports,
@@ -347,6 +349,8 @@ struct Analysed<'a> {
     sites: &'a Sites,
     settings: &'a [ReplaySetting],
     capacity: u64,
+    /// The device's total memory (`--device-total`).
+    device_total: Option<u64>,
 }
 
 impl Analysed<'_> {
@@ -366,6 +370,7 @@ impl Analysed<'_> {
             self.settings,
             reports,
             self.capacity,
+            self.device_total,
             self.sites,
         )?;
         add_explanations(json, &explanations)?;

@@ -229,3 +229,33 @@ fn genuine_pytorch_ooms_are_classified_and_fixed_by_proven_changes() {
         check(c, &dir);
     }
 }
+
+/// `--device-total` (no oracle needed): gpt-train on 860 MiB of a 1 GiB
+/// device; the 164 MiB the allocator was not given is the largest cause,
+/// and expandable segments, a setting, is still the cheapest proven fix.
+#[test]
+fn device_total_counts_memory_outside_the_allocator() {
+    let args = [
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "--capacity",
+        "860MiB",
+        "--device-total",
+        "1GiB",
+    ];
+    let o = reservoir(&[&args[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let d = &v[0]["explain"]["oom"]["diagnosis"];
+    assert_eq!(d["causes"][0]["class"], "outside_allocator", "{d}");
+    assert_eq!(d["causes"][0]["bytes"], 164 * M, "{d}");
+    assert_eq!(d["fix"]["change"], "expandable_segments:True", "{d}");
+    let out = text(&reservoir(&args).stdout);
+    assert!(
+        out.contains("    outside the allocator                164.00 MiB  164.00 MiB of the 1024.00 MiB device is used outside this allocator"),
+        "{out}"
+    );
+}
