@@ -6,7 +6,7 @@
 //!
 //! | trace | device | settings | class (rule) | proven fix |
 //! |---|---|---|---|---|
-//! | live 30 + 20 MiB, then 20 MiB | 64 MiB | defaults | capacity, 6 MiB | free the 30 MiB allocation |
+//! | live 30 + 24 MiB, then 20 MiB | 64 MiB | defaults | capacity, 10 MiB | free the 24 MiB allocation (the lighter of the two that cover 10 MiB) |
 //! | 60 MiB freed, 45 MiB takes it whole, then 14 MiB | 70 MiB | `max_split_size_mb:40` | fragmentation (split limit), 15 MiB | remove `max_split_size_mb` |
 //! | 18 MiB free on stream 0, 16 MiB on stream s1 | 30 MiB | defaults | stream stranding, 18 MiB | the `reservoir` policy |
 //! | 20 + 20 MiB | 64 MiB | `per_process_memory_fraction:0.5` | memory fraction, 32 MiB | fraction 0.65 |
@@ -72,17 +72,17 @@ fn cases() -> Vec<Case> {
     vec![
         Case {
             name: "capacity",
-            ops: format!("a 1 {}\na 2 {}\na 3 {}\n", m(30), m(20), m(20)),
+            ops: format!("a 1 {}\na 2 {}\na 3 {}\n", m(30), m(24), m(20)),
             capacity: "64M",
             conf: "",
             class: "capacity",
             rule: None,
-            bytes: m(6),
-            shortfall: m(6),
+            bytes: m(10),
+            shortfall: m(10),
             fix_kind: "free_sites",
-            fix: "free (no stack recorded), requests of 30.00 MiB",
-            peak: m(40),
-            line: "    capacity                               6.00 MiB  you are 6.00 MiB short: live tensors hold 50.00 MiB of the 64.00 MiB device",
+            fix: "free (no stack recorded), requests of 24.00 MiB",
+            peak: m(50),
+            line: "  10.00 MiB  you are 10.00 MiB short: live tensors hold 54.00 MiB of the 64.00 MiB device",
         },
         Case {
             name: "split-limit",

@@ -83,27 +83,42 @@ fn fix(d: &Diagnosis) -> (FixKind, &str, u64) {
 }
 
 #[test]
-fn capacity_is_the_excess_and_freeing_the_largest_site_is_proven() {
-    // Live 30 + 20 MiB, a 20 MiB request, a 64 MiB device: 6 MiB more than
-    // any allocator could serve. Dropping the 30 MiB site's allocations
-    // (not the 20 MiB one's, which is too small) runs the trace.
+fn capacity_is_the_excess_and_the_lightest_site_that_covers_it_is_freed() {
+    // Live 30 + 20 + 12 MiB, a 20 MiB request ("grads"), a 64 MiB device:
+    // 18 MiB more than any allocator could serve. Dropping the largest
+    // site's allocations runs the trace; so does dropping the 20 MiB
+    // site's, the lighter one that still covers 18 MiB (12 MiB does not).
     let mut sites = Sites::new();
     sites.name(1, "weights");
     sites.name(2, "activations");
-    sites.name(3, "activations");
-    let text = format!("a 1 {}\na 2 {}\na 3 {}\n", mib(30), mib(20), mib(20));
+    sites.name(3, "buffers");
+    sites.name(4, "grads");
+    let text = format!(
+        "a 1 {}\na 2 {}\na 3 {}\na 4 {}\n",
+        mib(30),
+        mib(20),
+        mib(12),
+        mib(20)
+    );
     let d = diagnose(&text, "", 64 * M, None, &sites);
-    assert_eq!(first(&d), (CauseClass::Capacity, None, 6 * M));
-    assert_eq!(d.shortfall, 6 * M);
-    assert_eq!(d.live_requested, 50 * M);
-    assert!(d.causes[0].sentence.starts_with("you are 6.00 MiB short"));
-    assert_eq!(fix(&d), (FixKind::FreeSites, "free weights", 40 * M));
+    assert_eq!(first(&d), (CauseClass::Capacity, None, 18 * M));
+    assert_eq!(d.shortfall, 18 * M);
+    assert_eq!(d.live_requested, 62 * M);
+    assert!(d.causes[0].sentence.starts_with("you are 18.00 MiB short"));
+    assert_eq!(fix(&d), (FixKind::FreeSites, "free activations", 62 * M));
     let f = d.fix.as_ref().unwrap();
     assert_eq!(f.sites.len(), 1);
-    assert_eq!((f.sites[0].bytes, f.sites[0].count), (30 * M, 1));
+    assert_eq!((f.sites[0].bytes, f.sites[0].count), (20 * M, 1));
     // No setting can help: only the what-if was replayed (all top sites,
-    // then the largest one).
-    assert_eq!(d.tried, ["free weights + activations", "free weights"]);
+    // the largest, then the lighter one).
+    assert_eq!(
+        d.tried,
+        [
+            "free weights + activations + buffers",
+            "free weights",
+            "free activations"
+        ]
+    );
 }
 
 #[test]

@@ -60,7 +60,10 @@
 //! the whole trace ([`drop_allocations`]), let it run without an OOM is
 //! found by replay: all the top groups first (if even that fails, none
 //! is found), then the fewest largest groups whose bytes cover the
-//! shortfall, one more at a time, then shrunk while it still fits. At most
+//! shortfall, one more at a time, then shrunk while it still fits (each
+//! member dropped, largest first), then lightened (each member swapped
+//! for the smallest group left out that still covers the shortfall with
+//! the others, kept if it still fits). At most
 //! [`MAX_REPLAYS`] replays per OOM in all.
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -938,6 +941,34 @@ fn free_sites(
         match try_set(&set, replays) {
             Some(peak) => best = (set, peak),
             None => i += 1,
+        }
+    }
+    // Lighten: swap each member, largest first, for the smallest group
+    // outside the set that still covers the shortfall with the others.
+    let mut m = 0;
+    while m < best.0.len() && (*replays as usize) < MAX_REPLAYS {
+        let member = best.0[m];
+        let others: u64 = best
+            .0
+            .iter()
+            .filter(|&&i| i != member)
+            .map(|&i| top[i].bytes)
+            .sum();
+        let need = short.saturating_sub(others);
+        let lighter = (0..top.len())
+            .rev()
+            .filter(|i| !best.0.contains(i) && top[*i].bytes < top[member].bytes)
+            .find(|&i| top[i].bytes >= need);
+        match lighter {
+            Some(l) => {
+                let mut set = best.0.clone();
+                set[m] = l;
+                match try_set(&set, replays) {
+                    Some(peak) => best = (set, peak),
+                    None => m += 1,
+                }
+            }
+            None => m += 1,
         }
     }
     let sites: Vec<SiteUsage> = best.0.iter().map(|&i| top[i].clone()).collect();
