@@ -39,7 +39,7 @@ fn candidates(setting: &ReplaySetting) -> Vec<ReplaySetting> {
 }
 
 /// Explain every report of one input, on a device of `device_total` bytes
-/// in all when given (`--device-total`).
+/// in all when given (`--device-total`: an error if below `capacity`).
 pub fn explain_all(
     trace: &Trace,
     start: Option<&StartState>,
@@ -49,6 +49,15 @@ pub fn explain_all(
     device_total: Option<u64>,
     sites: &Sites,
 ) -> Result<Vec<Explanation>> {
+    if let Some(total) = device_total.filter(|&t| t < capacity) {
+        anyhow::bail!(
+            "--device-total {} ({total} bytes) is below the {} ({capacity} bytes) the allocator \
+             is given (--capacity, or for a recorded OOM device_free + reserved): the device \
+             holds at least what its allocator may use",
+            format_size(total),
+            format_size(capacity)
+        );
+    }
     let options = ReplayOptions {
         capacity,
         max_samples: 2,

@@ -253,6 +253,15 @@ fn device_total_counts_memory_outside_the_allocator() {
     assert_eq!(d["causes"][0]["class"], "outside_allocator", "{d}");
     assert_eq!(d["causes"][0]["bytes"], 164 * M, "{d}");
     assert_eq!(d["fix"]["change"], "expandable_segments:True", "{d}");
+    // A device smaller than what the allocator is given is refused, by value.
+    let o = reservoir(&[&args[..8], &["512MiB"]].concat());
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr)
+            .contains("--device-total 512.00 MiB (536870912 bytes) is below the 860.00 MiB"),
+        "{}",
+        text(&o.stderr)
+    );
     let out = text(&reservoir(&args).stdout);
     assert!(
         out.contains("    outside the allocator                164.00 MiB  164.00 MiB of the 1024.00 MiB device is used outside this allocator"),
