@@ -977,10 +977,11 @@ fn free_sites(
         .iter()
         .map(|s| {
             format!(
-                "{} ({} live, {} allocations)",
+                "{} ({} live, {} allocation{})",
                 s.site,
                 format_size(s.bytes),
-                s.count
+                s.count,
+                if s.count == 1 { "" } else { "s" }
             )
         })
         .collect::<Vec<_>>()
