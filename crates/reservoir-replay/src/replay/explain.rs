@@ -2,8 +2,10 @@
 //! ([`explain`]): at the reserved peak and at the first out-of-memory error
 //! of a setting, the live allocations grouped by their site (the innermost
 //! user frame of the recorded stack, see [`sites`](super::sites)), the free
-//! blocks that could not serve the failed request and why, and a setting
-//! that would have avoided the error.
+//! blocks that could not serve the failed request and why, and the OOM's
+//! [`Diagnosis`]: its shortfall, its causes with their bytes, and the
+//! cheapest change that avoids it, proven by replay (see
+//! [`diagnose`](super::diagnose)).
 //!
 //! The state is taken by replaying again up to the moment (the replay is
 //! deterministic): after the op at which reserved bytes first reached their
