@@ -8,12 +8,14 @@ use anyhow::{Context, Result};
 use crate::table::shown_name;
 use reservoir::format::format_size;
 use reservoir_replay::oracle_trace::Trace;
-use reservoir_replay::replay::explain::{explain, Explanation, SiteUsage, Unusable};
+use reservoir_replay::replay::explain::{explain_on_device, Explanation, SiteUsage, Unusable};
 use reservoir_replay::replay::recorded::overlay_config;
 use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::{ReplayOptions, ReplayReport, ReplaySetting, StartState};
 
-/// Changes tried, in order, to avoid an OOM (added to the setting's own).
+/// General changes tried, in order, to avoid an OOM (added to the
+/// setting's own), after those relevant to its causes (see
+/// `reservoir_replay::replay::diagnose`).
 const FIXES: [&str; 5] = [
     "expandable_segments:True",
     "garbage_collection_threshold:0.8",
@@ -36,15 +38,26 @@ fn candidates(setting: &ReplaySetting) -> Vec<ReplaySetting> {
         .collect()
 }
 
-/// Explain every report of one input.
+/// Explain every report of one input, on a device of `device_total` bytes
+/// in all when given (`--device-total`: an error if below `capacity`).
 pub fn explain_all(
     trace: &Trace,
     start: Option<&StartState>,
     settings: &[ReplaySetting],
     reports: &[ReplayReport],
     capacity: u64,
+    device_total: Option<u64>,
     sites: &Sites,
 ) -> Result<Vec<Explanation>> {
+    if let Some(total) = device_total.filter(|&t| t < capacity) {
+        anyhow::bail!(
+            "--device-total {} ({total} bytes) is below the {} ({capacity} bytes) the allocator \
+             is given (--capacity, or for a recorded OOM device_free + reserved): the device \
+             holds at least what its allocator may use",
+            format_size(total),
+            format_size(capacity)
+        );
+    }
     let options = ReplayOptions {
         capacity,
         max_samples: 2,
@@ -54,8 +67,17 @@ pub fn explain_all(
         .iter()
         .zip(reports)
         .map(|(s, r)| {
-            explain(trace, start, s, &options, r, sites, &candidates(s))
-                .with_context(|| format!("explaining the peak and OOM of {}", s.name))
+            explain_on_device(
+                trace,
+                start,
+                s,
+                &options,
+                r,
+                sites,
+                &candidates(s),
+                device_total,
+            )
+            .with_context(|| format!("explaining the peak and OOM of {}", s.name))
         })
         .collect()
 }
@@ -127,18 +149,7 @@ pub fn render_text(ex: &[Explanation]) -> String {
             }
             out.push_str("  live allocations by site:\n");
             sites_text(&mut out, &o.top_sites);
-            match &o.avoided_by {
-                Some(fix) => {
-                    let _ = writeln!(out, "  avoided with `{fix}` added to the settings");
-                }
-                None => {
-                    let _ = writeln!(
-                        out,
-                        "  none of {} avoids it on this device (try --min-capacity)",
-                        FIXES.join(", ")
-                    );
-                }
-            }
+            crate::diagnose::render_text(&mut out, &o.diagnosis);
         }
     }
     out

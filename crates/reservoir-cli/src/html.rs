@@ -209,14 +209,7 @@ fn explanations(out: &mut String, s: &Section) {
             }
             out.push_str("</table>\n");
             sites_html(out, &o.top_sites);
-            let fix = match &o.avoided_by {
-                Some(f) => format!(
-                    "Avoided with <code>{}</code> added to the settings.",
-                    esc(f)
-                ),
-                None => "No single settings change tried avoids it on this device.".to_string(),
-            };
-            let _ = writeln!(out, "<p class=\"fidelity\">{fix}</p>");
+            crate::diagnose::render_html(out, &o.diagnosis);
         }
     }
 }

@@ -12,6 +12,7 @@
 //! ```
 
 mod compare;
+mod diagnose;
 mod diff;
 mod explain;
 mod html;
@@ -123,6 +124,13 @@ struct ReplayArgs {
     /// (device_free + reserved at the first oom entry); else 80GiB.
     #[arg(long, value_name = "SIZE", value_parser = size::parse_capacity)]
     capacity: Option<u64>,
+
+    /// The device's total memory when the allocator was given less (the
+    /// "total capacity of X" of PyTorch's OOM message): an OOM's diagnosis
+    /// counts the difference as memory used outside the allocator and tries
+    /// the whole device.
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_capacity)]
+    device_total: Option<u64>,
 
     /// The device whose trace to replay (default: every device with events).
     #[arg(long, value_name = "N")]

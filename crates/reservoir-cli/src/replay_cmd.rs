@@ -137,6 +137,7 @@ impl Run<'_> {
             sites: &input.rec.sites,
             settings: &input.settings,
             capacity: input.capacity,
+            device_total: args.device_total,
         }
         .analyse(&reports, args.min_capacity, &mut self.json[first_json..])?;
         let start = match args.start {
@@ -220,6 +221,7 @@ impl Run<'_> {
             sites,
             settings,
             capacity: options.capacity,
+            device_total: self.args.device_total,
         }
         .analyse(
             &reports,
@@ -365,6 +367,8 @@ struct Analysed<'a> {
     sites: &'a Sites,
     settings: &'a [ReplaySetting],
     capacity: u64,
+    /// The device's total memory (`--device-total`).
+    device_total: Option<u64>,
 }
 
 impl Analysed<'_> {
@@ -385,6 +389,7 @@ impl Analysed<'_> {
             self.settings,
             reports,
             self.capacity,
+            self.device_total,
             self.sites,
         )?;
         add_explanations(json, &explanations)?;

@@ -635,7 +635,11 @@ fn peak_and_oom_are_explained_in_table_json_and_html() {
         "live allocations by site:",
         "pytorch: first OOM at op",
         "free blocks that could not serve it:",
-        "avoided with `expandable_segments:True` added to the settings",
+        // The diagnosis (issue 30 item 1): the shortfall, the causes and
+        // the proven fix.
+        "  diagnosis: 30.00 MiB short (the allocator may use 860.00 MiB",
+        "    fragmentation (scattered)             47.00 MiB",
+        "  fix: set `expandable_segments:True` in the settings: proven by replay: no OOM, peak reserved 848.00 MiB",
     ] {
         assert!(out.contains(needle), "missing {needle:?} in\n{out}");
     }
@@ -644,12 +648,21 @@ fn peak_and_oom_are_explained_in_table_json_and_html() {
         page.contains("first OOM at op"),
         "no OOM explanation in the HTML"
     );
-    assert!(page.contains("<code>expandable_segments:True</code>"));
+    assert!(page.contains("Diagnosis: <b>30.00 MiB short</b>"));
+    assert!(page.contains("<td>fragmentation (scattered)</td><td>47.00 MiB</td>"));
+    assert!(page
+        .contains("Fix: set `expandable_segments:True` in the settings: proven by replay: no OOM"));
     let o = reservoir(&[&args[..7], &["--json"]].concat());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let ex = &v[0]["explain"];
     assert_eq!(ex["setting"], "pytorch");
     assert_eq!(ex["oom"]["avoided_by"], "expandable_segments:True");
+    let d = &ex["oom"]["diagnosis"];
+    assert_eq!(d["shortfall"], 30 << 20);
+    assert_eq!(d["causes"][0]["class"], "fragmentation");
+    assert_eq!(d["causes"][0]["rule"], "scattered");
+    assert_eq!(d["fix"]["kind"], "setting");
+    assert_eq!(d["fix"]["peak_reserved"], 848 << 20);
     assert!(!ex["oom"]["unusable_free"].as_array().unwrap().is_empty());
     assert!(ex["peak"]["top_sites"][0]["bytes"].as_u64().unwrap() > 0);
     // A workload names what each allocation is for: at PyTorch mode's

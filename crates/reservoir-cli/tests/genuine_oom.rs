@@ -167,6 +167,11 @@ fn a_genuine_pytorch_oom_is_reproduced_and_explained() {
         .iter()
         .all(|u| u["largest"].as_u64().unwrap() < ex["rounded"].as_u64().unwrap()));
     assert_eq!(ex["avoided_by"], "expandable_segments:True");
+    // The diagnosis (issue 30 item 1): fragmentation, the proven fix.
+    let d = &ex["diagnosis"];
+    assert_eq!(d["causes"][0]["class"], "fragmentation", "{d}");
+    assert_eq!(d["fix"]["change"], "expandable_segments:True", "{d}");
+    assert!(d["shortfall"].as_u64().unwrap() > 0, "{d}");
     // Both expandable segments and the reservoir policy run it on 860 MiB.
     assert_eq!(
         (v[1]["setting"].as_str(), v[1]["ooms"].as_u64()),
@@ -184,7 +189,7 @@ fn a_genuine_pytorch_oom_is_reproduced_and_explained() {
         oracle_oom["message"].as_str().unwrap(),
         "free blocks that could not serve it:",
         "too small",
-        "avoided with `expandable_segments:True` added to the settings",
+        "fix: set `expandable_segments:True` in the settings: proven by replay: no OOM",
         "OOMs 1 (recorded 1)",
     ] {
         assert!(out.contains(needle), "missing {needle:?} in\n{out}");

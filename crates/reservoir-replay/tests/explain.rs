@@ -89,8 +89,13 @@ fn oom_names_the_free_blocks_that_could_not_serve_it_and_why() {
         (oom.top_sites[0].bytes, oom.top_sites[0].count),
         (8 * MIB, 2)
     );
-    // Expandable segments map 20 MiB pages: no better here.
-    assert_eq!(oom.avoided_by, None);
+    // Expandable segments map 20 MiB pages: no better here; the diagnosis
+    // (issue 30) then tries Reservoir's policy, which avoids it.
+    assert_eq!(oom.avoided_by.as_deref(), Some("policy:reservoir"));
+    assert_eq!(
+        oom.diagnosis.tried,
+        ["expandable_segments:True", "policy:reservoir"]
+    );
     let peak = ex.peak.expect("a peak");
     assert_eq!(peak.reserved, 40 * MIB);
     assert_eq!(
@@ -218,6 +223,8 @@ fn an_oversize_free_block_is_named_as_the_split_limit() {
             },
         ]
     );
-    // Without the limit the 190 MiB block serves 150 MiB.
-    assert_eq!(oom.avoided_by.as_deref(), Some("pytorch"));
+    // Without the limit the 190 MiB block serves 150 MiB: the diagnosis
+    // (issue 30) tries removing the limit first, as the split limit is a
+    // cause, and that is the "pytorch" candidate's change.
+    assert_eq!(oom.avoided_by.as_deref(), Some("-max_split_size_mb"));
 }

@@ -2,8 +2,10 @@
 //! ([`explain`]): at the reserved peak and at the first out-of-memory error
 //! of a setting, the live allocations grouped by their site (the innermost
 //! user frame of the recorded stack, see [`sites`](super::sites)), the free
-//! blocks that could not serve the failed request and why, and a setting
-//! that would have avoided the error.
+//! blocks that could not serve the failed request and why, and the OOM's
+//! [`Diagnosis`]: its shortfall, its causes with their bytes, and the
+//! cheapest change that avoids it, proven by replay (see
+//! [`diagnose`](super::diagnose)).
 //!
 //! The state is taken by replaying again up to the moment (the replay is
 //! deterministic): after the op at which reserved bytes first reached their
@@ -20,6 +22,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::diagnose::{diagnose, DiagnoseInput, Diagnosis, FixKind, OomState};
 use super::sites::Sites;
 use super::target::ReplayTarget as _;
 use super::{Replay, ReplayError, ReplayOptions, ReplayReport, ReplaySetting, StartState};
@@ -104,9 +107,12 @@ pub struct OomExplanation {
     pub top_sites: Vec<SiteUsage>,
     /// The free blocks left, by reason they could not serve the request.
     pub unusable_free: Vec<UnusableFree>,
-    /// The first of the candidate settings with which the whole trace runs
-    /// without an out-of-memory error on the same device, if any.
+    /// The proven fix's change when it is a settings change or the
+    /// `reservoir` policy (see [`Diagnosis::fix`]), else `null`.
     pub avoided_by: Option<String>,
+    /// The shortfall, the causes with their bytes and the cheapest change
+    /// that avoids the OOM, proven by replay (issue 30).
+    pub diagnosis: Diagnosis,
 }
 
 /// The peak and first OOM of one setting.
@@ -164,31 +170,6 @@ fn replay_through<'t>(
     Ok(r)
 }
 
-/// Whether `trace` runs to its end with `setting` without running out of
-/// memory. The run stops at the first OOM (each OOM costs the allocator's
-/// whole retry path, and a trace far too big for its device can have
-/// hundreds of thousands); a setting the replay fails with (another error)
-/// does not avoid it either.
-fn runs_without_oom(
-    trace: &Trace,
-    start: Option<&StartState>,
-    setting: &ReplaySetting,
-    options: &ReplayOptions,
-) -> bool {
-    let built: Result<Replay<'_>, _> = Replay::build(trace, start, setting, options);
-    let Ok(mut t) = built else {
-        return false;
-    };
-    t.track_peak = false;
-    loop {
-        match t.step() {
-            Ok(true) if t.ooms == 0 => {}
-            Ok(done) => return !done && t.ooms == 0,
-            Err(_) => return false,
-        }
-    }
-}
-
 /// Why each free block of `r` could not serve `rounded` bytes on `stream`.
 fn unusable_free(
     r: &Replay<'_>,
@@ -235,7 +216,9 @@ fn unusable_free(
 
 /// Explain the reserved peak and the first OOM of `report` (a replay of
 /// `trace` from `start` with `setting` on `options`); `candidates` are the
-/// settings tried, in order, for [`OomExplanation::avoided_by`].
+/// general settings changes the [`Diagnosis`] tries after those relevant to
+/// the causes. The device is taken to have no memory outside the allocator
+/// (see [`explain_on_device`]).
 pub fn explain(
     trace: &Trace,
     start: Option<&StartState>,
@@ -244,6 +227,24 @@ pub fn explain(
     report: &ReplayReport,
     sites: &Sites,
     candidates: &[ReplaySetting],
+) -> Result<Explanation, ReplayError> {
+    explain_on_device(
+        trace, start, setting, options, report, sites, candidates, None,
+    )
+}
+
+/// [`explain`] on a device of `device_total` bytes in all, of which the
+/// allocator was given `options.capacity` (the rest is used outside it).
+#[allow(clippy::too_many_arguments)]
+pub fn explain_on_device(
+    trace: &Trace,
+    start: Option<&StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+    report: &ReplayReport,
+    sites: &Sites,
+    candidates: &[ReplaySetting],
+    device_total: Option<u64>,
 ) -> Result<Explanation, ReplayError> {
     // Placements and the device-call log are not needed.
     let quiet = start.map(|s| StartState {
@@ -269,10 +270,32 @@ pub fn explain(
             let config = setting.allocator_config()?;
             let rounded = rules::round_size(o.bytes.max(1), &config);
             let (allocated, reserved) = r.alloc.allocated_and_reserved();
-            let avoided_by = candidates
-                .iter()
-                .find(|c| runs_without_oom(trace, start, c, options))
-                .map(|c| c.name.clone());
+            let segments = r.alloc.segments();
+            let state = OomState {
+                segments: &segments,
+                bytes: o.bytes,
+                rounded,
+                stream: o.stream,
+                capacity: options.capacity,
+                device_total,
+                config: &config,
+            };
+            let input = DiagnoseInput {
+                trace,
+                start,
+                setting,
+                options,
+                sites,
+                general: candidates,
+                op: o.op,
+                at_failure: &r,
+            };
+            let diagnosis = diagnose(&input, &state);
+            let avoided_by = diagnosis
+                .fix
+                .as_ref()
+                .filter(|f| matches!(f.kind, FixKind::Setting | FixKind::Policy))
+                .map(|f| f.change.clone());
             Some(OomExplanation {
                 op: o.op,
                 bytes: o.bytes,
@@ -284,6 +307,7 @@ pub fn explain(
                 top_sites: top_sites(&r, sites),
                 unusable_free: unusable_free(&r, rounded, o.stream, setting),
                 avoided_by,
+                diagnosis,
             })
         }
         None => None,

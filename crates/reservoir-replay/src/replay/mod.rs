@@ -57,6 +57,7 @@
 //! ```
 
 pub mod capacity;
+pub mod diagnose;
 pub mod explain;
 pub mod lints;
 mod live;

@@ -451,7 +451,7 @@ pub fn replay_recorded(
 }
 
 /// Split a settings string at its top-level commas (not inside `[...]`).
-fn split_conf(conf: &str) -> Vec<&str> {
+pub(crate) fn split_conf(conf: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let (mut depth, mut from) = (0i32, 0);
     for (i, c) in conf.char_indices() {
