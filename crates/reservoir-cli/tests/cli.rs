@@ -3,21 +3,11 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use reservoir_testkit::run::{run, stderr, stdout};
 use reservoir_testkit::traces::shared_trace;
 
 fn reservoir(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reservoir"))
-        .args(args)
-        .output()
-        .expect("the reservoir binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    run(env!("CARGO_BIN_EXE_reservoir"), args)
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! `reservoir diff` say of a `torch_npu` recording (item 5).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use reservoir::backend::StreamId;
@@ -12,22 +12,12 @@ use reservoir::caching::CachingAllocator;
 use reservoir::config::AllocatorConfig;
 use reservoir::observe::trace::{Frame, TraceAction};
 use reservoir::sim::{SimConfig, SimDevice};
+use reservoir_testkit::run::{run, stderr, stdout};
 use reservoir_testkit::traces::shared_trace;
 use serde_json::Value;
 
 fn reservoir(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reservoir"))
-        .args(args)
-        .output()
-        .expect("the reservoir binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    run(env!("CARGO_BIN_EXE_reservoir"), args)
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -20,33 +20,20 @@
 //! Without it the test prints a line starting with `SKIPPED-BACKEND` and
 //! passes, except in CI (`CI=true`), where it fails.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use reservoir_testkit::traces::{oracle_home, shared_oracle};
+use reservoir_testkit::run;
+use reservoir_testkit::traces::torch_oracle;
 
 const M: u64 = 1 << 20;
 
 fn reservoir(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reservoir"))
-        .args(args)
-        .output()
-        .expect("reservoir runs")
+    run::run(env!("CARGO_BIN_EXE_reservoir"), args)
 }
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn skip(why: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("CI needs the PyTorch oracle for this test: {why}");
-    }
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "\nSKIPPED-BACKEND torch oracle (genuine OOM diagnosis): {why}"
-    );
 }
 
 /// One genuine OOM: the trace, the oracle's arguments, and what the
@@ -181,16 +168,9 @@ fn check(case: &Case, dir: &Path) {
 
 #[test]
 fn genuine_pytorch_ooms_are_classified_and_fixed_by_proven_changes() {
-    let Some(oracle) = shared_oracle() else {
-        return skip("../shared/oracle not found (set RESERVOIR_ORACLE)");
+    let Some(oracle) = torch_oracle("the torch oracle (genuine OOM diagnosis)") else {
+        return;
     };
-    let venv = oracle_home().unwrap_or_default().join("venv");
-    if !venv.is_dir() {
-        return skip(&format!(
-            "no torch venv at {} (run ../shared/oracle/setup-torch.sh)",
-            venv.display()
-        ));
-    }
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("genuine_diagnose");
     std::fs::create_dir_all(&dir).unwrap();
     let cases = cases();

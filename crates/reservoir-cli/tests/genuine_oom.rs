@@ -13,32 +13,18 @@
 //! Without it the test prints a line starting with `SKIPPED-BACKEND` and
 //! passes, except in CI (`CI=true`), where it fails.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use reservoir_testkit::traces::{oracle_home, shared_oracle};
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("the command runs")
-}
+use reservoir_testkit::run;
+use reservoir_testkit::traces::torch_oracle;
 
 fn reservoir(args: &[&str]) -> Output {
-    run(Command::new(env!("CARGO_BIN_EXE_reservoir")).args(args))
+    run::run(env!("CARGO_BIN_EXE_reservoir"), args)
 }
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn skip(why: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("CI needs the PyTorch oracle for this test: {why}");
-    }
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "\nSKIPPED-BACKEND torch oracle (genuine OOM): {why}"
-    );
 }
 
 /// The ops of a trace in the oracle's text format (comments and blank lines
@@ -62,16 +48,9 @@ fn allocation_at(ops: &[String], op: usize) -> (usize, u64) {
 
 #[test]
 fn a_genuine_pytorch_oom_is_reproduced_and_explained() {
-    let Some(oracle) = shared_oracle() else {
-        return skip("../shared/oracle not found (set RESERVOIR_ORACLE)");
+    let Some(oracle) = torch_oracle("the torch oracle (genuine OOM)") else {
+        return;
     };
-    let venv = oracle_home().unwrap_or_default().join("venv");
-    if !venv.is_dir() {
-        return skip(&format!(
-            "no torch venv at {} (run ../shared/oracle/setup-torch.sh)",
-            venv.display()
-        ));
-    }
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("genuine_oom");
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("gpt-train.trace");
@@ -80,12 +59,14 @@ fn a_genuine_pytorch_oom_is_reproduced_and_explained() {
     assert!(o.status.success(), "{}", text(&o.stderr));
 
     // PyTorch's allocator on an 860 MiB fake device.
-    let o = run(Command::new("python3")
+    let o = Command::new("python3")
         .arg(oracle.join("oracle_replay.py"))
         .args([&trace, &json])
         .args(["--capacity", "860M", "--snapshot"])
         .arg(&snapshot)
-        .arg("--quiet"));
+        .arg("--quiet")
+        .output()
+        .expect("python3 runs");
     assert!(
         o.status.success(),
         "oracle_replay.py failed: {}",

@@ -8,7 +8,9 @@
 //!   [`Memcpy`](reservoir::backend::Memcpy) capabilities;
 //! * [`faults`]: a backend wrapper that fails the N-th call of any entry
 //!   point, and the fault-injection workload run over it;
-//! * [`traces`]: the one locator of the real traces in `../shared/traces`;
+//! * [`traces`]: the one locator of the real traces in `../shared/traces`
+//!   and of the oracle (skipping a test without it);
+//! * [`run`]: a workspace binary run in a test;
 //! * the workspace's one seeded generator and one checksum live in the
 //!   allocator library ([`reservoir::rng::SplitMix64`],
 //!   [`reservoir::checksum`]), below every crate that uses them.
@@ -17,4 +19,5 @@
 
 pub mod conformance;
 pub mod faults;
+pub mod run;
 pub mod traces;

@@ -78,3 +78,33 @@ pub fn trace_files(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// The oracle folder ([`shared_oracle`]) when its torch venv is set up
+/// (`../shared/oracle/setup-torch.sh`); otherwise the test is skipped
+/// ([`skip_backend`], `what` naming it): `None`, or a panic in CI.
+pub fn torch_oracle(what: &str) -> Option<PathBuf> {
+    let Some(oracle) = shared_oracle() else {
+        skip_backend(what, "../shared/oracle not found (set RESERVOIR_ORACLE)");
+        return None;
+    };
+    let venv = oracle_home().unwrap_or_default().join("venv");
+    if !venv.is_dir() {
+        let why = format!(
+            "no torch venv at {} (run ../shared/oracle/setup-torch.sh)",
+            venv.display()
+        );
+        skip_backend(what, &why);
+        return None;
+    }
+    Some(oracle)
+}
+
+/// Skips a test whose backend is missing: a line starting with
+/// `SKIPPED-BACKEND` on standard error, except in CI (`CI=true`), where
+/// the test fails instead (CI installs every backend).
+pub fn skip_backend(what: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI needs {what} for this test: {why}");
+    }
+    eprintln!("\nSKIPPED-BACKEND {what}: {why}");
+}
