@@ -72,7 +72,7 @@ use super::explain::{SiteUsage, TOP_SITES};
 use super::sites::{Sites, BEFORE_TRACE, NO_STACK, NO_USER_FRAME};
 use super::{AllocatorKind, Replay, ReplayOptions, ReplaySetting, StartState};
 use crate::oracle_trace::{AllocId, Op, Trace};
-use reservoir::caching::rules;
+use reservoir::caching::{rules, SeededBlock};
 use reservoir::config::AllocatorConfig;
 use reservoir::format::format_size;
 use reservoir::observe::snapshot::{BlockState, Segment, SegmentType};
@@ -457,9 +457,8 @@ pub fn drop_allocations(
     let mut dropped: FxHashSet<AllocId> = FxHashSet::default();
     let start = start.map(|st| {
         let mut st = st.clone();
-        for (_, seg, ids) in &mut st.segments {
-            let (blocks, kept): (Vec<_>, Vec<_>) = seg
-                .blocks
+        let mut keep = |blocks: &mut Vec<SeededBlock>, ids: &mut Vec<AllocId>| {
+            let (kept_blocks, kept): (Vec<_>, Vec<_>) = blocks
                 .iter()
                 .zip(ids.iter())
                 .filter(|(b, &id)| {
@@ -471,25 +470,14 @@ pub fn drop_allocations(
                 })
                 .map(|(b, &id)| (*b, id))
                 .unzip();
-            seg.blocks = blocks;
+            *blocks = kept_blocks;
             *ids = kept;
+        };
+        for (_, seg, ids) in &mut st.segments {
+            keep(&mut seg.blocks, ids);
         }
         for (_, seg, ids) in &mut st.expandable {
-            let (blocks, kept): (Vec<_>, Vec<_>) = seg
-                .blocks
-                .iter()
-                .zip(ids.iter())
-                .filter(|(b, &id)| {
-                    let d = drop(id, b.requested_size);
-                    if d {
-                        dropped.insert(id);
-                    }
-                    !d
-                })
-                .map(|(b, &id)| (*b, id))
-                .unzip();
-            seg.blocks = blocks;
-            *ids = kept;
+            keep(&mut seg.blocks, ids);
         }
         st
     });
