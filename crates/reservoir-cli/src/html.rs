@@ -40,6 +40,9 @@ pub struct Section {
     /// The trace entries the reader skipped (unknown actions), in words;
     /// empty when none.
     skipped: String,
+    /// The limit and each setting's fragmentation tax (`--min-capacity`),
+    /// as HTML; empty when not measured.
+    limit: String,
 }
 
 impl Section {
@@ -117,12 +120,20 @@ impl Section {
             segments,
             explanations: Vec::new(),
             skipped: String::new(),
+            limit: String::new(),
         })
     }
 
     /// The section with each setting's peak and first OOM explained.
     pub fn with_explanations(mut self, explanations: Vec<Explanation>) -> Section {
         self.explanations = explanations;
+        self
+    }
+
+    /// The section with the limit and the taxes (HTML from
+    /// [`crate::limit::html`]).
+    pub fn with_limit(mut self, limit: Option<String>) -> Section {
+        self.limit = limit.unwrap_or_default();
         self
     }
 
@@ -202,7 +213,7 @@ const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -493,6 +504,7 @@ p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
         timeline(&mut out, k, s, "reserved", "Reserved memory");
         segment_map(&mut out, k, s);
         numbers(&mut out, s);
+        out.push_str(&s.limit);
         explanations(&mut out, s);
         out.push_str("</section>\n");
     }

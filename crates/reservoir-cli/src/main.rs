@@ -13,6 +13,7 @@
 mod compare;
 mod explain;
 mod html;
+mod limit;
 mod replay_cmd;
 mod size;
 mod table;

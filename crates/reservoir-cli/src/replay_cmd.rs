@@ -9,11 +9,12 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::{
-    explain, html, load_recorded, load_workload, settings, table, RecordedInput, ReplayArgs,
+    explain, html, limit, load_recorded, load_workload, settings, table, RecordedInput, ReplayArgs,
 };
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::placement::Limit;
 use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::explain::Explanation;
 use reservoir_replay::replay::recorded::{
@@ -126,7 +127,7 @@ impl Run<'_> {
             reports.push(rr.report);
         }
         let title = format!("{} (device {})", input.file, input.rec.device);
-        let (explanations, analysis) = Analysed {
+        let (explanations, analysis, limit_html) = Analysed {
             label: &title,
             trace: &input.rec.trace,
             start: Some(&input.rec.start),
@@ -173,7 +174,8 @@ impl Run<'_> {
                     &fids,
                 )?
                 .with_explanations(explanations)
-                .with_skipped(describe_skipped(&input.skipped)),
+                .with_skipped(describe_skipped(&input.skipped))
+                .with_limit(limit_html),
             );
         }
         Ok(())
@@ -202,7 +204,7 @@ impl Run<'_> {
                 .push(serde_json::to_value(r).context("serializing a report")?);
         }
         let title = format!("workload {}", w.spec());
-        let (explanations, analysis) = Analysed {
+        let (explanations, analysis, limit_html) = Analysed {
             label: &title,
             trace,
             start: None,
@@ -228,7 +230,8 @@ impl Run<'_> {
         if self.args.html.is_some() {
             self.sections.push(
                 html::Section::workload(title, trace, settings, options.capacity, &reports)?
-                    .with_explanations(explanations),
+                    .with_explanations(explanations)
+                    .with_limit(limit_html),
             );
         }
         Ok(())
@@ -353,13 +356,14 @@ impl Analysed<'_> {
     /// Explain each setting's reserved peak and first OOM and, with
     /// `min_capacity`, find each setting's smallest device; add both to the
     /// input's JSON reports (`json`, one per setting) and return the
-    /// explanations with the text of the table and the explanations.
+    /// explanations with the text of the table and the explanations, and
+    /// (with `min_capacity`) the HTML of the limit and the taxes.
     fn analyse(
         &self,
         reports: &[ReplayReport],
         min_capacity: bool,
         json: &mut [serde_json::Value],
-    ) -> Result<(Vec<Explanation>, String)> {
+    ) -> Result<(Vec<Explanation>, String, Option<String>)> {
         let explanations = explain::explain_all(
             self.trace,
             self.start,
@@ -376,9 +380,26 @@ impl Analysed<'_> {
         } else {
             None
         };
-        let mut text = render_table(reports, mins.as_deref());
+        // The yardstick of the minimum capacities (see `limit`).
+        let limit = mins.as_ref().map(|mins| {
+            let l = limit::limit_of(self.trace, self.start);
+            let taxes: Vec<_> = mins
+                .iter()
+                .map(|m| limit::tax(m.min_capacity, &l))
+                .collect();
+            limit::add_json(json, &l, &taxes);
+            (l, taxes)
+        });
+        let mut text = render_table(reports, mins.as_deref(), limit.as_ref());
         text.push_str(&explain::render_text(&explanations));
-        Ok((explanations, text))
+        let html = limit.as_ref().zip(mins.as_ref()).map(|((l, taxes), mins)| {
+            let named: Vec<_> = mins
+                .iter()
+                .map(|m| (m.setting.clone(), m.min_capacity))
+                .collect();
+            limit::html(l, &named, taxes)
+        });
+        Ok((explanations, text, html))
     }
 }
 
@@ -480,8 +501,13 @@ fn min_capacity_headline(mins: &[MinCapacity]) -> Option<String> {
     Some(line)
 }
 
-/// The comparison table, with the minimum capacities when measured.
-fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> String {
+/// The comparison table, with the minimum capacities and their taxes when
+/// measured.
+fn render_table(
+    reports: &[ReplayReport],
+    mins: Option<&[MinCapacity]>,
+    limit: Option<&(Limit, Vec<Option<limit::Tax>>)>,
+) -> String {
     let Some(mins) = mins else {
         return table::render(reports);
     };
@@ -489,13 +515,26 @@ fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> Strin
         .iter()
         .map(|m| m.min_capacity.map_or("> 16 TiB".to_string(), format_size))
         .collect();
-    let mut out = table::render_with(reports, vec![("minimum capacity (no OOM)", cells)]);
+    let mut extra = vec![("minimum capacity (no OOM)", cells)];
+    if let Some((_, taxes)) = limit {
+        let cells = taxes.iter().map(|t| limit::tax_cell(*t)).collect();
+        extra.push(("fragmentation tax (vs best placement)", cells));
+    }
+    let mut out = table::render_with(reports, extra);
     if let Some(h) = min_capacity_headline(mins) {
         let _ = writeln!(
             out,
             "
 {h}"
         );
+    }
+    if let Some((l, taxes)) = limit {
+        let named: Vec<_> = mins
+            .iter()
+            .map(|m| m.setting.clone())
+            .zip(taxes.iter().copied())
+            .collect();
+        out.push_str(&limit::replay_text(l, &named));
     }
     out
 }

@@ -105,7 +105,7 @@ enum Fit {
 
 /// The lowest (`First`) or tightest (`Best`) offset at which `size` bytes
 /// fit among `taken` (address ranges, sorted here).
-pub(crate) fn fit_among(taken: &mut [(u64, u64)], size: u64, fit: Fit) -> u64 {
+fn fit_among(taken: &mut [(u64, u64)], size: u64, fit: Fit) -> u64 {
     taken.sort_unstable();
     let mut cur = 0u64;
     let mut best: Option<(u64, u64)> = None; // (gap, offset)
