@@ -476,6 +476,6 @@ mod tests {
         let exact = tax_notes(&limit(100 << 20, true), &["expandable"]);
         assert!(exact.contains("expandable segments"), "{exact}");
         assert!(!tax_notes(&limit(100 << 20, true), &[]).contains("below zero"));
-        assert!(placement_words(&limit(1 << 30, false)).contains("at most 1.00 KiB above"));
+        assert!(placement_words(&limit(1 << 30, false)).contains("at most 1024 bytes above"));
     }
 }
