@@ -115,7 +115,7 @@ pub(crate) fn tax_notes(l: &Limit, negative: &[&str]) -> String {
 }
 
 /// The settings among `taxes` (by name) whose tax is below zero.
-fn negatives<'a>(taxes: &'a [(String, Option<Tax>)]) -> Vec<&'a str> {
+fn negatives(taxes: &[(String, Option<Tax>)]) -> Vec<&str> {
     taxes
         .iter()
         .filter(|(_, t)| t.is_some_and(|t| t.bytes < 0))
