@@ -12,12 +12,18 @@ use super::{height, Buffer};
 struct LifetimeTree {
     /// The distinct times, sorted (times are looked up by rank).
     times: Vec<u64>,
-    /// Per node (heap order, root 1): placed buffers by (start rank, index)
-    /// and by (end rank, index).
-    by_start: Vec<BTreeSet<(usize, usize)>>,
-    by_end: Vec<BTreeSet<(usize, usize)>>,
+    /// Per node (heap order, root 1), once a buffer is stored there: the
+    /// placed buffers by (start rank, index) and by (end rank, index).
+    nodes: Vec<Option<Box<Stored>>>,
     /// Per node: buffers stored in its subtree (empty subtrees are skipped).
     count: Vec<u32>,
+}
+
+/// The buffers stored in a node of a [`LifetimeTree`].
+#[derive(Default)]
+struct Stored {
+    by_start: BTreeSet<(usize, usize)>,
+    by_end: BTreeSet<(usize, usize)>,
 }
 
 impl LifetimeTree {
@@ -28,8 +34,7 @@ impl LifetimeTree {
         let nodes = 4 * times.len().max(1);
         LifetimeTree {
             times,
-            by_start: vec![BTreeSet::new(); nodes],
-            by_end: vec![BTreeSet::new(); nodes],
+            nodes: std::iter::repeat_with(|| None).take(nodes).collect(),
             count: vec![0; nodes],
         }
     }
@@ -56,8 +61,9 @@ impl LifetimeTree {
                 node = node * 2 + 1;
                 lo = mid;
             } else {
-                self.by_start[node].insert((s, i));
-                self.by_end[node].insert((e, i));
+                let stored = self.nodes[node].get_or_insert_with(Box::default);
+                stored.by_start.insert((s, i));
+                stored.by_end.insert((e, i));
                 return;
             }
         }
@@ -68,19 +74,21 @@ impl LifetimeTree {
         let (s, e) = self.span(b);
         let mut stack = vec![(1usize, 0usize, self.times.len())];
         while let Some((node, lo, hi)) = stack.pop() {
-            if node >= self.by_start.len() || self.count[node] == 0 {
+            if node >= self.nodes.len() || self.count[node] == 0 {
                 continue;
             }
             let mid = (lo + hi) / 2;
+            let empty = Stored::default();
+            let stored = self.nodes[node].as_deref().unwrap_or(&empty);
             // Buffers stored here span rank `mid`: [bs, be) with bs <= mid < be.
             if e <= mid {
                 // The query ends at or before mid: overlap iff bs < e.
-                out.extend(self.by_start[node].range(..(e, 0)).map(|&(_, i)| i));
+                out.extend(stored.by_start.range(..(e, 0)).map(|&(_, i)| i));
             } else if s > mid {
                 // The query starts after mid: overlap iff be > s.
-                out.extend(self.by_end[node].range((s + 1, 0)..).map(|&(_, i)| i));
+                out.extend(stored.by_end.range((s + 1, 0)..).map(|&(_, i)| i));
             } else {
-                out.extend(self.by_start[node].iter().map(|&(_, i)| i));
+                out.extend(stored.by_start.iter().map(|&(_, i)| i));
             }
             if hi - lo > 1 {
                 if s < mid {
@@ -152,10 +160,108 @@ fn greedy(buffers: &[Buffer], order: &[usize], fit: Fit) -> Vec<u64> {
     offsets
 }
 
+/// The pairs of buffers live at the same time (one counted where the
+/// other starts), in O(n log n): what a greedy placement by size scans.
+pub(crate) fn meeting_pairs(buffers: &[Buffer]) -> u64 {
+    let mut starts: Vec<u64> = buffers.iter().map(|b| b.start).collect();
+    let mut ends: Vec<u64> = buffers.iter().map(|b| b.end).collect();
+    starts.sort_unstable();
+    ends.sort_unstable();
+    // Each buffer with those started before it and not ended when it
+    // starts...
+    let before: u64 = buffers
+        .iter()
+        .map(|b| {
+            let started = starts.partition_point(|&s| s < b.start) as u64;
+            let ended = ends.partition_point(|&e| e <= b.start) as u64;
+            started - ended
+        })
+        .sum();
+    // ... and the pairs that start together.
+    let together: u64 = starts
+        .chunk_by(|a, b| a == b)
+        .map(|g| g.len() as u64 * (g.len() as u64 - 1) / 2)
+        .sum();
+    before + together
+}
+
+/// The most meeting pairs ([`meeting_pairs`]) for which the heuristic runs
+/// its three greedy orders by size; up to [`ONE_ORDER_PAIRS`] it runs one,
+/// above that it places in order of time ([`by_time`]), in O(n log n).
+pub const THREE_ORDERS_PAIRS: u64 = 4_000_000;
+
+/// See [`THREE_ORDERS_PAIRS`].
+pub const ONE_ORDER_PAIRS: u64 = 16_000_000;
+
+/// Place the buffers in order of time as an ideal allocator that knows no
+/// future would: each at the smallest free gap that holds it (the lowest
+/// such, then the top), with freed ranges merged with their neighbours.
+pub(crate) fn by_time(buffers: &[Buffer]) -> Vec<u64> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(buffers.len() * 2);
+    for (i, b) in buffers.iter().enumerate() {
+        events.push((b.start, true, i));
+        events.push((b.end, false, i));
+    }
+    // At one time, frees (false) first.
+    events.sort_unstable();
+    let mut offsets = vec![0u64; buffers.len()];
+    // Free ranges below the top: by offset (-> size) and by (size, offset).
+    let mut by_off: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut by_size: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut top = 0u64;
+    for (_, starts, i) in events {
+        let size = buffers[i].size;
+        if starts {
+            if let Some(&(len, off)) = by_size.range((size, 0)..).next() {
+                by_size.remove(&(len, off));
+                by_off.remove(&off);
+                if len > size {
+                    by_off.insert(off + size, len - size);
+                    by_size.insert((len - size, off + size));
+                }
+                offsets[i] = off;
+            } else {
+                offsets[i] = top;
+                top += size;
+            }
+            continue;
+        }
+        let (mut off, mut len) = (offsets[i], size);
+        if let Some((&o, &l)) = by_off.range(..off).next_back() {
+            if o + l == off {
+                by_off.remove(&o);
+                by_size.remove(&(l, o));
+                off = o;
+                len += l;
+            }
+        }
+        if let Some(&l) = by_off.get(&(off + len)) {
+            by_off.remove(&(off + len));
+            by_size.remove(&(l, off + len));
+            len += l;
+        }
+        if off + len == top {
+            top = off;
+        } else {
+            by_off.insert(off, len);
+            by_size.insert((len, off));
+        }
+    }
+    offsets
+}
+
 /// A placement of `buffers` (every one of size > 0 with a non-empty
 /// lifetime): the lowest of greedy placements by decreasing size (first
-/// fit and best fit) and by decreasing size x lifetime (first fit).
+/// fit and best fit) and by decreasing size x lifetime (first fit). Where
+/// buffers meet in many pairs (more than [`THREE_ORDERS_PAIRS`]), only the
+/// first of these; above [`ONE_ORDER_PAIRS`], the placement in order of
+/// time instead (a weaker upper bound, found in O(n log n)).
 pub fn heuristic(buffers: &[Buffer]) -> Vec<u64> {
+    let pairs = meeting_pairs(buffers);
+    if pairs > ONE_ORDER_PAIRS {
+        return by_time(buffers);
+    }
     let n = buffers.len();
     let mut by_size: Vec<usize> = (0..n).collect();
     by_size.sort_by_key(|&i| {
@@ -176,10 +282,14 @@ pub fn heuristic(buffers: &[Buffer]) -> Vec<u64> {
             i,
         )
     });
+    if pairs > THREE_ORDERS_PAIRS {
+        return greedy(buffers, &by_size, Fit::First);
+    }
     let candidates = [
         greedy(buffers, &by_size, Fit::First),
         greedy(buffers, &by_size, Fit::Best),
         greedy(buffers, &by_area, Fit::First),
+        by_time(buffers),
     ];
     candidates
         .into_iter()

@@ -29,7 +29,10 @@
 //!   at the lowest (first-fit) or tightest (best-fit) free address among
 //!   the buffers already placed that live at the same time, found with an
 //!   interval tree over lifetimes (O(n log n + k), k the overlapping pairs
-//!   met); the best of a few orders;
+//!   met); the best of a few orders, and of the placement in order of time
+//!   that an ideal best-fit allocator with no knowledge of the future
+//!   makes. Where k would be large (more than [`ONE_ORDER_PAIRS`]), only
+//!   the latter runs, in O(n log n), and the answer says it is heuristic;
 //! * an **exact** search ([`exact`]): branch and bound in the style of
 //!   MiniMalloc (ASPLOS'23) over canonical placements (each buffer at the
 //!   lowest address free given those placed before it, which reaches an
@@ -54,7 +57,7 @@ use crate::oracle_trace::{AllocId, Op, Trace};
 use crate::replay::StartState;
 
 pub use exact::exact;
-pub use heuristic::heuristic;
+pub use heuristic::{heuristic, ONE_ORDER_PAIRS, THREE_ORDERS_PAIRS};
 
 /// The unit a placement works in: requested bytes are rounded up to a
 /// multiple of 512, the smallest block a CUDA caching allocator hands out

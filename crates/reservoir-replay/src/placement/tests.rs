@@ -72,6 +72,12 @@ proptest! {
         prop_assert_eq!(verify(&buffers, &h), Ok(height(&buffers, &h)));
         prop_assert!(height(&buffers, &h) >= optimum);
 
+        let t = heuristic::by_time(&buffers);
+        prop_assert!(pairwise_ok(&buffers, &t));
+        prop_assert!(height(&buffers, &t) >= optimum);
+        prop_assert_eq!(heuristic::meeting_pairs(&buffers),
+            (0..buffers.len()).map(|i| (0..i).filter(|&j| buffers[i].meets(&buffers[j])).count() as u64).sum::<u64>());
+
         let e = exact(&buffers, &h, lb, u64::MAX);
         prop_assert!(e.complete);
         prop_assert_eq!(e.height, optimum);
@@ -188,6 +194,22 @@ fn exact_beats_the_heuristic() {
             lower_bound: peak_live(&b)
         }
     );
+}
+
+/// Many buffers live at once (more meeting pairs than
+/// `ONE_ORDER_PAIRS`): the placement in order of time, valid and fast.
+#[test]
+fn many_meeting_pairs_place_in_order_of_time() {
+    let n = 6_000u64;
+    let b: Vec<Buffer> = (0..n)
+        .map(|i| Buffer::new(512 * (1 + i % 5), i, n + (i * 7919) % n))
+        .collect();
+    assert!(heuristic::meeting_pairs(&b) > ONE_ORDER_PAIRS);
+    let p = solve(&b, DEFAULT_WORK_BUDGET);
+    assert_eq!(verify(&b, &p.offsets), Ok(p.bound.best()));
+    // Everything is live at time n: the sum is the only height.
+    let sum: u64 = b.iter().map(|b| b.size).sum();
+    assert_eq!(p.bound, Bound::Exact { bytes: sum });
 }
 
 /// The buffers of a trace: rounded to 512, freed ones end at their free,
