@@ -9,9 +9,13 @@
 //! 2 MiB that fits), so a tax is at most 2 MiB above the true one. A tax
 //! below zero means the setting fits on less than the best placement
 //! *found*: possible when that placement is a heuristic one (not proven
-//! optimal), or for a setting that maps physical pages under a virtual
-//! range (expandable segments), whose physical memory need not be one
-//! contiguous placement; each is said where it happens.
+//! optimal), and because the placement is one contiguous address range
+//! while a caching allocator's memory is several driver allocations
+//! (segments, or pages mapped under a virtual range with expandable
+//! segments) that the driver puts anywhere, and that the allocator releases
+//! and creates again (PyTorch frees its cached segments and retries before
+//! it reports an OOM): only the peak live bytes bound those. Each is said
+//! where it happens.
 
 use std::fmt::Write as _;
 
@@ -102,12 +106,15 @@ pub(crate) fn tax_notes(l: &Limit, negative: &[&str]) -> String {
             "\nbelow zero for {}: it fits on less than the best placement found, {}",
             negative.join(", "),
             if l.exact {
-                "which no allocator that keeps each allocation at one address can: its pages are \
-                 mapped under a virtual range (expandable segments), so its physical memory is not \
-                 one contiguous placement"
+                "which is optimal for one contiguous address range: the setting's memory is \
+                 several driver allocations (segments, or pages mapped under a virtual range) that \
+                 the driver places anywhere and that it releases and creates again, so only the \
+                 peak live bytes bound it"
             } else {
-                "which is a heuristic one (the optimum lies between the lower bound and it), or \
-                 the setting maps pages under a virtual range (expandable segments)"
+                "which is a heuristic one (the optimum lies between the lower bound and it); and \
+                 the setting's memory is several driver allocations (segments, or pages mapped \
+                 under a virtual range) that the driver places anywhere, so only the peak live \
+                 bytes bound it"
             }
         );
     }
@@ -347,9 +354,11 @@ impl CompareLimits<'_> {
                             row.policies[k].policy,
                             tax_cell(Some(t)),
                             if self.limits[r].exact {
-                                "exact: the setting maps pages under a virtual range"
+                                "exact: the setting's segments are separate driver allocations, \
+                                 not one address range"
                             } else {
-                                "heuristic: the optimum may be lower"
+                                "heuristic: the optimum may be lower; the setting's segments are \
+                                 separate driver allocations"
                             }
                         )
                     })
@@ -474,7 +483,11 @@ mod tests {
         assert!(notes.contains("below zero for expandable"), "{notes}");
         assert!(notes.contains("heuristic"), "{notes}");
         let exact = tax_notes(&limit(100 << 20, true), &["expandable"]);
-        assert!(exact.contains("expandable segments"), "{exact}");
+        assert!(exact.contains("several driver allocations"), "{exact}");
+        assert!(
+            exact.contains("optimal for one contiguous address range"),
+            "{exact}"
+        );
         assert!(!tax_notes(&limit(100 << 20, true), &[]).contains("below zero"));
         assert!(placement_words(&limit(1 << 30, false)).contains("at most 1024 bytes above"));
     }

@@ -253,7 +253,11 @@ pub(crate) fn by_time(buffers: &[Buffer]) -> Vec<u64> {
 
 /// A placement of `buffers` (every one of size > 0 with a non-empty
 /// lifetime): the lowest of greedy placements by decreasing size (first
-/// fit and best fit) and by decreasing size x lifetime (first fit). Where
+/// fit and best fit), by decreasing size x lifetime and by decreasing
+/// lifetime (first fit), the placement in order of time ([`by_time`]),
+/// and up to [`RANDOM_ORDERS`] orders by size perturbed at random (seeded:
+/// the answer is deterministic), as many as keep the pairs scanned within
+/// 4 x [`THREE_ORDERS_PAIRS`]. Where
 /// buffers meet in many pairs (more than [`THREE_ORDERS_PAIRS`]), only the
 /// first of these; above [`ONE_ORDER_PAIRS`], the placement in order of
 /// time instead (a weaker upper bound, found in O(n log n)).
@@ -285,14 +289,50 @@ pub fn heuristic(buffers: &[Buffer]) -> Vec<u64> {
     if pairs > THREE_ORDERS_PAIRS {
         return greedy(buffers, &by_size, Fit::First);
     }
-    let candidates = [
-        greedy(buffers, &by_size, Fit::First),
-        greedy(buffers, &by_size, Fit::Best),
-        greedy(buffers, &by_area, Fit::First),
-        by_time(buffers),
-    ];
-    candidates
-        .into_iter()
-        .min_by_key(|o| height(buffers, o))
-        .unwrap_or_default()
+    let mut by_life: Vec<usize> = (0..n).collect();
+    by_life.sort_by_key(|&i| {
+        let b = &buffers[i];
+        (
+            std::cmp::Reverse(b.end - b.start),
+            std::cmp::Reverse(b.size),
+            b.start,
+            i,
+        )
+    });
+    let mut best = by_time(buffers);
+    let mut best_h = height(buffers, &best);
+    let mut keep = |offsets: Vec<u64>| {
+        let h = height(buffers, &offsets);
+        if h < best_h {
+            best = offsets;
+            best_h = h;
+        }
+    };
+    keep(greedy(buffers, &by_size, Fit::First));
+    keep(greedy(buffers, &by_size, Fit::Best));
+    keep(greedy(buffers, &by_area, Fit::First));
+    keep(greedy(buffers, &by_life, Fit::First));
+    // Then orders by size perturbed at random (up to x1.5), seeded, while
+    // the pairs scanned stay within the budget.
+    let runs = (THREE_ORDERS_PAIRS * 4 / pairs.max(1)).min(RANDOM_ORDERS);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..runs {
+        let keys: Vec<u128> = buffers
+            .iter()
+            .map(|b| u128::from(b.size) * u128::from(1024 + next() % 512))
+            .collect();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(keys[i]), i));
+        keep(greedy(buffers, &order, Fit::First));
+    }
+    best
 }
+
+/// The most randomly perturbed orders [`heuristic`] tries.
+pub const RANDOM_ORDERS: u64 = 24;

@@ -9,6 +9,13 @@
 //! each allocation at one address for its whole life (every caching
 //! allocator, PyTorch's included) can serve the trace with fewer bytes.
 //!
+//! The placement is one contiguous address range. A caching allocator's
+//! memory is several driver allocations (segments, or pages mapped under a
+//! virtual range with expandable segments) that the driver puts anywhere
+//! and that the allocator can release and create again: on the simulated
+//! device such a setting can fit below the best placement (only the peak of
+//! live bytes bounds it), and `reservoir` says so where it happens.
+//!
 //! **The unit placed**: the requested bytes rounded up to [`PLACEMENT_UNIT`]
 //! (512 bytes), the smallest block any CUDA caching allocator hands out
 //! (spec 1.3: PyTorch rounds every request up to a multiple of 512 bytes).
