@@ -185,12 +185,13 @@ pub(crate) fn meeting_pairs(buffers: &[Buffer]) -> u64 {
     before + together
 }
 
-/// The most meeting pairs ([`meeting_pairs`]) for which the heuristic runs
-/// its three greedy orders by size; up to [`ONE_ORDER_PAIRS`] it runs one,
-/// above that it places in order of time ([`by_time`]), in O(n log n).
-pub const THREE_ORDERS_PAIRS: u64 = 4_000_000;
+/// The meeting pairs ([`meeting_pairs`]) the greedy orders of
+/// [`heuristic`] may scan in all: as many orders run as fit (at least
+/// one).
+pub const HEURISTIC_PAIRS: u64 = 1_500_000;
 
-/// See [`THREE_ORDERS_PAIRS`].
+/// Above this many meeting pairs, [`heuristic`] places in order of time
+/// only ([`by_time`], O(n log n)).
 pub const ONE_ORDER_PAIRS: u64 = 16_000_000;
 
 /// Place the buffers in order of time as an ideal allocator that knows no
@@ -252,87 +253,71 @@ pub(crate) fn by_time(buffers: &[Buffer]) -> Vec<u64> {
 }
 
 /// A placement of `buffers` (every one of size > 0 with a non-empty
-/// lifetime): the lowest of greedy placements by decreasing size (first
-/// fit and best fit), by decreasing size x lifetime and by decreasing
-/// lifetime (first fit), the placement in order of time ([`by_time`]),
-/// and up to [`RANDOM_ORDERS`] orders by size perturbed at random (seeded:
-/// the answer is deterministic), as many as keep the pairs scanned within
-/// 4 x [`THREE_ORDERS_PAIRS`]. Where
-/// buffers meet in many pairs (more than [`THREE_ORDERS_PAIRS`]), only the
-/// first of these; above [`ONE_ORDER_PAIRS`], the placement in order of
-/// time instead (a weaker upper bound, found in O(n log n)).
+/// lifetime): the lowest of the placement in order of time ([`by_time`])
+/// and greedy placements by decreasing size (first fit, then best fit), by
+/// decreasing size x lifetime and by decreasing lifetime (first fit), then
+/// up to [`RANDOM_ORDERS`] orders by size perturbed at random (seeded: the
+/// answer is deterministic): as many of these orders as keep the pairs
+/// scanned within [`HEURISTIC_PAIRS`], at least the first. Above
+/// [`ONE_ORDER_PAIRS`] meeting pairs, the placement in order of time only.
 pub fn heuristic(buffers: &[Buffer]) -> Vec<u64> {
     let pairs = meeting_pairs(buffers);
     if pairs > ONE_ORDER_PAIRS {
         return by_time(buffers);
     }
     let n = buffers.len();
-    let mut by_size: Vec<usize> = (0..n).collect();
-    by_size.sort_by_key(|&i| {
-        let b = &buffers[i];
-        (
-            std::cmp::Reverse(b.size),
-            std::cmp::Reverse(b.end - b.start),
-            b.start,
-            i,
-        )
-    });
-    let mut by_area: Vec<usize> = (0..n).collect();
-    by_area.sort_by_key(|&i| {
-        let b = &buffers[i];
-        (
-            std::cmp::Reverse(u128::from(b.size) * u128::from(b.end - b.start)),
-            b.start,
-            i,
-        )
-    });
-    if pairs > THREE_ORDERS_PAIRS {
-        return greedy(buffers, &by_size, Fit::First);
-    }
-    let mut by_life: Vec<usize> = (0..n).collect();
-    by_life.sort_by_key(|&i| {
-        let b = &buffers[i];
-        (
-            std::cmp::Reverse(b.end - b.start),
-            std::cmp::Reverse(b.size),
-            b.start,
-            i,
-        )
-    });
+    let order_by = |key: &dyn Fn(&Buffer) -> (u128, u64, u64)| {
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(key(&buffers[i])), i));
+        order
+    };
     let mut best = by_time(buffers);
     let mut best_h = height(buffers, &best);
-    let mut keep = |offsets: Vec<u64>| {
+    let mut runs = (HEURISTIC_PAIRS / pairs.max(1)).max(1);
+    let mut keep = |order: &[usize], fit: Fit| {
+        if runs == 0 {
+            return;
+        }
+        runs -= 1;
+        let offsets = greedy(buffers, order, fit);
         let h = height(buffers, &offsets);
         if h < best_h {
             best = offsets;
             best_h = h;
         }
     };
-    keep(greedy(buffers, &by_size, Fit::First));
-    keep(greedy(buffers, &by_size, Fit::Best));
-    keep(greedy(buffers, &by_area, Fit::First));
-    keep(greedy(buffers, &by_life, Fit::First));
-    // Then orders by size perturbed at random (up to x1.5), seeded, while
-    // the pairs scanned stay within the budget.
-    let runs = (THREE_ORDERS_PAIRS * 4 / pairs.max(1)).min(RANDOM_ORDERS);
+    // Decreasing size, then longer lives, then later starts last.
+    let by_size = order_by(&|b| (u128::from(b.size), b.end - b.start, u64::MAX - b.start));
+    keep(&by_size, Fit::First);
+    keep(&by_size, Fit::Best);
+    let by_area = order_by(&|b| {
+        (
+            u128::from(b.size) * u128::from(b.end - b.start),
+            u64::MAX - b.start,
+            0,
+        )
+    });
+    keep(&by_area, Fit::First);
+    let by_life = order_by(&|b| (u128::from(b.end - b.start), b.size, u64::MAX - b.start));
+    keep(&by_life, Fit::First);
+    // Orders by size perturbed at random (up to x1.5).
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    for _ in 0..runs {
+    for _ in 0..RANDOM_ORDERS {
         let keys: Vec<u128> = buffers
             .iter()
-            .map(|b| u128::from(b.size) * u128::from(1024 + next() % 512))
+            .map(|b| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                u128::from(b.size) * u128::from(1024 + seed % 512)
+            })
             .collect();
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&i| (std::cmp::Reverse(keys[i]), i));
-        keep(greedy(buffers, &order, Fit::First));
+        keep(&order, Fit::First);
     }
     best
 }
 
 /// The most randomly perturbed orders [`heuristic`] tries.
-pub const RANDOM_ORDERS: u64 = 24;
+pub const RANDOM_ORDERS: u64 = 16;

@@ -64,7 +64,7 @@ use crate::oracle_trace::{AllocId, Op, Trace};
 use crate::replay::StartState;
 
 pub use exact::exact;
-pub use heuristic::{heuristic, ONE_ORDER_PAIRS, THREE_ORDERS_PAIRS};
+pub use heuristic::{heuristic, HEURISTIC_PAIRS, ONE_ORDER_PAIRS, RANDOM_ORDERS};
 
 /// The unit a placement works in: requested bytes are rounded up to a
 /// multiple of 512, the smallest block a CUDA caching allocator hands out
@@ -73,8 +73,8 @@ pub const PLACEMENT_UNIT: u64 = 512;
 
 /// The default work budget of [`solve`]'s exact search: conflict checks
 /// (one per already-placed buffer met while finding where a buffer goes),
-/// about a tenth of a second in a release build.
-pub const DEFAULT_WORK_BUDGET: u64 = 20_000_000;
+/// a few milliseconds in a release build.
+pub const DEFAULT_WORK_BUDGET: u64 = 1_000_000;
 
 /// The most buffers in one independent part that the exact search tries;
 /// larger parts keep the heuristic's answer unless it meets the lower
