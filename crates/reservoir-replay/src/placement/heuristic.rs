@@ -185,13 +185,13 @@ pub(crate) fn meeting_pairs(buffers: &[Buffer]) -> u64 {
     before + together
 }
 
-/// The meeting pairs ([`meeting_pairs`]) the greedy orders of
+/// The meeting pairs (`meeting_pairs`) the greedy orders of
 /// [`heuristic`] may scan in all: as many orders run as fit (at least
 /// one).
 pub const HEURISTIC_PAIRS: u64 = 1_500_000;
 
 /// Above this many meeting pairs, [`heuristic`] places in order of time
-/// only ([`by_time`], O(n log n)).
+/// only (`by_time`, O(n log n)).
 pub const ONE_ORDER_PAIRS: u64 = 16_000_000;
 
 /// Place the buffers in order of time as an ideal allocator that knows no
@@ -253,7 +253,7 @@ pub(crate) fn by_time(buffers: &[Buffer]) -> Vec<u64> {
 }
 
 /// A placement of `buffers` (every one of size > 0 with a non-empty
-/// lifetime): the lowest of the placement in order of time ([`by_time`])
+/// lifetime): the lowest of the placement in order of time (`by_time`)
 /// and greedy placements by decreasing size (first fit, then best fit), by
 /// decreasing size x lifetime and by decreasing lifetime (first fit), then
 /// up to [`RANDOM_ORDERS`] orders by size perturbed at random (seeded: the
