@@ -19,6 +19,7 @@ use reservoir_replay::replay::recorded::StartMode;
 use reservoir_replay::replay::StartState;
 use reservoir_replay::workload;
 
+use crate::limit::{self, CompareLimits};
 use crate::table::format_ns;
 use crate::{convert_file, policy_setting, Converted};
 
@@ -386,7 +387,7 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
     Ok((out, skipped))
 }
 
-fn rows_table(rows: &[CompareRow]) -> String {
+fn rows_table(rows: &[CompareRow], limits: &CompareLimits<'_>) -> String {
     let header = [
         "input",
         "policy",
@@ -396,13 +397,15 @@ fn rows_table(rows: &[CompareRow]) -> String {
         "bound",
         "OOMs",
         "min capacity",
+        "fragmentation tax",
         "driver calls",
         "driver time",
         "steady time",
         "ns/op",
     ];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
-    for r in rows {
+    for (i, r) in rows.iter().enumerate() {
+        let taxes = limits.cells(i);
         for (k, p) in r.policies.iter().enumerate() {
             cells.push(vec![
                 if k == 0 {
@@ -417,6 +420,7 @@ fn rows_table(rows: &[CompareRow]) -> String {
                 if p.within_bound { "ok" } else { "over" }.to_string(),
                 p.ooms.to_string(),
                 p.min_capacity.map_or("> 16 TiB".into(), format_size),
+                taxes[k].clone(),
                 p.driver_calls.to_string(),
                 format_ns(p.driver_time_ns as f64),
                 format_ns(p.steady_driver_time_ns as f64),
@@ -526,7 +530,16 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         bail!("nothing to compare (no trace in the folder and --no-workloads)");
     }
     let rows = compare_all(&inputs)?;
-    write_comparison(&args, &rows, &skipped)?;
+    // The yardstick of the minimum capacities (see `limit`).
+    let limits: Vec<_> = inputs
+        .iter()
+        .map(|i| limit::limit_of(&i.trace, i.start.as_ref()))
+        .collect();
+    let limits = CompareLimits {
+        rows: &rows,
+        limits: &limits,
+    };
+    write_comparison(&args, &rows, &limits, &skipped)?;
     let failures = requirement_failures(&args, &rows, &exceptions);
     if !failures.is_empty() {
         bail!("{}", failures.join("\n"));
@@ -566,7 +579,12 @@ fn compare_all(inputs: &[CompareInput]) -> Result<Vec<CompareRow>> {
 }
 
 /// Write the comparison to standard output: JSON (`--json`) or the tables.
-fn write_comparison(args: &CompareArgs, rows: &[CompareRow], skipped: &[Skipped]) -> Result<()> {
+fn write_comparison(
+    args: &CompareArgs,
+    rows: &[CompareRow],
+    limits: &CompareLimits<'_>,
+    skipped: &[Skipped],
+) -> Result<()> {
     let summary = summarize(rows);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -575,19 +593,24 @@ fn write_comparison(args: &CompareArgs, rows: &[CompareRow], skipped: &[Skipped]
             .iter()
             .map(|(f, why)| serde_json::json!({"file": f, "reason": why}))
             .collect();
+        let mut rows = serde_json::to_value(rows).context("serializing the rows")?;
+        limits.add_json(&mut rows);
         let v = serde_json::json!({
             "start": "cold",
             "rows": rows,
             "summary": summary,
+            "fragmentation_tax": limits.summary_json(),
             "skipped": skipped,
         });
         serde_json::to_writer_pretty(&mut out, &v).context("writing JSON")?;
         writeln!(out)?;
     } else {
-        let mut text = rows_table(rows);
+        let mut text = rows_table(rows, limits);
         text.push('\n');
         text.push_str(&summary_table(&summary, rows.len()));
         text.push_str(&steady_state_line(rows));
+        text.push('\n');
+        text.push_str(&limits.text());
         if !skipped.is_empty() {
             let _ = writeln!(text, "\nskipped {} files:", skipped.len());
             for (f, why) in skipped {

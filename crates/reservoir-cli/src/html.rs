@@ -45,6 +45,9 @@ pub struct Section {
     /// Who recorded the input when not PyTorch's CUDA allocator
     /// (`reservoir_replay::recorder`); empty otherwise.
     recorder_note: String,
+    /// The limit and each setting's fragmentation tax (`--min-capacity`),
+    /// as HTML; empty when not measured.
+    limit: String,
 }
 
 impl Section {
@@ -124,6 +127,7 @@ impl Section {
             lints: Vec::new(),
             skipped: String::new(),
             recorder_note: String::new(),
+            limit: String::new(),
         })
     }
 
@@ -139,6 +143,13 @@ impl Section {
         lints: Vec<reservoir_replay::replay::lints::SettingLints>,
     ) -> Section {
         self.lints = lints;
+        self
+    }
+
+    /// The section with the limit and the taxes (HTML from
+    /// [`crate::limit::html`]).
+    pub fn with_limit(mut self, limit: Option<String>) -> Section {
+        self.limit = limit.unwrap_or_default();
         self
     }
 
@@ -517,6 +528,7 @@ p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
         timeline(&mut out, k, s, "reserved", "Reserved memory");
         segment_map(&mut out, k, s);
         numbers(&mut out, s);
+        out.push_str(&s.limit);
         explanations(&mut out, s);
         crate::lints::render_html(&mut out, &s.lints);
         out.push_str("</section>\n");

@@ -16,6 +16,7 @@ mod diagnose;
 mod diff;
 mod explain;
 mod html;
+mod limit;
 mod lints;
 mod replay_cmd;
 mod size;

@@ -9,11 +9,13 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::{
-    explain, html, lints, load_recorded, load_workload, settings, table, RecordedInput, ReplayArgs,
+    explain, html, limit, lints, load_recorded, load_workload, settings, table, RecordedInput,
+    ReplayArgs,
 };
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::placement::Limit;
 use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::explain::Explanation;
 use reservoir_replay::replay::lints::SettingLints;
@@ -130,7 +132,7 @@ impl Run<'_> {
             reports.push(rr.report);
         }
         let title = format!("{} (device {})", input.file, input.rec.device);
-        let (explanations, lints, analysis) = Analysed {
+        let (explanations, lints, analysis, limit_html) = Analysed {
             label: &title,
             trace: &input.rec.trace,
             start: Some(&input.rec.start),
@@ -185,7 +187,8 @@ impl Run<'_> {
                 .with_explanations(explanations)
                 .with_lints(lints)
                 .with_skipped(describe_skipped(&input.skipped))
-                .with_recorder_note(input.recorder.note()),
+                .with_recorder_note(input.recorder.note())
+                .with_limit(limit_html),
             );
         }
         Ok(())
@@ -214,7 +217,7 @@ impl Run<'_> {
                 .push(serde_json::to_value(r).context("serializing a report")?);
         }
         let title = format!("workload {}", w.spec());
-        let (explanations, lints, analysis) = Analysed {
+        let (explanations, lints, analysis, limit_html) = Analysed {
             label: &title,
             trace,
             start: None,
@@ -242,7 +245,8 @@ impl Run<'_> {
             self.sections.push(
                 html::Section::workload(title, trace, settings, options.capacity, &reports)?
                     .with_explanations(explanations)
-                    .with_lints(lints),
+                    .with_lints(lints)
+                    .with_limit(limit_html),
             );
         }
         Ok(())
@@ -371,18 +375,23 @@ struct Analysed<'a> {
     device_total: Option<u64>,
 }
 
+/// What [`Analysed::analyse`] returns: the explanations, the lints, the
+/// text, and the HTML of the limit (with `--min-capacity`).
+type Analysis = (Vec<Explanation>, Vec<SettingLints>, String, Option<String>);
+
 impl Analysed<'_> {
     /// Explain each setting's reserved peak and first OOM, lint it and,
     /// with `min_capacity`, find each setting's smallest device; add them
     /// to the input's JSON reports (`json`, one per setting) and return the
-    /// explanations and lints with the text of the table, the explanations
-    /// and the lints.
+    /// explanations and lints, the text of the table, the explanations and
+    /// the lints, and (with `min_capacity`) the HTML of the limit and the
+    /// taxes.
     fn analyse(
         &self,
         reports: &[ReplayReport],
         min_capacity: bool,
         json: &mut [serde_json::Value],
-    ) -> Result<(Vec<Explanation>, Vec<SettingLints>, String)> {
+    ) -> Result<Analysis> {
         let explanations = explain::explain_all(
             self.trace,
             self.start,
@@ -400,7 +409,17 @@ impl Analysed<'_> {
         } else {
             None
         };
-        let mut text = render_table(reports, mins.as_deref());
+        // The yardstick of the minimum capacities (see `limit`).
+        let limit = mins.as_ref().map(|mins| {
+            let l = limit::limit_of(self.trace, self.start);
+            let taxes: Vec<_> = mins
+                .iter()
+                .map(|m| limit::tax(m.min_capacity, &l))
+                .collect();
+            limit::add_json(json, &l, &taxes);
+            (l, taxes)
+        });
+        let mut text = render_table(reports, mins.as_deref(), limit.as_ref());
         text.push_str(&explain::render_text(&explanations));
         let lints = lints::lint_all(
             self.trace,
@@ -412,7 +431,14 @@ impl Analysed<'_> {
         )?;
         lints::add_json(json, &lints)?;
         text.push_str(&lints::render_text(&lints));
-        Ok((explanations, lints, text))
+        let html = limit.as_ref().zip(mins.as_ref()).map(|((l, taxes), mins)| {
+            let named: Vec<_> = mins
+                .iter()
+                .map(|m| (m.setting.clone(), m.min_capacity))
+                .collect();
+            limit::html(l, &named, taxes)
+        });
+        Ok((explanations, lints, text, html))
     }
 }
 
@@ -514,8 +540,13 @@ fn min_capacity_headline(mins: &[MinCapacity]) -> Option<String> {
     Some(line)
 }
 
-/// The comparison table, with the minimum capacities when measured.
-fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> String {
+/// The comparison table, with the minimum capacities and their taxes when
+/// measured.
+fn render_table(
+    reports: &[ReplayReport],
+    mins: Option<&[MinCapacity]>,
+    limit: Option<&(Limit, Vec<Option<limit::Tax>>)>,
+) -> String {
     let Some(mins) = mins else {
         return table::render(reports);
     };
@@ -523,13 +554,26 @@ fn render_table(reports: &[ReplayReport], mins: Option<&[MinCapacity]>) -> Strin
         .iter()
         .map(|m| m.min_capacity.map_or("> 16 TiB".to_string(), format_size))
         .collect();
-    let mut out = table::render_with(reports, vec![("minimum capacity (no OOM)", cells)]);
+    let mut extra = vec![("minimum capacity (no OOM)", cells)];
+    if let Some((_, taxes)) = limit {
+        let cells = taxes.iter().map(|t| limit::tax_cell(*t)).collect();
+        extra.push(("fragmentation tax (vs best placement)", cells));
+    }
+    let mut out = table::render_with(reports, extra);
     if let Some(h) = min_capacity_headline(mins) {
         let _ = writeln!(
             out,
             "
 {h}"
         );
+    }
+    if let Some((l, taxes)) = limit {
+        let named: Vec<_> = mins
+            .iter()
+            .map(|m| m.setting.clone())
+            .zip(taxes.iter().copied())
+            .collect();
+        out.push_str(&limit::replay_text(l, &named));
     }
     out
 }

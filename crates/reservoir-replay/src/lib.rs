@@ -11,6 +11,9 @@
 //! * [`input`] reads the recorded files: PyTorch memory snapshots (every
 //!   layout) and the other supported allocation logs, decoded into replay
 //!   input; [`pickle`] is the hardened pickle reader it uses.
+//! * [`placement`] finds the least memory any allocator that cannot move
+//!   allocations could use for a trace (an offline placement and its
+//!   bounds): the yardstick of the fragmentation tax.
 //! * [`compare`] puts policies side by side on many inputs (`reservoir
 //!   compare`).
 //! * [`oracle_trace`] is the text trace format of the PyTorch oracle and the
@@ -34,6 +37,7 @@ pub mod diff;
 pub mod input;
 pub mod oracle_trace;
 pub mod pickle;
+pub mod placement;
 pub mod recorder;
 pub mod replay;
 pub mod torch_release;
