@@ -1,6 +1,6 @@
 //! Genuine PyTorch OOMs, diagnosed (issue 30 item 1): the real PyTorch 2.15
 //! allocator (`../shared/oracle/oracle_replay.py` on the fake CUDA device)
-//! runs four small traces into an out-of-memory error and writes its
+//! runs five small traces into an out-of-memory error and writes its
 //! memory snapshots; `reservoir replay` must reproduce each OOM and name
 //! its class, bytes and the change that avoids it, proven by replay:
 //!
@@ -10,11 +10,11 @@
 //! | 60 MiB freed, 45 MiB takes it whole, then 14 MiB | 70 MiB | `max_split_size_mb:40` | fragmentation (split limit), 15 MiB | remove `max_split_size_mb` |
 //! | 18 MiB free on stream 0, 16 MiB on stream s1 | 30 MiB | defaults | stream stranding, 18 MiB | the `reservoir` policy |
 //! | 20 + 20 MiB | 64 MiB | `per_process_memory_fraction:0.5` | memory fraction, 32 MiB | fraction 0.65 |
+//! | 30 MiB, then 24 MiB; 16 MiB used by the context (`FAKECUDA_RESERVED`) | 64 MiB (`--device-total`) | defaults | outside the allocator, 16 MiB | the whole device |
 //!
-//! The four oracle runs go in parallel (about 10 s in all). Pool retention
-//! and memory outside the allocator are tested on synthetic states only
-//! (`reservoir-replay/tests/diagnose.rs`): the oracle's trace format has no
-//! private pools, and its fake device has no other processes.
+//! The five oracle runs go in parallel (about 10 s in all). Pool retention
+//! is tested on synthetic states only (`reservoir-replay/tests/diagnose.rs`):
+//! the oracle's trace format has no private pools.
 //!
 //! It needs the oracle's torch venv (`../shared/oracle/setup-torch.sh`).
 //! Without it the test prints a line starting with `SKIPPED-BACKEND` and
@@ -43,6 +43,9 @@ struct Case {
     ops: String,
     capacity: &'static str,
     conf: &'static str,
+    /// Bytes the fake driver shows as used by the CUDA context
+    /// (`FAKECUDA_RESERVED`), given back to the replay as `--device-total`.
+    outside: Option<u64>,
     class: &'static str,
     rule: Option<&'static str>,
     bytes: u64,
@@ -62,6 +65,7 @@ fn cases() -> Vec<Case> {
             ops: format!("a 1 {}\na 2 {}\na 3 {}\n", m(30), m(24), m(20)),
             capacity: "64M",
             conf: "",
+            outside: None,
             class: "capacity",
             rule: None,
             bytes: m(10),
@@ -76,6 +80,7 @@ fn cases() -> Vec<Case> {
             ops: format!("a 1 {}\nf 1\na 2 {}\na 3 {}\n", m(60), m(45), m(14)),
             capacity: "70M",
             conf: "max_split_size_mb:40",
+            outside: None,
             class: "fragmentation",
             rule: Some("split_limit"),
             bytes: m(15),
@@ -90,6 +95,7 @@ fn cases() -> Vec<Case> {
             ops: format!("a 1 {0} 0\na 2 {0} 0\nf 1\na 3 {1} s1\n", m(2), m(16)),
             capacity: "30M",
             conf: "",
+            outside: None,
             class: "stream_stranding",
             rule: None,
             bytes: m(18),
@@ -104,6 +110,7 @@ fn cases() -> Vec<Case> {
             ops: format!("a 1 {0}\na 2 {0}\n", m(20)),
             capacity: "64M",
             conf: "per_process_memory_fraction:0.5",
+            outside: None,
             class: "memory_fraction",
             rule: None,
             bytes: m(32),
@@ -112,6 +119,21 @@ fn cases() -> Vec<Case> {
             fix: "per_process_memory_fraction:0.65",
             peak: m(40),
             line: "  fix: set `per_process_memory_fraction:0.65` in the settings: proven by replay: no OOM, peak reserved 40.00 MiB",
+        },
+        Case {
+            name: "outside-allocator",
+            ops: format!("a 1 {}\na 2 {}\n", m(30), m(24)),
+            capacity: "64M",
+            conf: "",
+            outside: Some(m(16)),
+            class: "outside_allocator",
+            rule: None,
+            bytes: m(16),
+            shortfall: m(6),
+            fix_kind: "device",
+            fix: "the whole 64.00 MiB device",
+            peak: m(54),
+            line: "  16.00 MiB of the 64.00 MiB device is used outside this allocator",
         },
     ]
 }
@@ -123,12 +145,33 @@ fn check(case: &Case, dir: &Path) {
             .unwrap();
     let oracle_oom = &oracle["ooms"][0];
     let snap = snapshot.to_str().unwrap();
-    let o = reservoir(&["replay", snap, "-p", "pytorch", "--json"]);
+    // The fake device's whole size (its `--capacity`, in MiB).
+    let total = case.outside.map(|_| {
+        let mib: u64 = case.capacity.trim_end_matches('M').parse().unwrap();
+        (mib * M).to_string()
+    });
+    let device: Vec<&str> = match &total {
+        // The device's size is not in a snapshot: the user gives it.
+        Some(t) => vec!["--device-total", t.as_str()],
+        None => vec![],
+    };
+    let o = reservoir(&[&["replay", snap, "-p", "pytorch", "--json"][..], &device].concat());
     assert!(o.status.success(), "{}: {}", case.name, text(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    // The replay reproduces PyTorch's OOM, message and all.
+    // The replay reproduces PyTorch's OOM, message and all, except that
+    // with memory outside the allocator its simulated device is the
+    // allocator's share (device_free + reserved), which the message names
+    // as the total capacity (docs/limits.md).
+    let message = |m: &serde_json::Value| {
+        let m = m.as_str().unwrap().to_owned();
+        match case.outside {
+            Some(_) => m.split(" GPU 0 has").next().unwrap().to_owned(),
+            None => m,
+        }
+    };
     assert_eq!(
-        v[0]["first_oom"]["message"], oracle_oom["message"],
+        message(&v[0]["first_oom"]["message"]),
+        message(&oracle_oom["message"]),
         "{}",
         case.name
     );
@@ -149,7 +192,7 @@ fn check(case: &Case, dir: &Path) {
         let w: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(w[0]["ooms"], 0, "{}", case.name);
     }
-    let o = reservoir(&["replay", snap, "-p", "pytorch"]);
+    let o = reservoir(&[&["replay", snap, "-p", "pytorch"][..], &device].concat());
     let out = text(&o.stdout);
     for needle in [
         &format!(
@@ -174,7 +217,7 @@ fn genuine_pytorch_ooms_are_classified_and_fixed_by_proven_changes() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("genuine_diagnose");
     std::fs::create_dir_all(&dir).unwrap();
     let cases = cases();
-    // The four oracle runs at once.
+    // The oracle runs at once.
     let children: Vec<_> = cases
         .iter()
         .map(|c| {
@@ -189,6 +232,9 @@ fn genuine_pytorch_ooms_are_classified_and_fixed_by_proven_changes() {
                 .arg("--quiet");
             if !c.conf.is_empty() {
                 cmd.args(["--conf", c.conf]);
+            }
+            if let Some(bytes) = c.outside {
+                cmd.env("FAKECUDA_RESERVED", bytes.to_string());
             }
             cmd.stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
