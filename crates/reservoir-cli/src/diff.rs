@@ -107,11 +107,8 @@ fn measure(path: &Path, args: &DiffArgs) -> Result<(Measured, Option<String>)> {
         (None, None) => ReplaySetting::new("pytorch", recorded.clone()),
     };
     let pytorch_mode = setting.config == recorded && setting.allocator == AllocatorKind::Caching;
-    let options = ReplayOptions {
-        capacity: args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY),
-        max_samples: 2,
-        ..ReplayOptions::default()
-    };
+    let options =
+        ReplayOptions::without_timeline(args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY));
     let file = path.display().to_string();
     let mut m = diff::measure(&file, &rec, &setting, &options, pytorch_mode)
         .with_context(|| format!("replaying {file} with {}", setting.name))?;

@@ -58,11 +58,7 @@ pub fn explain_all(
             format_size(capacity)
         );
     }
-    let options = ReplayOptions {
-        capacity,
-        max_samples: 2,
-        ..ReplayOptions::default()
-    };
+    let options = ReplayOptions::without_timeline(capacity);
     settings
         .iter()
         .zip(reports)

@@ -27,11 +27,7 @@ pub fn lint_all(
     capacity: u64,
     sites: &Sites,
 ) -> Result<Vec<SettingLints>> {
-    let options = ReplayOptions {
-        capacity,
-        max_samples: 2,
-        ..ReplayOptions::default()
-    };
+    let options = ReplayOptions::without_timeline(capacity);
     settings
         .iter()
         .zip(reports)

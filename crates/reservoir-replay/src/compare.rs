@@ -221,11 +221,7 @@ pub fn compare(
     // The input's bound, from its trace: the same for every setting, even
     // one that runs out of memory and so holds fewer bytes.
     let bound = trace_bound(&input.trace, input.start.as_ref());
-    let options = ReplayOptions {
-        capacity: input.capacity,
-        max_samples: 2,
-        ..ReplayOptions::default()
-    };
+    let options = ReplayOptions::without_timeline(input.capacity);
     let steady_start = steady_state_start(&input.trace, input.start.as_ref());
     let mut policies = Vec::with_capacity(input.settings.len());
     for s in &input.settings {

@@ -50,11 +50,7 @@ fn try_capacity(
     setting: &ReplaySetting,
     capacity: u64,
 ) -> Result<Option<(u64, u64)>, ReplayError> {
-    let options = ReplayOptions {
-        capacity,
-        max_samples: 2,
-        ..ReplayOptions::default()
-    };
+    let options = ReplayOptions::without_timeline(capacity);
     let mut r: Replay<'_> = match Replay::build(trace, start, setting, &options) {
         Ok(r) => r,
         // The start state itself does not fit on this device.

@@ -152,6 +152,19 @@ pub struct ReplayOptions {
     pub time_one_in: u32,
 }
 
+impl ReplayOptions {
+    /// The options of a replay on a device of `capacity` bytes whose
+    /// timeline is not shown (a search, an explanation, a lint pass, a
+    /// comparison): the fewest samples, 2; the rest as by default.
+    pub fn without_timeline(capacity: u64) -> ReplayOptions {
+        ReplayOptions {
+            capacity,
+            max_samples: 2,
+            ..ReplayOptions::default()
+        }
+    }
+}
+
 impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {
