@@ -2,11 +2,11 @@
 # PyTorch on Reservoir, proven inside real torch 2.15 on the fake CUDA device
 # (../shared/oracle, full path: run ../shared/oracle/setup-torch.sh first).
 #
-# 1. builds the reservoir_torch wheel (maturin, release) into target/wheels;
+# 1. builds the reservoir wheel (crates/reservoir-python) (maturin, release) into target/wheels;
 # 2. installs it into a venv derived from the oracle venv (a .pth file makes
 #    the oracle's torch visible; the oracle venv itself is left alone);
-# 3. runs crates/reservoir-torch/tests/test_smoke.py (the package's API) and
-#    crates/reservoir-torch/tests/test_in_torch.py (the proof: training on two
+# 3. runs crates/reservoir-python/tests/test_smoke.py (the package's API) and
+#    crates/reservoir-python/tests/test_in_torch.py (the proof: training on two
 #    streams, a real trace replayed through tensors, the fake driver's call
 #    log, memory_stats against Reservoir's own replay, _memory_viz, and the
 #    sanitizer run with its negative control).
@@ -39,9 +39,9 @@ fi
 
 if [ "${1:-}" != "--skip-build" ]; then
   echo "torch-proof: building the wheel (maturin build --release --locked)"
-  rm -f target/wheels/reservoir_torch-*.whl
-  (cd crates/reservoir-torch && "$venv/bin/maturin" build --release --locked --quiet -o "$root/target/wheels")
-  "$venv/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/reservoir_torch-*.whl
+  rm -f target/wheels/reservoir_allocator-*.whl
+  (cd crates/reservoir-python && "$venv/bin/maturin" build --release --locked --quiet -o "$root/target/wheels")
+  "$venv/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/reservoir_allocator-*.whl
 fi
 
 # The proof's trace: a real one, in the oracle's text format, and Reservoir's
@@ -52,7 +52,7 @@ snapshot=${RESERVOIR_PROOF_SNAPSHOT:-../shared/traces/cs336-bcrafton/06f51ae4_me
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cargo run --locked -q -p reservoir-cli -- convert "$snapshot" --oracle-trace "$work/trace.txt"
-cargo run --locked -q -p reservoir-torch --example oracle_trace_stats -- \
+cargo run --locked -q -p reservoir-python --example oracle_trace_stats -- \
   "$work/trace.txt" "${FAKECUDA_TOTAL_MEM:-85045870592}" >"$work/sim.json"
 export RESERVOIR_PROOF_SOURCE=$snapshot RESERVOIR_PROOF_TRACE=$work/trace.txt RESERVOIR_PROOF_SIM_STATS=$work/sim.json
 
@@ -72,7 +72,7 @@ run() {
   echo "torch-proof: $name"
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "torch-proof: $name FAILED"; fi
 }
-run smoke "$py" crates/reservoir-torch/tests/test_smoke.py
-run proof "$py" crates/reservoir-torch/tests/test_in_torch.py
+run smoke "$py" crates/reservoir-python/tests/test_smoke.py
+run proof "$py" crates/reservoir-python/tests/test_in_torch.py
 echo "torch-proof: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -17,7 +17,7 @@
 //! calls fail with `RESERVOIR_ERR_POISONED`). Torch's `memory_stats()` is unavailable with a
 //! pluggable allocator; [`reservoir_torch_stat`] reads ours.
 //!
-//! A program that loads this library itself (the `reservoir_torch` Python
+//! A program that loads this library itself (the `reservoir.torch` Python
 //! package) configures the allocators with [`torch_configure`] /
 //! [`reservoir_torch_configure`] instead of the environment, before the
 //! first allocation, and reaches them with [`with_torch_allocator`].

@@ -1,4 +1,4 @@
-"""Smoke test of the reservoir_torch package inside real torch on the fake
+"""Smoke test of the reservoir.torch package inside real torch on the fake
 CUDA device (spec ../shared/spec/pytorch-allocator.md section 3, pluggable).
 
 Run by tools/torch-proof.sh (which builds and installs the wheel):
@@ -17,7 +17,7 @@ import traceback
 
 import torch
 
-import reservoir_torch as rt
+import reservoir.torch as rt
 
 MIB = 1 << 20
 
@@ -57,7 +57,7 @@ def test_enable_serves_torch_from_reservoir():
 
 def test_enable_after_cuda_use_is_a_clear_error():
     code = (
-        "import torch, reservoir_torch as rt\n"
+        "import torch, reservoir.torch as rt\n"
         "torch.zeros(1, device='cuda')\n"
         "try:\n    rt.enable()\nexcept rt.ReservoirError as e:\n    print('ERR', e)\n"
         "print('enabled', rt.is_enabled())\n"
@@ -159,7 +159,7 @@ def test_mempool_backed_by_reservoir_without_enable():
     # torch's own caching allocator, one pool of it fed by Reservoir: torch
     # asks reservoir_alloc for that pool's segments (fresh process).
     code = (
-        "import torch, reservoir_torch as rt\n"
+        "import torch, reservoir.torch as rt\n"
         "pool = torch.cuda.MemPool(allocator=rt.allocator())\n"
         "with torch.cuda.use_mem_pool(pool):\n"
         "    x = torch.empty(3 << 20, dtype=torch.uint8, device='cuda')\n"
@@ -192,7 +192,7 @@ def test_mempool_backed_by_reservoir_without_enable():
 EXPANDABLE_WORKLOAD = """
 import json, os, sys, torch
 if sys.argv[1] == 'reservoir':
-    import reservoir_torch as rt
+    import reservoir.torch as rt
     rt.enable('expandable_segments:True')
     stats = lambda: dict(rt.memory_stats())
 else:

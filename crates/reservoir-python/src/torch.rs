@@ -1,22 +1,8 @@
-//! # reservoir-torch: PyTorch on Reservoir
-//!
-//! The native half of the `reservoir_torch` Python package
-//! (`python/reservoir_torch/__init__.py` is the other half). Built by
-//! maturin into `reservoir_torch/_native.abi3.so`, this one library is both
-//!
-//! * the Python extension module `reservoir_torch._native` (the functions
-//!   below, all on the allocators behind the PyTorch entry points), and
-//! * the allocator library torch loads: it re-exports reservoir-capi's C
-//!   entry points, so `torch.cuda.memory.CUDAPluggableAllocator(_native.__file__,
-//!   "reservoir_alloc", "reservoir_free")` finds `reservoir_alloc` /
-//!   `reservoir_free` in it. The dynamic loader opens a file once, so the
-//!   allocator torch calls and the one these functions read are the same.
-//!   `record_stream` goes through the C entry point
-//!   `reservoir_torch_record_stream` (ctypes), which takes the raw stream.
+//! PyTorch on Reservoir: the functions of `reservoir._native` that
+//! `reservoir.torch` (`python/reservoir/torch/__init__.py`) calls, all on the
+//! allocators behind the PyTorch entry points of reservoir-capi.
 //!
 //! Spec: `../shared/spec/pytorch-allocator.md` section 3 (pluggable).
-
-#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 
@@ -30,14 +16,8 @@ use reservoir::CachingAllocator;
 use reservoir_capi::{torch_configure, with_torch_allocator, Failure};
 use reservoir_cuda::CudaDevice;
 
-// The C entry points torch's CUDAPluggableAllocator looks up by name.
-pub use reservoir_capi::{
-    reservoir_alloc, reservoir_free, reservoir_last_error, reservoir_torch_configure,
-    reservoir_torch_empty_cache, reservoir_torch_record_stream, reservoir_torch_stat,
-};
-
 create_exception!(
-    _native,
+    reservoir,
     ReservoirError,
     PyRuntimeError,
     "A Reservoir call failed; the message starts with the status name (RESERVOIR_ERR_...)."
@@ -198,10 +178,8 @@ fn check_invariants(device: i32) -> PyResult<()> {
     })
 }
 
-/// The `reservoir_torch._native` module.
-#[pymodule]
-fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("ReservoirError", m.py().get_type::<ReservoirError>())?;
+/// Adds this module's functions to `reservoir._native`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot_pickle, m)?)?;

@@ -9,7 +9,7 @@ of ../shared/oracle. Run by tools/torch-proof.sh, which prepares:
 
 Each phase runs in a fresh process (torch's allocator is chosen once per
 process):
-  train    reservoir_torch.enable(), then MLP training steps on two streams (a
+  train    reservoir.torch.enable(), then MLP training steps on two streams (a
            data stream copying batches in, a compute stream reading them),
            with Tensor.record_stream (forwarded by enable()) for the cross-stream use;
            --no-record-stream is the negative control
@@ -86,7 +86,7 @@ def phase_train(record, native=False):
     """Training on two streams; `native`: on torch's own caching allocator
     instead (for comparison), else on Reservoir."""
     import torch
-    import reservoir_torch as rt
+    import reservoir.torch as rt
 
     if native:
         memory_stats, memory_snapshot = torch.cuda.memory_stats, torch.cuda.memory_snapshot
@@ -160,7 +160,7 @@ def load_trace(path):
 
 def phase_replay(trace, snapshot_path):
     import torch
-    import reservoir_torch as rt
+    import reservoir.torch as rt
 
     rt.enable()
     fake = fake_driver()

@@ -2,11 +2,11 @@
 //! `../shared/oracle/oracle_replay.py`) on the simulated device: prints the
 //! `torch.cuda.memory_stats()` keys at the end of the trace as JSON, for the
 //! in-torch proof (`tools/torch-proof.sh`) to compare with what
-//! `reservoir_torch.memory_stats()` reports after the same sequence ran
+//! `reservoir.torch.memory_stats()` reports after the same sequence ran
 //! through torch tensors.
 //!
 //! ```sh
-//! cargo run -p reservoir-torch --example oracle_trace_stats -- TRACE [CAPACITY_BYTES] [CONF]
+//! cargo run -p reservoir-python --example oracle_trace_stats -- TRACE [CAPACITY_BYTES] [CONF]
 //! ```
 
 use std::error::Error;

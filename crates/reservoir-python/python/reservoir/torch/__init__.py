@@ -2,8 +2,8 @@
 
 Three lines::
 
-    import torch, reservoir_torch
-    reservoir_torch.enable("expandable_segments:True")   # before any CUDA work
+    import torch, reservoir.torch
+    reservoir.torch.enable("expandable_segments:True")   # before any CUDA work
     x = torch.empty(1 << 20, device="cuda")              # served by Reservoir
 
 torch loads this package's native library as a ``CUDAPluggableAllocator``
@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from . import _native
-from ._native import ReservoirError
+from .. import _native
+from .._native import ReservoirError
 
 __all__ = [
     "LIBRARY",
@@ -76,7 +76,7 @@ def allocator() -> "torch._C._cuda_CUDAAllocator":
     ``torch.cuda.MemPool`` takes it: without ``enable()``, torch's caching
     allocator then gets that pool's segments from Reservoir::
 
-        pool = torch.cuda.MemPool(allocator=reservoir_torch.allocator())
+        pool = torch.cuda.MemPool(allocator=reservoir.torch.allocator())
         with torch.cuda.use_mem_pool(pool):
             x = torch.empty(n, device="cuda")
     """
@@ -110,7 +110,7 @@ def enable(conf: Optional[str] = None) -> None:
         torch.cuda.memory.change_current_allocator(pluggable_allocator())
     except RuntimeError as e:
         raise ReservoirError(
-            "RESERVOIR_ERR_INVALID_STATE: reservoir_torch.enable() must run before "
+            "RESERVOIR_ERR_INVALID_STATE: reservoir.torch.enable() must run before "
             "CUDA is first used (torch's own allocator is already initialized: "
             f"{e}). Call it at the start of the program."
         ) from e
