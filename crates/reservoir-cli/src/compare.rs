@@ -3,18 +3,20 @@
 //! side by side (see [`reservoir_replay::compare`]).
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
 
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::compare::{
-    compare, summarize, trace_bound, CompareInput, CompareRow, PolicySummary,
+    compare_row, compare_setting, peak_ratio, summarize, trace_bound, CompareInput, CompareRow,
+    PolicySummary,
 };
+use reservoir_replay::placement::Limit;
 use reservoir_replay::replay::recorded::StartMode;
 use reservoir_replay::replay::StartState;
 use reservoir_replay::workload;
@@ -22,6 +24,7 @@ use reservoir_replay::workload;
 use crate::limit::{self, CompareLimits};
 use crate::table::format_ns;
 use crate::{convert_file, policy_setting, Converted};
+use crate::{par, ranks};
 
 /// The policies compared when none is named.
 const DEFAULT_POLICIES: [&str; 3] = ["pytorch", "expandable", "reservoir"];
@@ -90,6 +93,55 @@ pub struct CompareArgs {
     /// OOMs), else 80 GiB.
     #[arg(long, value_name = "SIZE|bound", value_parser = parse_capacity)]
     capacity: Option<Capacity>,
+
+    /// Replay on at most N threads (default: every core, or
+    /// `RAYON_NUM_THREADS`). The output is the same with any N.
+    #[arg(long, value_name = "N", value_parser = par::parse_jobs)]
+    jobs: Option<usize>,
+
+    /// Compare only the K-th of N equal parts of the inputs (1-based, in
+    /// input order: the trace files, then the workloads), e.g. `--shard
+    /// 2/8` on the second of 8 machines; with --json the output says which
+    /// part it is, and `--merge` puts the parts back together.
+    #[arg(long, value_name = "K/N", value_parser = parse_shard)]
+    shard: Option<Shard>,
+
+    /// Compare nothing: merge the `--json` outputs of earlier runs (the
+    /// parts of one `--shard K/N` split, in any order, or any runs, in the
+    /// order given) and print them as one run would, tables or (--json)
+    /// JSON; --require and --require-steady check the merged rows.
+    #[arg(
+        long,
+        value_name = "JSON",
+        num_args = 1..,
+        conflicts_with_all = ["traces", "workloads", "no_workloads", "no_traces", "capacity", "shard", "jobs"]
+    )]
+    merge: Vec<PathBuf>,
+}
+
+/// A `--shard K/N` argument: part `index` (1-based) of `count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shard {
+    index: usize,
+    count: usize,
+}
+
+fn parse_shard(s: &str) -> Result<Shard, String> {
+    let bad = || format!("{s:?} is not K/N with 1 <= K <= N (e.g. 2/8: the second of 8 parts)");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let index: usize = k.trim().parse().map_err(|_| bad())?;
+    let count: usize = n.trim().parse().map_err(|_| bad())?;
+    if index == 0 || index > count {
+        return Err(bad());
+    }
+    Ok(Shard { index, count })
+}
+
+impl Shard {
+    /// The part of `len` units this shard takes: `[(K-1) len / N, K len / N)`.
+    fn range(self, len: usize) -> std::ops::Range<usize> {
+        (self.index - 1) * len / self.count..self.index * len / self.count
+    }
 }
 
 /// A `--capacity` argument.
@@ -303,8 +355,17 @@ fn traces_dir(args: &CompareArgs) -> Result<PathBuf> {
 /// A file that was not compared, and why.
 type Skipped = (String, String);
 
+/// One thing to compare: a trace file (each of its device traces), or a
+/// workload.
+enum Unit {
+    File { path: PathBuf, rel: String },
+    Workload(String),
+}
+
 /// The inputs: each device trace of each file (cold start), then each
-/// workload preset; and the files that were skipped, with the reason.
+/// workload preset (only the `--shard` part of them); and the files that
+/// were skipped, with the reason. Files are read and converted on every
+/// core, the inputs kept in order.
 fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
     let names: Vec<&str> = if args.policies.is_empty() {
         DEFAULT_POLICIES.to_vec()
@@ -313,75 +374,107 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
     };
     let settings_for =
         |base: &str| -> Result<Vec<_>> { names.iter().map(|n| policy_setting(n, base)).collect() };
-    let mut out = Vec::new();
+    let mut units = Vec::new();
     let mut skipped = Vec::new();
     if !args.no_traces {
         let dir = traces_dir(args)?;
         let (files, linked_dirs) = trace_files(&dir)?;
-        for path in linked_dirs {
-            let rel = path
-                .strip_prefix(&dir)
-                .unwrap_or(&path)
+        let rel = |path: &Path| {
+            path.strip_prefix(&dir)
+                .unwrap_or(path)
                 .display()
-                .to_string();
-            skipped.push((
-                rel,
-                "a symbolic link to a folder (not followed: copy or move the folder in)".into(),
-            ));
+                .to_string()
+        };
+        // Said once, by the first part of a split.
+        if args.shard.map_or(true, |s| s.index == 1) {
+            for path in linked_dirs {
+                skipped.push((
+                    rel(&path),
+                    "a symbolic link to a folder (not followed: copy or move the folder in)".into(),
+                ));
+            }
         }
         for path in files {
-            let rel = path
-                .strip_prefix(&dir)
-                .unwrap_or(&path)
-                .display()
-                .to_string();
-            let (recorded, devices, _) = match convert_file(&path, None) {
-                Ok(v) => v,
-                Err(e) => {
-                    let why = crate::error_chain(&e);
-                    let prefix = format!("{}: ", path.display());
-                    let why = why.strip_prefix(&prefix).unwrap_or(&why).to_string();
-                    skipped.push((rel, why));
-                    continue;
-                }
-            };
-            let settings = settings_for(&recorded)?;
-            for Converted { device, rec, .. } in devices {
-                let rec = rec.with_start(StartMode::Cold);
-                out.push(CompareInput {
-                    name: format!("{rel}#{device}"),
-                    capacity: rec.capacity.unwrap_or(DEFAULT_CAPACITY),
-                    start: Some(rec.start),
-                    trace: rec.trace,
-                    settings: settings.clone(),
-                });
-            }
+            let rel = rel(&path);
+            units.push(Unit::File { path, rel });
         }
     }
     if !args.no_workloads {
-        let specs: Vec<&str> = if args.workloads.is_empty() {
-            workload::presets().iter().map(|p| p.name).collect()
+        if args.workloads.is_empty() {
+            units.extend(
+                workload::presets()
+                    .iter()
+                    .map(|p| Unit::Workload(p.name.to_string())),
+            );
         } else {
-            args.workloads.iter().map(String::as_str).collect()
-        };
-        for spec in specs {
-            let w = crate::load_workload(spec)?;
-            out.push(CompareInput {
-                name: format!("workload {spec}"),
-                trace: w.trace(),
-                start: None::<StartState>,
-                capacity: DEFAULT_CAPACITY,
-                settings: settings_for("")?,
-            });
+            units.extend(args.workloads.iter().cloned().map(Unit::Workload));
         }
     }
-    for input in &mut out {
+    if let Some(shard) = args.shard {
+        let range = shard.range(units.len());
+        units = units.drain(range).collect();
+    }
+    let capacity = |mut input: CompareInput| {
         match args.capacity {
             Some(Capacity::Size(bytes)) => input.capacity = bytes,
             Some(Capacity::Bound) => {
                 input.capacity = trace_bound(&input.trace, input.start.as_ref());
             }
             None => {}
+        }
+        input
+    };
+    let converted: Vec<Result<Result<Vec<CompareInput>, Skipped>>> =
+        par::with_jobs(args.jobs, || {
+            units
+                .par_iter()
+                .with_max_len(1)
+                .map(|unit| -> Result<Result<Vec<CompareInput>, Skipped>> {
+                    match unit {
+                        Unit::File { path, rel } => {
+                            let (recorded, devices, _) = match convert_file(path, None) {
+                                Ok(v) => v,
+                                Err(e) => {
+                                    let why = crate::error_chain(&e);
+                                    let prefix = format!("{}: ", path.display());
+                                    let why = why.strip_prefix(&prefix).unwrap_or(&why).to_string();
+                                    return Ok(Err((rel.clone(), why)));
+                                }
+                            };
+                            let settings = settings_for(&recorded)?;
+                            Ok(Ok(devices
+                                .into_iter()
+                                .map(|Converted { device, rec, .. }| {
+                                    let rec = rec.with_start(StartMode::Cold);
+                                    capacity(CompareInput {
+                                        name: format!("{rel}#{device}"),
+                                        capacity: rec.capacity.unwrap_or(DEFAULT_CAPACITY),
+                                        start: Some(rec.start),
+                                        trace: rec.trace,
+                                        settings: settings.clone(),
+                                    })
+                                })
+                                .collect()))
+                        }
+                        Unit::Workload(spec) => {
+                            let w = crate::load_workload(spec)?;
+                            Ok(Ok(vec![capacity(CompareInput {
+                                name: format!("workload {spec}"),
+                                trace: w.trace(),
+                                start: None::<StartState>,
+                                capacity: DEFAULT_CAPACITY,
+                                settings: settings_for("")?,
+                            })]))
+                        }
+                    }
+                })
+                .collect()
+        })?;
+    let mut out = Vec::new();
+    for c in converted {
+        match c? {
+            Ok(inputs) => out.extend(inputs),
+            Err(why) => skipped.push(why),
         }
     }
     Ok((out, skipped))
@@ -525,16 +618,16 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         Some(path) => read_exceptions(path)?,
         None => Vec::new(),
     };
-    let (inputs, skipped) = inputs(&args)?;
-    if inputs.is_empty() {
-        bail!("nothing to compare (no trace in the folder and --no-workloads)");
-    }
-    let rows = compare_all(&inputs)?;
-    // The yardstick of the minimum capacities (see `limit`).
-    let limits: Vec<_> = inputs
-        .iter()
-        .map(|i| limit::limit_of(&i.trace, i.start.as_ref()))
-        .collect();
+    let (rows, limits, skipped) = if args.merge.is_empty() {
+        let (inputs, skipped) = inputs(&args)?;
+        if inputs.is_empty() {
+            bail!("nothing to compare (no trace in the folder and --no-workloads)");
+        }
+        let (rows, limits) = compare_all(&inputs, args.jobs)?;
+        (rows, limits, skipped)
+    } else {
+        merge(&args.merge)?
+    };
     let limits = CompareLimits {
         rows: &rows,
         limits: &limits,
@@ -547,35 +640,193 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
     Ok(())
 }
 
-/// Compare every input, with a progress bar on a terminal.
-fn compare_all(inputs: &[CompareInput]) -> Result<Vec<CompareRow>> {
-    let bar = ProgressBar::with_draw_target(
-        Some(inputs.len() as u64),
-        if std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
+/// Compare every input under every setting, and find the limit of each
+/// input (the yardstick of the minimum capacities, see `limit`): each
+/// replay on its own core (at most `jobs` threads), the rows in input
+/// order, with a progress bar on a terminal. The first failing input (in
+/// input order) is the error.
+fn compare_all(
+    inputs: &[CompareInput],
+    jobs: Option<usize>,
+) -> Result<(Vec<CompareRow>, Vec<Limit>)> {
+    let cells: Vec<(usize, usize)> = inputs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, input)| (0..input.settings.len()).map(move |k| (i, k)))
+        .collect();
+    let bar = par::progress_bar(
+        cells.len() as u64,
+        "{spinner} comparing [{bar:30}] {pos}/{len} replays ({eta} left) {msg}",
     );
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} comparing [{bar:30}] {pos}/{len} ({eta} left) {msg}",
+    let (results, limits) = par::with_jobs(jobs, || {
+        rayon::join(
+            || {
+                cells
+                    .par_iter()
+                    .with_max_len(1)
+                    .map(|&(i, k)| {
+                        let r = compare_setting(&inputs[i], k);
+                        bar.set_message(format!(
+                            "{} ({} done)",
+                            inputs[i].name, inputs[i].settings[k].name
+                        ));
+                        bar.inc(1);
+                        r
+                    })
+                    .collect::<Vec<_>>()
+            },
+            || {
+                inputs
+                    .par_iter()
+                    .with_max_len(1)
+                    .map(|i| limit::limit_of(&i.trace, i.start.as_ref()))
+                    .collect::<Vec<_>>()
+            },
         )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
+    })?;
+    bar.finish_and_clear();
+    let mut results = results.into_iter();
     let mut rows = Vec::with_capacity(inputs.len());
     for input in inputs {
-        bar.set_message(input.name.clone());
-        let row = compare(input, &mut |policy| {
-            bar.set_message(format!("{} ({policy} done)", input.name));
-        })
-        .with_context(|| format!("comparing on {}", input.name))?;
-        rows.push(row);
-        bar.inc(1);
+        let policies = results
+            .by_ref()
+            .take(input.settings.len())
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("comparing on {}", input.name))?;
+        rows.push(compare_row(input, policies));
     }
-    bar.finish_and_clear();
-    Ok(rows)
+    Ok((rows, limits))
+}
+
+/// The rows, limits and skipped files of earlier `--json` runs (`--merge`):
+/// the parts of a `--shard K/N` split in part order (each part once, all
+/// of them), else the runs in the order given. An input compared twice is
+/// refused.
+fn merge(files: &[PathBuf]) -> Result<(Vec<CompareRow>, Vec<Limit>, Vec<Skipped>)> {
+    let mut runs = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("--merge: cannot read {}", f.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "--merge {}: not JSON (the output of `reservoir compare --json`)",
+                f.display()
+            )
+        })?;
+        if !v.get("rows").is_some_and(serde_json::Value::is_array) {
+            bail!(
+                "--merge {}: no \"rows\" array: not the output of `reservoir compare --json`",
+                f.display()
+            );
+        }
+        let shard = match v.get("shard") {
+            None => None,
+            Some(s) => {
+                let get = |k: &str| s.get(k).and_then(serde_json::Value::as_u64);
+                match (get("index"), get("count")) {
+                    (Some(index), Some(count)) if index >= 1 && index <= count => {
+                        Some((index, count))
+                    }
+                    _ => bail!(
+                        "--merge {}: \"shard\" {s} is not {{\"index\": K, \"count\": N}} with 1 <= K <= N",
+                        f.display()
+                    ),
+                }
+            }
+        };
+        runs.push((f, shard, v));
+    }
+    let sharded = runs.iter().filter(|r| r.1.is_some()).count();
+    if sharded > 0 {
+        if sharded < runs.len() {
+            bail!("--merge: some files are parts of a --shard split and some are not; merge the parts first");
+        }
+        let count = runs[0].1.map_or(0, |s| s.1);
+        runs.sort_by_key(|r| r.1.map_or(0, |s| s.0));
+        for (want, (f, s, _)) in (1..).zip(&runs) {
+            let (index, n) = s.unwrap_or((0, 0));
+            if n != count {
+                bail!(
+                    "--merge {}: part {index} of {n}, but {} is a part of {count}",
+                    f.display(),
+                    runs[0].0.display()
+                );
+            }
+            if index != want {
+                bail!(
+                    "--merge: part {want} of {count} is {} (parts given: {})",
+                    if index < want {
+                        "given twice"
+                    } else {
+                        "missing"
+                    },
+                    runs.iter()
+                        .map(|(f, s, _)| format!(
+                            "{} ({}/{count})",
+                            f.display(),
+                            s.map_or(0, |s| s.0)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        if runs.len() as u64 != count {
+            bail!(
+                "--merge: {} parts given of {count}: part {} is missing",
+                runs.len(),
+                runs.len() + 1
+            );
+        }
+    }
+    let mut rows: Vec<CompareRow> = Vec::new();
+    let mut limits = Vec::new();
+    let mut skipped = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (f, _, v) in &runs {
+        for (n, r) in v["rows"].as_array().into_iter().flatten().enumerate() {
+            let mut row: CompareRow = serde_json::from_value(r.clone()).with_context(|| {
+                format!(
+                    "--merge {}: row {n} is not a row of `reservoir compare --json`",
+                    f.display()
+                )
+            })?;
+            let limit: Limit = serde_json::from_value(r["limit"].clone()).with_context(|| {
+                format!(
+                    "--merge {}: row {n} ({}) has no limit",
+                    f.display(),
+                    row.input
+                )
+            })?;
+            // The ratio as the replay computes it (not as the text
+            // rounds it).
+            for p in &mut row.policies {
+                p.ratio = peak_ratio(p.peak_reserved, p.peak_live);
+            }
+            if let Some(first) = seen.insert(row.input.clone(), f.display().to_string()) {
+                bail!(
+                    "--merge: input {:?} is in both {first} and {} (merge the parts of one split, or runs on different inputs)",
+                    row.input,
+                    f.display()
+                );
+            }
+            rows.push(row);
+            limits.push(limit);
+        }
+        for s in v
+            .get("skipped")
+            .and_then(|s| s.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let field = |k: &str| s.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
+            skipped.push((field("file"), field("reason")));
+        }
+    }
+    if rows.is_empty() {
+        bail!("--merge: no rows in {} files", runs.len());
+    }
+    Ok((rows, limits, skipped))
 }
 
 /// Write the comparison to standard output: JSON (`--json`) or the tables.
@@ -586,6 +837,7 @@ fn write_comparison(
     skipped: &[Skipped],
 ) -> Result<()> {
     let summary = summarize(rows);
+    let jobs = ranks::jobs(rows);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
@@ -595,13 +847,20 @@ fn write_comparison(
             .collect();
         let mut rows = serde_json::to_value(rows).context("serializing the rows")?;
         limits.add_json(&mut rows);
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "start": "cold",
             "rows": rows,
             "summary": summary,
             "fragmentation_tax": limits.summary_json(),
+            "rank_jobs": ranks::json(&jobs),
             "skipped": skipped,
         });
+        if let (Some(shard), Some(obj)) = (args.shard, v.as_object_mut()) {
+            obj.insert(
+                "shard".into(),
+                serde_json::json!({"index": shard.index, "count": shard.count}),
+            );
+        }
         serde_json::to_writer_pretty(&mut out, &v).context("writing JSON")?;
         writeln!(out)?;
     } else {
@@ -611,6 +870,7 @@ fn write_comparison(
         text.push_str(&steady_state_line(rows));
         text.push('\n');
         text.push_str(&limits.text());
+        text.push_str(&ranks::text(&jobs));
         if !skipped.is_empty() {
             let _ = writeln!(text, "\nskipped {} files:", skipped.len());
             for (f, why) in skipped {

@@ -18,6 +18,8 @@ mod explain;
 mod html;
 mod limit;
 mod lints;
+mod par;
+mod ranks;
 mod replay_cmd;
 mod size;
 mod table;
@@ -169,6 +171,13 @@ struct ReplayArgs {
     /// its keys show it, else the newest; the header says which and how.
     #[arg(long, value_name = "RELEASE", value_parser = parse_torch_release)]
     torch: Option<TorchRelease>,
+
+    /// Replay on at most N threads (default: every core, or
+    /// `RAYON_NUM_THREADS`): the files, each input's settings and the
+    /// `--min-capacity` searches run at once. The output is the same with
+    /// any N.
+    #[arg(long, value_name = "N", value_parser = par::parse_jobs)]
+    jobs: Option<usize>,
 }
 
 /// `--torch`: `2.13`, `2.13.0` or `pytorch-2.13`.

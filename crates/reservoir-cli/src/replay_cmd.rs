@@ -3,13 +3,15 @@
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
 
 use crate::{
-    explain, html, limit, lints, load_recorded, load_workload, settings, table, RecordedInput,
+    explain, html, limit, lints, load_recorded, load_workload, par, settings, table, RecordedInput,
     ReplayArgs,
 };
 use reservoir::format::format_size;
@@ -29,14 +31,27 @@ use reservoir_replay::replay::{
 use reservoir_replay::workload::Workload;
 
 /// `reservoir replay`: each recorded input and the workload replayed with
-/// each setting, reported as text, JSON and (`--html`) a page.
+/// each setting, reported as text, JSON and (`--html`) a page. The files
+/// are read, and each input's settings replayed, on every core (at most
+/// `--jobs` threads); the reports keep the order of the files and the
+/// settings.
 pub(crate) fn cmd_replay(args: ReplayArgs) -> Result<()> {
     if args.capacity == Some(0) {
         bail!("--capacity must be more than 0 bytes");
     }
+    par::with_jobs(args.jobs, || replay_inputs(&args))?
+}
+
+fn replay_inputs(args: &ReplayArgs) -> Result<()> {
+    let loaded: Vec<Result<Vec<RecordedInput>>> = args
+        .files
+        .par_iter()
+        .with_max_len(1)
+        .map(|f| load_recorded(f, args))
+        .collect();
     let mut recorded = Vec::new();
-    for f in &args.files {
-        recorded.extend(load_recorded(f, &args)?);
+    for l in loaded {
+        recorded.extend(l?);
     }
     let workload = match (&args.workload, args.files.is_empty()) {
         (Some(w), _) => Some(load_workload(w)?),
@@ -46,7 +61,7 @@ pub(crate) fn cmd_replay(args: ReplayArgs) -> Result<()> {
     let wl = match &workload {
         Some(w) => {
             let (trace, sites) = w.trace_and_sites();
-            Some((w, trace, sites, settings(&args, None)?))
+            Some((w, trace, sites, settings(args, None)?))
         }
         None => None,
     };
@@ -57,57 +72,87 @@ pub(crate) fn cmd_replay(args: ReplayArgs) -> Result<()> {
         .sum::<u64>()
         + wl.as_ref()
             .map_or(0, |(_, t, _, s)| (t.ops.len() * s.len()) as u64);
-    let mut run = Run {
-        args: &args,
+    let run = Run {
+        args,
         progress: Progress::new(total),
-        base: 0,
         start: Instant::now(),
-        sections: Vec::new(),
-        json: Vec::new(),
-        text: String::new(),
     };
-    for input in &recorded {
-        run.recorded(input)?;
-    }
-    if let Some((w, trace, sites, settings)) = &wl {
-        run.workload(w, trace, sites, settings)?;
-    }
+    let (parts, last) = rayon::join(
+        || {
+            recorded
+                .par_iter()
+                .with_max_len(1)
+                .map(|input| run.recorded(input))
+                .collect::<Vec<_>>()
+        },
+        || {
+            wl.as_ref()
+                .map(|(w, trace, sites, settings)| run.workload(w, trace, sites, settings))
+        },
+    );
     run.progress.bar.finish_and_clear();
-    run.write()
+    let mut out = Output::default();
+    for part in parts.into_iter().chain(last) {
+        let part = part?;
+        out.text.push_str(&part.text);
+        out.json.extend(part.json);
+        out.sections.extend(part.section);
+    }
+    out.write(args)
 }
 
-/// A `reservoir replay` in progress: its progress bar and the reports
-/// written so far.
+/// A `reservoir replay` in progress: its progress bar, shared by the
+/// inputs replayed at once.
 struct Run<'a> {
     args: &'a ReplayArgs,
     progress: Progress,
-    /// Ops replayed before the current input (over all its settings).
-    base: u64,
     start: Instant,
+}
+
+/// The reports of one input: its text, its JSON reports (one per setting)
+/// and its section of the page (with `--html`).
+struct Part {
+    text: String,
+    json: Vec<serde_json::Value>,
+    section: Option<html::Section>,
+}
+
+/// The reports of every input, in order.
+#[derive(Default)]
+struct Output {
     sections: Vec<html::Section>,
     json: Vec<serde_json::Value>,
     text: String,
 }
 
 impl Run<'_> {
-    /// Replay one recorded input with each of its settings and report it.
-    fn recorded(&mut self, input: &RecordedInput) -> Result<()> {
+    /// Replay one recorded input with each of its settings (at once) and
+    /// report it.
+    fn recorded(&self, input: &RecordedInput) -> Result<Part> {
         let args = self.args;
+        let replays: Vec<Result<_>> = input
+            .settings
+            .par_iter()
+            .with_max_len(1)
+            .map(|s| {
+                let options = ReplayOptions {
+                    capacity: input.capacity,
+                    ..ReplayOptions::default()
+                };
+                let compare = s.name == "pytorch" && args.start == StartMode::Recorded;
+                let mut done = 0;
+                replay_recorded(&input.rec, s, &options, compare, &mut |n| {
+                    self.progress.advance(n as u64 - done.min(n as u64));
+                    done = n as u64;
+                })
+                .with_context(|| format!("replaying {} with {}", input.file, s.name))
+            })
+            .collect();
         let mut reports: Vec<ReplayReport> = Vec::new();
         let mut fids = Vec::new();
-        let first_json = self.json.len();
-        for s in &input.settings {
-            let options = ReplayOptions {
-                capacity: input.capacity,
-                ..ReplayOptions::default()
-            };
-            let compare = s.name == "pytorch" && args.start == StartMode::Recorded;
-            let (progress, base) = (&mut self.progress, self.base);
-            let (report, fid) = replay_recorded(&input.rec, s, &options, compare, &mut |n| {
-                progress.set(base + n as u64)
-            })
-            .with_context(|| format!("replaying {} with {}", input.file, s.name))?;
-            self.base += input.rec.trace.ops.len() as u64;
+        let mut json = Vec::new();
+        for (s, r) in input.settings.iter().zip(replays) {
+            let (report, fid) = r?;
             let rr = RecordedReport {
                 file: input.file.clone(),
                 device: input.rec.device,
@@ -127,7 +172,7 @@ impl Run<'_> {
                 // `torch_npu`): see `reservoir_replay::recorder`.
                 obj.insert("recorded_by".into(), input.recorder.recorder.key().into());
             }
-            self.json.push(value);
+            json.push(value);
             fids.push((s.name.clone(), rr.fidelity.clone()));
             reports.push(rr.report);
         }
@@ -141,7 +186,7 @@ impl Run<'_> {
             capacity: input.capacity,
             device_total: args.device_total,
         }
-        .analyse(&reports, args.min_capacity, &mut self.json[first_json..])?;
+        .analyse(&reports, args.min_capacity, &mut json)?;
         let start = match args.start {
             StartMode::Recorded => format!(
                 "from a start state of {} segments and {} expandable segments",
@@ -158,8 +203,9 @@ impl Run<'_> {
             .recorder
             .note()
             .map_or_else(String::new, |n| format!("{n}\n"));
+        let mut text = String::new();
         let _ = writeln!(
-            self.text,
+            text,
             "{title}\n{}\n{note}{} trace entries -> {} ops {start}; simulated {} device{}\n",
             input.torch.header(),
             input.events,
@@ -171,11 +217,11 @@ impl Run<'_> {
                 ""
             }
         );
-        self.text.push_str(&analysis);
-        fidelity_text(&mut self.text, input, args.start, &fids, &reports);
-        self.text.push('\n');
-        if args.html.is_some() {
-            self.sections.push(
+        text.push_str(&analysis);
+        fidelity_text(&mut text, input, args.start, &fids, &reports);
+        text.push('\n');
+        let section = if args.html.is_some() {
+            Some(
                 html::Section::recorded(
                     format!("{} (device {})", file_name(&input.file), input.rec.device),
                     &input.rec,
@@ -189,32 +235,47 @@ impl Run<'_> {
                 .with_skipped(describe_skipped(&input.skipped))
                 .with_recorder_note(input.recorder.note())
                 .with_limit(limit_html),
-            );
-        }
-        Ok(())
+            )
+        } else {
+            None
+        };
+        Ok(Part {
+            text,
+            json,
+            section,
+        })
     }
 
-    /// Replay the workload with each setting and report it.
+    /// Replay the workload with each setting (at once) and report it.
     fn workload(
-        &mut self,
+        &self,
         w: &Workload,
         trace: &Trace,
         sites: &Sites,
         settings: &[ReplaySetting],
-    ) -> Result<()> {
+    ) -> Result<Part> {
         let options = ReplayOptions {
             capacity: self.args.capacity.unwrap_or(DEFAULT_CAPACITY),
             ..ReplayOptions::default()
         };
-        let (progress, b) = (&mut self.progress, self.base);
-        let reports = replay_all(trace, settings, &options, &mut |done| {
-            progress.set(b + done as u64)
-        })
-        .with_context(|| format!("replaying workload {}", w.preset))?;
-        let first_json = self.json.len();
+        let replays: Vec<_> = settings
+            .par_iter()
+            .with_max_len(1)
+            .map(|s| {
+                let mut done = 0;
+                replay_all(trace, std::slice::from_ref(s), &options, &mut |n| {
+                    self.progress.advance(n as u64 - done.min(n as u64));
+                    done = n as u64;
+                })
+            })
+            .collect();
+        let mut reports = Vec::with_capacity(settings.len());
+        for r in replays {
+            reports.extend(r.with_context(|| format!("replaying workload {}", w.preset))?);
+        }
+        let mut json = Vec::new();
         for r in &reports {
-            self.json
-                .push(serde_json::to_value(r).context("serializing a report")?);
+            json.push(serde_json::to_value(r).context("serializing a report")?);
         }
         let title = format!("workload {}", w.spec());
         let (explanations, lints, analysis, limit_html) = Analysed {
@@ -226,43 +287,48 @@ impl Run<'_> {
             capacity: options.capacity,
             device_total: self.args.device_total,
         }
-        .analyse(
-            &reports,
-            self.args.min_capacity,
-            &mut self.json[first_json..],
-        )?;
-        let _ = writeln!(self.text, "{title}");
+        .analyse(&reports, self.args.min_capacity, &mut json)?;
+        let mut text = String::new();
+        let _ = writeln!(text, "{title}");
         let _ = writeln!(
-            self.text,
+            text,
             "{} ops replayed on a simulated {} device ({} settings) in {:.2} s\n",
             trace.ops.len(),
             format_size(options.capacity),
             settings.len(),
             self.start.elapsed().as_secs_f64()
         );
-        self.text.push_str(&analysis);
-        if self.args.html.is_some() {
-            self.sections.push(
+        text.push_str(&analysis);
+        let section = if self.args.html.is_some() {
+            Some(
                 html::Section::workload(title, trace, settings, options.capacity, &reports)?
                     .with_explanations(explanations)
                     .with_lints(lints)
                     .with_limit(limit_html),
-            );
-        }
-        Ok(())
+            )
+        } else {
+            None
+        };
+        Ok(Part {
+            text,
+            json,
+            section,
+        })
     }
+}
 
+impl Output {
     /// Write the page (`--html`) and the report, JSON (`--json`) or text, to
     /// standard output.
-    fn write(self) -> Result<()> {
-        if let Some(path) = &self.args.html {
+    fn write(self, args: &ReplayArgs) -> Result<()> {
+        if let Some(path) = &args.html {
             let page = html::render(&self.sections);
             std::fs::write(path, page)
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        if self.args.json {
+        if args.json {
             serde_json::to_writer_pretty(&mut out, &self.json).context("writing JSON")?;
             writeln!(out)?;
         } else {
@@ -328,12 +394,12 @@ fn fidelity_text(
 }
 
 /// A progress bar on a terminal, shown once the replay has taken more than
-/// a second.
+/// a second; the replays running at once each advance it.
 struct Progress {
     bar: ProgressBar,
     tty: bool,
     start: Instant,
-    shown: bool,
+    shown: AtomicBool,
 }
 
 impl Progress {
@@ -348,16 +414,20 @@ impl Progress {
             bar,
             tty: std::io::stderr().is_terminal(),
             start: Instant::now(),
-            shown: false,
+            shown: AtomicBool::new(false),
         }
     }
 
-    fn set(&mut self, done: u64) {
-        if !self.shown && self.tty && self.start.elapsed() > Duration::from_secs(1) {
+    /// `ops` more ops replayed.
+    fn advance(&self, ops: u64) {
+        if self.tty
+            && !self.shown.load(Ordering::Relaxed)
+            && self.start.elapsed() > Duration::from_secs(1)
+            && !self.shown.swap(true, Ordering::Relaxed)
+        {
             self.bar.set_draw_target(ProgressDrawTarget::stderr());
-            self.shown = true;
         }
-        self.bar.set_position(done);
+        self.bar.inc(ops);
     }
 }
 
@@ -442,44 +512,38 @@ impl Analysed<'_> {
     }
 }
 
-/// The smallest capacity of each setting (`--min-capacity`), with a
-/// progress bar on a terminal.
+/// The smallest capacity of each setting (`--min-capacity`), the settings
+/// searched at once, with a progress bar on a terminal.
 fn min_capacities(
     trace: &Trace,
     start: Option<&StartState>,
     settings: &[ReplaySetting],
     label: &str,
 ) -> Result<Vec<MinCapacity>> {
-    let bar = ProgressBar::with_draw_target(
-        Some(settings.len() as u64),
-        if std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
+    let bar = par::progress_bar(
+        settings.len() as u64,
+        "{spinner} minimum capacity [{bar:20}] {pos}/{len} {msg}",
     );
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} minimum capacity [{bar:20}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    let mut out = Vec::with_capacity(settings.len());
-    for s in settings {
-        bar.set_message(format!("{}: {label}", s.name));
-        let m = min_capacity(trace, start, s, &mut |lo, hi| {
-            bar.set_message(format!(
-                "{}: between {} and {} ({label})",
-                s.name,
-                format_size(lo),
-                format_size(hi)
-            ));
+    let found: Vec<Result<MinCapacity>> = settings
+        .par_iter()
+        .with_max_len(1)
+        .map(|s| {
+            bar.set_message(format!("{}: {label}", s.name));
+            let m = min_capacity(trace, start, s, &mut |lo, hi| {
+                bar.set_message(format!(
+                    "{}: between {} and {} ({label})",
+                    s.name,
+                    format_size(lo),
+                    format_size(hi)
+                ));
+            })
+            .with_context(|| format!("finding the minimum capacity of {label} with {}", s.name));
+            bar.inc(1);
+            m
         })
-        .with_context(|| format!("finding the minimum capacity of {label} with {}", s.name))?;
-        out.push(m);
-        bar.inc(1);
-    }
+        .collect();
     bar.finish_and_clear();
-    Ok(out)
+    found.into_iter().collect()
 }
 
 /// A path's file name (reports written to share carry no directory of the

@@ -44,7 +44,7 @@ pub struct CompareInput {
 }
 
 /// One setting on one input.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyResult {
     /// The setting's name.
     pub policy: String,
@@ -74,7 +74,7 @@ pub struct PolicyResult {
 }
 
 /// Driver calls by kind (the simulated device's counters).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DriverCalls {
     /// Allocations (`cudaMalloc`).
     pub mallocs: u64,
@@ -116,7 +116,7 @@ impl std::fmt::Display for DriverCalls {
 }
 
 /// Every setting on one input.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CompareRow {
     /// [`CompareInput::name`].
     pub input: String,
@@ -218,61 +218,85 @@ pub fn compare(
     input: &CompareInput,
     progress: &mut dyn FnMut(&str),
 ) -> Result<CompareRow, ReplayError> {
+    let mut policies = Vec::with_capacity(input.settings.len());
+    for k in 0..input.settings.len() {
+        policies.push(compare_setting(input, k)?);
+        progress(&input.settings[k].name);
+    }
+    Ok(compare_row(input, policies))
+}
+
+/// The ratio of a [`PolicyResult`]: `peak_reserved / peak_live`, 1.0 when
+/// nothing was live.
+pub fn peak_ratio(peak_reserved: u64, peak_live: u64) -> f64 {
+    if peak_live == 0 {
+        1.0
+    } else {
+        peak_reserved as f64 / peak_live as f64
+    }
+}
+
+/// Replay `input` under its setting number `k` (`input.settings[k]`) and
+/// find its minimum capacity: one cell of [`compare`], independent of the
+/// others (so the cells of many inputs can be computed in any order, or at
+/// once, and give the same row).
+///
+/// # Panics
+///
+/// If `k` is not the index of one of `input.settings`.
+pub fn compare_setting(input: &CompareInput, k: usize) -> Result<PolicyResult, ReplayError> {
+    let s = &input.settings[k];
     // The input's bound, from its trace: the same for every setting, even
     // one that runs out of memory and so holds fewer bytes.
     let bound = trace_bound(&input.trace, input.start.as_ref());
     let options = ReplayOptions::without_timeline(input.capacity);
     let steady_start = steady_state_start(&input.trace, input.start.as_ref());
-    let mut policies = Vec::with_capacity(input.settings.len());
-    for s in &input.settings {
-        let mut r: Replay<'_> = Replay::build(&input.trace, input.start.as_ref(), s, &options)?;
-        while r.position() < steady_start {
-            r.step()?;
-        }
-        let warm_up = r.device().counters();
-        r.run()?;
-        let end = r.device().counters();
-        let steady_driver_time_ns = end.driver_time_ns - warm_up.driver_time_ns;
-        let steady_calls = DriverCalls {
-            mallocs: end.allocs - warm_up.allocs,
-            frees: end.frees - warm_up.frees,
-            maps: end.maps - warm_up.maps,
-            unmaps: end.unmaps - warm_up.unmaps,
-            reserves: end.reserves - warm_up.reserves,
-            releases: end.releases - warm_up.releases,
-        };
-        let rep = r.report();
-        let min = min_capacity(&input.trace, input.start.as_ref(), s, &mut |_, _| {})?;
-        let ratio = if rep.peak_live == 0 {
-            1.0
-        } else {
-            rep.peak_reserved as f64 / rep.peak_live as f64
-        };
-        policies.push(PolicyResult {
-            policy: s.name.clone(),
-            peak_live: rep.peak_live,
-            peak_reserved: rep.peak_reserved,
-            ratio,
-            within_bound: rep.peak_reserved <= bound,
-            min_capacity: min.min_capacity,
-            driver_calls: rep.driver_allocs + rep.driver_frees,
-            driver_time_ns: rep.driver_time_ns,
-            steady_driver_time_ns,
-            steady_calls,
-            allocator_ns_per_op: rep.allocator_ns_per_op,
-            ooms: rep.ooms,
-        });
-        progress(&s.name);
+    let mut r: Replay<'_> = Replay::build(&input.trace, input.start.as_ref(), s, &options)?;
+    while r.position() < steady_start {
+        r.step()?;
     }
-    Ok(CompareRow {
+    let warm_up = r.device().counters();
+    r.run()?;
+    let end = r.device().counters();
+    let steady_driver_time_ns = end.driver_time_ns - warm_up.driver_time_ns;
+    let steady_calls = DriverCalls {
+        mallocs: end.allocs - warm_up.allocs,
+        frees: end.frees - warm_up.frees,
+        maps: end.maps - warm_up.maps,
+        unmaps: end.unmaps - warm_up.unmaps,
+        reserves: end.reserves - warm_up.reserves,
+        releases: end.releases - warm_up.releases,
+    };
+    let rep = r.report();
+    let min = min_capacity(&input.trace, input.start.as_ref(), s, &mut |_, _| {})?;
+    Ok(PolicyResult {
+        policy: s.name.clone(),
+        peak_live: rep.peak_live,
+        peak_reserved: rep.peak_reserved,
+        ratio: peak_ratio(rep.peak_reserved, rep.peak_live),
+        within_bound: rep.peak_reserved <= bound,
+        min_capacity: min.min_capacity,
+        driver_calls: rep.driver_allocs + rep.driver_frees,
+        driver_time_ns: rep.driver_time_ns,
+        steady_driver_time_ns,
+        steady_calls,
+        allocator_ns_per_op: rep.allocator_ns_per_op,
+        ooms: rep.ooms,
+    })
+}
+
+/// The row of `input` from its cells ([`compare_setting`] of each setting,
+/// in order).
+pub fn compare_row(input: &CompareInput, policies: Vec<PolicyResult>) -> CompareRow {
+    CompareRow {
         input: input.name.clone(),
         ops: input.trace.ops.len() as u64,
-        steady_start: steady_start as u64,
+        steady_start: steady_state_start(&input.trace, input.start.as_ref()) as u64,
         streams: allocating_streams(&input.trace),
         capacity: input.capacity,
-        bound,
+        bound: trace_bound(&input.trace, input.start.as_ref()),
         policies,
-    })
+    }
 }
 
 /// One setting over every input.

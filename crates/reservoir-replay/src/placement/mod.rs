@@ -376,7 +376,7 @@ pub fn buffers(trace: &Trace, start: Option<&StartState>) -> Vec<Buffer> {
 /// The limit of a trace: the least memory any allocator that cannot move
 /// allocations could use for it (the JSON `limit` of `reservoir replay` and
 /// `reservoir compare`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limit {
     /// The peak of the requested bytes live at once (not rounded).
     pub peak_live: u64,
