@@ -620,7 +620,8 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
     };
     let (rows, limits, skipped) = if args.merge.is_empty() {
         let (inputs, skipped) = inputs(&args)?;
-        if inputs.is_empty() {
+        // A part of a split may hold nothing (more parts than inputs).
+        if inputs.is_empty() && args.shard.is_none() {
             bail!("nothing to compare (no trace in the folder and --no-workloads)");
         }
         let (rows, limits) = compare_all(&inputs, args.jobs)?;
@@ -742,42 +743,43 @@ fn merge(files: &[PathBuf]) -> Result<(Vec<CompareRow>, Vec<Limit>, Vec<Skipped>
             bail!("--merge: some files are parts of a --shard split and some are not; merge the parts first");
         }
         let count = runs[0].1.map_or(0, |s| s.1);
-        runs.sort_by_key(|r| r.1.map_or(0, |s| s.0));
-        for (want, (f, s, _)) in (1..).zip(&runs) {
-            let (index, n) = s.unwrap_or((0, 0));
-            if n != count {
-                bail!(
-                    "--merge {}: part {index} of {n}, but {} is a part of {count}",
-                    f.display(),
-                    runs[0].0.display()
-                );
-            }
-            if index != want {
-                bail!(
-                    "--merge: part {want} of {count} is {} (parts given: {})",
-                    if index < want {
-                        "given twice"
-                    } else {
-                        "missing"
-                    },
-                    runs.iter()
-                        .map(|(f, s, _)| format!(
-                            "{} ({}/{count})",
-                            f.display(),
-                            s.map_or(0, |s| s.0)
-                        ))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-        }
-        if runs.len() as u64 != count {
+        let given = || {
+            runs.iter()
+                .map(|(f, s, _)| {
+                    let (k, n) = s.unwrap_or((0, 0));
+                    format!("{} ({k}/{n})", f.display())
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if let Some((f, s, _)) = runs.iter().find(|r| r.1.map_or(0, |s| s.1) != count) {
             bail!(
-                "--merge: {} parts given of {count}: part {} is missing",
-                runs.len(),
-                runs.len() + 1
+                "--merge {}: part {} of {}, but {} is a part of {count} (parts given: {})",
+                f.display(),
+                s.map_or(0, |s| s.0),
+                s.map_or(0, |s| s.1),
+                runs[0].0.display(),
+                given()
             );
         }
+        for want in 1..=count {
+            match runs
+                .iter()
+                .filter(|r| r.1.map_or(0, |s| s.0) == want)
+                .count()
+            {
+                1 => {}
+                0 => bail!(
+                    "--merge: part {want} of {count} is missing (parts given: {})",
+                    given()
+                ),
+                _ => bail!(
+                    "--merge: part {want} of {count} is given twice (parts given: {})",
+                    given()
+                ),
+            }
+        }
+        runs.sort_by_key(|r| r.1.map_or(0, |s| s.0));
     }
     let mut rows: Vec<CompareRow> = Vec::new();
     let mut limits = Vec::new();
@@ -824,7 +826,10 @@ fn merge(files: &[PathBuf]) -> Result<(Vec<CompareRow>, Vec<Limit>, Vec<Skipped>
         }
     }
     if rows.is_empty() {
-        bail!("--merge: no rows in {} files", runs.len());
+        bail!(
+            "nothing to compare (no rows in the {} files merged)",
+            runs.len()
+        );
     }
     Ok((rows, limits, skipped))
 }
