@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
 use crate::{
@@ -185,6 +185,7 @@ impl Run<'_> {
             settings: &input.settings,
             capacity: input.capacity,
             device_total: args.device_total,
+            bars: &self.progress.bars,
         }
         .analyse(&reports, args.min_capacity, &mut json)?;
         let start = match args.start {
@@ -286,6 +287,7 @@ impl Run<'_> {
             settings,
             capacity: options.capacity,
             device_total: self.args.device_total,
+            bars: &self.progress.bars,
         }
         .analyse(&reports, self.args.min_capacity, &mut json)?;
         let mut text = String::new();
@@ -394,8 +396,10 @@ fn fidelity_text(
 }
 
 /// A progress bar on a terminal, shown once the replay has taken more than
-/// a second; the replays running at once each advance it.
+/// a second; the replays running at once each advance it. The bars of the
+/// `--min-capacity` searches are drawn beside it.
 struct Progress {
+    bars: MultiProgress,
     bar: ProgressBar,
     tty: bool,
     start: Instant,
@@ -410,9 +414,15 @@ impl Progress {
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
         );
+        let tty = std::io::stderr().is_terminal();
         Progress {
+            bars: MultiProgress::with_draw_target(if tty {
+                ProgressDrawTarget::stderr()
+            } else {
+                ProgressDrawTarget::hidden()
+            }),
             bar,
-            tty: std::io::stderr().is_terminal(),
+            tty,
             start: Instant::now(),
             shown: AtomicBool::new(false),
         }
@@ -425,7 +435,7 @@ impl Progress {
             && self.start.elapsed() > Duration::from_secs(1)
             && !self.shown.swap(true, Ordering::Relaxed)
         {
-            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.bars.insert(0, self.bar.clone());
         }
         self.bar.inc(ops);
     }
@@ -443,6 +453,9 @@ struct Analysed<'a> {
     capacity: u64,
     /// The device's total memory (`--device-total`).
     device_total: Option<u64>,
+    /// Where the `--min-capacity` progress bars are drawn (beside those of
+    /// the other inputs searched at once).
+    bars: &'a MultiProgress,
 }
 
 /// What [`Analysed::analyse`] returns: the explanations, the lints, the
@@ -473,7 +486,8 @@ impl Analysed<'_> {
         )?;
         add_explanations(json, &explanations)?;
         let mins = if min_capacity {
-            let mins = min_capacities(self.trace, self.start, self.settings, self.label)?;
+            let mins =
+                min_capacities(self.trace, self.start, self.settings, self.label, self.bars)?;
             add_min_capacity(json, &mins);
             Some(mins)
         } else {
@@ -519,11 +533,12 @@ fn min_capacities(
     start: Option<&StartState>,
     settings: &[ReplaySetting],
     label: &str,
+    bars: &MultiProgress,
 ) -> Result<Vec<MinCapacity>> {
-    let bar = par::progress_bar(
+    let bar = bars.add(par::progress_bar(
         settings.len() as u64,
         "{spinner} minimum capacity [{bar:20}] {pos}/{len} {msg}",
-    );
+    ));
     let found: Vec<Result<MinCapacity>> = settings
         .par_iter()
         .with_max_len(1)
@@ -543,6 +558,7 @@ fn min_capacities(
         })
         .collect();
     bar.finish_and_clear();
+    bars.remove(&bar);
     found.into_iter().collect()
 }
 
