@@ -659,32 +659,57 @@ fn compare_all(
         cells.len() as u64,
         "{spinner} comparing [{bar:30}] {pos}/{len} replays ({eta} left) {msg}",
     );
-    let (results, limits) = par::with_jobs(jobs, || {
-        rayon::join(
-            || {
-                cells
-                    .par_iter()
-                    .with_max_len(1)
-                    .map(|&(i, k)| {
-                        let r = compare_setting(&inputs[i], k);
-                        bar.set_message(format!(
-                            "{} ({} done)",
-                            inputs[i].name, inputs[i].settings[k].name
-                        ));
-                        bar.inc(1);
-                        r
-                    })
-                    .collect::<Vec<_>>()
-            },
-            || {
-                inputs
-                    .par_iter()
-                    .with_max_len(1)
-                    .map(|i| limit::limit_of(&i.trace, i.start.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+    // The work, longest first (by ops): each idle thread takes the next
+    // one (a greedy schedule: a long replay does not start last); the
+    // results go back to input order.
+    let mut tasks: Vec<Task> = cells
+        .iter()
+        .map(|&(i, k)| Task::Cell(i, k))
+        .chain((0..inputs.len()).map(Task::Limit))
+        .collect();
+    let ops = |t: &Task| match *t {
+        Task::Cell(i, _) | Task::Limit(i) => inputs[i].trace.ops.len(),
+    };
+    tasks.sort_by_key(|t| std::cmp::Reverse(ops(t)));
+    let done: Vec<(Task, Done)> = par::with_jobs(jobs, || {
+        tasks
+            .into_iter()
+            .par_bridge()
+            .map(|t| match t {
+                Task::Cell(i, k) => {
+                    let r = compare_setting(&inputs[i], k);
+                    bar.set_message(format!(
+                        "{} ({} done)",
+                        inputs[i].name, inputs[i].settings[k].name
+                    ));
+                    bar.inc(1);
+                    (t, Done::Cell(r))
+                }
+                Task::Limit(i) => (
+                    t,
+                    Done::Limit(limit::limit_of(&inputs[i].trace, inputs[i].start.as_ref())),
+                ),
+            })
+            .collect()
     })?;
+    let mut results: Vec<Option<Result<_, _>>> = cells.iter().map(|_| None).collect();
+    let mut limits: Vec<Option<Limit>> = vec![None; inputs.len()];
+    let cell_index = |i: usize, k: usize| cells.binary_search(&(i, k)).expect("a cell of the list");
+    for (t, d) in done {
+        match (t, d) {
+            (Task::Cell(i, k), Done::Cell(r)) => results[cell_index(i, k)] = Some(r),
+            (Task::Limit(i), Done::Limit(l)) => limits[i] = Some(l),
+            _ => unreachable!("each task gives its own kind of result"),
+        }
+    }
+    let results: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("every cell replayed"))
+        .collect();
+    let limits: Vec<Limit> = limits
+        .into_iter()
+        .map(|l| l.expect("every limit found"))
+        .collect();
     bar.finish_and_clear();
     let mut results = results.into_iter();
     let mut rows = Vec::with_capacity(inputs.len());
@@ -697,6 +722,20 @@ fn compare_all(
         rows.push(compare_row(input, policies));
     }
     Ok((rows, limits))
+}
+
+/// One piece of [`compare_all`]'s work: input `i` under setting `k`, or
+/// the limit of input `i`.
+#[derive(Clone, Copy)]
+enum Task {
+    Cell(usize, usize),
+    Limit(usize),
+}
+
+/// What a [`Task`] gives.
+enum Done {
+    Cell(Result<reservoir_replay::compare::PolicyResult, reservoir_replay::replay::ReplayError>),
+    Limit(Limit),
 }
 
 /// The rows, limits and skipped files of earlier `--json` runs (`--merge`):
