@@ -2,7 +2,7 @@
 //! workloads with each setting and reports them.
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -256,21 +256,18 @@ impl Run<'_> {
     /// standard output.
     fn write(self) -> Result<()> {
         if let Some(path) = &self.args.html {
-            let page = html::render(&self.sections);
-            std::fs::write(path, page)
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            crate::output::write_html(path, html::render(&self.sections))?;
         }
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        if self.args.json {
-            serde_json::to_writer_pretty(&mut out, &self.json).context("writing JSON")?;
-            writeln!(out)?;
-        } else {
-            out.write_all(self.text.trim_end().as_bytes())?;
-            writeln!(out)?;
-        }
-        out.flush()?;
-        Ok(())
+        crate::output::with_stdout(|out| {
+            if self.args.json {
+                serde_json::to_writer_pretty(&mut *out, &self.json).context("writing JSON")?;
+                writeln!(out)?;
+            } else {
+                out.write_all(self.text.trim_end().as_bytes())?;
+                writeln!(out)?;
+            }
+            Ok(())
+        })
     }
 }
 
