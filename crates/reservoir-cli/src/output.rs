@@ -1,5 +1,5 @@
 //! Where a command's output goes: standard output and the `--html` file, or,
-//! inside [`capture`] (the Python API), memory.
+//! inside [`run_captured`](crate::run_captured) (the Python API), memory.
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-/// What a command run inside [`capture`] wrote.
+/// What a command run inside [`run_captured`](crate::run_captured) wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Captured {
     /// Its standard output, byte for byte.
