@@ -308,3 +308,19 @@ def test_ctrl_c_stops_the_command():
     p.send_signal(signal.SIGINT)
     p.wait(timeout=10)
     assert p.returncode == -signal.SIGINT and time.monotonic() - t < 5
+
+
+def test_import_needs_no_torch_and_everything_public_is_documented():
+    code = ("import sys, reservoir; "
+            "assert 'torch' not in sys.modules and 'reservoir.torch' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    for name in reservoir.__all__:
+        obj = getattr(reservoir, name)
+        if name != "__version__":
+            assert obj.__doc__ and obj.__doc__.strip(), name
+    for cls in (reservoir.Replay, reservoir.Report, reservoir.Oom, reservoir.Fidelity, reservoir.Compare):
+        for attr, v in vars(cls).items():
+            if not attr.startswith("_"):
+                assert getattr(v, "__doc__", None), f"{cls.__name__}.{attr}"
+    pkg = Path(reservoir.__file__).parent
+    assert (pkg / "py.typed").is_file() and (pkg / "_native.pyi").is_file()
