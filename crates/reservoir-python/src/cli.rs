@@ -6,6 +6,8 @@
 //! command never drift.
 
 use std::ffi::OsString;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -26,12 +28,38 @@ fn run(py: Python<'_>, argv: Vec<OsString>) -> i32 {
 /// its standard output and its `--html` page kept in memory: returns
 /// `(stdout: bytes, html: str | None)`. A failure raises `ReservoirError`
 /// with the message the command prints after `error: `; nothing is printed
-/// but the command's warnings. The GIL is released while it runs.
+/// but the command's warnings.
+///
+/// The command runs on a thread of its own while this one waits without
+/// the GIL and checks for signals every 50 ms: Ctrl-C in a notebook or a
+/// script raises `KeyboardInterrupt` at once (the abandoned run finishes in
+/// the background and its result is dropped).
 #[pyfunction]
 fn run_captured(py: Python<'_>, argv: Vec<OsString>) -> PyResult<(Py<PyBytes>, Option<String>)> {
-    let captured = py
-        .detach(|| reservoir_cli::run_captured(argv))
-        .map_err(|e| ReservoirError::new_err(e.message))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("reservoir-run".into())
+        .spawn(move || {
+            // The receiver is gone when the caller was interrupted.
+            let _ = tx.send(reservoir_cli::run_captured(argv));
+        })
+        .map_err(|e| ReservoirError::new_err(format!("cannot start the run's thread: {e}")))?;
+    let mut rx = rx;
+    let result =
+        loop {
+            // The receiver travels into the GIL-free closure and back (it is
+            // Send, not Sync).
+            let (got, back) = py.detach(move || (rx.recv_timeout(Duration::from_millis(50)), rx));
+            rx = back;
+            match got {
+                Ok(result) => break result,
+                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Disconnected) => return Err(ReservoirError::new_err(
+                    "the run's thread ended without a result (a panic: a bug, please report it)",
+                )),
+            }
+        };
+    let captured = result.map_err(|e| ReservoirError::new_err(e.message))?;
     Ok((PyBytes::new(py, &captured.stdout).unbind(), captured.html))
 }
 

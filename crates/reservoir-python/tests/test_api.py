@@ -324,3 +324,22 @@ def test_import_needs_no_torch_and_everything_public_is_documented():
                 assert getattr(v, "__doc__", None), f"{cls.__name__}.{attr}"
     pkg = Path(reservoir.__file__).parent
     assert (pkg / "py.typed").is_file() and (pkg / "_native.pyi").is_file()
+
+
+def test_ctrl_c_interrupts_the_api():
+    # The engine runs on a thread of its own; the caller waits and checks
+    # for signals, so Ctrl-C raises KeyboardInterrupt at once instead of
+    # after the run (several seconds here).
+    code = ("import reservoir\n"
+            "try:\n"
+            "    reservoir.replay(workload='gpt-train:layers=48,steps=40', min_capacity=True)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    assert p.poll() is None, "the run ended before Ctrl-C"
+    t = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert time.monotonic() - t < 3, "KeyboardInterrupt came only after the run"
+    assert out == "interrupted\n" and p.returncode == 0, (out, err)
