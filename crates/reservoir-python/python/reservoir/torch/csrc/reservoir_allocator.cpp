@@ -188,7 +188,7 @@ std::shared_ptr<c10::GatheredContext> context(uint64_t id) {
 
 // ---- the allocator -----------------------------------------------------------
 
-void raw_deleter(void* ptr);
+void free_block(void* ptr);
 
 class ReservoirAllocator final : public CUDAAllocator {
  public:
@@ -196,10 +196,10 @@ class ReservoirAllocator final : public CUDAAllocator {
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     void* ptr = alloc(n, device, c10::cuda::getCurrentCUDAStream(device).stream());
-    return {ptr, ptr, &raw_deleter, c10::Device(c10::DeviceType::CUDA, device)};
+    return {ptr, ptr, &free_block, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &reservoir_face::raw_deleter; }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     using Fn = int (*)(void*, const void*, size_t, int);
@@ -261,7 +261,7 @@ class ReservoirAllocator final : public CUDAAllocator {
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     // As torch's allocator: memory it did not hand out is not its to track.
-    if (ptr.get() == nullptr || ptr.get_deleter() != &reservoir_face::raw_deleter) return;
+    if (ptr.get() == nullptr || ptr.get_deleter() != &free_block) return;
     check(api.record_stream(ptr.get(), stream.stream()));
   }
 
@@ -457,7 +457,7 @@ class ReservoirAllocator final : public CUDAAllocator {
   std::vector<OutOfMemoryObserver> oom_observers_;
 };
 
-void raw_deleter(void* ptr) {
+void free_block(void* ptr) {
   int status = api.del(ptr);
   if (status != kOk) {
     TORCH_WARN("reservoir: freeing ", ptr, " failed: ", api.status_name(status), ": ", api.last_error());
