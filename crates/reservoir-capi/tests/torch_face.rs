@@ -82,23 +82,11 @@ fn torch_face_entry_points_on_the_cuda_driver() {
             std::io::stderr().lock(),
             "\nSKIPPED-BACKEND cuda (reservoir-capi torch_face): {e}"
         );
-        let (s, p, _) = (
-            // SAFETY: null stream and a live `out`.
-            unsafe {
-                let mut out = std::ptr::null_mut();
-                let s = reservoir_torch_malloc(
-                    MIB,
-                    0,
-                    std::ptr::null_mut(),
-                    &mut out,
-                    std::ptr::null_mut(),
-                );
-                (s, out)
-            },
-            (),
-            (),
-        )
-            .0;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: null stream and a live `out`.
+        let s = unsafe {
+            reservoir_torch_malloc(MIB, 0, std::ptr::null_mut(), &mut p, std::ptr::null_mut())
+        };
         assert_ne!(s, ReservoirStatus::RESERVOIR_OK);
         assert!(p.is_null());
         return;
