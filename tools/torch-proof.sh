@@ -74,5 +74,6 @@ run() {
 }
 run smoke "$py" crates/reservoir-python/tests/test_smoke.py
 run proof "$py" crates/reservoir-python/tests/test_in_torch.py
+run face "$py" crates/reservoir-python/tests/test_face.py
 echo "torch-proof: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -77,9 +77,16 @@ typedef struct Option_ReservoirFilterDrop Option_ReservoirFilterDrop;
 
 typedef struct Option_ReservoirStreamFilter Option_ReservoirStreamFilter;
 
+typedef struct Option_ReservoirTraceTracker Option_ReservoirTraceTracker;
+
 // An allocator handle as C sees it: an opaque token, never dereferenced
 // (it is not an address; every call checks it).
 typedef struct ReservoirAllocator ReservoirAllocator;
+
+// An opaque private-pool checkpoint (torch's `AllocatorState`), from
+// [`reservoir_torch_checkpoint_pool`], freed with
+// [`reservoir_torch_checkpoint_free`].
+typedef struct ReservoirPoolCheckpoint ReservoirPoolCheckpoint;
 
 // What an out-of-memory failure of [`reservoir_torch_malloc`] reports, for
 // torch's out-of-memory observers and its `OutOfMemoryError`.
@@ -100,6 +107,16 @@ typedef struct ReservoirTorchOom {
   // The text's full length in bytes (without the NUL).
   uintptr_t length;
 } ReservoirTorchOom;
+
+// One stream's expandable segment (torch's `StreamSegmentSize`).
+typedef struct ReservoirStreamSegmentSize {
+  // The stream (`cudaStream_t`).
+  uint64_t stream;
+  // A small-pool segment?
+  bool is_small_pool;
+  // Bytes currently mapped.
+  uint64_t total_size;
+} ReservoirStreamSegmentSize;
 
 #ifdef __cplusplus
 extern "C" {
@@ -501,6 +518,67 @@ enum ReservoirStatus reservoir_torch_snapshot(uint64_t p0,
 // `buf` and `len` are exactly what one [`reservoir_torch_snapshot`] call
 // returned, not freed before.
 void reservoir_torch_buffer_free(uint8_t *buf, uintptr_t len);
+
+// torch's `attachAllocatorTraceTracker`: call `tracker(ctx, ...)` with every
+// trace entry of every device from now on (devices built later included),
+// even with history off. It runs under the allocator's lock and must not
+// call Reservoir. `ctx` lives as long as the process (never dropped).
+//
+// # Safety
+// `tracker` may be called with `ctx` from any thread, several at once.
+enum ReservoirStatus reservoir_torch_attach_trace_tracker(struct Option_ReservoirTraceTracker tracker,
+                                                          void *ctx);
+
+// torch's `getExpandableSegmentSizes(device)`: writes up to `capacity`
+// entries to `out` and their full count to `*count` (call again with a
+// larger buffer when `*count > capacity`).
+//
+// # Safety
+// `out` is null (with `capacity` 0) or valid for `capacity` writes; `count`
+// is null or valid for a write.
+enum ReservoirStatus reservoir_torch_expandable_segment_sizes(int32_t device,
+                                                              struct ReservoirStreamSegmentSize *out,
+                                                              uintptr_t capacity,
+                                                              uintptr_t *count);
+
+// torch's `getCheckpointState(device, mempool_id)`: the state of private
+// pool `(p0, p1)` into `*out` (the caller owns it).
+//
+// # Safety
+// `out` is null or valid for a write.
+enum ReservoirStatus reservoir_torch_checkpoint_pool(int32_t device,
+                                                     uint64_t p0,
+                                                     uint64_t p1,
+                                                     struct ReservoirPoolCheckpoint **out);
+
+// Free a checkpoint of [`reservoir_torch_checkpoint_pool`]. Null does nothing.
+//
+// # Safety
+// `ckpt` is null or from [`reservoir_torch_checkpoint_pool`], not freed before.
+void reservoir_torch_checkpoint_free(struct ReservoirPoolCheckpoint *ckpt);
+
+// torch's `setCheckpointPoolState(device, state)`: set the checkpoint's pool
+// back to it. `*freed` / `*freed_len`: the allocations the restore freed
+// (the caller's handles to them are dead); `*created` / `*created_len`:
+// those it made anew (the caller owns them; free with
+// [`reservoir_torch_delete`]). Both buffers are freed with
+// [`reservoir_torch_u64s_free`]. A checkpoint that does not match the pool
+// is refused before anything changes.
+//
+// # Safety
+// `ckpt` is from [`reservoir_torch_checkpoint_pool`] and live; the four
+// out-pointers are null or valid for a write.
+enum ReservoirStatus reservoir_torch_restore_checkpoint(const struct ReservoirPoolCheckpoint *ckpt,
+                                                        uint64_t **freed,
+                                                        uintptr_t *freed_len,
+                                                        uint64_t **created,
+                                                        uintptr_t *created_len);
+
+// Free a buffer of [`reservoir_torch_restore_checkpoint`]. Null does nothing.
+//
+// # Safety
+// `buf` and `len` are one buffer that call returned, not freed before.
+void reservoir_torch_u64s_free(uint64_t *buf, uintptr_t len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -138,8 +138,9 @@ def phase_face():
     del r
     rt.check_invariants()
 
+    out["checkpoint"] = torch._C._cuda_getCheckpointState(0, pool.id) is not None
     try:
-        torch._C._cuda_getCheckpointState(0, pool.id)
+        torch.empty(1 << 20, device="cuda").untyped_storage()._share_cuda_()
         out["unsupported"] = None
     except RuntimeError as e:
         out["unsupported"] = str(e).splitlines()[0]
@@ -202,7 +203,8 @@ def main():
             (face["pool_segments"], face["pool_use_count"], face["pool_live_ok"]))
     c.check("an unsupported method raises naming itself",
             face["unsupported"] is not None
-            and "reservoir: getCheckpointState is not supported" in face["unsupported"], face["unsupported"])
+            and "reservoir: shareIpcHandle is not supported" in face["unsupported"], face["unsupported"])
+    c.check("getCheckpointState (CUDA-graph trees) answers from Reservoir", face["checkpoint"])
     c.check("enable() after CUDA was used is refused, torch's allocator stays",
             late["refused"] and late["backend"] == "native" and not late["enabled"], late)
     print(f"face: {c.passed} passed, {c.failed} failed")
