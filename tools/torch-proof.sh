@@ -36,6 +36,8 @@ echo "$oracle_site" >"$site/pytorch_oracle.pth"
 if ! "$venv/bin/maturin" --version >/dev/null 2>&1; then
   "$venv/bin/pip" install --quiet 'maturin>=1.5,<2'
 fi
+# ninja builds reservoir.torch's C++ face (torch.utils.cpp_extension) on the first enable().
+"$venv/bin/python" -c 'import ninja' 2>/dev/null || "$venv/bin/pip" install --quiet ninja
 
 if [ "${1:-}" != "--skip-build" ]; then
   echo "torch-proof: building the wheel (maturin build --release --locked)"
@@ -74,5 +76,6 @@ run() {
 }
 run smoke "$py" crates/reservoir-python/tests/test_smoke.py
 run proof "$py" crates/reservoir-python/tests/test_in_torch.py
+run face "$py" crates/reservoir-python/tests/test_face.py
 echo "torch-proof: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
