@@ -93,6 +93,7 @@ if [ "$dry" = 1 ]; then
     if [ -x "$venv/bin/python" ]; then py=$venv/bin/python; else py=$PYTORCH_ORACLE_VENV/bin/python; fi
   fi
   steps=${steps:-8}
+  export GPU_CHECK_DRY_RUN=1
   integrity_args=(--ops 1500 --event-mib 16)
   empty_calls=2000
 else
@@ -168,7 +169,7 @@ site=$work/site
 # shellcheck disable=SC2016
 stage wheel 120 "unpacked onto PYTHONPATH" bash -c 'set -e
   "$1" -m zipfile -e "$(ls "$2"/wheels/reservoir_allocator-*.whl)" "$3"
-  PYTHONPATH=$3 "$1" -c "import reservoir, reservoir.torch; print(\"reservoir\", reservoir.__version__, \"from\", reservoir.__file__)"' \
+  PYTHONPATH=$3 "$1" -c "import reservoir, reservoir._native; print(\"reservoir\", reservoir.__version__, \"from\", reservoir.__file__)"' \
   _ "$py" "$pack" "$site"
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 
@@ -189,7 +190,10 @@ for scenario in streams graph expandable mempool; do
 done
 if [ -x "$pack/bin/reservoir" ]; then
   exact=()
-  [ "$dry" = 1 ] && exact=(--require-exact)
+  # The dry run (torch 2.15, the release Reservoir's goldens follow) requires
+  # exactness, except where docs/limits.md names the limit.
+  [ "$dry" = 1 ] && exact=(--require-exact --known "mempool=recorded private-pool ids are not kept on \
+conversion (docs/limits.md, 'Idle private pools'): MemPool blocks replay in the default pool")
   stage replay 240 "reservoir replay of the recorded snapshots" "$py" $gpu/replay.py "$pack/bin/reservoir" \
     "$details/snapshots" "$torch_version" "$details/replay.json" "${exact[@]}"
 else

@@ -115,6 +115,10 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     name, out_dir = argv
+    if name == "graph" and os.environ.get("GPU_CHECK_DRY_RUN") == "1":
+        print("record graph: skipped: the fake CUDA device cannot capture CUDA graphs "
+              "(cudaStreamBeginCapture answers NOT_SUPPORTED); runs on a real GPU")
+        return 77
     if name == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
