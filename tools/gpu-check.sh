@@ -36,7 +36,12 @@
 #                                                  # ../shared/oracle, torch 2.15 (oracle venv)
 # Options: --pack DIR (default target/gpu-pack; the dry run makes its own from
 # target/wheels and a debug build of the integrity example when absent),
-# --out DIR, --steps N (training steps; 300, dry run 8), --python PY.
+# --out DIR, --steps N (training steps; 300, dry run 8), --python PY,
+# --budget S (seconds for all the stages, default 450: a stage's limit is
+# cut to what is left, and stages past the budget are skipped, so that the
+# summary is written inside the device machine's 8 minutes), --skip
+# STAGE[,STAGE...] (recorded as skipped; CI skips `proof`, which
+# tools/torch-proof.sh runs just before).
 # Closes with "gpu-check: N passed, M failed" ("gpu-check dry-run: ..." in the
 # dry run); exit status 1 when a stage failed.
 set -u -o pipefail
@@ -49,6 +54,8 @@ pack=""
 out=""
 steps=""
 py=""
+budget=450
+skip=","
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry=1; shift ;;
@@ -56,6 +63,8 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    --skip) skip="$skip$2,"; shift 2 ;;
     *) echo "gpu-check: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -136,7 +145,20 @@ bundle() {
 stage() {
   local name=$1 limit=$2 note=$3
   shift 3
-  local t0=$SECONDS rc status
+  local t0=$SECONDS rc status left=$((budget - (SECONDS - t_start)))
+  if [[ $skip == *",$name,"* ]]; then
+    echo "$label: $name: skipped (--skip)"
+    printf '%s\t%s\t0\t77\t%s\n' "$name" skipped "skipped by --skip" >>"$details/stages.tsv"
+    skipped=$((skipped + 1))
+    return
+  fi
+  if [ "$left" -lt 15 ]; then
+    echo "$label: $name: skipped: the budget of ${budget}s is spent"
+    printf '%s\t%s\t0\t77\t%s\n' "$name" skipped "not run: the budget of ${budget}s was spent" >>"$details/stages.tsv"
+    skipped=$((skipped + 1))
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "$label: == $name (limit ${limit}s, at $((SECONDS - t_start))s)"
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$details/$name.log"
   rc=${PIPESTATUS[0]}
@@ -165,13 +187,31 @@ else
   stage integrity 150 "real driver" "$pack/bin/gpu_integrity" "${integrity_args[@]}"
 fi
 
-site=$work/site
+# A fixed place (under target/, ignored by git), with the wheel's file
+# times: the C++ face compiled from it once is found again by the next run.
+site=$root/target/gpu-check-site
 # shellcheck disable=SC2016
 stage wheel 120 "unpacked onto PYTHONPATH" bash -c 'set -e
-  "$1" -m zipfile -e "$(ls "$2"/wheels/reservoir_allocator-*.whl)" "$3"
+  "$1" tools/gpu/unpack.py "$(ls "$2"/wheels/reservoir_allocator-*.whl)" "$3"
   PYTHONPATH=$3 "$1" -c "import reservoir, reservoir._native; print(\"reservoir\", reservoir.__version__, \"from\", reservoir.__file__)"' \
   _ "$py" "$pack" "$site"
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+
+# The C++ face (reservoir.torch.face(), where this reservoir has it) is
+# compiled against the running torch on first use and cached in
+# $TORCH_EXTENSIONS_DIR: compiled here, timed, so the later stages find it
+# built. Unless set, a folder of this checkout's own (a cache shared with
+# other checkouts is rebuilt whenever one of them builds other sources).
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$root/target/gpu-check-ext}
+# shellcheck disable=SC2016
+stage face 300 "the C++ face compiled against this torch (cached)" "$py" -c 'import sys, time
+import reservoir.torch as rt
+if not hasattr(rt, "face"):
+    print("face: skipped: this reservoir has no C++ face (enable() is the CUDAPluggableAllocator route)")
+    sys.exit(77)
+t = time.time()
+m = rt.face()
+print(f"face: {m.__file__} ready in {time.time() - t:.1f} s")'
 
 proof_test=crates/reservoir-python/tests/test_native_api.py
 if [ -e "$proof_test" ]; then
