@@ -103,7 +103,7 @@ if [ "$dry" = 1 ]; then
   fi
   steps=${steps:-8}
   export GPU_CHECK_DRY_RUN=1
-  integrity_args=(--ops 1500 --event-mib 16)
+  integrity_args=(--ops 800 --event-mib 16)
   empty_calls=2000
 else
   py=${py:-python3}

@@ -23,7 +23,7 @@
 //! Ends with `gpu-integrity: N passed, M failed`; the exit status is 1 when
 //! a check failed. `--ops N` (default 10,000, the tests' run) and
 //! `--event-mib N` (default 256) make a shorter run (the dry run on the fake
-//! driver, whose memsets are host memsets, uses 1,500 and 16).
+//! driver, whose memsets are host memsets, uses 800 and 16).
 //!
 //! ```sh
 //! ../shared/oracle/with-fake-driver cargo run -p reservoir-cuda --example gpu_integrity
