@@ -404,8 +404,13 @@ class ReservoirAllocator final : public CUDAAllocator {
     check(api.create_or_incref_pool(device, id.first, id.second));
   }
 
-  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool) override {
-    unsupported("setUseOnOOM", "Reservoir does not borrow private-pool memory on out of memory");
+  // `false` is what Reservoir does anyway (a pool's memory is never lent on
+  // out of memory), and torch's ~MemPool calls it while unwinding a pool:
+  // raising there would end the process (std::terminate). `true` is refused.
+  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
+    if (use_on_oom) {
+      unsupported("setUseOnOOM", "Reservoir does not borrow private-pool memory on out of memory");
+    }
   }
 
   void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
