@@ -32,6 +32,29 @@ def expect_error(fn, *words, exc=rt.ReservoirError):
     raise AssertionError(f"{fn} did not raise {exc.__name__}")
 
 
+def test_enable_runs_the_allocator_of_the_running_torch_release():
+    # Issue 33 item 4: without a policy, Reservoir is the running torch's release.
+    assert rt.running_release("2.11.0+cu126") == "2.11"
+    assert rt.running_release("2.15.0a0+git1234") == "2.15"
+    assert rt.running_release("2.10.1") is None and rt.running_release("3.0.0") is None
+    assert rt.running_release() == ".".join(torch.__version__.split(".")[:2])
+    assert rt.effective_conf("", "2.12.0") == "policy:pytorch-2.12"
+    assert rt.effective_conf("expandable_segments:True", "2.11.0") == "policy:pytorch-2.11,expandable_segments:True"
+    # A policy the user names wins; an unsupported release keeps PyTorch's newest rules.
+    assert rt.effective_conf("policy:reservoir", "2.12.0") == "policy:reservoir"
+    assert rt.effective_conf(" policy : pytorch-2.13", "2.12.0") == " policy : pytorch-2.13"
+    assert rt.effective_conf("max_split_size_mb:64", "2.9.0") == "max_split_size_mb:64"
+    old = os.environ.get("RESERVOIR_ALLOC_CONF")
+    os.environ["RESERVOIR_ALLOC_CONF"] = "garbage_collection_threshold:0.6"
+    try:
+        assert rt.effective_conf(None, "2.13.1") == "policy:pytorch-2.13,garbage_collection_threshold:0.6"
+    finally:
+        if old is None:
+            del os.environ["RESERVOIR_ALLOC_CONF"]
+        else:
+            os.environ["RESERVOIR_ALLOC_CONF"] = old
+
+
 def test_bad_conf_is_refused_and_changes_nothing():
     expect_error(lambda: rt.enable("max_split_size_mb:lots"), "max_split_size_mb", "RESERVOIR_ERR_INVALID_CONFIG")
     assert not rt.is_enabled()

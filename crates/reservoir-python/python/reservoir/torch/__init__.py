@@ -18,6 +18,8 @@ Reservoir. The functions of the same names here answer from Reservoir too.
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 import sys
 from collections import OrderedDict
 from typing import Any, Optional
@@ -29,12 +31,14 @@ from .._native import ReservoirError
 
 __all__ = [
     "LIBRARY",
+    "SUPPORTED_RELEASES",
     "ReservoirError",
     "allocator",
     "check_invariants",
     "dump_snapshot",
     "empty_cache",
     "cuda_allocator",
+    "effective_conf",
     "enable",
     "face",
     "get_per_process_memory_fraction",
@@ -50,6 +54,7 @@ __all__ = [
     "record_memory_history",
     "record_stream",
     "reset_peak_memory_stats",
+    "running_release",
     "set_per_process_memory_fraction",
     "snapshot",
 ]
@@ -176,12 +181,42 @@ def cuda_allocator() -> "torch.cuda.memory._CUDAAllocator":
     return torch.cuda.memory._CUDAAllocator(face().allocator(LIBRARY))
 
 
+#: The torch releases whose allocator Reservoir's PyTorch mode reproduces
+#: (``policy:pytorch-2.11`` ... ``policy:pytorch-2.15``).
+SUPPORTED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
+
+
+def running_release(version: Optional[str] = None) -> Optional[str]:
+    """The release (``"2.13"``) of torch ``version`` (default: the running
+    torch's ``torch.__version__``) if Reservoir reproduces it, else ``None``."""
+    m = re.match(r"(\d+)\.(\d+)", version if version is not None else str(torch.__version__))
+    release = f"{m.group(1)}.{m.group(2)}" if m else None
+    return release if release in SUPPORTED_RELEASES else None
+
+
+def effective_conf(conf: Optional[str], version: Optional[str] = None) -> str:
+    """The settings string :func:`enable` applies for ``conf`` (``None``: the
+    ``RESERVOIR_ALLOC_CONF`` environment variable, else PyTorch's defaults).
+
+    Without a ``policy`` key, Reservoir runs the allocator of the torch it
+    serves: ``policy:pytorch-X.Y`` for torch ``X.Y`` (2.11-2.15), so its
+    statistics keys, OOM text and placements near an OOM are that release's.
+    A ``policy`` the string names wins (the last entry of a key wins)."""
+    text = conf if conf is not None else os.environ.get("RESERVOIR_ALLOC_CONF", "")
+    keys = [item.split(":", 1)[0].strip() for item in text.split(",") if item.strip()]
+    release = running_release(version)
+    if "policy" in keys or release is None:
+        return text
+    return f"policy:pytorch-{release}" + (f",{text}" if text.strip() else "")
+
+
 def enable(conf: Optional[str] = None) -> None:
     """Make Reservoir torch's CUDA allocator, configured by ``conf``.
 
     ``conf`` uses ``PYTORCH_CUDA_ALLOC_CONF`` syntax plus Reservoir's policies
     (``None``: defaults, or the ``RESERVOIR_ALLOC_CONF`` environment
-    variable). Call it before CUDA is first used: afterwards torch's
+    variable). Without a ``policy`` key it runs the allocator of the running
+    torch's release (:func:`effective_conf`). Call it before CUDA is first used: afterwards torch's
     allocator is in use and this raises ``ReservoirError``, changing nothing.
     Enabling again with the same ``conf`` does nothing.
 
@@ -206,8 +241,7 @@ def enable(conf: Optional[str] = None) -> None:
             "CUDA is first used (torch's own allocator is already initialized). "
             "Call it at the start of the program."
         )
-    if conf is not None:
-        _native.configure(conf)
+    _native.configure(effective_conf(conf))
     try:
         alloc = cuda_allocator()
     except RuntimeError as e:
