@@ -308,6 +308,9 @@ class Program:
         with open(dump_path, "rb") as f:
             snap = pickle.load(f)
         self.out["dump"] = {
+            # The history without addresses and stacks: what happened, in order.
+            "entries": [[e["action"], e["size"], self.stream_name(e["stream"])]
+                        for t in snap["device_traces"] for e in t],
             "segments": len(snap["segments"]),
             "trace_entries": sum(len(t) for t in snap["device_traces"]),
             "viz": "Summary of segments" in _memory_viz.segsum(snap)
@@ -557,6 +560,12 @@ def main():
             f"history: _record_memory_history + _dump_snapshot opens in torch.cuda._memory_viz "
             f"({rd.get('segments')} segments, {rd.get('trace_entries')} trace entries; native "
             f"{nd.get('segments')} segments, {nd.get('trace_entries')} trace entries)")
+    nh, rh = nd.get("entries"), rd.get("entries")
+    first = next((i for i, (x, y) in enumerate(zip(nh or [], rh or [])) if x != y), None)
+    c.claim(bool(nh) and nh == rh,
+            f"history: the trace entries (action, size, stream) equal native's, in order "
+            f"({len(rh or [])} entries; native {len(nh or [])})",
+            None if first is None else f"entry {first}: native {nh[first]} vs reservoir {rh[first]}")
     c.claim(fidelity_exact(fids["reservoir"]),
             f"history: reservoir replay reproduces Reservoir's dump exactly: {fidelity_text(fids['reservoir'])} "
             f"(native's dump: {fidelity_text(fids['native'])})")
