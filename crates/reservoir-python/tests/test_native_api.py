@@ -64,7 +64,7 @@ class LogEntry(ctypes.Structure):  # struct fakecuda_log_entry (../shared/oracle
 
 EV_ALLOC, EV_FREE, EV_CREATE, EV_RELEASE = 1, 2, 5, 6
 # The fake driver's log tags, one per section of the program.
-TAGS = ["train", "empty", "oom200", "dump", "fraction", "mempool", "private", "streams"]
+TAGS = ["train", "empty", "oom200", "dump", "fraction", "private", "streams", "mempool"]
 
 
 # ---------------------------------------------------------------------------
@@ -173,6 +173,10 @@ class Program:
 
             self.out["errors"][name] = f"{type(e).__name__}: {e}"[:600]
             sys.stderr.write(traceback.format_exc())
+        # What was reached so far: the driver takes the last RESULT line,
+        # so a crash (an abort in C++) later keeps the sections before it.
+        self.out.setdefault("done", []).append(name)
+        self.report()
 
     def run_api(self, dump_path):
         torch = self.torch
@@ -185,7 +189,6 @@ class Program:
         # fraction section's limit.)
         self.guarded("dump", self.s_dump, dump_path)
         self.guarded("fraction", self.s_fraction)
-        self.guarded("mempool", self.s_mempool)
         self.guarded("private", self.s_private)
 
     def s_train(self):
@@ -318,9 +321,6 @@ class Program:
             and "<html" in _memory_viz.segment_plot(snap).lower(),
         }
 
-    def run_streams(self):
-        self.guarded("streams", self.s_streams)
-
     def s_streams(self):
         """A block used on another stream, then freed: reused early only if
         the use did not reach the allocator (FAKECUDA_ASYNC: work stays
@@ -412,9 +412,8 @@ class Program:
         self.fake.fakecuda_sanitizer_last(buf, 400)
         return buf.value.decode(errors="replace")
 
-    def finish(self):
-        torch = self.torch
-        torch.cuda.synchronize()
+    def report(self):
+        """Print the results so far as one RESULT line."""
         log = device_log(self.fake)
         allocs = [(sec, api, size) for sec, kind, api, size, res in log if kind in (EV_ALLOC, EV_CREATE) and res == 0]
         frees = [(sec, api) for sec, kind, api, size, res in log if kind in (EV_FREE, EV_RELEASE) and res == 0]
@@ -428,7 +427,7 @@ class Program:
             "frees_by_section": {s: sum(1 for sec, _ in frees if sec == s) for s in TAGS},
             "free_apis": sorted({api for _, api in frees}),
         }
-        print("RESULT " + json.dumps(self.out))
+        print("RESULT " + json.dumps(self.out), flush=True)
 
 
 def phase(alloc, sections, dump_path):
@@ -436,8 +435,11 @@ def phase(alloc, sections, dump_path):
     if "api" in sections:
         p.run_api(dump_path)
     if "streams" in sections:
-        p.run_streams()
-    p.finish()
+        p.guarded("streams", p.s_streams)
+    if "api" in sections:
+        # Last: the newest API (a crash in it loses no other section).
+        p.guarded("mempool", p.s_mempool)
+    p.report()
 
 
 # ---------------------------------------------------------------------------
@@ -449,10 +451,12 @@ def run_phase(args, env=None):
     e.update(env or {})
     r = subprocess.run([sys.executable, __file__] + args, capture_output=True, text=True, env=e, timeout=600)
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
-        return {"failed": f"phase {args} exited with {r.returncode}", "checkpoints": {}, "errors": {}}
-    return json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT "):]) if lines else {"checkpoints": {}, "errors": {}}
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr[-3000:])
+        # The results up to the crash stay (the last RESULT line).
+        out["failed"] = f"phase {args} exited with {r.returncode} after sections {sorted(out.get('done', []))}"
+    return out
 
 
 def replay(path):
