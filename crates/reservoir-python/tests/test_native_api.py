@@ -595,10 +595,11 @@ def main():
 
     # The memory fraction.
     nf, rf = nat.get("fraction", {}), res.get("fraction", {})
-    c.claim(rf.get("failed_at") is not None and rf.get("failed_at") == nf.get("failed_at")
-            and rf.get("get") == nf.get("get"),
+    c.claim(rf.get("failed_at") is not None and rf.get("failed_at") == nf.get("failed_at"),
             f"fraction: set_per_process_memory_fraction({rf.get('fraction')}): OOM at request {rf.get('failed_at')} "
-            f"(native {nf.get('failed_at')}), get_per_process_memory_fraction {rf.get('get')}")
+            f"(native {nf.get('failed_at')})")
+    c.claim(rf.get("get") is not None and rf.get("get") == nf.get("get"),
+            f"fraction: get_per_process_memory_fraction() {rf.get('get')!r} (native {nf.get('get')!r})")
     c.claim(rf.get("message") is not None and rf.get("message") == nf.get("message"),
             "fraction: the OOM message equals native's",
             f"native {nf.get('message')!r} vs reservoir {rf.get('message')!r}")
