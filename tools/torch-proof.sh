@@ -77,6 +77,7 @@ run() {
 }
 run smoke "$py" crates/reservoir-python/tests/test_smoke.py
 run proof "$py" crates/reservoir-python/tests/test_in_torch.py
+run face "$py" crates/reservoir-python/tests/test_face.py
 # torch's own memory API on Reservoir against torch's native allocator (issue
 # 32): the same program under each; lines "torch proof native ...". Its
 # `reservoir replay` is the debug binary built above for `convert`.

@@ -125,6 +125,9 @@ pub(crate) fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     if let Some(h) = HISTORY.lock().clone() {
         a.record_memory_history(h);
     }
+    for t in TRACKERS.lock().iter() {
+        a.attach_trace_tracker(tracker_for(t.clone(), device));
+    }
     devices[index] = Some(a.clone());
     tracing::info!(target: "reservoir::capi", device, conf = conf.as_deref(), "Reservoir allocator built");
     Ok(a)
@@ -147,6 +150,29 @@ pub(crate) fn set_history(config: reservoir::caching::HistoryConfig) {
         clear_history: false,
         ..config
     });
+}
+
+/// A trace tracker of every device: called with the device index and the entry.
+pub(crate) type DeviceTracker = Arc<dyn Fn(i32, &reservoir::TraceEntry) + Send + Sync>;
+
+/// The trackers of `reservoir_torch_attach_trace_tracker`, given to devices
+/// built after them.
+static TRACKERS: parking_lot::Mutex<Vec<DeviceTracker>> = parking_lot::const_mutex(Vec::new());
+
+fn tracker_for(t: DeviceTracker, device: i32) -> reservoir::caching::TraceTracker {
+    Arc::new(move |e: &reservoir::TraceEntry| t(device, e))
+}
+
+/// Attach `t` to every device built so far and to those built later (the
+/// `DEVICES` lock before `TRACKERS`, as building a device takes them).
+pub(crate) fn attach_tracker(t: DeviceTracker) {
+    let devices = DEVICES.write();
+    for (i, a) in devices.iter().enumerate() {
+        if let Some(a) = a {
+            a.attach_trace_tracker(tracker_for(t.clone(), i as i32));
+        }
+    }
+    TRACKERS.lock().push(t);
 }
 
 /// Every allocator built so far, in device order.

@@ -20,7 +20,9 @@ use reservoir::observe::trace::{Frame, RecordContext, TraceAction};
 use reservoir::{DevicePtr, MempoolId, StreamId};
 
 use crate::error::{Failure, ReservoirStatus, RESERVOIR_ERR_INVALID_POINTER};
-use crate::torch::{allocator, built_allocators, set_history, stream_of, torch_guard, HISTORY};
+use crate::torch::{
+    allocator, attach_tracker, built_allocators, set_history, stream_of, torch_guard, HISTORY,
+};
 
 /// The number of `i64` values [`reservoir_torch_device_stats`] writes.
 pub const RESERVOIR_TORCH_DEVICE_STATS_LEN: usize = 123;
@@ -823,4 +825,230 @@ pub unsafe extern "C" fn reservoir_torch_buffer_free(buf: *mut u8, len: usize) {
     }
     // SAFETY: from Box::into_raw of a boxed slice of `len` bytes (caller's contract).
     drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)) });
+}
+
+/// A C trace tracker (torch's `AllocatorTraceTracker`), called under the
+/// allocator's lock with each trace entry: `device`, `action` (in
+/// `TraceEntry::Action` order), `addr`, `size`, `stream`, the pool's halves
+/// and `time_us` (microseconds since the Unix epoch).
+pub type ReservoirTraceTracker = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    device: i32,
+    action: i32,
+    addr: u64,
+    size: u64,
+    stream: *mut c_void,
+    p0: u64,
+    p1: u64,
+    time_us: i64,
+);
+
+/// A C tracker and its context, shared by every device.
+struct CTracker {
+    f: ReservoirTraceTracker,
+    ctx: *mut c_void,
+}
+
+// SAFETY: the caller of reservoir_torch_attach_trace_tracker promises the
+// tracker may be called with its context from any thread, at once.
+unsafe impl Send for CTracker {}
+// SAFETY: as above.
+unsafe impl Sync for CTracker {}
+
+/// torch's `attachAllocatorTraceTracker`: call `tracker(ctx, ...)` with every
+/// trace entry of every device from now on (devices built later included),
+/// even with history off. It runs under the allocator's lock and must not
+/// call Reservoir. `ctx` lives as long as the process (never dropped).
+///
+/// # Safety
+/// `tracker` may be called with `ctx` from any thread, several at once.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_attach_trace_tracker(
+    tracker: Option<ReservoirTraceTracker>,
+    ctx: *mut c_void,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_attach_trace_tracker", || {
+        let f = tracker.ok_or_else(|| Failure::invalid("tracker is null"))?;
+        let c = Arc::new(CTracker { f, ctx });
+        attach_tracker(Arc::new(move |device, e: &reservoir::TraceEntry| {
+            let action = TraceAction::ALL
+                .iter()
+                .position(|a| *a == e.action)
+                .unwrap_or(0);
+            let (p0, p1) = e.pool_id.unwrap_or((0, 0));
+            // SAFETY: callable from any thread (caller's contract).
+            unsafe {
+                (c.f)(
+                    c.ctx,
+                    device,
+                    action as i32,
+                    e.addr,
+                    e.size,
+                    e.stream.0 as usize as *mut c_void,
+                    p0 as u64,
+                    p1 as u64,
+                    e.time_us.unwrap_or(0),
+                )
+            }
+        }));
+        Ok(())
+    })
+}
+
+/// One stream's expandable segment (torch's `StreamSegmentSize`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReservoirStreamSegmentSize {
+    /// The stream (`cudaStream_t`).
+    pub stream: u64,
+    /// A small-pool segment?
+    pub is_small_pool: bool,
+    /// Bytes currently mapped.
+    pub total_size: u64,
+}
+
+/// torch's `getExpandableSegmentSizes(device)`: writes up to `capacity`
+/// entries to `out` and their full count to `*count` (call again with a
+/// larger buffer when `*count > capacity`).
+///
+/// # Safety
+/// `out` is null (with `capacity` 0) or valid for `capacity` writes; `count`
+/// is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_expandable_segment_sizes(
+    device: i32,
+    out: *mut ReservoirStreamSegmentSize,
+    capacity: usize,
+    count: *mut usize,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_expandable_segment_sizes", || {
+        if count.is_null() || (out.is_null() && capacity > 0) {
+            return Err(Failure::invalid(
+                "count is null, or out is null with capacity > 0",
+            ));
+        }
+        let v = allocator(device)?.expandable_segment_sizes();
+        for (i, s) in v.iter().take(capacity).enumerate() {
+            // SAFETY: i < capacity writable entries (caller's contract).
+            unsafe {
+                out.add(i).write(ReservoirStreamSegmentSize {
+                    stream: s.stream.0,
+                    is_small_pool: s.is_small_pool,
+                    total_size: s.total_size,
+                })
+            };
+        }
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { count.write(v.len()) };
+        Ok(())
+    })
+}
+
+/// An opaque private-pool checkpoint (torch's `AllocatorState`), from
+/// [`reservoir_torch_checkpoint_pool`], freed with
+/// [`reservoir_torch_checkpoint_free`].
+pub struct ReservoirPoolCheckpoint {
+    device: i32,
+    state: reservoir::caching::PoolCheckpoint,
+}
+
+/// torch's `getCheckpointState(device, mempool_id)`: the state of private
+/// pool `(p0, p1)` into `*out` (the caller owns it).
+///
+/// # Safety
+/// `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_checkpoint_pool(
+    device: i32,
+    p0: u64,
+    p1: u64,
+    out: *mut *mut ReservoirPoolCheckpoint,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_checkpoint_pool", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        let id = private_pool(p0, p1)?;
+        let state = allocator(device)?.checkpoint_pool(id)?;
+        let b = Box::new(ReservoirPoolCheckpoint { device, state });
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// Free a checkpoint of [`reservoir_torch_checkpoint_pool`]. Null does nothing.
+///
+/// # Safety
+/// `ckpt` is null or from [`reservoir_torch_checkpoint_pool`], not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_checkpoint_free(ckpt: *mut ReservoirPoolCheckpoint) {
+    if !ckpt.is_null() {
+        // SAFETY: from Box::into_raw, freed once (caller's contract).
+        drop(unsafe { Box::from_raw(ckpt) });
+    }
+}
+
+/// Move a vector of pointers to C: `(buffer, len)`, freed by
+/// [`reservoir_torch_u64s_free`].
+fn into_c(v: Vec<u64>) -> (*mut u64, usize) {
+    let b = v.into_boxed_slice();
+    let n = b.len();
+    (Box::into_raw(b).cast::<u64>(), n)
+}
+
+/// torch's `setCheckpointPoolState(device, state)`: set the checkpoint's pool
+/// back to it. `*freed` / `*freed_len`: the allocations the restore freed
+/// (the caller's handles to them are dead); `*created` / `*created_len`:
+/// those it made anew (the caller owns them; free with
+/// [`reservoir_torch_delete`]). Both buffers are freed with
+/// [`reservoir_torch_u64s_free`]. A checkpoint that does not match the pool
+/// is refused before anything changes.
+///
+/// # Safety
+/// `ckpt` is from [`reservoir_torch_checkpoint_pool`] and live; the four
+/// out-pointers are null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_restore_checkpoint(
+    ckpt: *const ReservoirPoolCheckpoint,
+    freed: *mut *mut u64,
+    freed_len: *mut usize,
+    created: *mut *mut u64,
+    created_len: *mut usize,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_restore_checkpoint", || {
+        if ckpt.is_null()
+            || freed.is_null()
+            || freed_len.is_null()
+            || created.is_null()
+            || created_len.is_null()
+        {
+            return Err(Failure::invalid("a checkpoint or out-pointer is null"));
+        }
+        // SAFETY: live (caller's contract).
+        let c = unsafe { &*ckpt };
+        let r = allocator(c.device)?.restore_pool_checkpoint(&c.state)?;
+        let (f, fl) = into_c(r.allocations_freed.iter().map(|p| p.0).collect());
+        let (a, al) = into_c(r.allocations_created.iter().map(|p| p.0).collect());
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe {
+            freed.write(f);
+            freed_len.write(fl);
+            created.write(a);
+            created_len.write(al);
+        }
+        Ok(())
+    })
+}
+
+/// Free a buffer of [`reservoir_torch_restore_checkpoint`]. Null does nothing.
+///
+/// # Safety
+/// `buf` and `len` are one buffer that call returned, not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_u64s_free(buf: *mut u64, len: usize) {
+    if !buf.is_null() {
+        // SAFETY: from Box::into_raw of a boxed slice of `len` values (caller's contract).
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)) });
+    }
 }

@@ -82,23 +82,11 @@ fn torch_face_entry_points_on_the_cuda_driver() {
             std::io::stderr().lock(),
             "\nSKIPPED-BACKEND cuda (reservoir-capi torch_face): {e}"
         );
-        let (s, p, _) = (
-            // SAFETY: null stream and a live `out`.
-            unsafe {
-                let mut out = std::ptr::null_mut();
-                let s = reservoir_torch_malloc(
-                    MIB,
-                    0,
-                    std::ptr::null_mut(),
-                    &mut out,
-                    std::ptr::null_mut(),
-                );
-                (s, out)
-            },
-            (),
-            (),
-        )
-            .0;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: null stream and a live `out`.
+        let s = unsafe {
+            reservoir_torch_malloc(MIB, 0, std::ptr::null_mut(), &mut p, std::ptr::null_mut())
+        };
         assert_ne!(s, ReservoirStatus::RESERVOIR_OK);
         assert!(p.is_null());
         return;
@@ -340,6 +328,53 @@ fn torch_face_entry_points_on_the_cuda_driver() {
         ReservoirStatus::RESERVOIR_OK
     );
     invariants();
+
+    // A trace tracker sees every entry, history off.
+    static SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    unsafe extern "C" fn tracker(
+        _: *mut c_void,
+        device: i32,
+        action: i32,
+        _: u64,
+        size: u64,
+        _: *mut c_void,
+        _: u64,
+        _: u64,
+        _: i64,
+    ) {
+        if device == 0 && action == 0 && size == 12345 {
+            SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    // SAFETY: `tracker` may be called from any thread.
+    unsafe {
+        assert_eq!(
+            reservoir_torch_attach_trace_tracker(None, std::ptr::null_mut()),
+            ReservoirStatus::RESERVOIR_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            reservoir_torch_attach_trace_tracker(Some(tracker), std::ptr::null_mut()),
+            ReservoirStatus::RESERVOIR_OK
+        );
+    }
+    let (_, t, _) = malloc(12345);
+    assert_eq!(reservoir_torch_delete(t), ReservoirStatus::RESERVOIR_OK);
+    assert_eq!(SEEN.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // Expandable segment sizes: none without expandable segments.
+    let mut n = 9usize;
+    // SAFETY: null buffer with capacity 0; live local.
+    unsafe {
+        assert_eq!(
+            reservoir_torch_expandable_segment_sizes(0, std::ptr::null_mut(), 0, &mut n),
+            ReservoirStatus::RESERVOIR_OK
+        );
+        assert_eq!(n, 0);
+        assert_eq!(
+            reservoir_torch_expandable_segment_sizes(0, std::ptr::null_mut(), 4, &mut n),
+            ReservoirStatus::RESERVOIR_ERR_INVALID_ARGUMENT
+        );
+    }
 
     // History: on with a context recorder, the ids come back in the trace;
     // a bad `when` and max_entries 0 are refused.

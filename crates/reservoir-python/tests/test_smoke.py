@@ -89,18 +89,18 @@ def test_training_step_and_stats_agree_with_torch_accounting():
     rt.check_invariants()
 
 
-def test_memory_fraction_caps_and_oom_gives_a_null_tensor():
+def test_memory_fraction_caps_and_oom_raises():
     rt.set_per_process_memory_fraction(0.0005)  # ~40 MiB of the 80 GB fake device
     assert abs(rt.get_per_process_memory_fraction() - 0.0005) < 1e-9
     before = rt.memory_stats()["num_ooms"]
-    # torch 2.15's pluggable wrapper does not raise on a null return (the
-    # oracle README says it raises torch.OutOfMemoryError): the tensor's
-    # data_ptr is 0, and Reservoir counted and explained the OOM.
-    t = torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
-    assert t.data_ptr() == 0
-    assert "out of memory" in rt.last_error().lower(), rt.last_error()
+    # Through Reservoir's C++ face (issue 32) an allocation that does not fit
+    # raises torch.OutOfMemoryError with PyTorch's text, counted by Reservoir.
+    try:
+        torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
+        raise AssertionError("no torch.OutOfMemoryError")
+    except torch.OutOfMemoryError as e:
+        assert str(e).startswith("CUDA out of memory. Tried to allocate 512.00 MiB."), str(e)
     assert rt.memory_stats()["num_ooms"] == before + 1
-    del t
     expect_error(lambda: rt.set_per_process_memory_fraction(1.5), "1.5", "RESERVOIR_ERR_INVALID_ARGUMENT")
     assert abs(rt.get_per_process_memory_fraction() - 0.0005) < 1e-9, "a refused fraction changes nothing"
     rt.set_per_process_memory_fraction(1.0)

@@ -199,6 +199,13 @@ def enable(conf: Optional[str] = None) -> None:
                 f"conf={_enabled_conf[0]!r}; it cannot switch to conf={conf!r}"
             )
         return
+    if torch.cuda.is_initialized():
+        # Checked before building anything: torch's allocator is in use.
+        raise ReservoirError(
+            "RESERVOIR_ERR_INVALID_STATE: reservoir.torch.enable() must run before "
+            "CUDA is first used (torch's own allocator is already initialized). "
+            "Call it at the start of the program."
+        )
     if conf is not None:
         _native.configure(conf)
     try:

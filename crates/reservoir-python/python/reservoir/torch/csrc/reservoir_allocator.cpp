@@ -67,6 +67,13 @@ constexpr size_t kStatsLen = 123;
 using StreamFilter = bool (*)(void*, void*);
 using FilterDrop = void (*)(void*);
 using ContextRecorderFn = uint64_t (*)();
+using TraceTrackerFn = void (*)(void*, int32_t, int32_t, uint64_t, uint64_t, void*, uint64_t, uint64_t, int64_t);
+
+struct StreamSegmentSizeC {
+  uint64_t stream;
+  bool is_small_pool;
+  uint64_t total_size;
+};
 
 struct Api {
   int (*malloc)(size_t, int32_t, void*, void**, ReservoirTorchOom*);
@@ -90,6 +97,12 @@ struct Api {
   int (*is_history_enabled)(bool*);
   int (*snapshot)(uint64_t, uint64_t, bool, uint8_t**, size_t*);
   void (*buffer_free)(uint8_t*, size_t);
+  int (*attach_trace_tracker)(TraceTrackerFn, void*);
+  int (*expandable_segment_sizes)(int32_t, StreamSegmentSizeC*, size_t, size_t*);
+  int (*checkpoint_pool)(int32_t, uint64_t, uint64_t, void**);
+  void (*checkpoint_free)(void*);
+  int (*restore_checkpoint)(const void*, uint64_t**, size_t*, uint64_t**, size_t*);
+  void (*u64s_free)(uint64_t*, size_t);
   const char* (*last_error)();
   const char* (*status_name)(int);
 };
@@ -131,6 +144,12 @@ void load_api(const std::string& path) {
   resolve(lib, "reservoir_torch_is_history_enabled", api.is_history_enabled);
   resolve(lib, "reservoir_torch_snapshot", api.snapshot);
   resolve(lib, "reservoir_torch_buffer_free", api.buffer_free);
+  resolve(lib, "reservoir_torch_attach_trace_tracker", api.attach_trace_tracker);
+  resolve(lib, "reservoir_torch_expandable_segment_sizes", api.expandable_segment_sizes);
+  resolve(lib, "reservoir_torch_checkpoint_pool", api.checkpoint_pool);
+  resolve(lib, "reservoir_torch_checkpoint_free", api.checkpoint_free);
+  resolve(lib, "reservoir_torch_restore_checkpoint", api.restore_checkpoint);
+  resolve(lib, "reservoir_torch_u64s_free", api.u64s_free);
   resolve(lib, "reservoir_last_error", api.last_error);
   resolve(lib, "reservoir_status_name", api.status_name);
   api_loaded = true;
@@ -186,6 +205,36 @@ std::shared_ptr<c10::GatheredContext> context(uint64_t id) {
   return it == contexts.end() ? nullptr : it->second;
 }
 
+// ---- Reservoir's microseconds since the epoch as torch's approximate clock ----
+
+struct Clock {
+  c10::approx_time_t a0;
+  double t0;
+  double ns_per_tick;
+  Clock() {
+    c10::ApproximateClockToUnixTimeConverter clock;
+    auto to_ns = clock.makeConverter();
+    a0 = c10::getApproximateTime();
+    auto span = static_cast<c10::approx_time_t>(1000000000);
+    t0 = static_cast<double>(to_ns(a0));
+    ns_per_tick = (static_cast<double>(to_ns(a0 + span)) - t0) / static_cast<double>(span);
+    if (!(ns_per_tick > 0)) ns_per_tick = 1.0;
+  }
+  c10::approx_time_t at(int64_t time_us) const {
+    double ticks = (static_cast<double>(time_us) * 1000.0 - t0) / ns_per_tick;
+    return a0 + static_cast<c10::approx_time_t>(ticks);
+  }
+};
+
+// ---- checkpoints ---------------------------------------------------------------
+
+struct ReservoirCheckpoint final : AllocatorState {
+  void* ckpt;
+  c10::DeviceIndex device;
+  ReservoirCheckpoint(void* c, c10::DeviceIndex d) : ckpt(c), device(d) {}
+  ~ReservoirCheckpoint() override { api.checkpoint_free(ckpt); }
+};
+
 // ---- the allocator -----------------------------------------------------------
 
 void free_block(void* ptr);
@@ -235,8 +284,17 @@ class ReservoirAllocator final : public CUDAAllocator {
     check(api.set_fraction(device, fraction));
   }
 
-  std::vector<StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
-    unsupported("getExpandableSegmentSizes", "Reservoir's C ABI does not expose expandable segment sizes yet");
+  std::vector<StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
+    size_t n = 0;
+    check(api.expandable_segment_sizes(device, nullptr, 0, &n));
+    std::vector<StreamSegmentSizeC> v(n);
+    size_t m = 0;
+    check(api.expandable_segment_sizes(device, v.data(), v.size(), &m));
+    std::vector<StreamSegmentSize> out;
+    for (size_t i = 0; i < std::min(n, m); i++) {
+      out.emplace_back(reinterpret_cast<cudaStream_t>(v[i].stream), v[i].is_small_pool, v[i].total_size);
+    }
+    return out;
   }
 
   void enable(bool value) override {
@@ -379,9 +437,40 @@ class ReservoirAllocator final : public CUDAAllocator {
     bool trace_all = enabled && alloc_trace_max_entries > 0;
     size_t max_entries = alloc_trace_max_entries > 0 ? alloc_trace_max_entries : 1;
     ctx_recorder.store(enabled ? context_recorder : nullptr);
+    {
+      std::lock_guard<std::mutex> g(annotations_mutex_);
+      annotations_on_ = enabled;
+      annotations_max_ = max_entries;
+      if (clearHistory) annotations_.clear();
+    }
     check(api.record_history(enabled, trace_all, enabled && context_recorder ? &record_context : nullptr,
                              max_entries, enabled ? static_cast<int32_t>(when) : 0, clearHistory));
   }
+
+  // record_function scopes while history is on: kept here, given back as
+  // the snapshot's external_annotations (as torch's allocator keeps them).
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    std::lock_guard<std::mutex> g(annotations_mutex_);
+    if (!annotations_on_) return;
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    cda::AnnotationEntry ae(device, c10::getApproximateTime());
+    for (const auto& kv : md) ae.recordUserMetadata(kv.first, kv.second);
+    if (annotations_.size() >= annotations_max_) annotations_.erase(annotations_.begin());
+    annotations_.push_back(std::move(ae));
+  }
+
+  void pushCompileContext(std::string&) override {
+    unsupported("pushCompileContext", "Reservoir's trace entries do not carry torch.compile contexts yet");
+  }
+
+  void popCompileContext() override {
+    unsupported("popCompileContext", "Reservoir's trace entries do not carry torch.compile contexts yet");
+  }
+
+  // markCaptureBegin / markCaptureEnd keep torch's default (nothing to do):
+  // Reservoir routes a capture's allocations by the beginAllocateToPool
+  // filter and needs no other notice of the capture.
 
   void attachOutOfMemoryObserver(OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> g(observers_mutex_);
@@ -395,9 +484,18 @@ class ReservoirAllocator final : public CUDAAllocator {
   }
 #endif
 
-  void attachAllocatorTraceTracker(AllocatorTraceTracker) override {
-    unsupported("attachAllocatorTraceTracker",
-                "use torch.cuda.memory._record_memory_history; Reservoir's trace is read through snapshot()");
+  void attachAllocatorTraceTracker(AllocatorTraceTracker tracker) override {
+    // Lives as long as the process, as torch's trackers do.
+    auto* t = new std::pair<AllocatorTraceTracker, Clock>(std::move(tracker), Clock());
+    check(api.attach_trace_tracker(
+        [](void* ctx, int32_t device, int32_t action, uint64_t addr, uint64_t size, void* stream, uint64_t p0,
+           uint64_t p1, int64_t time_us) {
+          auto* t = static_cast<std::pair<AllocatorTraceTracker, Clock>*>(ctx);
+          cda::TraceEntry te(static_cast<cda::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device),
+                             addr, size, stream, c10::MempoolId_t{p0, p1}, t->second.at(time_us));
+          t->first(te);
+        },
+        t));
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -422,12 +520,29 @@ class ReservoirAllocator final : public CUDAAllocator {
     return reinterpret_cast<Fn>(cudart("cudaMemcpyPeerAsync"))(dst, dstDevice, src, srcDevice, count, stream);
   }
 
-  std::shared_ptr<AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
-    unsupported("getCheckpointState", "Reservoir's C ABI does not export pool checkpoints yet");
+  std::shared_ptr<AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    void* ckpt = nullptr;
+    check(api.checkpoint_pool(device, id.first, id.second, &ckpt));
+    return std::make_shared<ReservoirCheckpoint>(ckpt, device);
   }
 
-  CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<AllocatorState>) override {
-    unsupported("setCheckpointPoolState", "Reservoir's C ABI does not export pool checkpoints yet");
+  CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device, std::shared_ptr<AllocatorState> pps) override {
+    auto* c = dynamic_cast<ReservoirCheckpoint*>(pps.get());
+    TORCH_CHECK(c != nullptr, "reservoir: setCheckpointPoolState: the state is not a Reservoir checkpoint");
+    TORCH_CHECK(c->device == device, "reservoir: setCheckpointPoolState: the checkpoint is of device ",
+                static_cast<int>(c->device), ", not ", static_cast<int>(device));
+    uint64_t *freed = nullptr, *made = nullptr;
+    size_t nfreed = 0, nmade = 0;
+    check(api.restore_checkpoint(c->ckpt, &freed, &nfreed, &made, &nmade));
+    CheckpointDelta d;
+    for (size_t i = 0; i < nfreed; i++) d.ptrs_freed.push_back(reinterpret_cast<void*>(freed[i]));
+    for (size_t i = 0; i < nmade; i++) {
+      void* p = reinterpret_cast<void*>(made[i]);
+      d.dataptrs_allocd.emplace_back(p, p, &free_block, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    api.u64s_free(freed, nfreed);
+    api.u64s_free(made, nmade);
+    return d;
   }
 
   std::string name() override { return "reservoir"; }
@@ -451,6 +566,10 @@ class ReservoirAllocator final : public CUDAAllocator {
     return ptr;
   }
 
+  std::mutex annotations_mutex_;
+  bool annotations_on_ = false;
+  size_t annotations_max_ = 0;
+  std::vector<cda::AnnotationEntry> annotations_;
   int device_count_ = 0;
   bool initialized_ = false;
   std::mutex observers_mutex_;
@@ -472,14 +591,7 @@ SnapshotInfo ReservoirAllocator::snapshot(c10::MempoolId_t id, bool include_trac
   std::string text(reinterpret_cast<const char*>(buf), len);
   api.buffer_free(buf, len);
 
-  // Reservoir's microseconds since the epoch as torch's approximate clock.
-  c10::ApproximateClockToUnixTimeConverter clock;
-  auto to_ns = clock.makeConverter();
-  auto a0 = c10::getApproximateTime();
-  auto span = static_cast<decltype(a0)>(1000000000);
-  double t0 = static_cast<double>(to_ns(a0));
-  double ns_per_tick = (static_cast<double>(to_ns(a0 + span)) - t0) / static_cast<double>(span);
-  if (!(ns_per_tick > 0)) ns_per_tick = 1.0;
+  Clock clock;
 
   SnapshotInfo out;
   std::unordered_set<uint64_t> used;
@@ -525,8 +637,7 @@ SnapshotInfo ReservoirAllocator::snapshot(c10::MempoolId_t id, bool include_trac
         int64_t time_us = 0;
         f >> device >> action >> addr >> size >> stream >> p0 >> p1 >> time_us >> ctx;
         if (out.device_traces.size() <= static_cast<size_t>(device)) out.device_traces.resize(device + 1);
-        double ticks = (static_cast<double>(time_us) * 1000.0 - t0) / ns_per_tick;
-        auto when = a0 + static_cast<decltype(a0)>(ticks);
+        auto when = clock.at(time_us);
         used.insert(ctx);
         out.device_traces[device].emplace_back(static_cast<cda::TraceEntry::Action>(action),
                                                static_cast<c10::DeviceIndex>(device), addr, size,
@@ -560,6 +671,10 @@ SnapshotInfo ReservoirAllocator::snapshot(c10::MempoolId_t id, bool include_trac
       default:
         TORCH_CHECK(false, "reservoir: unknown snapshot record: ", line);
     }
+  }
+  if (include_traces) {
+    std::lock_guard<std::mutex> g(annotations_mutex_);
+    out.external_annotations = annotations_;
   }
   // Forget the stacks nothing can show again: what is not in this snapshot
   // (blocks freed, trace entries out of the ring) never comes back.
