@@ -151,6 +151,7 @@ class Program:
             }
         except Exception as e:  # noqa: BLE001 (the driver reports it for this checkpoint)
             self.out["checkpoints"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        self.report()  # kept should the process abort before its section ends
 
     def train(self, steps):
         torch = self.torch
