@@ -15,14 +15,16 @@ torch's own API are compared:
   oom200     ``torch.empty(200 << 30)`` raises ``torch.OutOfMemoryError`` with
              native's text, ``except torch.cuda.OutOfMemoryError`` catches
              it, then training goes on
+  dump       ``torch.cuda.memory._dump_snapshot()`` of the history so far:
+             opens in ``torch.cuda._memory_viz``, its trace entries equal
+             native's, and ``reservoir replay FILE --json`` reproduces it
+             (fidelity; the history stops here, as a snapshot does not
+             record a memory fraction)
   fraction   ``torch.cuda.set_per_process_memory_fraction(f)``: the OOM comes
-             at the same request as native's, with the same message
-  mempool    ``torch.cuda.MemPool`` + ``use_mem_pool``
+             at the same request as native's, with the same message; the
+             getter equals native's
   private    private pools through ``torch._C._cuda_beginAllocateToPool`` /
              ``_cuda_endAllocateToPool`` / ``_cuda_releasePool``
-  dump       ``torch.cuda.memory._dump_snapshot()``: opens in
-             ``torch.cuda._memory_viz``; ``reservoir replay FILE --json``
-             reproduces it (fidelity)
   streams    asynchronous fake device with its race sanitizer: a block used
              on another stream and freed is not reused early, whether the
              use was declared by ``Tensor.record_stream`` or by torch's C++
@@ -31,12 +33,13 @@ torch's own API are compared:
              control: the same program with Reservoir behind torch's plain
              ``CUDAPluggableAllocator`` (``reservoir_alloc``/``reservoir_free``,
              no recordStream hook) is reported
+  mempool    ``torch.cuda.MemPool`` + ``use_mem_pool`` (last: the newest API)
   devices    every device allocation is Reservoir's: torch's own
              ``cudaMalloc`` count is 0 (native's is not: the control)
 
 Each claim prints one line starting "torch proof native " ("ok" or "FAIL"),
 and the file closes with "native-api: N passed, M failed". Run by
-tools/torch-proof.sh (``run native-api``); RESERVOIR_PROOF_CARGO_REPLAY may
+tools/torch-proof.sh (``run native-api``); RESERVOIR_PROOF_REPLAY_BIN may
 name a prebuilt ``reservoir`` binary (else ``cargo run -q -p reservoir-cli``).
 """
 
