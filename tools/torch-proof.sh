@@ -39,6 +39,8 @@ echo "$oracle_site" >"$site/pytorch_oracle.pth"
 if ! "$venv/bin/maturin" --version >/dev/null 2>&1; then
   "$venv/bin/pip" install --quiet 'maturin>=1.5,<2'
 fi
+# ninja builds reservoir.torch's C++ face (torch.utils.cpp_extension) on the first enable().
+"$venv/bin/python" -c 'import ninja' 2>/dev/null || "$venv/bin/pip" install --quiet ninja
 
 if [ "${1:-}" != "--skip-build" ]; then
   echo "torch-proof: building the wheel (maturin build --release --locked)"

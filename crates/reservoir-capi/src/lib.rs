@@ -15,6 +15,14 @@
 //! * **PyTorch's `CUDAPluggableAllocator` entry points**
 //!   ([`reservoir_alloc`], [`reservoir_free`]; spec section 3), one caching
 //!   allocator per CUDA device configured by `RESERVOIR_ALLOC_CONF`.
+//! * **The entry points of the C++ face for torch** (`reservoir_torch_*`,
+//!   e.g. [`reservoir_torch_malloc`], [`reservoir_torch_device_stats`],
+//!   [`reservoir_torch_snapshot`]): everything torch's `CUDAAllocator`
+//!   interface asks (PyTorch's exact out-of-memory text, statistics in one
+//!   call, a snapshot, private pools and checkpoints, history with torch's
+//!   own stacks, trace trackers), on the same per-device allocators. The
+//!   face (`crates/reservoir-python/python/reservoir/torch/csrc/`) finds them
+//!   with `dlsym` in the Python wheel's native module.
 //!
 //! ## Errors
 //!

@@ -209,7 +209,13 @@ def enable(conf: Optional[str] = None) -> None:
     if conf is not None:
         _native.configure(conf)
     try:
-        torch.cuda.memory.change_current_allocator(cuda_allocator())
+        alloc = cuda_allocator()
+    except RuntimeError as e:
+        raise ReservoirError(
+            f"RESERVOIR_ERR_BACKEND_UNAVAILABLE: Reservoir's torch face could not be built or loaded: {e}"
+        ) from e
+    try:
+        torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
         raise ReservoirError(
             "RESERVOIR_ERR_INVALID_STATE: reservoir.torch.enable() must run before "
@@ -306,8 +312,8 @@ def record_memory_history(
 
 
 def empty_cache(device: Any = None) -> None:
-    """Release Reservoir's cached segments (``torch.cuda.empty_cache()``
-    does nothing for a pluggable allocator)."""
+    """Release Reservoir's cached segments (what ``torch.cuda.empty_cache()``
+    does once enabled)."""
     _native.empty_cache(_device(device))
 
 
@@ -339,8 +345,9 @@ def _lib() -> ctypes.CDLL:
 def record_stream(tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
     """``tensor.record_stream(stream)`` for Reservoir.
 
-    torch's Python API cannot give a pluggable allocator a record-stream
-    hook; ``enable()`` extends ``Tensor.record_stream`` to call this. When the tensor's memory is freed it is not reused before the
+    Once enabled, ``Tensor.record_stream`` and C++ ``recordStream`` reach
+    Reservoir through the face; this is the same for a tensor given by
+    name. When the tensor's memory is freed it is not reused before the
     work enqueued on ``stream`` so far has completed.
     """
     _record_stream(tensor, stream, ignore_foreign=False)
@@ -363,9 +370,10 @@ def _record_stream(tensor: torch.Tensor, stream: torch.cuda.Stream, ignore_forei
 def last_error() -> str:
     """This thread's last Reservoir error message ("" after a success).
 
-    torch 2.15's pluggable wrapper does not raise when the allocator
-    returns null: an allocation Reservoir refuses (out of memory) gives a
-    tensor whose ``data_ptr()`` is 0. This names why.
+    After ``enable()`` a refused allocation raises ``torch.OutOfMemoryError``
+    itself. Through :func:`pluggable_allocator` (torch's pluggable wrapper,
+    e.g. a ``MemPool`` without ``enable()``) torch 2.15 may not raise when
+    Reservoir returns null; this names why.
     """
     return _lib().reservoir_last_error().decode(errors="replace")
 

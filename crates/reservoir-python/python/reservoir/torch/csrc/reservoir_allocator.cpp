@@ -41,6 +41,15 @@
 #include <unordered_set>
 #include <vector>
 
+// The interface differences between the torch 2.11 and 2.15 headers
+// (c10/cuda/CUDACachingAllocator.h, c10/core/CachingDeviceAllocator.h),
+// each checked by compiling this file against that version's headers:
+//   2.12+: attachOomRejectionObserver (pure virtual), DeviceStats::num_oom_rejections;
+//   2.13+: AllocatorConfigInfo::max_round_threshold / max_cached_size;
+//          markCaptureBegin/End (defaults kept: nothing to do for Reservoir);
+//   2.14+: SnapshotInfo::host_segments / host_traces (left empty: no host memory);
+//   2.15:  supportsUserMetadata / annotateMemory / allocateWithAddress /
+//          getContextForPointer (torch's defaults: warn, or raise naming "reservoir").
 #define RESERVOIR_TORCH_AT_LEAST(minor) \
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= (minor)))
 
