@@ -9,7 +9,10 @@
 #    crates/reservoir-python/tests/test_in_torch.py (the proof: training on two
 #    streams, a real trace replayed through tensors, the fake driver's call
 #    log, memory_stats against Reservoir's own replay, _memory_viz, and the
-#    sanitizer run with its negative control).
+#    sanitizer run with its negative control) and
+#    crates/reservoir-python/tests/test_native_api.py (torch's own memory API
+#    answered by Reservoir: the same program under torch's native allocator
+#    and under Reservoir, compared claim by claim).
 #
 # Prints lines starting "torch proof" and closes with "torch-proof: N passed, M failed".
 # Usage: tools/torch-proof.sh [--skip-build]
@@ -36,6 +39,8 @@ echo "$oracle_site" >"$site/pytorch_oracle.pth"
 if ! "$venv/bin/maturin" --version >/dev/null 2>&1; then
   "$venv/bin/pip" install --quiet 'maturin>=1.5,<2'
 fi
+# ninja builds reservoir.torch's C++ face (torch.utils.cpp_extension) on the first enable().
+"$venv/bin/python" -c 'import ninja' 2>/dev/null || "$venv/bin/pip" install --quiet ninja
 
 if [ "${1:-}" != "--skip-build" ]; then
   echo "torch-proof: building the wheel (maturin build --release --locked)"
@@ -74,5 +79,11 @@ run() {
 }
 run smoke "$py" crates/reservoir-python/tests/test_smoke.py
 run proof "$py" crates/reservoir-python/tests/test_in_torch.py
+run face "$py" crates/reservoir-python/tests/test_face.py
+# torch's own memory API on Reservoir against torch's native allocator (issue
+# 32): the same program under each; lines "torch proof native ...". Its
+# `reservoir replay` is the debug binary built above for `convert`.
+export RESERVOIR_PROOF_REPLAY_BIN=$root/target/debug/reservoir
+run native-api "$py" crates/reservoir-python/tests/test_native_api.py
 echo "torch-proof: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -15,6 +15,9 @@
 // practice; it keeps the buffer's address fixed.
 #define RESERVOIR_LAST_ERROR_CAPACITY (16 * 1024)
 
+// The number of `i64` values [`reservoir_torch_device_stats`] writes.
+#define RESERVOIR_TORCH_DEVICE_STATS_LEN 123
+
 // What an entry point answers. `RESERVOIR_OK` is 0; every other value is
 // an error, and [`reservoir_last_error`] then holds a message naming the
 // function and the bad value.
@@ -68,9 +71,52 @@ typedef enum ReservoirBackend {
   RESERVOIR_BACKEND_CUDA = 2,
 } ReservoirBackend;
 
+typedef struct Option_ReservoirContextRecorder Option_ReservoirContextRecorder;
+
+typedef struct Option_ReservoirFilterDrop Option_ReservoirFilterDrop;
+
+typedef struct Option_ReservoirStreamFilter Option_ReservoirStreamFilter;
+
+typedef struct Option_ReservoirTraceTracker Option_ReservoirTraceTracker;
+
 // An allocator handle as C sees it: an opaque token, never dereferenced
 // (it is not an address; every call checks it).
 typedef struct ReservoirAllocator ReservoirAllocator;
+
+// An opaque private-pool checkpoint (torch's `AllocatorState`), from
+// [`reservoir_torch_checkpoint_pool`], freed with
+// [`reservoir_torch_checkpoint_free`].
+typedef struct ReservoirPoolCheckpoint ReservoirPoolCheckpoint;
+
+// What an out-of-memory failure of [`reservoir_torch_malloc`] reports, for
+// torch's out-of-memory observers and its `OutOfMemoryError`.
+typedef struct ReservoirTorchOom {
+  // Bytes the allocator tried to obtain from the device (the observers'
+  // `allocated` argument).
+  uint64_t alloc_size;
+  // The device's capacity, or the memory-fraction limit when one is set
+  // (the observers' `device_total`).
+  uint64_t device_total;
+  // Free device memory when the allocation failed.
+  uint64_t device_free;
+  // Filled with PyTorch's exact out-of-memory text, NUL-terminated and
+  // cut to `capacity - 1` bytes (null: not written).
+  char *message;
+  // Bytes at `message`.
+  uintptr_t capacity;
+  // The text's full length in bytes (without the NUL).
+  uintptr_t length;
+} ReservoirTorchOom;
+
+// One stream's expandable segment (torch's `StreamSegmentSize`).
+typedef struct ReservoirStreamSegmentSize {
+  // The stream (`cudaStream_t`).
+  uint64_t stream;
+  // A small-pool segment?
+  bool is_small_pool;
+  // Bytes currently mapped.
+  uint64_t total_size;
+} ReservoirStreamSegmentSize;
 
 #ifdef __cplusplus
 extern "C" {
@@ -282,6 +328,257 @@ enum ReservoirStatus reservoir_torch_configure(const char *conf);
 // # Safety
 // `stream` is null or a live CUDA stream of the device owning `ptr`.
 enum ReservoirStatus reservoir_torch_record_stream(void *ptr, void *stream);
+
+// torch's `allocate` / `raw_alloc_with_stream`: `size` bytes on `device`
+// for `stream` (null: the default stream) into `*out` (null for size 0).
+// Out of memory answers `RESERVOIR_ERR_OUT_OF_MEMORY`, fills `*oom` (when
+// non-null) with PyTorch's exact message and the observers' numbers, and
+// Reservoir's own observers have run.
+//
+// # Safety
+// `stream` is null or a live CUDA stream of `device`; `out` is valid for a
+// write; `oom` is null or valid, its `message` null or `capacity` writable
+// bytes.
+enum ReservoirStatus reservoir_torch_malloc(uintptr_t size,
+                                            int32_t device,
+                                            void *stream,
+                                            void **out,
+                                            struct ReservoirTorchOom *oom);
+
+// torch's `raw_delete`: free `ptr`, handed out by [`reservoir_torch_malloc`]
+// (or `reservoir_alloc`) on any device. Null does nothing; a pointer not
+// handed out (foreign, or already freed) is `RESERVOIR_ERR_INVALID_POINTER`
+// and changes nothing. A free the device cannot record events for is done
+// after synchronising the device, as `reservoir_free` does.
+enum ReservoirStatus reservoir_torch_delete(void *ptr);
+
+// torch's `getDeviceStats(device)` in one call: writes
+// [`RESERVOIR_TORCH_DEVICE_STATS_LEN`] values to `out` (`len` must be at
+// least that), in `c10::CachingDeviceAllocator::DeviceStats`'s order:
+// the nine stat arrays `allocation, segment, active, inactive_split,
+// allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes,
+// requested_bytes`, each as `aggregate, small_pool, large_pool`, each as
+// `current, peak, allocated, freed` (108 values); then `num_alloc_retries,
+// num_ooms`, `oversize_allocations` and `oversize_segments` (4 values each),
+// `num_sync_all_streams, num_device_alloc, num_device_free,
+// num_oom_rejections, max_split_size`.
+//
+// # Safety
+// `out` is null or valid for `len` writes.
+enum ReservoirStatus reservoir_torch_device_stats(int32_t device, int64_t *out, uintptr_t len);
+
+// torch's `resetPeakStats(device)`.
+enum ReservoirStatus reservoir_torch_reset_peak_stats(int32_t device);
+
+// torch's `resetAccumulatedStats(device)`.
+enum ReservoirStatus reservoir_torch_reset_accumulated_stats(int32_t device);
+
+// torch's `emptyCache(mempool_id)` on every device Reservoir has built:
+// `(0, 0)` releases the global pools and every freeable private pool, a
+// private pool's id only that pool.
+enum ReservoirStatus reservoir_torch_empty_cache_pool(uint64_t p0, uint64_t p1);
+
+// torch's `setMemoryFraction(fraction, device)`: a fraction outside
+// `0..=1` is `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing.
+enum ReservoirStatus reservoir_torch_set_memory_fraction(int32_t device, double fraction);
+
+// torch's `getMemoryFraction(device)` into `*out`.
+//
+// # Safety
+// `out` is null or valid for a write.
+enum ReservoirStatus reservoir_torch_memory_fraction(int32_t device, double *out);
+
+// torch's `cacheInfo(device, &largestBlock)`: the largest block that could
+// be handed out without a new driver allocation, or the device's free
+// memory if larger.
+//
+// # Safety
+// `out` is null or valid for a write.
+enum ReservoirStatus reservoir_torch_cache_info(int32_t device, uint64_t *out);
+
+// torch's `getBaseAllocation(ptr, &size)`: the start and size of the
+// segment holding `ptr` (a live block of any device).
+//
+// # Safety
+// `base` and `size` are null or valid for a write.
+enum ReservoirStatus reservoir_torch_base_allocation(void *ptr, void **base, uint64_t *size);
+
+// torch's `beginAllocateToPool(device, mempool_id, filter)`: route the
+// allocations `filter(ctx, stream)` accepts to private pool `(p0, p1)`,
+// creating it (use count 1) or adding a use. A null `filter` routes the
+// calling thread's allocations (`torch.cuda.use_mem_pool`). `drop_ctx`
+// (may be null) is called once on `ctx` when the filter is discarded,
+// including when this call fails. The default pool is refused.
+//
+// # Safety
+// `filter`, when non-null, may be called with `ctx` from any thread while
+// the pool is being allocated to; `drop_ctx` likewise.
+enum ReservoirStatus reservoir_torch_begin_allocate_to_pool(int32_t device,
+                                                            uint64_t p0,
+                                                            uint64_t p1,
+                                                            struct Option_ReservoirStreamFilter filter,
+                                                            void *ctx,
+                                                            struct Option_ReservoirFilterDrop drop_ctx);
+
+// torch's `endAllocateToPool(device, mempool_id)`.
+enum ReservoirStatus reservoir_torch_end_allocate_to_pool(int32_t device, uint64_t p0, uint64_t p1);
+
+// torch's `releasePool(device, mempool_id)`: drop one use.
+enum ReservoirStatus reservoir_torch_release_pool(int32_t device, uint64_t p0, uint64_t p1);
+
+// torch's `createOrIncrefPool(device, mempool_id)`: create the private
+// pool (use count 1) or add a use, without routing any allocation to it.
+enum ReservoirStatus reservoir_torch_create_or_incref_pool(int32_t device,
+                                                           uint64_t p0,
+                                                           uint64_t p1);
+
+// torch's `getPoolUseCount(device, mempool_id)` into `*out` (0 for a pool
+// Reservoir does not know).
+//
+// # Safety
+// `out` is null or valid for a write.
+enum ReservoirStatus reservoir_torch_pool_use_count(int32_t device,
+                                                    uint64_t p0,
+                                                    uint64_t p1,
+                                                    uint32_t *out);
+
+// torch's `checkPoolLiveAllocations(device, mempool_id, expected)`: `*out`
+// is true when the allocated blocks of the pool are exactly the `n`
+// addresses at `expected` (PyTorch's rule: every allocated block is
+// expected, and their count equals `n`).
+//
+// # Safety
+// `expected` is valid for `n` reads (may be null when `n` is 0); `out` is
+// null or valid for a write.
+enum ReservoirStatus reservoir_torch_check_pool_live_allocations(int32_t device,
+                                                                 uint64_t p0,
+                                                                 uint64_t p1,
+                                                                 const uint64_t *expected,
+                                                                 uintptr_t n,
+                                                                 bool *out);
+
+// torch's `recordHistory(enabled, context_recorder, max_entries, when,
+// clearHistory)` on every device, those built later included.
+// `when` is `RecordContext` (0 never, 1 state, 2 alloc, 3 all); `enabled`
+// false turns recording off (`when` must then be 0). `recorder` (may be
+// null: no stacks) is called under the allocator's lock when a stack is
+// wanted; the id it returns comes back in [`reservoir_torch_snapshot`].
+// `trace_all` records the trace ring (torch's `enabled="all"`), else only
+// the state (`"state"`). `max_entries` 0 is refused.
+//
+// # Safety
+// `recorder`, when non-null, may be called from any thread.
+enum ReservoirStatus reservoir_torch_record_history(bool enabled,
+                                                    bool trace_all,
+                                                    struct Option_ReservoirContextRecorder recorder,
+                                                    uintptr_t max_entries,
+                                                    int32_t when,
+                                                    bool clear_history);
+
+// torch's `isHistoryEnabled()` into `*out`.
+//
+// # Safety
+// `out` is null or valid for a write.
+enum ReservoirStatus reservoir_torch_is_history_enabled(bool *out);
+
+// torch's `snapshot(mempool_id, include_traces)` over every device
+// Reservoir has built, as text the C++ face turns into `SnapshotInfo`
+// (`(0, 0)`: every pool). One record a line, fields separated by one space:
+//
+// * `S device address total_size allocated_size active_size requested_size
+//   stream is_large is_expandable pool0 pool1 context nblocks`: a segment,
+//   followed by its `nblocks` blocks;
+// * `B size requested_size state context` (state 0 free, 1 active pending
+//   free, 2 allocated): a block, in address order;
+// * `T device action addr size stream pool0 pool1 time_us context`: a
+//   trace entry (`action` in `c10::CachingDeviceAllocator::TraceEntry::Action`
+//   order, `time_us` microseconds since the Unix epoch);
+// * `C max_split_size garbage_collection_threshold expandable_segments
+//   pinned_num_register_threads release_lock_on_cudamalloc
+//   pinned_use_cuda_host_register graph_capture_record_stream_reuse
+//   max_round_threshold max_cached_size n d1 .. dn`: the settings of the
+//   first device (`n` divisions, index i for `2^i` MiB);
+// * `L text`: the last `PYTORCH_CUDA_ALLOC_CONF` string applied.
+//
+// `context` is the id a [`ReservoirContextRecorder`] returned (0: none).
+// The text (not NUL-terminated) is `*len` bytes at `*buf`, owned by the
+// caller until [`reservoir_torch_buffer_free`].
+//
+// # Safety
+// `buf` and `len` are null or valid for a write.
+enum ReservoirStatus reservoir_torch_snapshot(uint64_t p0,
+                                              uint64_t p1,
+                                              bool include_traces,
+                                              uint8_t **buf,
+                                              uintptr_t *len);
+
+// Free a buffer returned by [`reservoir_torch_snapshot`]. Null does nothing.
+//
+// # Safety
+// `buf` and `len` are exactly what one [`reservoir_torch_snapshot`] call
+// returned, not freed before.
+void reservoir_torch_buffer_free(uint8_t *buf, uintptr_t len);
+
+// torch's `attachAllocatorTraceTracker`: call `tracker(ctx, ...)` with every
+// trace entry of every device from now on (devices built later included),
+// even with history off. It runs under the allocator's lock and must not
+// call Reservoir. `ctx` lives as long as the process (never dropped).
+//
+// # Safety
+// `tracker` may be called with `ctx` from any thread, several at once.
+enum ReservoirStatus reservoir_torch_attach_trace_tracker(struct Option_ReservoirTraceTracker tracker,
+                                                          void *ctx);
+
+// torch's `getExpandableSegmentSizes(device)`: writes up to `capacity`
+// entries to `out` and their full count to `*count` (call again with a
+// larger buffer when `*count > capacity`).
+//
+// # Safety
+// `out` is null (with `capacity` 0) or valid for `capacity` writes; `count`
+// is null or valid for a write.
+enum ReservoirStatus reservoir_torch_expandable_segment_sizes(int32_t device,
+                                                              struct ReservoirStreamSegmentSize *out,
+                                                              uintptr_t capacity,
+                                                              uintptr_t *count);
+
+// torch's `getCheckpointState(device, mempool_id)`: the state of private
+// pool `(p0, p1)` into `*out` (the caller owns it).
+//
+// # Safety
+// `out` is null or valid for a write.
+enum ReservoirStatus reservoir_torch_checkpoint_pool(int32_t device,
+                                                     uint64_t p0,
+                                                     uint64_t p1,
+                                                     struct ReservoirPoolCheckpoint **out);
+
+// Free a checkpoint of [`reservoir_torch_checkpoint_pool`]. Null does nothing.
+//
+// # Safety
+// `ckpt` is null or from [`reservoir_torch_checkpoint_pool`], not freed before.
+void reservoir_torch_checkpoint_free(struct ReservoirPoolCheckpoint *ckpt);
+
+// torch's `setCheckpointPoolState(device, state)`: set the checkpoint's pool
+// back to it. `*freed` / `*freed_len`: the allocations the restore freed
+// (the caller's handles to them are dead); `*created` / `*created_len`:
+// those it made anew (the caller owns them; free with
+// [`reservoir_torch_delete`]). Both buffers are freed with
+// [`reservoir_torch_u64s_free`]. A checkpoint that does not match the pool
+// is refused before anything changes.
+//
+// # Safety
+// `ckpt` is from [`reservoir_torch_checkpoint_pool`] and live; the four
+// out-pointers are null or valid for a write.
+enum ReservoirStatus reservoir_torch_restore_checkpoint(const struct ReservoirPoolCheckpoint *ckpt,
+                                                        uint64_t **freed,
+                                                        uintptr_t *freed_len,
+                                                        uint64_t **created,
+                                                        uintptr_t *created_len);
+
+// Free a buffer of [`reservoir_torch_restore_checkpoint`]. Null does nothing.
+//
+// # Safety
+// `buf` and `len` are one buffer that call returned, not freed before.
+void reservoir_torch_u64s_free(uint64_t *buf, uintptr_t len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -15,6 +15,14 @@
 //! * **PyTorch's `CUDAPluggableAllocator` entry points**
 //!   ([`reservoir_alloc`], [`reservoir_free`]; spec section 3), one caching
 //!   allocator per CUDA device configured by `RESERVOIR_ALLOC_CONF`.
+//! * **The entry points of the C++ face for torch** (`reservoir_torch_*`,
+//!   e.g. [`reservoir_torch_malloc`], [`reservoir_torch_device_stats`],
+//!   [`reservoir_torch_snapshot`]): everything torch's `CUDAAllocator`
+//!   interface asks (PyTorch's exact out-of-memory text, statistics in one
+//!   call, a snapshot, private pools and checkpoints, history with torch's
+//!   own stacks, trace trackers), on the same per-device allocators. The
+//!   face (`crates/reservoir-python/python/reservoir/torch/csrc/`) finds them
+//!   with `dlsym` in the Python wheel's native module.
 //!
 //! ## Errors
 //!
@@ -67,6 +75,7 @@ mod api;
 mod error;
 mod handle;
 mod torch;
+mod torch_face;
 
 pub use api::{
     reservoir_allocator_alloc, reservoir_allocator_create, reservoir_allocator_create_stream,
@@ -85,4 +94,21 @@ pub use torch::{
     reservoir_alloc, reservoir_free, reservoir_torch_configure, reservoir_torch_empty_cache,
     reservoir_torch_record_stream, reservoir_torch_stat, torch_configure, with_torch_allocator,
     TorchAllocator, RESERVOIR_ALLOC_CONF,
+};
+pub use torch_face::{
+    device_stats_flat, reservoir_torch_attach_trace_tracker, reservoir_torch_base_allocation,
+    reservoir_torch_begin_allocate_to_pool, reservoir_torch_buffer_free,
+    reservoir_torch_cache_info, reservoir_torch_check_pool_live_allocations,
+    reservoir_torch_checkpoint_free, reservoir_torch_checkpoint_pool,
+    reservoir_torch_create_or_incref_pool, reservoir_torch_delete, reservoir_torch_device_stats,
+    reservoir_torch_empty_cache_pool, reservoir_torch_end_allocate_to_pool,
+    reservoir_torch_expandable_segment_sizes, reservoir_torch_is_history_enabled,
+    reservoir_torch_malloc, reservoir_torch_memory_fraction, reservoir_torch_pool_use_count,
+    reservoir_torch_record_history, reservoir_torch_release_pool,
+    reservoir_torch_reset_accumulated_stats, reservoir_torch_reset_peak_stats,
+    reservoir_torch_restore_checkpoint, reservoir_torch_set_memory_fraction,
+    reservoir_torch_snapshot, reservoir_torch_u64s_free, ReservoirContextRecorder,
+    ReservoirFilterDrop, ReservoirPoolCheckpoint, ReservoirStreamFilter,
+    ReservoirStreamSegmentSize, ReservoirTorchOom, ReservoirTraceTracker,
+    RESERVOIR_TORCH_DEVICE_STATS_LEN,
 };

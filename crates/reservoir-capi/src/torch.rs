@@ -91,7 +91,7 @@ pub fn with_torch_allocator<T>(
 }
 
 /// Device `device`'s allocator, built on first use.
-fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
+pub(crate) fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     let index = usize::try_from(device)
         .ok()
         .filter(|_| i8::try_from(device).is_ok())
@@ -122,9 +122,79 @@ fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     if devices.len() <= index {
         devices.resize(index + 1, None);
     }
+    if let Some(h) = HISTORY.lock().clone() {
+        a.record_memory_history(h);
+    }
+    for t in TRACKERS.lock().iter() {
+        a.attach_trace_tracker(tracker_for(t.clone(), device));
+    }
     devices[index] = Some(a.clone());
     tracing::info!(target: "reservoir::capi", device, conf = conf.as_deref(), "Reservoir allocator built");
     Ok(a)
+}
+
+/// The history setting of `reservoir_torch_record_history`, given to
+/// devices built after it (`None`: never set).
+pub(crate) static HISTORY: parking_lot::Mutex<Option<reservoir::caching::HistoryConfig>> =
+    parking_lot::const_mutex(None);
+
+/// Apply `config` to every device built so far and to those built later
+/// (without clearing their history, which they have not got). Takes the
+/// `DEVICES` lock before `HISTORY`, as building a device does.
+pub(crate) fn set_history(config: reservoir::caching::HistoryConfig) {
+    let devices = DEVICES.write();
+    for a in devices.iter().flatten() {
+        a.record_memory_history(config.clone());
+    }
+    *HISTORY.lock() = Some(reservoir::caching::HistoryConfig {
+        clear_history: false,
+        ..config
+    });
+}
+
+/// A trace tracker of every device: called with the device index and the entry.
+pub(crate) type DeviceTracker = Arc<dyn Fn(i32, &reservoir::TraceEntry) + Send + Sync>;
+
+/// The trackers of `reservoir_torch_attach_trace_tracker`, given to devices
+/// built after them.
+static TRACKERS: parking_lot::Mutex<Vec<DeviceTracker>> = parking_lot::const_mutex(Vec::new());
+
+fn tracker_for(t: DeviceTracker, device: i32) -> reservoir::caching::TraceTracker {
+    Arc::new(move |e: &reservoir::TraceEntry| t(device, e))
+}
+
+/// Attach `t` to every device built so far and to those built later (the
+/// `DEVICES` lock before `TRACKERS`, as building a device takes them).
+pub(crate) fn attach_tracker(t: DeviceTracker) {
+    let devices = DEVICES.write();
+    for (i, a) in devices.iter().enumerate() {
+        if let Some(a) = a {
+            a.attach_trace_tracker(tracker_for(t.clone(), i as i32));
+        }
+    }
+    TRACKERS.lock().push(t);
+}
+
+/// Every allocator built so far, in device order.
+pub(crate) fn built_allocators() -> Vec<TorchAllocator> {
+    DEVICES.read().iter().flatten().cloned().collect()
+}
+
+/// The stream id of a `cudaStream_t` on `a`'s device (null: the default
+/// stream).
+///
+/// # Safety
+/// `stream` is null or a live CUDA stream of `a`'s device.
+pub(crate) unsafe fn stream_of(
+    a: &CachingAllocator<CudaDevice>,
+    stream: *mut c_void,
+) -> reservoir::StreamId {
+    if stream.is_null() {
+        reservoir::StreamId::DEFAULT
+    } else {
+        // SAFETY: a live stream of the device (caller's contract).
+        unsafe { a.backend().adopt_stream(stream.cast()) }
+    }
 }
 
 /// Set when a PyTorch entry point panicked: the allocators may be half
@@ -133,7 +203,7 @@ static POISONED: AtomicBool = AtomicBool::new(false);
 
 /// [`guard`] for the PyTorch entry points: refuses work once poisoned,
 /// poisons on a panic, and logs every failure as a `tracing` error.
-fn torch_guard(name: &str, f: impl FnOnce() -> Result<(), Failure>) -> ReservoirStatus {
+pub(crate) fn torch_guard(name: &str, f: impl FnOnce() -> Result<(), Failure>) -> ReservoirStatus {
     let status = guard(name, || {
         if POISONED.load(Ordering::Acquire) {
             return Err(Failure::new(

@@ -881,9 +881,21 @@ fn write_comparison(
     skipped: &[Skipped],
 ) -> Result<()> {
     let summary = summarize(rows);
+    crate::output::with_stdout(|out| {
+        write_comparison_to(out, args, rows, limits, skipped, &summary)
+    })
+}
+
+/// [`write_comparison`] to `out`.
+fn write_comparison_to(
+    out: &mut dyn Write,
+    args: &CompareArgs,
+    rows: &[CompareRow],
+    limits: &CompareLimits<'_>,
+    skipped: &[Skipped],
+    summary: &[PolicySummary],
+) -> Result<()> {
     let jobs = ranks::jobs(rows);
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
     if args.json {
         let skipped: Vec<serde_json::Value> = skipped
             .iter()
@@ -905,12 +917,12 @@ fn write_comparison(
                 serde_json::json!({"index": shard.index, "count": shard.count}),
             );
         }
-        serde_json::to_writer_pretty(&mut out, &v).context("writing JSON")?;
+        serde_json::to_writer_pretty(&mut *out, &v).context("writing JSON")?;
         writeln!(out)?;
     } else {
         let mut text = rows_table(rows, limits);
         text.push('\n');
-        text.push_str(&summary_table(&summary, rows.len()));
+        text.push_str(&summary_table(summary, rows.len()));
         text.push_str(&steady_state_line(rows));
         text.push('\n');
         text.push_str(&limits.text());
@@ -923,7 +935,6 @@ fn write_comparison(
         }
         out.write_all(text.as_bytes())?;
     }
-    out.flush()?;
     Ok(())
 }
 

@@ -137,19 +137,18 @@ pub(crate) fn cmd_diff(args: DiffArgs) -> Result<()> {
             .collect()
     };
     if let Some(path) = &args.html {
-        std::fs::write(path, render_html(&d, &notes))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        crate::output::write_html(path, render_html(&d, &notes))?;
     }
     let json = serde_json::to_string_pretty(&d).context("serializing the diff")? + "\n";
-    match args.json.as_deref() {
-        Some(p) if p == Path::new("-") => print!("{json}"),
+    let text = match args.json.as_deref() {
+        Some(p) if p == Path::new("-") => json,
         Some(p) => {
             std::fs::write(p, &json).with_context(|| format!("cannot write {}", p.display()))?;
-            print!("{}", render_text(&d, &notes));
+            render_text(&d, &notes)
         }
-        None => print!("{}", render_text(&d, &notes)),
-    }
-    Ok(())
+        None => render_text(&d, &notes),
+    };
+    crate::output::with_stdout(|out| Ok(out.write_all(text.as_bytes())?))
 }
 
 /// `+1.50 MiB`, `-512 B`, `0 B`.

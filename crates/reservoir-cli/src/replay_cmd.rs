@@ -2,7 +2,7 @@
 //! workloads with each setting and reports them.
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -324,21 +324,18 @@ impl Output {
     /// standard output.
     fn write(self, args: &ReplayArgs) -> Result<()> {
         if let Some(path) = &args.html {
-            let page = html::render(&self.sections);
-            std::fs::write(path, page)
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            crate::output::write_html(path, html::render(&self.sections))?;
         }
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        if args.json {
-            serde_json::to_writer_pretty(&mut out, &self.json).context("writing JSON")?;
-            writeln!(out)?;
-        } else {
-            out.write_all(self.text.trim_end().as_bytes())?;
-            writeln!(out)?;
-        }
-        out.flush()?;
-        Ok(())
+        crate::output::with_stdout(|out| {
+            if args.json {
+                serde_json::to_writer_pretty(&mut *out, &self.json).context("writing JSON")?;
+                writeln!(out)?;
+            } else {
+                out.write_all(self.text.trim_end().as_bytes())?;
+                writeln!(out)?;
+            }
+            Ok(())
+        })
     }
 }
 

@@ -10,12 +10,15 @@
 //!   them in it. The dynamic loader opens a file once, so the allocator torch
 //!   calls and the one these functions read are the same.
 //!
-//! Modules: [`torch`] (the functions behind `reservoir.torch`).
+//! Modules: [`torch`] (the functions behind `reservoir.torch`), [`cli`] (the
+//! `reservoir` command and the engine of `reservoir.replay` /
+//! `reservoir.compare`).
 
 #![forbid(unsafe_code)]
 
 use pyo3::prelude::*;
 
+pub mod cli;
 pub mod torch;
 
 // The C entry points torch's allocator looks up by name.
@@ -32,5 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("ReservoirError", m.py().get_type::<ReservoirError>())?;
     torch::register(m)?;
+    cli::register(m)?;
     Ok(())
 }

@@ -16,6 +16,23 @@ use reservoir::CachingAllocator;
 use reservoir_capi::{torch_configure, with_torch_allocator, Failure};
 use reservoir_cuda::CudaDevice;
 
+// The C entry points of the C++ face (`python/reservoir/torch/csrc/`), which
+// finds them in this library with `dlsym`.
+pub use reservoir_capi::{
+    reservoir_torch_attach_trace_tracker, reservoir_torch_base_allocation,
+    reservoir_torch_begin_allocate_to_pool, reservoir_torch_buffer_free,
+    reservoir_torch_cache_info, reservoir_torch_check_pool_live_allocations,
+    reservoir_torch_checkpoint_free, reservoir_torch_checkpoint_pool,
+    reservoir_torch_create_or_incref_pool, reservoir_torch_delete, reservoir_torch_device_stats,
+    reservoir_torch_empty_cache_pool, reservoir_torch_end_allocate_to_pool,
+    reservoir_torch_expandable_segment_sizes, reservoir_torch_is_history_enabled,
+    reservoir_torch_malloc, reservoir_torch_memory_fraction, reservoir_torch_pool_use_count,
+    reservoir_torch_record_history, reservoir_torch_release_pool,
+    reservoir_torch_reset_accumulated_stats, reservoir_torch_reset_peak_stats,
+    reservoir_torch_restore_checkpoint, reservoir_torch_set_memory_fraction,
+    reservoir_torch_snapshot, reservoir_torch_u64s_free,
+};
+
 create_exception!(
     reservoir,
     ReservoirError,

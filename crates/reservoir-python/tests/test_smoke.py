@@ -32,6 +32,29 @@ def expect_error(fn, *words, exc=rt.ReservoirError):
     raise AssertionError(f"{fn} did not raise {exc.__name__}")
 
 
+def test_enable_runs_the_allocator_of_the_running_torch_release():
+    # Issue 33 item 4: without a policy, Reservoir is the running torch's release.
+    assert rt.running_release("2.11.0+cu126") == "2.11"
+    assert rt.running_release("2.15.0a0+git1234") == "2.15"
+    assert rt.running_release("2.10.1") is None and rt.running_release("3.0.0") is None
+    assert rt.running_release() == ".".join(torch.__version__.split(".")[:2])
+    assert rt.effective_conf("", "2.12.0") == "policy:pytorch-2.12"
+    assert rt.effective_conf("expandable_segments:True", "2.11.0") == "policy:pytorch-2.11,expandable_segments:True"
+    # A policy the user names wins; an unsupported release keeps PyTorch's newest rules.
+    assert rt.effective_conf("policy:reservoir", "2.12.0") == "policy:reservoir"
+    assert rt.effective_conf(" policy : pytorch-2.13", "2.12.0") == " policy : pytorch-2.13"
+    assert rt.effective_conf("max_split_size_mb:64", "2.9.0") == "max_split_size_mb:64"
+    old = os.environ.get("RESERVOIR_ALLOC_CONF")
+    os.environ["RESERVOIR_ALLOC_CONF"] = "garbage_collection_threshold:0.6"
+    try:
+        assert rt.effective_conf(None, "2.13.1") == "policy:pytorch-2.13,garbage_collection_threshold:0.6"
+    finally:
+        if old is None:
+            del os.environ["RESERVOIR_ALLOC_CONF"]
+        else:
+            os.environ["RESERVOIR_ALLOC_CONF"] = old
+
+
 def test_bad_conf_is_refused_and_changes_nothing():
     expect_error(lambda: rt.enable("max_split_size_mb:lots"), "max_split_size_mb", "RESERVOIR_ERR_INVALID_CONFIG")
     assert not rt.is_enabled()
@@ -89,18 +112,18 @@ def test_training_step_and_stats_agree_with_torch_accounting():
     rt.check_invariants()
 
 
-def test_memory_fraction_caps_and_oom_gives_a_null_tensor():
+def test_memory_fraction_caps_and_oom_raises():
     rt.set_per_process_memory_fraction(0.0005)  # ~40 MiB of the 80 GB fake device
     assert abs(rt.get_per_process_memory_fraction() - 0.0005) < 1e-9
     before = rt.memory_stats()["num_ooms"]
-    # torch 2.15's pluggable wrapper does not raise on a null return (the
-    # oracle README says it raises torch.OutOfMemoryError): the tensor's
-    # data_ptr is 0, and Reservoir counted and explained the OOM.
-    t = torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
-    assert t.data_ptr() == 0
-    assert "out of memory" in rt.last_error().lower(), rt.last_error()
+    # Through Reservoir's C++ face (issue 32) an allocation that does not fit
+    # raises torch.OutOfMemoryError with PyTorch's text, counted by Reservoir.
+    try:
+        torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
+        raise AssertionError("no torch.OutOfMemoryError")
+    except torch.OutOfMemoryError as e:
+        assert str(e).startswith("CUDA out of memory. Tried to allocate 512.00 MiB."), str(e)
     assert rt.memory_stats()["num_ooms"] == before + 1
-    del t
     expect_error(lambda: rt.set_per_process_memory_fraction(1.5), "1.5", "RESERVOIR_ERR_INVALID_ARGUMENT")
     assert abs(rt.get_per_process_memory_fraction() - 0.0005) < 1e-9, "a refused fraction changes nothing"
     rt.set_per_process_memory_fraction(1.0)

@@ -6,17 +6,20 @@ Three lines::
     reservoir.torch.enable("expandable_segments:True")   # before any CUDA work
     x = torch.empty(1 << 20, device="cuda")              # served by Reservoir
 
-torch loads this package's native library as a ``CUDAPluggableAllocator``
-(``reservoir_alloc`` / ``reservoir_free``). torch's own statistics, snapshot,
-history, ``empty_cache`` and memory fraction are not available for a
-pluggable allocator ("CUDAPluggableAllocator does not yet support ..."):
-the functions of the same names here answer them from Reservoir, with
-torch's key names and snapshot format.
+``enable()`` compiles Reservoir's C++ face for torch (``csrc/reservoir_allocator.cpp``,
+a ``c10::cuda::CUDACachingAllocator::CUDAAllocator``; built once per torch
+version with ``torch.utils.cpp_extension.load`` and cached) and installs it:
+torch's own ``torch.cuda.memory_stats()``, ``memory_snapshot()``,
+``_record_memory_history``, ``empty_cache()``, ``set_per_process_memory_fraction``,
+``MemPool``, ``record_stream`` and ``torch.OutOfMemoryError`` then all reach
+Reservoir. The functions of the same names here answer from Reservoir too.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 import sys
 from collections import OrderedDict
 from typing import Any, Optional
@@ -28,12 +31,16 @@ from .._native import ReservoirError
 
 __all__ = [
     "LIBRARY",
+    "SUPPORTED_RELEASES",
     "ReservoirError",
     "allocator",
     "check_invariants",
     "dump_snapshot",
     "empty_cache",
+    "cuda_allocator",
+    "effective_conf",
     "enable",
+    "face",
     "get_per_process_memory_fraction",
     "is_enabled",
     "last_error",
@@ -47,6 +54,7 @@ __all__ = [
     "record_memory_history",
     "record_stream",
     "reset_peak_memory_stats",
+    "running_release",
     "set_per_process_memory_fraction",
     "snapshot",
 ]
@@ -83,18 +91,140 @@ def allocator() -> "torch._C._cuda_CUDAAllocator":
     return pluggable_allocator().allocator()
 
 
+_face_module: Any = None
+
+
+def _face_build_dir() -> str:
+    """Where the compiled face is cached: ``$TORCH_EXTENSIONS_DIR/reservoir-face``
+    or ``~/.cache/reservoir/torch-ext``, one folder per torch version."""
+    import os
+
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "reservoir", "torch-ext"
+    )
+    tag = torch.__version__.replace("+", "_").replace("/", "_")
+    path = os.path.join(base, f"torch-{tag}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _cuda_include_dirs() -> list:
+    """CUDA headers for the face: ``$CUDA_HOME/include``, the oracle's
+    ``cuda-headers``, or the ``nvidia`` wheels' ``include``."""
+    import glob
+    import os
+
+    dirs = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            dirs.append(os.path.join(os.environ[var], "include"))
+    # The torch oracle's headers (../shared/oracle: a torch without a toolkit).
+    oracle = os.environ.get("PYTORCH_ORACLE_HOME") or os.path.expanduser("~/.cache/pytorch-oracle")
+    dirs.append(os.path.join(oracle, "cuda-headers"))
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
+    dirs += sorted(glob.glob(os.path.join(site, "nvidia", "cuda_runtime", "include")))
+    dirs.append("/usr/local/cuda/include")
+    complete = [
+        d
+        for d in dirs
+        if all(os.path.exists(os.path.join(d, h)) for h in ("cuda_runtime_api.h", "crt/host_config.h"))
+    ]
+    return complete[:1]
+
+
+def face() -> Any:
+    """The compiled C++ face (compiled on first use, then cached per torch
+    version; ninja is installed with pip when missing)."""
+    global _face_module
+    if _face_module is not None:
+        return _face_module
+    import os
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    if shutil.which("ninja") is None:
+        try:
+            import ninja  # noqa: F401
+        except ImportError:
+            import subprocess
+
+            subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "ninja"])
+            import ninja  # noqa: F401
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    src = os.path.join(os.path.dirname(__file__), "csrc", "reservoir_allocator.cpp")
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    includes = _cuda_include_dirs()
+    if not includes:
+        raise ReservoirError(
+            "RESERVOIR_ERR_BACKEND_UNAVAILABLE: no CUDA headers found to build Reservoir's "
+            "torch face (set CUDA_HOME, or install the nvidia-cuda-runtime wheel)"
+        )
+    _face_module = cpp_extension.load(
+        name="reservoir_torch_face",
+        sources=[src],
+        extra_include_paths=includes,
+        extra_cflags=["-O2"],
+        extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", f"-Wl,-rpath,{torch_lib}"],
+        build_directory=_face_build_dir(),
+        with_cuda=False,
+        verbose=bool(os.environ.get("RESERVOIR_FACE_VERBOSE")),
+    )
+    return _face_module
+
+
+def cuda_allocator() -> "torch.cuda.memory._CUDAAllocator":
+    """Reservoir's ``CUDAAllocator`` (the C++ face), as
+    ``torch.cuda.memory.change_current_allocator`` and ``torch.cuda.MemPool``
+    take it."""
+    return torch.cuda.memory._CUDAAllocator(face().allocator(LIBRARY))
+
+
+#: The torch releases whose allocator Reservoir's PyTorch mode reproduces
+#: (``policy:pytorch-2.11`` ... ``policy:pytorch-2.15``).
+SUPPORTED_RELEASES = ("2.11", "2.12", "2.13", "2.14", "2.15")
+
+
+def running_release(version: Optional[str] = None) -> Optional[str]:
+    """The release (``"2.13"``) of torch ``version`` (default: the running
+    torch's ``torch.__version__``) if Reservoir reproduces it, else ``None``."""
+    m = re.match(r"(\d+)\.(\d+)", version if version is not None else str(torch.__version__))
+    release = f"{m.group(1)}.{m.group(2)}" if m else None
+    return release if release in SUPPORTED_RELEASES else None
+
+
+def effective_conf(conf: Optional[str], version: Optional[str] = None) -> str:
+    """The settings string :func:`enable` applies for ``conf`` (``None``: the
+    ``RESERVOIR_ALLOC_CONF`` environment variable, else PyTorch's defaults).
+
+    Without a ``policy`` key, Reservoir runs the allocator of the torch it
+    serves: ``policy:pytorch-X.Y`` for torch ``X.Y`` (2.11-2.15), so its
+    statistics keys, OOM text and placements near an OOM are that release's.
+    A ``policy`` the string names wins (the last entry of a key wins)."""
+    text = conf if conf is not None else os.environ.get("RESERVOIR_ALLOC_CONF", "")
+    keys = [item.split(":", 1)[0].strip() for item in text.split(",") if item.strip()]
+    release = running_release(version)
+    if "policy" in keys or release is None:
+        return text
+    return f"policy:pytorch-{release}" + (f",{text}" if text.strip() else "")
+
+
 def enable(conf: Optional[str] = None) -> None:
     """Make Reservoir torch's CUDA allocator, configured by ``conf``.
 
     ``conf`` uses ``PYTORCH_CUDA_ALLOC_CONF`` syntax plus Reservoir's policies
     (``None``: defaults, or the ``RESERVOIR_ALLOC_CONF`` environment
-    variable). Call it before CUDA is first used: afterwards torch's
+    variable). Without a ``policy`` key it runs the allocator of the running
+    torch's release (:func:`effective_conf`). Call it before CUDA is first used: afterwards torch's
     allocator is in use and this raises ``ReservoirError``, changing nothing.
     Enabling again with the same ``conf`` does nothing.
 
-    ``Tensor.record_stream`` is extended to reach Reservoir too (torch gives
-    a pluggable allocator no record-stream hook from Python); C++ callers of
-    ``recordStream`` do not reach it.
+    torch's allocator interface is served by Reservoir's C++ face (see
+    :func:`face`): ``Tensor.record_stream`` and C++ ``recordStream`` reach
+    Reservoir, an allocation that does not fit raises
+    ``torch.OutOfMemoryError`` with PyTorch's exact text, and what Reservoir
+    cannot honour raises ``RuntimeError("reservoir: <method> is not supported: ...")``.
     """
     global _enabled_conf
     if _enabled_conf is not None:
@@ -104,10 +234,22 @@ def enable(conf: Optional[str] = None) -> None:
                 f"conf={_enabled_conf[0]!r}; it cannot switch to conf={conf!r}"
             )
         return
-    if conf is not None:
-        _native.configure(conf)
+    if torch.cuda.is_initialized():
+        # Checked before building anything: torch's allocator is in use.
+        raise ReservoirError(
+            "RESERVOIR_ERR_INVALID_STATE: reservoir.torch.enable() must run before "
+            "CUDA is first used (torch's own allocator is already initialized). "
+            "Call it at the start of the program."
+        )
+    _native.configure(effective_conf(conf))
     try:
-        torch.cuda.memory.change_current_allocator(pluggable_allocator())
+        alloc = cuda_allocator()
+    except RuntimeError as e:
+        raise ReservoirError(
+            f"RESERVOIR_ERR_BACKEND_UNAVAILABLE: Reservoir's torch face could not be built or loaded: {e}"
+        ) from e
+    try:
+        torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
         raise ReservoirError(
             "RESERVOIR_ERR_INVALID_STATE: reservoir.torch.enable() must run before "
@@ -115,22 +257,6 @@ def enable(conf: Optional[str] = None) -> None:
             f"{e}). Call it at the start of the program."
         ) from e
     _enabled_conf = [conf]
-    _forward_record_stream()
-
-
-_torch_record_stream = torch.Tensor.record_stream
-
-
-def _forward_record_stream() -> None:
-    def record_stream(self: torch.Tensor, stream: torch.cuda.Stream) -> None:
-        _torch_record_stream(self, stream)
-        if self.is_cuda and self.untyped_storage().data_ptr() != 0:
-            # A tensor whose memory Reservoir did not hand out (from_blob,
-            # another pool's allocator) is not Reservoir's to track.
-            _record_stream(self, stream, ignore_foreign=True)
-
-    record_stream.__doc__ = _torch_record_stream.__doc__
-    torch.Tensor.record_stream = record_stream
 
 
 def is_enabled() -> bool:
@@ -220,8 +346,8 @@ def record_memory_history(
 
 
 def empty_cache(device: Any = None) -> None:
-    """Release Reservoir's cached segments (``torch.cuda.empty_cache()``
-    does nothing for a pluggable allocator)."""
+    """Release Reservoir's cached segments (what ``torch.cuda.empty_cache()``
+    does once enabled)."""
     _native.empty_cache(_device(device))
 
 
@@ -253,8 +379,9 @@ def _lib() -> ctypes.CDLL:
 def record_stream(tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
     """``tensor.record_stream(stream)`` for Reservoir.
 
-    torch's Python API cannot give a pluggable allocator a record-stream
-    hook; ``enable()`` extends ``Tensor.record_stream`` to call this. When the tensor's memory is freed it is not reused before the
+    Once enabled, ``Tensor.record_stream`` and C++ ``recordStream`` reach
+    Reservoir through the face; this is the same for a tensor given by
+    name. When the tensor's memory is freed it is not reused before the
     work enqueued on ``stream`` so far has completed.
     """
     _record_stream(tensor, stream, ignore_foreign=False)
@@ -277,9 +404,10 @@ def _record_stream(tensor: torch.Tensor, stream: torch.cuda.Stream, ignore_forei
 def last_error() -> str:
     """This thread's last Reservoir error message ("" after a success).
 
-    torch 2.15's pluggable wrapper does not raise when the allocator
-    returns null: an allocation Reservoir refuses (out of memory) gives a
-    tensor whose ``data_ptr()`` is 0. This names why.
+    After ``enable()`` a refused allocation raises ``torch.OutOfMemoryError``
+    itself. Through :func:`pluggable_allocator` (torch's pluggable wrapper,
+    e.g. a ``MemPool`` without ``enable()``) torch 2.15 may not raise when
+    Reservoir returns null; this names why.
     """
     return _lib().reservoir_last_error().decode(errors="replace")
 

@@ -1,0 +1,1054 @@
+//! The C entry points of Reservoir's C++ face for torch
+//! (`crates/reservoir-python/python/reservoir/torch/csrc/reservoir_allocator.cpp`,
+//! a `c10::cuda::CUDACachingAllocator::CUDAAllocator`): everything torch's
+//! allocator interface asks, on the same per-device allocators as
+//! [`reservoir_alloc`](crate::reservoir_alloc) / [`reservoir_free`](crate::reservoir_free).
+//!
+//! Every function answers a [`ReservoirStatus`] and sets
+//! [`reservoir_last_error`](crate::reservoir_last_error) on failure; a failed
+//! call changes nothing (an out-of-memory error changes what PyTorch's
+//! retry chain changes: the flushed cache and `num_ooms`). Pools are named by
+//! torch's `MempoolId_t`, two `u64` halves.
+
+use std::ffi::{c_char, c_void};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use reservoir::caching::{ContextRecorder, HistoryConfig, HistoryMode, PoolFilter};
+use reservoir::observe::snapshot::{BlockState, SegmentType};
+use reservoir::observe::trace::{Frame, RecordContext, TraceAction};
+use reservoir::{DevicePtr, MempoolId, StreamId};
+
+use crate::error::{Failure, ReservoirStatus, RESERVOIR_ERR_INVALID_POINTER};
+use crate::torch::{
+    allocator, attach_tracker, built_allocators, set_history, stream_of, torch_guard, HISTORY,
+};
+
+/// The number of `i64` values [`reservoir_torch_device_stats`] writes.
+pub const RESERVOIR_TORCH_DEVICE_STATS_LEN: usize = 123;
+
+/// What an out-of-memory failure of [`reservoir_torch_malloc`] reports, for
+/// torch's out-of-memory observers and its `OutOfMemoryError`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ReservoirTorchOom {
+    /// Bytes the allocator tried to obtain from the device (the observers'
+    /// `allocated` argument).
+    pub alloc_size: u64,
+    /// The device's capacity, or the memory-fraction limit when one is set
+    /// (the observers' `device_total`).
+    pub device_total: u64,
+    /// Free device memory when the allocation failed.
+    pub device_free: u64,
+    /// Filled with PyTorch's exact out-of-memory text, NUL-terminated and
+    /// cut to `capacity - 1` bytes (null: not written).
+    pub message: *mut c_char,
+    /// Bytes at `message`.
+    pub capacity: usize,
+    /// The text's full length in bytes (without the NUL).
+    pub length: usize,
+}
+
+/// A pool id from its two halves.
+fn pool(p0: u64, p1: u64) -> MempoolId {
+    MempoolId(p0, p1)
+}
+
+/// A private pool id: the default pool `(0, 0)` is refused.
+fn private_pool(p0: u64, p1: u64) -> Result<MempoolId, Failure> {
+    let id = pool(p0, p1);
+    if id.is_default() {
+        return Err(Failure::invalid(
+            "pool (0, 0) is the default pool, not a private pool",
+        ));
+    }
+    Ok(id)
+}
+
+/// torch's `allocate` / `raw_alloc_with_stream`: `size` bytes on `device`
+/// for `stream` (null: the default stream) into `*out` (null for size 0).
+/// Out of memory answers `RESERVOIR_ERR_OUT_OF_MEMORY`, fills `*oom` (when
+/// non-null) with PyTorch's exact message and the observers' numbers, and
+/// Reservoir's own observers have run.
+///
+/// # Safety
+/// `stream` is null or a live CUDA stream of `device`; `out` is valid for a
+/// write; `oom` is null or valid, its `message` null or `capacity` writable
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_malloc(
+    size: usize,
+    device: i32,
+    stream: *mut c_void,
+    out: *mut *mut c_void,
+    oom: *mut ReservoirTorchOom,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_malloc", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        let a = allocator(device)?;
+        // SAFETY: a live stream of `device` (caller's contract).
+        let s = unsafe { stream_of(&a, stream) };
+        match a.raw_alloc(size as u64, s) {
+            Ok(p) => {
+                // SAFETY: non-null and writable (caller's contract).
+                unsafe { out.write(p.0 as usize as *mut c_void) };
+                Ok(())
+            }
+            Err(reservoir::AllocError::OutOfMemory(e)) => {
+                if !oom.is_null() {
+                    // SAFETY: valid (caller's contract).
+                    let o = unsafe { &mut *oom };
+                    o.alloc_size = e.alloc_size;
+                    o.device_total = e.allowed.unwrap_or(e.device_total);
+                    o.device_free = e.device_free;
+                    o.length = e.message.len();
+                    if !o.message.is_null() && o.capacity > 0 {
+                        let n = e.message.len().min(o.capacity - 1);
+                        // SAFETY: `capacity` writable bytes (caller's contract), n < capacity.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(e.message.as_ptr(), o.message.cast(), n);
+                            o.message.add(n).write(0);
+                        }
+                    }
+                }
+                Err(Failure::from(reservoir::AllocError::OutOfMemory(e)))
+            }
+            Err(e) => Err(Failure::context(
+                e,
+                format_args!("size {size} on device {device}"),
+            )),
+        }
+    })
+}
+
+/// torch's `raw_delete`: free `ptr`, handed out by [`reservoir_torch_malloc`]
+/// (or `reservoir_alloc`) on any device. Null does nothing; a pointer not
+/// handed out (foreign, or already freed) is `RESERVOIR_ERR_INVALID_POINTER`
+/// and changes nothing. A free the device cannot record events for is done
+/// after synchronising the device, as `reservoir_free` does.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_delete(ptr: *mut c_void) -> ReservoirStatus {
+    torch_guard("reservoir_torch_delete", || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let p = DevicePtr(ptr as usize as u64);
+        for a in built_allocators() {
+            match a.raw_free(p) {
+                Ok(()) => return Ok(()),
+                Err(reservoir::AllocError::InvalidPointer { .. }) => continue,
+                Err(reservoir::AllocError::FreeFailed { source, .. }) => {
+                    tracing::warn!(
+                        target: "reservoir::capi",
+                        "reservoir_torch_delete: ptr {ptr:p}: {source}; synchronising the device to free it without events"
+                    );
+                    return a
+                        .free_after_sync(p)
+                        .map_err(|e| Failure::context(e, format_args!("ptr {ptr:p}")));
+                }
+                Err(e) => return Err(Failure::context(e, format_args!("ptr {ptr:p}"))),
+            }
+        }
+        Err(Failure::new(
+            RESERVOIR_ERR_INVALID_POINTER,
+            format!(
+                "ptr {ptr:p} was not handed out by Reservoir or was already freed \
+                 (double free or foreign pointer); nothing was changed"
+            ),
+        ))
+    })
+}
+
+/// torch's `getDeviceStats(device)` in one call: writes
+/// [`RESERVOIR_TORCH_DEVICE_STATS_LEN`] values to `out` (`len` must be at
+/// least that), in `c10::CachingDeviceAllocator::DeviceStats`'s order:
+/// the nine stat arrays `allocation, segment, active, inactive_split,
+/// allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes,
+/// requested_bytes`, each as `aggregate, small_pool, large_pool`, each as
+/// `current, peak, allocated, freed` (108 values); then `num_alloc_retries,
+/// num_ooms`, `oversize_allocations` and `oversize_segments` (4 values each),
+/// `num_sync_all_streams, num_device_alloc, num_device_free,
+/// num_oom_rejections, max_split_size`.
+///
+/// # Safety
+/// `out` is null or valid for `len` writes.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_device_stats(
+    device: i32,
+    out: *mut i64,
+    len: usize,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_device_stats", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        if len < RESERVOIR_TORCH_DEVICE_STATS_LEN {
+            return Err(Failure::invalid(format!(
+                "len {len} is less than RESERVOIR_TORCH_DEVICE_STATS_LEN ({RESERVOIR_TORCH_DEVICE_STATS_LEN})"
+            )));
+        }
+        let v = device_stats_flat(&allocator(device)?.stats());
+        debug_assert_eq!(v.len(), RESERVOIR_TORCH_DEVICE_STATS_LEN);
+        // SAFETY: `len` >= v.len() writable values (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, v.len()) };
+        Ok(())
+    })
+}
+
+/// The flat form of [`reservoir_torch_device_stats`].
+pub fn device_stats_flat(s: &reservoir::DeviceStats) -> Vec<i64> {
+    let mut v = Vec::with_capacity(RESERVOIR_TORCH_DEVICE_STATS_LEN);
+    let stat = |v: &mut Vec<i64>, s: &reservoir::Stat| {
+        v.extend([s.current, s.peak, s.allocated, s.freed]);
+    };
+    for arr in [
+        &s.allocation,
+        &s.segment,
+        &s.active,
+        &s.inactive_split,
+        &s.allocated_bytes,
+        &s.reserved_bytes,
+        &s.active_bytes,
+        &s.inactive_split_bytes,
+        &s.requested_bytes,
+    ] {
+        for st in &arr.0 {
+            stat(&mut v, st);
+        }
+    }
+    v.extend([s.num_alloc_retries, s.num_ooms]);
+    stat(&mut v, &s.oversize_allocations);
+    stat(&mut v, &s.oversize_segments);
+    v.extend([
+        s.num_sync_all_streams,
+        s.num_device_alloc,
+        s.num_device_free,
+        s.num_oom_rejections,
+        s.max_split_size,
+    ]);
+    v
+}
+
+/// torch's `resetPeakStats(device)`.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_reset_peak_stats(device: i32) -> ReservoirStatus {
+    torch_guard("reservoir_torch_reset_peak_stats", || {
+        allocator(device)?.reset_peak_stats();
+        Ok(())
+    })
+}
+
+/// torch's `resetAccumulatedStats(device)`.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_reset_accumulated_stats(device: i32) -> ReservoirStatus {
+    torch_guard("reservoir_torch_reset_accumulated_stats", || {
+        allocator(device)?.reset_accumulated_stats();
+        Ok(())
+    })
+}
+
+/// torch's `emptyCache(mempool_id)` on every device Reservoir has built:
+/// `(0, 0)` releases the global pools and every freeable private pool, a
+/// private pool's id only that pool.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_empty_cache_pool(p0: u64, p1: u64) -> ReservoirStatus {
+    torch_guard("reservoir_torch_empty_cache_pool", || {
+        for a in built_allocators() {
+            a.empty_cache_pool(pool(p0, p1))?;
+        }
+        Ok(())
+    })
+}
+
+/// torch's `setMemoryFraction(fraction, device)`: a fraction outside
+/// `0..=1` is `RESERVOIR_ERR_INVALID_ARGUMENT` and changes nothing.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_set_memory_fraction(
+    device: i32,
+    fraction: f64,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_set_memory_fraction", || {
+        Ok(allocator(device)?.set_memory_fraction(fraction)?)
+    })
+}
+
+/// torch's `getMemoryFraction(device)` into `*out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_memory_fraction(
+    device: i32,
+    out: *mut f64,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_memory_fraction", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        let f = allocator(device)?.memory_fraction()?;
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { out.write(f) };
+        Ok(())
+    })
+}
+
+/// torch's `cacheInfo(device, &largestBlock)`: the largest block that could
+/// be handed out without a new driver allocation, or the device's free
+/// memory if larger.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_cache_info(device: i32, out: *mut u64) -> ReservoirStatus {
+    torch_guard("reservoir_torch_cache_info", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        let v = allocator(device)?.cache_info()?;
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
+/// torch's `getBaseAllocation(ptr, &size)`: the start and size of the
+/// segment holding `ptr` (a live block of any device).
+///
+/// # Safety
+/// `base` and `size` are null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_base_allocation(
+    ptr: *mut c_void,
+    base: *mut *mut c_void,
+    size: *mut u64,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_base_allocation", || {
+        if base.is_null() || size.is_null() {
+            return Err(Failure::invalid("base or size is null"));
+        }
+        let p = DevicePtr(ptr as usize as u64);
+        let (b, s) = built_allocators()
+            .iter()
+            .find_map(|a| a.base_allocation(p).ok())
+            .ok_or_else(|| {
+                Failure::new(
+                    RESERVOIR_ERR_INVALID_POINTER,
+                    format!("ptr {ptr:p} is not a live block handed out by Reservoir"),
+                )
+            })?;
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe {
+            base.write(b.0 as usize as *mut c_void);
+            size.write(s);
+        }
+        Ok(())
+    })
+}
+
+/// A C predicate over the allocation stream (a `cudaStream_t`), the filter
+/// of [`reservoir_torch_begin_allocate_to_pool`].
+pub type ReservoirStreamFilter =
+    unsafe extern "C" fn(ctx: *mut c_void, stream: *mut c_void) -> bool;
+
+/// Drops a filter's context.
+pub type ReservoirFilterDrop = unsafe extern "C" fn(ctx: *mut c_void);
+
+/// Owns a C filter's context; dropped (calling `drop`) with the filter.
+struct CFilter {
+    filter: ReservoirStreamFilter,
+    drop: Option<ReservoirFilterDrop>,
+    ctx: *mut c_void,
+}
+
+// SAFETY: the caller of reservoir_torch_begin_allocate_to_pool promises the
+// filter and its context may be called and dropped from any thread.
+unsafe impl Send for CFilter {}
+// SAFETY: as above, calls from several threads at once included.
+unsafe impl Sync for CFilter {}
+
+impl Drop for CFilter {
+    fn drop(&mut self) {
+        if let Some(d) = self.drop {
+            // SAFETY: the context is dropped once, when the filter goes.
+            unsafe { d(self.ctx) }
+        }
+    }
+}
+
+/// torch's `beginAllocateToPool(device, mempool_id, filter)`: route the
+/// allocations `filter(ctx, stream)` accepts to private pool `(p0, p1)`,
+/// creating it (use count 1) or adding a use. A null `filter` routes the
+/// calling thread's allocations (`torch.cuda.use_mem_pool`). `drop_ctx`
+/// (may be null) is called once on `ctx` when the filter is discarded,
+/// including when this call fails. The default pool is refused.
+///
+/// # Safety
+/// `filter`, when non-null, may be called with `ctx` from any thread while
+/// the pool is being allocated to; `drop_ctx` likewise.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_begin_allocate_to_pool(
+    device: i32,
+    p0: u64,
+    p1: u64,
+    filter: Option<ReservoirStreamFilter>,
+    ctx: *mut c_void,
+    drop_ctx: Option<ReservoirFilterDrop>,
+) -> ReservoirStatus {
+    let owned = filter.map(|filter| CFilter {
+        filter,
+        drop: drop_ctx,
+        ctx,
+    });
+    if owned.is_none() {
+        if let Some(d) = drop_ctx {
+            // SAFETY: no filter keeps the context: drop it now (caller's contract).
+            unsafe { d(ctx) }
+        }
+    }
+    torch_guard("reservoir_torch_begin_allocate_to_pool", move || {
+        let id = private_pool(p0, p1)?;
+        let a = allocator(device)?;
+        let f = match owned {
+            None => PoolFilter::current_thread(),
+            Some(c) => {
+                let c = Arc::new(c);
+                PoolFilter::Custom(Arc::new(move |s: StreamId| {
+                    // SAFETY: callable from any thread (caller's contract).
+                    unsafe { (c.filter)(c.ctx, s.0 as usize as *mut c_void) }
+                }))
+            }
+        };
+        Ok(a.begin_allocate_to_pool(id, f)?)
+    })
+}
+
+/// torch's `endAllocateToPool(device, mempool_id)`.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_end_allocate_to_pool(
+    device: i32,
+    p0: u64,
+    p1: u64,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_end_allocate_to_pool", || {
+        let id = private_pool(p0, p1)?;
+        Ok(allocator(device)?.end_allocate_to_pool(id)?)
+    })
+}
+
+/// torch's `releasePool(device, mempool_id)`: drop one use.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_release_pool(device: i32, p0: u64, p1: u64) -> ReservoirStatus {
+    torch_guard("reservoir_torch_release_pool", || {
+        let id = private_pool(p0, p1)?;
+        Ok(allocator(device)?.release_pool(id)?)
+    })
+}
+
+/// torch's `createOrIncrefPool(device, mempool_id)`: create the private
+/// pool (use count 1) or add a use, without routing any allocation to it.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_create_or_incref_pool(
+    device: i32,
+    p0: u64,
+    p1: u64,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_create_or_incref_pool", || {
+        let id = private_pool(p0, p1)?;
+        let a = allocator(device)?;
+        a.begin_allocate_to_pool(id, PoolFilter::Custom(Arc::new(|_| false)))?;
+        Ok(a.end_allocate_to_pool(id)?)
+    })
+}
+
+/// torch's `getPoolUseCount(device, mempool_id)` into `*out` (0 for a pool
+/// Reservoir does not know).
+///
+/// # Safety
+/// `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_pool_use_count(
+    device: i32,
+    p0: u64,
+    p1: u64,
+    out: *mut u32,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_pool_use_count", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        let n = allocator(device)?.pool_use_count(pool(p0, p1));
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { out.write(n) };
+        Ok(())
+    })
+}
+
+/// torch's `checkPoolLiveAllocations(device, mempool_id, expected)`: `*out`
+/// is true when the allocated blocks of the pool are exactly the `n`
+/// addresses at `expected` (PyTorch's rule: every allocated block is
+/// expected, and their count equals `n`).
+///
+/// # Safety
+/// `expected` is valid for `n` reads (may be null when `n` is 0); `out` is
+/// null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_check_pool_live_allocations(
+    device: i32,
+    p0: u64,
+    p1: u64,
+    expected: *const u64,
+    n: usize,
+    out: *mut bool,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_check_pool_live_allocations", || {
+        if out.is_null() || (expected.is_null() && n > 0) {
+            return Err(Failure::invalid(
+                "out is null, or expected is null with n > 0",
+            ));
+        }
+        let want: std::collections::HashSet<u64> = if n == 0 {
+            Default::default()
+        } else {
+            // SAFETY: `n` readable values (caller's contract).
+            unsafe { std::slice::from_raw_parts(expected, n) }
+                .iter()
+                .copied()
+                .collect()
+        };
+        let segments = allocator(device)?.pool_segments(pool(p0, p1));
+        let mut allocated = 0usize;
+        let mut ok = true;
+        'outer: for s in &segments {
+            for (addr, b) in s.blocks_with_addresses() {
+                if b.state != BlockState::ActiveAllocated {
+                    continue;
+                }
+                if !want.contains(&addr) {
+                    ok = false;
+                    break 'outer;
+                }
+                allocated += 1;
+            }
+        }
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { out.write(ok && allocated == want.len()) };
+        Ok(())
+    })
+}
+
+/// A C function returning a context id for the current call's stack (0:
+/// none), the recorder of [`reservoir_torch_record_history`].
+pub type ReservoirContextRecorder = unsafe extern "C" fn() -> u64;
+
+/// The frame name that carries a context id recorded by a
+/// [`ReservoirContextRecorder`] (the snapshot gives the id back).
+const CTX_FRAME: &str = "reservoir-context";
+
+/// torch's `recordHistory(enabled, context_recorder, max_entries, when,
+/// clearHistory)` on every device, those built later included.
+/// `when` is `RecordContext` (0 never, 1 state, 2 alloc, 3 all); `enabled`
+/// false turns recording off (`when` must then be 0). `recorder` (may be
+/// null: no stacks) is called under the allocator's lock when a stack is
+/// wanted; the id it returns comes back in [`reservoir_torch_snapshot`].
+/// `trace_all` records the trace ring (torch's `enabled="all"`), else only
+/// the state (`"state"`). `max_entries` 0 is refused.
+///
+/// # Safety
+/// `recorder`, when non-null, may be called from any thread.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_record_history(
+    enabled: bool,
+    trace_all: bool,
+    recorder: Option<ReservoirContextRecorder>,
+    max_entries: usize,
+    when: i32,
+    clear_history: bool,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_record_history", || {
+        let context = match when {
+            0 => RecordContext::Never,
+            1 => RecordContext::State,
+            2 => RecordContext::Alloc,
+            3 => RecordContext::All,
+            w => {
+                return Err(Failure::invalid(format!(
+                    "when {w} is not a RecordContext (0 never, 1 state, 2 alloc, 3 all)"
+                )))
+            }
+        };
+        if max_entries == 0 {
+            return Err(Failure::invalid("max_entries 0 (it must be at least 1)"));
+        }
+        let mut config = HistoryConfig {
+            enabled: match (enabled, trace_all) {
+                (false, _) => HistoryMode::Off,
+                (true, true) => HistoryMode::All,
+                (true, false) => HistoryMode::State,
+            },
+            context: if enabled {
+                context
+            } else {
+                RecordContext::Never
+            },
+            max_entries,
+            clear_history,
+            ..HistoryConfig::default()
+        };
+        config.recorder = match recorder {
+            None => ContextRecorder::Custom(Arc::new(|| Arc::from(Vec::new()))),
+            Some(r) => ContextRecorder::Custom(Arc::new(move || {
+                // SAFETY: callable from any thread (caller's contract).
+                let id = unsafe { r() };
+                if id == 0 {
+                    return Arc::from(Vec::new());
+                }
+                Arc::from(vec![Frame {
+                    name: CTX_FRAME.to_owned(),
+                    filename: String::new(),
+                    line: id as i64,
+                }])
+            })),
+        };
+        set_history(config);
+        Ok(())
+    })
+}
+
+/// torch's `isHistoryEnabled()` into `*out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_is_history_enabled(out: *mut bool) -> ReservoirStatus {
+    torch_guard("reservoir_torch_is_history_enabled", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        let on = HISTORY
+            .lock()
+            .as_ref()
+            .is_some_and(|h| h.enabled != HistoryMode::Off);
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { out.write(on) };
+        Ok(())
+    })
+}
+
+/// The context id a stack carries (0: none).
+fn ctx_id(frames: Option<&Arc<[Frame]>>) -> u64 {
+    frames
+        .and_then(|f| f.first())
+        .filter(|f| f.name == CTX_FRAME)
+        .map_or(0, |f| f.line as u64)
+}
+
+/// torch's `snapshot(mempool_id, include_traces)` over every device
+/// Reservoir has built, as text the C++ face turns into `SnapshotInfo`
+/// (`(0, 0)`: every pool). One record a line, fields separated by one space:
+///
+/// * `S device address total_size allocated_size active_size requested_size
+///   stream is_large is_expandable pool0 pool1 context nblocks`: a segment,
+///   followed by its `nblocks` blocks;
+/// * `B size requested_size state context` (state 0 free, 1 active pending
+///   free, 2 allocated): a block, in address order;
+/// * `T device action addr size stream pool0 pool1 time_us context`: a
+///   trace entry (`action` in `c10::CachingDeviceAllocator::TraceEntry::Action`
+///   order, `time_us` microseconds since the Unix epoch);
+/// * `C max_split_size garbage_collection_threshold expandable_segments
+///   pinned_num_register_threads release_lock_on_cudamalloc
+///   pinned_use_cuda_host_register graph_capture_record_stream_reuse
+///   max_round_threshold max_cached_size n d1 .. dn`: the settings of the
+///   first device (`n` divisions, index i for `2^i` MiB);
+/// * `L text`: the last `PYTORCH_CUDA_ALLOC_CONF` string applied.
+///
+/// `context` is the id a [`ReservoirContextRecorder`] returned (0: none).
+/// The text (not NUL-terminated) is `*len` bytes at `*buf`, owned by the
+/// caller until [`reservoir_torch_buffer_free`].
+///
+/// # Safety
+/// `buf` and `len` are null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_snapshot(
+    p0: u64,
+    p1: u64,
+    include_traces: bool,
+    buf: *mut *mut u8,
+    len: *mut usize,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_snapshot", || {
+        if buf.is_null() || len.is_null() {
+            return Err(Failure::invalid("buf or len is null"));
+        }
+        let id = pool(p0, p1);
+        let mempool = (!id.is_default()).then_some(id);
+        let mut text = String::new();
+        let mut settings_done = false;
+        for a in built_allocators() {
+            let snap = a.snapshot_with(mempool, include_traces);
+            write_snapshot(&mut text, &snap, a.device(), !settings_done);
+            settings_done = true;
+        }
+        let boxed = text.into_bytes().into_boxed_slice();
+        let n = boxed.len();
+        let p = Box::into_raw(boxed).cast::<u8>();
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe {
+            buf.write(p);
+            len.write(n);
+        }
+        Ok(())
+    })
+}
+
+/// One device's snapshot in [`reservoir_torch_snapshot`]'s text form.
+fn write_snapshot(
+    t: &mut String,
+    snap: &reservoir::observe::snapshot::Snapshot,
+    device: i8,
+    settings: bool,
+) {
+    for s in &snap.segments {
+        let (p0, p1) = s.pool_id();
+        let _ = writeln!(
+            t,
+            "S {} {} {} {} {} {} {} {} {} {} {} {} {}",
+            s.device,
+            s.address,
+            s.total_size,
+            s.allocated_size,
+            s.active_size,
+            s.requested_size.unwrap_or(0),
+            s.stream.0,
+            u8::from(s.segment_type == SegmentType::Large),
+            u8::from(s.is_expandable.unwrap_or(false)),
+            p0 as u64,
+            p1 as u64,
+            ctx_id(s.frames.as_ref()),
+            s.blocks.len()
+        );
+        for b in &s.blocks {
+            let state = match b.state {
+                BlockState::Inactive => 0,
+                BlockState::ActivePendingFree => 1,
+                BlockState::ActiveAllocated => 2,
+            };
+            let _ = writeln!(
+                t,
+                "B {} {} {} {}",
+                b.size,
+                b.requested_size.unwrap_or(0),
+                state,
+                ctx_id(b.frames.as_ref())
+            );
+        }
+    }
+    for (dev, entries) in snap.device_traces.iter().enumerate() {
+        for e in entries {
+            let action = TraceAction::ALL
+                .iter()
+                .position(|a| *a == e.action)
+                .unwrap_or(0);
+            let (p0, p1) = e.pool_id.unwrap_or((0, 0));
+            let _ = writeln!(
+                t,
+                "T {} {} {} {} {} {} {} {} {}",
+                if snap.device_traces.len() == 1 {
+                    device as usize
+                } else {
+                    dev
+                },
+                action,
+                e.addr,
+                e.size,
+                e.stream.0,
+                p0 as u64,
+                p1 as u64,
+                e.time_us.unwrap_or(0),
+                ctx_id(Some(&e.frames))
+            );
+        }
+    }
+    if settings {
+        if let Some(c) = &snap.allocator_settings {
+            let mut div = [0u64; 64];
+            let mut n = 0;
+            for &(start_mib, d) in c.roundup_power2_divisions.iter().flatten() {
+                if start_mib > 0 {
+                    let i = start_mib.trailing_zeros() as usize;
+                    if i < div.len() {
+                        div[i] = d;
+                        n = n.max(i + 1);
+                    }
+                }
+            }
+            let _ = write!(
+                t,
+                "C {} {} {} {} {} {} {} {} {} {}",
+                c.max_split_size.unwrap_or(-1),
+                c.garbage_collection_threshold.unwrap_or(0.0),
+                u8::from(c.expandable_segments.unwrap_or(false)),
+                c.pinned_num_register_threads.unwrap_or(1),
+                u8::from(c.release_lock_on_cudamalloc.unwrap_or(false)),
+                u8::from(c.pinned_use_cuda_host_register.unwrap_or(false)),
+                u8::from(c.graph_capture_record_stream_reuse.unwrap_or(false)),
+                c.max_round_threshold.unwrap_or(-1),
+                c.max_cached_size.unwrap_or(-1),
+                n
+            );
+            for d in &div[..n] {
+                let _ = write!(t, " {d}");
+            }
+            t.push('\n');
+            let _ = writeln!(
+                t,
+                "L {}",
+                c.pytorch_cuda_alloc_conf
+                    .as_deref()
+                    .unwrap_or("")
+                    .replace('\n', " ")
+            );
+        }
+    }
+}
+
+/// Free a buffer returned by [`reservoir_torch_snapshot`]. Null does nothing.
+///
+/// # Safety
+/// `buf` and `len` are exactly what one [`reservoir_torch_snapshot`] call
+/// returned, not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_buffer_free(buf: *mut u8, len: usize) {
+    if buf.is_null() {
+        return;
+    }
+    // SAFETY: from Box::into_raw of a boxed slice of `len` bytes (caller's contract).
+    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)) });
+}
+
+/// A C trace tracker (torch's `AllocatorTraceTracker`), called under the
+/// allocator's lock with each trace entry: `device`, `action` (in
+/// `TraceEntry::Action` order), `addr`, `size`, `stream`, the pool's halves
+/// and `time_us` (microseconds since the Unix epoch).
+pub type ReservoirTraceTracker = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    device: i32,
+    action: i32,
+    addr: u64,
+    size: u64,
+    stream: *mut c_void,
+    p0: u64,
+    p1: u64,
+    time_us: i64,
+);
+
+/// A C tracker and its context, shared by every device.
+struct CTracker {
+    f: ReservoirTraceTracker,
+    ctx: *mut c_void,
+}
+
+// SAFETY: the caller of reservoir_torch_attach_trace_tracker promises the
+// tracker may be called with its context from any thread, at once.
+unsafe impl Send for CTracker {}
+// SAFETY: as above.
+unsafe impl Sync for CTracker {}
+
+/// torch's `attachAllocatorTraceTracker`: call `tracker(ctx, ...)` with every
+/// trace entry of every device from now on (devices built later included),
+/// even with history off. It runs under the allocator's lock and must not
+/// call Reservoir. `ctx` lives as long as the process (never dropped).
+///
+/// # Safety
+/// `tracker` may be called with `ctx` from any thread, several at once.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_attach_trace_tracker(
+    tracker: Option<ReservoirTraceTracker>,
+    ctx: *mut c_void,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_attach_trace_tracker", || {
+        let f = tracker.ok_or_else(|| Failure::invalid("tracker is null"))?;
+        let c = Arc::new(CTracker { f, ctx });
+        attach_tracker(Arc::new(move |device, e: &reservoir::TraceEntry| {
+            let action = TraceAction::ALL
+                .iter()
+                .position(|a| *a == e.action)
+                .unwrap_or(0);
+            let (p0, p1) = e.pool_id.unwrap_or((0, 0));
+            // SAFETY: callable from any thread (caller's contract).
+            unsafe {
+                (c.f)(
+                    c.ctx,
+                    device,
+                    action as i32,
+                    e.addr,
+                    e.size,
+                    e.stream.0 as usize as *mut c_void,
+                    p0 as u64,
+                    p1 as u64,
+                    e.time_us.unwrap_or(0),
+                )
+            }
+        }));
+        Ok(())
+    })
+}
+
+/// One stream's expandable segment (torch's `StreamSegmentSize`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReservoirStreamSegmentSize {
+    /// The stream (`cudaStream_t`).
+    pub stream: u64,
+    /// A small-pool segment?
+    pub is_small_pool: bool,
+    /// Bytes currently mapped.
+    pub total_size: u64,
+}
+
+/// torch's `getExpandableSegmentSizes(device)`: writes up to `capacity`
+/// entries to `out` and their full count to `*count` (call again with a
+/// larger buffer when `*count > capacity`).
+///
+/// # Safety
+/// `out` is null (with `capacity` 0) or valid for `capacity` writes; `count`
+/// is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_expandable_segment_sizes(
+    device: i32,
+    out: *mut ReservoirStreamSegmentSize,
+    capacity: usize,
+    count: *mut usize,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_expandable_segment_sizes", || {
+        if count.is_null() || (out.is_null() && capacity > 0) {
+            return Err(Failure::invalid(
+                "count is null, or out is null with capacity > 0",
+            ));
+        }
+        let v = allocator(device)?.expandable_segment_sizes();
+        for (i, s) in v.iter().take(capacity).enumerate() {
+            // SAFETY: i < capacity writable entries (caller's contract).
+            unsafe {
+                out.add(i).write(ReservoirStreamSegmentSize {
+                    stream: s.stream.0,
+                    is_small_pool: s.is_small_pool,
+                    total_size: s.total_size,
+                })
+            };
+        }
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { count.write(v.len()) };
+        Ok(())
+    })
+}
+
+/// An opaque private-pool checkpoint (torch's `AllocatorState`), from
+/// [`reservoir_torch_checkpoint_pool`], freed with
+/// [`reservoir_torch_checkpoint_free`].
+pub struct ReservoirPoolCheckpoint {
+    device: i32,
+    state: reservoir::caching::PoolCheckpoint,
+}
+
+/// torch's `getCheckpointState(device, mempool_id)`: the state of private
+/// pool `(p0, p1)` into `*out` (the caller owns it).
+///
+/// # Safety
+/// `out` is null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_checkpoint_pool(
+    device: i32,
+    p0: u64,
+    p1: u64,
+    out: *mut *mut ReservoirPoolCheckpoint,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_checkpoint_pool", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is null"));
+        }
+        let id = private_pool(p0, p1)?;
+        let state = allocator(device)?.checkpoint_pool(id)?;
+        let b = Box::new(ReservoirPoolCheckpoint { device, state });
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe { out.write(Box::into_raw(b)) };
+        Ok(())
+    })
+}
+
+/// Free a checkpoint of [`reservoir_torch_checkpoint_pool`]. Null does nothing.
+///
+/// # Safety
+/// `ckpt` is null or from [`reservoir_torch_checkpoint_pool`], not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_checkpoint_free(ckpt: *mut ReservoirPoolCheckpoint) {
+    if !ckpt.is_null() {
+        // SAFETY: from Box::into_raw, freed once (caller's contract).
+        drop(unsafe { Box::from_raw(ckpt) });
+    }
+}
+
+/// Move a vector of pointers to C: `(buffer, len)`, freed by
+/// [`reservoir_torch_u64s_free`].
+fn into_c(v: Vec<u64>) -> (*mut u64, usize) {
+    let b = v.into_boxed_slice();
+    let n = b.len();
+    (Box::into_raw(b).cast::<u64>(), n)
+}
+
+/// torch's `setCheckpointPoolState(device, state)`: set the checkpoint's pool
+/// back to it. `*freed` / `*freed_len`: the allocations the restore freed
+/// (the caller's handles to them are dead); `*created` / `*created_len`:
+/// those it made anew (the caller owns them; free with
+/// [`reservoir_torch_delete`]). Both buffers are freed with
+/// [`reservoir_torch_u64s_free`]. A checkpoint that does not match the pool
+/// is refused before anything changes.
+///
+/// # Safety
+/// `ckpt` is from [`reservoir_torch_checkpoint_pool`] and live; the four
+/// out-pointers are null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_restore_checkpoint(
+    ckpt: *const ReservoirPoolCheckpoint,
+    freed: *mut *mut u64,
+    freed_len: *mut usize,
+    created: *mut *mut u64,
+    created_len: *mut usize,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_restore_checkpoint", || {
+        if ckpt.is_null()
+            || freed.is_null()
+            || freed_len.is_null()
+            || created.is_null()
+            || created_len.is_null()
+        {
+            return Err(Failure::invalid("a checkpoint or out-pointer is null"));
+        }
+        // SAFETY: live (caller's contract).
+        let c = unsafe { &*ckpt };
+        let r = allocator(c.device)?.restore_pool_checkpoint(&c.state)?;
+        let (f, fl) = into_c(r.allocations_freed.iter().map(|p| p.0).collect());
+        let (a, al) = into_c(r.allocations_created.iter().map(|p| p.0).collect());
+        // SAFETY: non-null and writable (caller's contract).
+        unsafe {
+            freed.write(f);
+            freed_len.write(fl);
+            created.write(a);
+            created_len.write(al);
+        }
+        Ok(())
+    })
+}
+
+/// Free a buffer of [`reservoir_torch_restore_checkpoint`]. Null does nothing.
+///
+/// # Safety
+/// `buf` and `len` are one buffer that call returned, not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_u64s_free(buf: *mut u64, len: usize) {
+    if !buf.is_null() {
+        // SAFETY: from Box::into_raw of a boxed slice of `len` values (caller's contract).
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, len)) });
+    }
+}

@@ -1,0 +1,688 @@
+"""The Python API: :func:`replay` and :func:`compare`.
+
+Both run the ``reservoir`` command's own engine (``reservoir._native``) with
+``--json`` and build the objects from that JSON, so what Python sees and what
+``reservoir replay --json`` prints never drift: ``Report.to_dict()`` is one
+element of the command's JSON array, key for key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+from . import _native
+from ._native import ReservoirError
+
+__all__ = [
+    "Compare",
+    "CompareRow",
+    "Explanation",
+    "Fidelity",
+    "Oom",
+    "Replay",
+    "Report",
+    "Site",
+    "compare",
+    "replay",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+Source = Union[PathLike, bytes, bytearray, memoryview, None]
+
+
+def _pandas(what: str) -> Any:
+    try:
+        import pandas  # noqa: F401  (optional dependency)
+    except ImportError as e:
+        raise ImportError(
+            f"{what}.to_pandas() needs pandas, which is not installed: pip install pandas"
+        ) from e
+    return pandas
+
+
+class _JsonObject:
+    """A report object over one JSON object of the engine."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, d: Dict[str, Any]) -> None:
+        self._d = d
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The engine's JSON object, as a dict (a copy)."""
+        return json.loads(json.dumps(self._d))
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        """The engine's JSON object, as text."""
+        return json.dumps(self._d, indent=indent)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._d == other._d  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Site(_JsonObject):
+    """Live bytes of one allocation site (a stack frame summary)."""
+
+    __slots__ = ()
+
+    @property
+    def site(self) -> str:
+        """The site (``file:line function`` of the allocation's frame)."""
+        return str(self._d["site"])
+
+    @property
+    def bytes(self) -> int:
+        """Live bytes allocated there."""
+        return int(self._d["bytes"])
+
+    @property
+    def count(self) -> int:
+        """Live allocations made there."""
+        return int(self._d["count"])
+
+    def __repr__(self) -> str:
+        return f"Site({self.site!r}, bytes={self.bytes}, count={self.count})"
+
+
+def _sites(v: Optional[List[Dict[str, Any]]]) -> List[Site]:
+    return [Site(s) for s in v or []]
+
+
+class Oom(_JsonObject):
+    """A setting's first out-of-memory error, explained: the request, what
+    was live (by site), why the free blocks could not serve it, and the
+    diagnosis (the shortfall, its causes and the cheapest change that avoids
+    it, proven by replay)."""
+
+    __slots__ = ()
+
+    @property
+    def op(self) -> int:
+        """The failed op's index."""
+        return int(self._d["op"])
+
+    @property
+    def bytes(self) -> int:
+        """Bytes requested."""
+        return int(self._d["bytes"])
+
+    @property
+    def rounded(self) -> int:
+        """The request rounded as the allocator rounds it."""
+        return int(self._d["rounded"])
+
+    @property
+    def site(self) -> str:
+        """The site of the failed allocation."""
+        return str(self._d["site"])
+
+    @property
+    def reserved(self) -> int:
+        """Reserved bytes after the failure."""
+        return int(self._d["reserved"])
+
+    @property
+    def allocated(self) -> int:
+        """Allocated bytes after the failure."""
+        return int(self._d["allocated"])
+
+    @property
+    def top_sites(self) -> List[Site]:
+        """The largest sites of the live allocations, by bytes."""
+        return _sites(self._d.get("top_sites"))
+
+    @property
+    def unusable_free(self) -> List[Dict[str, Any]]:
+        """The free blocks left, by the reason they could not serve it."""
+        return list(self._d.get("unusable_free") or [])
+
+    @property
+    def avoided_by(self) -> Optional[str]:
+        """The setting change (or ``reservoir`` policy) proven to avoid it."""
+        return self._d.get("avoided_by")
+
+    @property
+    def diagnosis(self) -> Dict[str, Any]:
+        """The diagnosis: shortfall, causes with their bytes, the fix."""
+        return dict(self._d.get("diagnosis") or {})
+
+    def __repr__(self) -> str:
+        return f"Oom(op={self.op}, bytes={self.bytes}, site={self.site!r}, avoided_by={self.avoided_by!r})"
+
+
+class Explanation(_JsonObject):
+    """A setting's reserved peak and first OOM, explained."""
+
+    __slots__ = ()
+
+    @property
+    def setting(self) -> str:
+        """The setting's name."""
+        return str(self._d["setting"])
+
+    @property
+    def peak(self) -> Optional[Dict[str, Any]]:
+        """The reserved peak: ``op``, ``reserved``, ``allocated``, ``top_sites``."""
+        return self._d.get("peak")
+
+    @property
+    def peak_sites(self) -> List[Site]:
+        """Live bytes by site at the reserved peak, largest first."""
+        return _sites((self._d.get("peak") or {}).get("top_sites"))
+
+    @property
+    def oom(self) -> Optional[Oom]:
+        """The first OOM, explained (``None`` without one)."""
+        o = self._d.get("oom")
+        return None if o is None else Oom(o)
+
+    def __repr__(self) -> str:
+        return f"Explanation(setting={self.setting!r}, oom={self.oom!r})"
+
+
+class Fidelity(_JsonObject):
+    """How exactly PyTorch mode reproduced the recording."""
+
+    __slots__ = ()
+
+    @property
+    def segment_events_matched(self) -> int:
+        """Recorded segment events (cudaMalloc / cudaFree) reproduced in order."""
+        return int(self._d["segment_events_matched"])
+
+    @property
+    def segment_events_total(self) -> int:
+        """Recorded segment events."""
+        return int(self._d["segment_events_total"])
+
+    @property
+    def segment_events_exact(self) -> bool:
+        """Whether the segment events were reproduced exactly."""
+        return bool(self._d["segment_events_exact"])
+
+    @property
+    def placements_matched(self) -> int:
+        """Blocks placed at their recorded address."""
+        return int(self._d["placements_matched"])
+
+    @property
+    def placements_total(self) -> int:
+        """Blocks placed."""
+        return int(self._d["placements_total"])
+
+    @property
+    def recorded_peak_reserved(self) -> int:
+        """The recording's reserved peak, bytes."""
+        return int(self._d["recorded_peak_reserved"])
+
+    @property
+    def recorded_ooms(self) -> int:
+        """The recording's OOMs."""
+        return int(self._d["recorded_ooms"])
+
+    @property
+    def exact(self) -> bool:
+        """Segment events exact and every block at its recorded address."""
+        return self.segment_events_exact and self.placements_matched == self.placements_total
+
+    def __repr__(self) -> str:
+        return (
+            f"Fidelity(segment_events={self.segment_events_matched}/{self.segment_events_total}, "
+            f"placements={self.placements_matched}/{self.placements_total}, exact={self.exact})"
+        )
+
+
+class Report(_JsonObject):
+    """One input (a recorded device trace or a workload) replayed with one
+    setting: one element of ``reservoir replay --json``."""
+
+    __slots__ = ()
+
+    @property
+    def setting(self) -> str:
+        """The setting's name (``pytorch``, ``expandable``, ...)."""
+        return str(self._d["setting"])
+
+    @property
+    def config(self) -> str:
+        """Its allocator configuration (``PYTORCH_CUDA_ALLOC_CONF`` syntax)."""
+        return str(self._d.get("config", ""))
+
+    @property
+    def file(self) -> Optional[str]:
+        """The recorded file (``None`` for a workload)."""
+        return self._d.get("file")
+
+    @property
+    def device(self) -> Optional[int]:
+        """The recorded device (``None`` for a workload)."""
+        return self._d.get("device")
+
+    @property
+    def capacity(self) -> int:
+        """The simulated device's capacity, bytes."""
+        return int(self._d["capacity"])
+
+    @property
+    def ops(self) -> int:
+        """Ops replayed (allocations and frees)."""
+        return int(self._d["ops"])
+
+    @property
+    def peak_allocated(self) -> int:
+        """Peak allocated bytes (rounded blocks handed out)."""
+        return int(self._d["peak_allocated"])
+
+    @property
+    def peak_reserved(self) -> int:
+        """Peak reserved bytes (device memory held by the allocator)."""
+        return int(self._d["peak_reserved"])
+
+    @property
+    def peak_live(self) -> int:
+        """Peak of the bytes the program asked for."""
+        return int(self._d["peak_live"])
+
+    @property
+    def fragmentation(self) -> float:
+        """Peak reserved / peak allocated (1.0 is no waste)."""
+        return float(self._d["fragmentation"])
+
+    @property
+    def reserved_per_live(self) -> Optional[float]:
+        """Peak reserved / peak live bytes (``None`` when nothing was live)."""
+        return self.peak_reserved / self.peak_live if self.peak_live else None
+
+    @property
+    def driver_allocs(self) -> int:
+        """Device allocations (``cudaMalloc``) made."""
+        return int(self._d["driver_allocs"])
+
+    @property
+    def driver_frees(self) -> int:
+        """Device frees (``cudaFree``) made."""
+        return int(self._d["driver_frees"])
+
+    @property
+    def driver_time_ns(self) -> int:
+        """Simulated driver time, nanoseconds."""
+        return int(self._d["driver_time_ns"])
+
+    @property
+    def ooms(self) -> int:
+        """Out-of-memory errors."""
+        return int(self._d["ooms"])
+
+    @property
+    def first_oom(self) -> Optional[Dict[str, Any]]:
+        """The first OOM as the replay saw it (``None`` without one); see
+        :attr:`oom` for its explanation."""
+        return self._d.get("first_oom")
+
+    @property
+    def explanation(self) -> Optional[Explanation]:
+        """The reserved peak and first OOM, explained."""
+        e = self._d.get("explain")
+        return None if e is None else Explanation(e)
+
+    @property
+    def oom(self) -> Optional[Oom]:
+        """The first OOM, explained (``None`` without one)."""
+        e = self.explanation
+        return None if e is None else e.oom
+
+    @property
+    def peak_sites(self) -> List[Site]:
+        """Live bytes by site at the reserved peak, largest first."""
+        e = self.explanation
+        return [] if e is None else e.peak_sites
+
+    @property
+    def fidelity(self) -> Optional[Fidelity]:
+        """How exactly PyTorch mode reproduced the recording (``None`` when
+        not measured: other settings, a cold start, a workload)."""
+        f = self._d.get("fidelity")
+        return None if f is None else Fidelity(f)
+
+    @property
+    def min_capacity(self) -> Optional[int]:
+        """The smallest device (to 2 MiB) that runs without OOM
+        (``min_capacity=True`` only; ``None`` when not measured or nothing
+        up to 16 TiB fits)."""
+        return self._d.get("min_capacity")
+
+    @property
+    def torch_release(self) -> Optional[str]:
+        """The PyTorch release PyTorch mode reproduced (recorded inputs)."""
+        return self._d.get("torch_release")
+
+    @property
+    def memory_stats(self) -> Dict[str, int]:
+        """``torch.cuda.memory_stats()`` at the end of the replay."""
+        return dict(self._d.get("memory_stats") or {})
+
+    @property
+    def samples(self) -> List[Dict[str, int]]:
+        """The timeline: ``{"op", "allocated", "reserved"}`` samples."""
+        return list(self._d.get("samples") or [])
+
+    @property
+    def lints(self) -> List[Dict[str, Any]]:
+        """What the allocator did that wasted memory or time (see the text report)."""
+        return list(self._d.get("lints") or [])
+
+    def row(self) -> Dict[str, Any]:
+        """The scalar numbers of the report, for a table."""
+        return {
+            "file": self.file,
+            "device": self.device,
+            "setting": self.setting,
+            "capacity": self.capacity,
+            "ops": self.ops,
+            "peak_live": self.peak_live,
+            "peak_allocated": self.peak_allocated,
+            "peak_reserved": self.peak_reserved,
+            "fragmentation": self.fragmentation,
+            "driver_allocs": self.driver_allocs,
+            "driver_frees": self.driver_frees,
+            "driver_time_ns": self.driver_time_ns,
+            "ooms": self.ooms,
+            "min_capacity": self.min_capacity,
+        }
+
+    def __repr__(self) -> str:
+        where = self.file if self.file is not None else "workload"
+        return (
+            f"Report({where!r}, setting={self.setting!r}, peak_reserved={self.peak_reserved}, "
+            f"peak_allocated={self.peak_allocated}, ooms={self.ooms})"
+        )
+
+
+def _to_pandas(rows: List[Dict[str, Any]], what: str) -> Any:
+    return _pandas(what).DataFrame(rows)
+
+
+class Replay:
+    """What :func:`replay` returns: one :class:`Report` per input and
+    setting, in the command's order, and the HTML report.
+
+    Index it by position or by setting name (the first report of that
+    setting); iterate over the reports.
+    """
+
+    __slots__ = ("_json", "_reports", "_html")
+
+    def __init__(self, json_text: str, html: Optional[str]) -> None:
+        self._json = json_text
+        self._reports = [Report(d) for d in json.loads(json_text)]
+        self._html = html
+
+    @property
+    def reports(self) -> List[Report]:
+        """The reports, one per input and setting."""
+        return list(self._reports)
+
+    @property
+    def settings(self) -> List[str]:
+        """The settings replayed, in order, each once."""
+        return list(dict.fromkeys(r.setting for r in self._reports))
+
+    @property
+    def html(self) -> str:
+        """The self-contained HTML report (what ``replay --html`` writes)."""
+        return self._html or ""
+
+    def __len__(self) -> int:
+        return len(self._reports)
+
+    def __iter__(self) -> Iterator[Report]:
+        return iter(self._reports)
+
+    def __getitem__(self, key: Union[int, str]) -> Report:
+        if isinstance(key, str):
+            for r in self._reports:
+                if r.setting == key:
+                    return r
+            raise KeyError(f"no report of setting {key!r}; settings: {', '.join(self.settings)}")
+        return self._reports[key]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """``{"reports": [...]}``: each report's JSON object."""
+        return {"reports": [r.to_dict() for r in self._reports]}
+
+    def to_json(self) -> str:
+        """The JSON array ``reservoir replay --json`` prints, byte for byte."""
+        return self._json
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame``, one row per report (:meth:`Report.row`);
+        needs pandas."""
+        return _to_pandas([r.row() for r in self._reports], "Replay")
+
+    def save_html(self, path: PathLike) -> None:
+        """Write the HTML report to ``path``."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html)
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __repr__(self) -> str:
+        return f"Replay({len(self._reports)} reports: {', '.join(self.settings)})"
+
+
+class CompareRow(_JsonObject):
+    """One input of :func:`compare`, under each compared policy."""
+
+    __slots__ = ()
+
+    @property
+    def input(self) -> str:
+        """The input's name (``file#device`` or ``workload NAME``)."""
+        return str(self._d["input"])
+
+    @property
+    def ops(self) -> int:
+        """Ops replayed."""
+        return int(self._d["ops"])
+
+    @property
+    def policies(self) -> List[Dict[str, Any]]:
+        """Each policy's numbers: ``policy``, ``peak_reserved``, ``ooms``, ..."""
+        return list(self._d.get("policies") or [])
+
+    def __repr__(self) -> str:
+        return f"CompareRow({self.input!r}, {len(self.policies)} policies)"
+
+
+class Compare:
+    """What :func:`compare` returns: one :class:`CompareRow` per input, the
+    per-policy summary and the skipped files (``reservoir compare --json``)."""
+
+    __slots__ = ("_json", "_d")
+
+    def __init__(self, json_text: str) -> None:
+        self._json = json_text
+        self._d = json.loads(json_text)
+
+    @property
+    def rows(self) -> List[CompareRow]:
+        """One row per input."""
+        return [CompareRow(r) for r in self._d.get("rows") or []]
+
+    @property
+    def summary(self) -> List[Dict[str, Any]]:
+        """Each policy over every input."""
+        return list(self._d.get("summary") or [])
+
+    @property
+    def skipped(self) -> List[Dict[str, str]]:
+        """Files left out, with the reason."""
+        return list(self._d.get("skipped") or [])
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON object ``reservoir compare --json`` prints, as a dict."""
+        return json.loads(self._json)
+
+    def to_json(self) -> str:
+        """The JSON ``reservoir compare --json`` prints, byte for byte."""
+        return self._json
+
+    def to_pandas(self) -> Any:
+        """A ``pandas.DataFrame``, one row per input and policy; needs pandas."""
+        rows = []
+        for r in self._d.get("rows") or []:
+            for p in r.get("policies") or []:
+                row = {"input": r.get("input"), "ops": r.get("ops")}
+                row.update({k: v for k, v in p.items() if not isinstance(v, (dict, list))})
+                rows.append(row)
+        return _to_pandas(rows, "Compare")
+
+    def __repr__(self) -> str:
+        return f"Compare({len(self._d.get('rows') or [])} inputs)"
+
+
+def _strs(name: str, v: Union[str, Sequence[str], None]) -> List[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    out = list(v)
+    for x in out:
+        if not isinstance(x, str):
+            raise ReservoirError(f"{name}: expected a string or a list of strings, got {x!r}")
+    return out
+
+
+def _size(name: str, v: Union[int, str, None]) -> Optional[str]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ReservoirError(
+            f"{name}={v!r}: expected bytes (an int) or a size such as '80GiB'"
+        )
+    if isinstance(v, int) and v < 0:
+        raise ReservoirError(f"{name}={v}: a capacity is a positive number of bytes")
+    return str(v)
+
+
+def _run(argv: List[str]) -> "tuple[str, Optional[str]]":
+    out, html = _native.run_captured(["reservoir", *argv])
+    return out.decode("utf-8"), html
+
+
+def replay(
+    source: Source = None,
+    policies: Union[str, Sequence[str], None] = None,
+    capacity: Union[int, str, None] = None,
+    start: Optional[str] = None,
+    min_capacity: bool = False,
+    *,
+    workload: Optional[str] = None,
+    settings: Optional[Dict[str, str]] = None,
+    configs: Union[str, Sequence[str], None] = None,
+    device: Optional[int] = None,
+    device_total: Union[int, str, None] = None,
+    torch: Optional[str] = None,
+) -> Replay:
+    """Replay a memory snapshot (or a built-in workload) under each policy.
+
+    ``reservoir.replay(src, ...)`` is ``reservoir replay SRC --json --html``:
+
+    * ``source``: a snapshot's path (``torch.cuda.memory._dump_snapshot``
+      pickles, ``_memory_viz`` JSON, allocatorSim logs) or its bytes; ``None``
+      replays ``workload`` (default ``gpt-train``);
+    * ``policies``: policy names (``pytorch``, ``expandable``, ``reservoir``,
+      ``max-split-N``, ``roundup-N``, ``gc-T``, ``large-segment-N``,
+      ``mps-heap``, ``pytorch-2.11`` ... ``pytorch-2.15``); default: all;
+    * ``capacity``: the simulated device, bytes or a size like ``"24GiB"``;
+      default: the capacity that reproduces the recording's OOMs, else 80 GiB;
+    * ``start``: ``"recorded"`` (exact replay, the default) or ``"cold"``;
+    * ``min_capacity``: also find each policy's smallest device without OOM;
+    * ``settings`` (``{name: PYTORCH_CUDA_ALLOC_CONF}``), ``configs``,
+      ``device``, ``device_total``, ``torch`` (a release, e.g. ``"2.13"``):
+      as the command's options.
+
+    Raises :class:`reservoir.ReservoirError` with the command's message.
+    """
+    argv = ["replay"]
+    with tempfile.TemporaryDirectory(prefix="reservoir-") as tmp:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            path = os.path.join(tmp, "snapshot.pickle")
+            with open(path, "wb") as f:
+                f.write(bytes(source))
+            argv.append(path)
+        elif source is not None:
+            if not isinstance(source, (str, os.PathLike)):
+                raise ReservoirError(
+                    f"source={source!r}: expected a path, the snapshot's bytes or None"
+                )
+            argv.append(os.fspath(source))
+        if workload is not None:
+            argv += ["--workload", workload]
+        for p in _strs("policies", policies):
+            argv += ["--policy", p]
+        for name, conf in (settings or {}).items():
+            argv += ["--setting", f"{name}={conf}"]
+        for c in _strs("configs", configs):
+            argv += ["--config", c]
+        cap = _size("capacity", capacity)
+        if cap is not None:
+            argv += ["--capacity", cap]
+        total = _size("device_total", device_total)
+        if total is not None:
+            argv += ["--device-total", total]
+        if start is not None:
+            argv += ["--start", str(start)]
+        if device is not None:
+            argv += ["--device", str(device)]
+        if torch is not None:
+            argv += ["--torch", str(torch)]
+        if min_capacity:
+            argv.append("--min-capacity")
+        argv += ["--json", "--html", os.path.join(tmp, "report.html")]
+        text, html = _run(argv)
+    return Replay(text, html)
+
+
+def compare(
+    folder: Optional[PathLike] = None,
+    policies: Union[str, Sequence[str], None] = None,
+    *,
+    workloads: Union[bool, str, Sequence[str]] = False,
+    capacity: Union[int, str, None] = None,
+) -> Compare:
+    """Compare policies on every snapshot of ``folder`` (recursively, from a
+    cold start): ``reservoir compare --traces FOLDER --json``.
+
+    ``policies`` defaults to pytorch, expandable and reservoir; ``workloads``
+    adds the built-in workloads (``True``: every preset, or names);
+    ``folder=None`` compares the workloads alone; ``capacity``: bytes, a size
+    or ``"bound"``. Raises :class:`reservoir.ReservoirError`.
+    """
+    argv = ["compare", "--json"]
+    if folder is None:
+        argv.append("--no-traces")
+    else:
+        if not isinstance(folder, (str, os.PathLike)):
+            raise ReservoirError(f"folder={folder!r}: expected a path")
+        argv += ["--traces", os.fspath(folder)]
+    for p in _strs("policies", policies):
+        argv += ["--policy", p]
+    if workloads is False:
+        argv.append("--no-workloads")
+    elif workloads is not True:
+        for w in _strs("workloads", workloads):  # type: ignore[arg-type]
+            argv += ["--workload", w]
+    if capacity is not None:
+        cap = "bound" if capacity == "bound" else _size("capacity", capacity)
+        argv += ["--capacity", str(cap)]
+    if folder is None and workloads is False:
+        raise ReservoirError("compare: nothing to compare (no folder and workloads=False)")
+    text, _ = _run(argv)
+    return Compare(text)
