@@ -174,7 +174,10 @@ impl<B: Backend> CachingAllocator<B> {
         let mut state = DeviceState::new(device, config);
         if fraction < 1.0 {
             if let Ok(info) = backend.mem_info() {
-                state.acct.set_memory_fraction(fraction, info.total);
+                let rounding = state.config.torch_release.rules().memory_fraction_rounding;
+                state
+                    .acct
+                    .set_memory_fraction(fraction, info.total, rounding);
             }
         }
         let callbacks = Arc::new(CallbackRegistry::new());

@@ -171,7 +171,7 @@ pub use keys::KNOWN_KEYS;
 pub use policy::{waste_bound, ReservoirPolicy, POLICY_KEY, WASTE_SLACK_PER_STREAM};
 pub use settings::AllocatorConfig;
 pub use torch_release::{
-    AssertLines, ExpandableOomAdvice, FreeBlockOrder, ReleaseRules, TorchRelease,
+    AssertLines, ExpandableOomAdvice, FractionRounding, FreeBlockOrder, ReleaseRules, TorchRelease,
 };
 pub use values::{
     AllocatorBackend, ReserveSpec, MAX_REGISTER_THREADS, MIB, ROUNDUP_POWER2_INTERVALS,

@@ -160,6 +160,46 @@ pub enum FreeBlockOrder {
     SegmentCreation,
 }
 
+/// How a release turns `set_per_process_memory_fraction(f)` into the bytes
+/// the allocator may reserve ([`ReleaseRules::memory_fraction_rounding`];
+/// spec 1.13: `allowed = f x total`).
+///
+/// Measured with each release's wheel on the fake device (total
+/// 85045870592 B): `set_per_process_memory_fraction(0.02)` then
+/// `get_per_process_memory_fraction()` gives 0.019999999990122978
+/// (1700917411 B) in 2.11 and 2.12, 0.02000000000188134 (1700917412 B) in
+/// 2.13 to 2.15; a request of exactly `k x 2 MiB` bytes after setting the
+/// fraction to `(k x 2 MiB - 0.3) / total` runs out of memory in 2.11 and
+/// 2.12 and fits in 2.13 to 2.15; and `libc10_cuda.so`'s
+/// `DeviceCachingAllocator::setMemoryFraction` converts with `cvttsd2si`
+/// alone in 2.11 and 2.12, and first with GCC's inline `std::round` (add
+/// 0.49999999999999994 to the magnitude below 2^52, truncate, copy the
+/// sign) in 2.13 to 2.15.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FractionRounding {
+    /// torch 2.11 and 2.12: `static_cast<size_t>(f * total)`, truncated
+    /// (0.02 of 85045870592 B is 1700917411 B).
+    Truncate,
+    /// torch 2.13 and later: `static_cast<size_t>(std::round(f * total))`,
+    /// to the nearest byte, halves away from zero (0.02 of 85045870592 B is
+    /// 1700917412 B; 1/2^17 of it, 648848.5 B, is 648849 B).
+    Nearest,
+}
+
+impl FractionRounding {
+    /// The bytes a fraction `fraction` (in `[0, 1]`) of `total` bytes
+    /// allows: `fraction * total` in `f64`, then truncated or rounded to the
+    /// nearest byte as the release does.
+    pub fn allowed_bytes(self, fraction: f64, total: u64) -> u64 {
+        let product = fraction * total as f64;
+        match self {
+            FractionRounding::Truncate => product as u64,
+            // `f64::round` rounds halves away from zero, as C's `round`.
+            FractionRounding::Nearest => product.round() as u64,
+        }
+    }
+}
+
 /// The rules of the allocator that differ between supported releases. Each
 /// field names the release that changed it; everything not listed here is
 /// the same in 2.11 to 2.15 as far as the goldens of every release show.
@@ -196,6 +236,10 @@ pub struct ReleaseRules {
     /// Which free block of equal size best fit takes (changed in 2.12 and
     /// in 2.13; see [`FreeBlockOrder`]).
     pub free_block_order: FreeBlockOrder,
+    /// How the per-process memory fraction becomes allowed bytes
+    /// (truncated until 2.12, to the nearest byte from 2.13; see
+    /// [`FractionRounding`]).
+    pub memory_fraction_rounding: FractionRounding,
     /// Where the settings parser's internal assertions sit in the release's
     /// sources, which PyTorch's error text quotes (see [`AssertLines`]).
     pub assert_lines: AssertLines,
@@ -250,6 +294,10 @@ impl ReleaseRules {
                 V2_11 => FreeBlockOrder::Address,
                 V2_12 => FreeBlockOrder::BlockCreation,
                 V2_13 | V2_14 | V2_15 => FreeBlockOrder::SegmentCreation,
+            },
+            memory_fraction_rounding: match release {
+                V2_11 | V2_12 => FractionRounding::Truncate,
+                V2_13 | V2_14 | V2_15 => FractionRounding::Nearest,
             },
             assert_lines: AssertLines {
                 source_root: match release {
@@ -577,5 +625,60 @@ mod tests {
             e.to_string().contains("pytorch-2.11 ... pytorch-2.15"),
             "{e}"
         );
+    }
+
+    /// Rule memory_fraction_rounding (spec ../shared/spec/pytorch-allocator.md
+    /// 1.13, `allowed = f x total`): the allowed bytes of each fraction on the
+    /// fake device (total 85045870592 B), as each release's wheel shows them
+    /// (`PYTORCH_ORACLE_HOME=~/.cache/oracle-2.12 ../shared/oracle/oracle-python`
+    /// with `torch.cuda.set_per_process_memory_fraction(f)`, then the bytes `a`
+    /// of `int(f * total)` and `int(f * total) + 1` for which
+    /// `a / total == torch.cuda.get_per_process_memory_fraction()`; the same
+    /// with `~/.cache/oracle-2.11`, `-2.13`, `-2.14` and the 2.15 oracle).
+    #[test]
+    fn memory_fraction_bytes_truncated_until_2_12_rounded_from_2_13() {
+        const TOTAL: u64 = 85_045_870_592;
+        let half = 1.0 / (1u64 << 17) as f64;
+        // (fraction, bytes in 2.11 and 2.12, bytes in 2.13 to 2.15)
+        let measured: [(f64, u64, u64); 15] = [
+            (0.02, 1_700_917_411, 1_700_917_412),
+            (0.3333, 28_345_788_668, 28_345_788_668),
+            (0.5, 42_522_935_296, 42_522_935_296),
+            (0.1, 8_504_587_059, 8_504_587_059),
+            (1e-9, 85, 85),
+            (0.999999, 85_045_785_546, 85_045_785_546),
+            (0.7, 59_532_109_414, 59_532_109_414),
+            (1.0 / 3.0, 28_348_623_530, 28_348_623_531),
+            (0.123456789, 10_499_490_100, 10_499_490_101),
+            // f x total = 648848.5 exactly: halves go away from zero (not
+            // to even: 648848 is even).
+            (half, 648_848, 648_849),
+            (3.0 * half, 1_946_545, 1_946_546),
+            (5.0 * half, 3_244_242, 3_244_243),
+            (131_071.0 * half, 85_045_221_743, 85_045_221_744),
+            // Rounds up to the whole device (the getter then says 1.0).
+            (0.999999999999, 85_045_870_591, 85_045_870_592),
+            (0.0, 0, 0),
+        ];
+        for r in TorchRelease::ALL {
+            let rounding = r.rules().memory_fraction_rounding;
+            let truncates = matches!(r, TorchRelease::V2_11 | TorchRelease::V2_12);
+            assert_eq!(
+                rounding,
+                if truncates {
+                    FractionRounding::Truncate
+                } else {
+                    FractionRounding::Nearest
+                },
+                "{r}"
+            );
+            for (f, old, new) in measured {
+                let want = if truncates { old } else { new };
+                assert_eq!(rounding.allowed_bytes(f, TOTAL), want, "{r}: {f}");
+            }
+        }
+        // -0.0 is inside [0, 1] (PyTorch's check is `0 <= f`): no bytes.
+        assert_eq!(FractionRounding::Nearest.allowed_bytes(-0.0, TOTAL), 0);
+        assert_eq!(FractionRounding::Truncate.allowed_bytes(-0.0, TOTAL), 0);
     }
 }

@@ -533,6 +533,109 @@ fn per_process_memory_fraction_from_config() {
     assert!(c.try_alloc(101 * MIB).is_err());
 }
 
+/// The fake device of `../shared/oracle` (its `cudaMemGetInfo` total).
+const ORACLE_TOTAL: u64 = 85_045_870_592;
+
+#[test]
+fn memory_fraction_getter_and_allowed_bytes_per_release() {
+    // spec 1.13 (allowed = f x total; getMemoryFraction = allowed / total),
+    // rule memory_fraction_rounding of ReleaseRules: torch 2.11 and 2.12
+    // truncate f x total, 2.13 to 2.15 round it to the nearest byte. The
+    // getter values are what each release's wheel returns on the fake device
+    // (`PYTORCH_ORACLE_HOME=~/.cache/oracle-2.1X ../shared/oracle/oracle-python`,
+    // plain `oracle-python` for 2.15: `torch.cuda.set_per_process_memory_fraction(f)`
+    // then `torch.cuda.get_per_process_memory_fraction()`), the same in 2.11
+    // and 2.12 and the same in 2.13, 2.14 and 2.15.
+    let half = 1.0 / (1u64 << 17) as f64;
+    // (fraction, getter in 2.11 and 2.12, getter in 2.13 to 2.15)
+    let measured: [(f64, f64, f64); 13] = [
+        (0.02, 0.019999999990122978, 0.02000000000188134),
+        (0.3333, 0.3332999999963126, 0.3332999999963126),
+        (0.5, 0.5, 0.5),
+        (0.1, 0.09999999999764833, 0.09999999999764833),
+        (1e-9, 9.99460637045859e-10, 9.99460637045859e-10),
+        (0.999999, 0.9999989999984784, 0.9999989999984784),
+        (0.7, 0.6999999999952966, 0.6999999999952966),
+        (1.0 / 3.0, 0.3333333333254944, 0.3333333333372528),
+        (0.123456789, 0.12345678898826692, 0.1234567890000253),
+        // f x total = 648848.5 and 1946545.5: halves away from zero.
+        (half, 7.629388652069782e-06, 7.629400410430218e-06),
+        (3.0 * half, 2.2888177714569784e-05, 2.2888189472930216e-05),
+        (0.999999999999, 0.9999999999882416, 1.0),
+        (0.0, 0.0, 0.0),
+    ];
+    for release in ["2.11", "2.12", "2.13", "2.14", "2.15"] {
+        let old = matches!(release, "2.11" | "2.12");
+        let c = Checked::new(&format!("policy:pytorch-{release}"), ORACLE_TOTAL);
+        for (f, get_old, get_new) in measured {
+            c.a.set_memory_fraction(f).unwrap();
+            c.check();
+            let want = if old { get_old } else { get_new };
+            let got = c.a.memory_fraction().unwrap();
+            assert_eq!(got.to_bits(), want.to_bits(), "{release}: {f} -> {got}");
+        }
+        // At start-up (per_process_memory_fraction in the settings) the same
+        // rule (PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:0.02 on
+        // each wheel: 0.019999999990122978 in 2.11 and 2.12,
+        // 0.02000000000188134 from 2.13).
+        let c = Checked::new(
+            &format!("policy:pytorch-{release},per_process_memory_fraction:0.02"),
+            ORACLE_TOTAL,
+        );
+        let want: f64 = if old {
+            0.019999999990122978
+        } else {
+            0.02000000000188134
+        };
+        assert_eq!(c.a.memory_fraction().unwrap().to_bits(), want.to_bits());
+        c.check();
+    }
+    // `policy:pytorch` is 2.15.
+    let c = Checked::new("", ORACLE_TOTAL);
+    c.a.set_memory_fraction(0.02).unwrap();
+    assert_eq!(c.a.memory_fraction().unwrap(), 0.02000000000188134);
+}
+
+#[test]
+fn memory_fraction_allowed_byte_decides_a_request() {
+    // spec 1.13 / 1.9 (alloc_block refuses a segment that would pass the
+    // allowed bytes), rule memory_fraction_rounding: with the fraction
+    // (k x 2 MiB - 0.3) / total, a request of exactly k x 2 MiB runs out of
+    // memory in torch 2.11 and 2.12 (allowed k x 2 MiB - 1 bytes, message
+    // "... 1.95 GiB allowed; ..." and "... 74.00 MiB allowed; ...") and fits
+    // in 2.13 to 2.15 (allowed k x 2 MiB). Measured with
+    // `torch.empty(k * 2**21, dtype=torch.uint8, device="cuda")` on each
+    // release's wheel on the fake device (total 85045870592 B).
+    for release in ["2.11", "2.12", "2.13", "2.14", "2.15"] {
+        let fits = !matches!(release, "2.11" | "2.12");
+        for (k, shown) in [(1000u64, "1.95 GiB allowed; "), (37, "74.00 MiB allowed; ")] {
+            let c = Checked::new(&format!("policy:pytorch-{release}"), ORACLE_TOTAL);
+            let size = k * 2 * MIB;
+            let f = (size as f64 - 0.3) / ORACLE_TOTAL as f64;
+            c.a.set_memory_fraction(f).unwrap();
+            c.check();
+            if fits {
+                let p = c.alloc(size);
+                assert_eq!(c.stats().reserved_bytes.all().current, size as i64);
+                c.free(p);
+            } else {
+                let before = c.a.segments().len();
+                let err = c.try_alloc(size).unwrap_err();
+                assert!(err.to_string().contains(shown), "{release} {k}: {err}");
+                assert_eq!(c.a.segments().len(), before, "{release} {k}");
+                assert_eq!(
+                    c.a.backend().counters().allocs,
+                    0,
+                    "{release} {k}: the device was never asked"
+                );
+                // One page less fits.
+                let p = c.alloc(size - 2 * MIB);
+                c.free(p);
+            }
+        }
+    }
+}
+
 #[test]
 fn empty_cache_releases_only_whole_free_segments() {
     // spec 1.13: split segments with a live block stay reserved.

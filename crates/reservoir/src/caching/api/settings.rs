@@ -46,7 +46,9 @@ impl<B: Backend> CachingAllocator<B> {
             )));
         }
         let total = self.backend.mem_info()?.total;
-        self.state.lock().acct.set_memory_fraction(fraction, total);
+        let mut state = self.state.lock();
+        let rounding = state.config.torch_release.rules().memory_fraction_rounding;
+        state.acct.set_memory_fraction(fraction, total, rounding);
         Ok(())
     }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::caching::device_reserved::DeviceReserved;
 use crate::caching::live_stats::{LiveStats, PoolStats};
+use crate::config::FractionRounding;
 use crate::stats::{DeviceStats, StatType};
 
 /// PyTorch's statistics and the driver-memory totals of one device.
@@ -109,10 +110,11 @@ impl Accounting {
         self.device_reserved = Some(gauge);
     }
 
-    /// spec 1.13: limit reserved memory to `fraction` of the device.
-    pub fn set_memory_fraction(&mut self, fraction: f64, total: u64) {
+    /// spec 1.13: limit reserved memory to `fraction` of the device, the
+    /// bytes rounded as the release does (`rounding`).
+    pub fn set_memory_fraction(&mut self, fraction: f64, total: u64, rounding: FractionRounding) {
         self.allowed_memory_maximum = if fraction < 1.0 {
-            Some((fraction * total as f64) as u64)
+            Some(rounding.allowed_bytes(fraction, total))
         } else {
             None
         };
