@@ -400,9 +400,14 @@ fn shortfall_arithmetic() {
     let segs = [segment(&[(20 * M, BlockState::ActiveAllocated)])];
     assert_eq!(shortfall(&state(&segs, 4 * M, 30 * M, &config)), 10 * M);
     assert_eq!(shortfall(&state(&segs, 4 * M, 40 * M, &config)), 0);
-    // Spec 1.13: the limit is the fraction of the device, truncated.
+    // Spec 1.13: the limit is the fraction of the device in whole bytes,
+    // truncated until torch 2.12 and the nearest byte (halves up) from 2.13.
     let half = AllocatorConfig::parse("per_process_memory_fraction:0.5").unwrap();
-    assert_eq!(limit(101, &half), 50);
+    assert_eq!(limit(101, &half), 51);
+    let half_2_12 =
+        AllocatorConfig::parse_with_policy("policy:pytorch-2.12,per_process_memory_fraction:0.5")
+            .unwrap();
+    assert_eq!(limit(101, &half_2_12), 50);
     assert_eq!(shortfall(&state(&segs, 4 * M, 60 * M, &half)), 10 * M);
     // Spec 1.11: expandable segments map whole 20 MiB pages after the free
     // tail of the stream's mapped run.

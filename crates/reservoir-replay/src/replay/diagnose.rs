@@ -213,7 +213,13 @@ pub struct OomState<'a> {
 pub fn limit(capacity: u64, config: &AllocatorConfig) -> u64 {
     let f = config.per_process_memory_fraction;
     if f < 1.0 {
-        (f * capacity as f64) as u64
+        // Whole bytes as the release makes them (truncated until 2.12,
+        // the nearest byte from 2.13: ReleaseRules::memory_fraction_rounding).
+        config
+            .torch_release
+            .rules()
+            .memory_fraction_rounding
+            .allowed_bytes(f, capacity)
     } else {
         capacity
     }
