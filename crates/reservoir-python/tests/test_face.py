@@ -23,6 +23,8 @@ import os
 import subprocess
 import sys
 
+from fakecuda import Checks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HUGE = 200 << 30
 
@@ -156,19 +158,6 @@ def run_phase(name):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise SystemExit(f"phase {name} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-
-
-class Checks:
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}")
-        else:
-            self.failed += 1
-            print(f"FAIL {name} {detail}")
 
 
 def main():

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 
+from fakecuda import EV_ALLOC, EV_CREATE, Checks, LogEntry, fake_driver
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 ORACLE = os.path.join(ROOT, "..", "shared", "oracle")
@@ -34,35 +36,13 @@ STEPS = 6
 BATCH, IN, HIDDEN, OUT = 64, 256, 512, 10
 
 
-class LogEntry(ctypes.Structure):  # struct fakecuda_log_entry (../shared/oracle/src/fakecuda.h)
-    _fields_ = [("tag", ctypes.c_longlong), ("kind", ctypes.c_int), ("result", ctypes.c_int),
-                ("api", ctypes.c_char_p), ("size", ctypes.c_ulonglong), ("addr", ctypes.c_ulonglong),
-                ("id", ctypes.c_ulonglong), ("base", ctypes.c_ulonglong), ("offset", ctypes.c_ulonglong),
-                ("handle", ctypes.c_ulonglong), ("stream", ctypes.c_ulonglong)]
-
-
-KIND_ALLOC, KIND_CREATE = 1, 5
-
-
-def fake_driver():
-    fake = ctypes.CDLL("libcudart.so.13", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-    if fake.fakecuda_is_fake() < 2:
-        raise SystemExit("not running on the fake CUDA stack (source ../shared/oracle/env.sh)")
-    fake.fakecuda_log_count.restype = ctypes.c_size_t
-    fake.fakecuda_log_get.argtypes = [ctypes.c_size_t, ctypes.POINTER(LogEntry)]
-    fake.fakecuda_sanitizer_violations.restype = ctypes.c_ulonglong
-    fake.fakecuda_sanitizer_last.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    fake.fakecuda_stream_enqueue.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return fake
-
-
 def device_allocations(fake):
     """(api, size) of every successful device allocation in the fake's log."""
     out = []
     e = LogEntry()
     for i in range(fake.fakecuda_log_count()):
         fake.fakecuda_log_get(i, ctypes.byref(e))
-        if e.kind in (KIND_ALLOC, KIND_CREATE) and e.result == 0:
+        if e.kind in (EV_ALLOC, EV_CREATE) and e.result == 0:
             out.append((e.api.decode(), e.size))
     return out
 
@@ -222,19 +202,6 @@ def run_phase(args, env=None):
         sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
         raise RuntimeError(f"phase {args} failed with exit code {r.returncode}")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-class Checks:
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}")
-        else:
-            self.failed += 1
-            print(f"FAIL {name} {detail}")
 
 
 def main():

@@ -51,6 +51,8 @@ import subprocess
 import sys
 import tempfile
 
+from fakecuda import EV_ALLOC, EV_CREATE, EV_FREE, EV_RELEASE, LogEntry, fake_driver
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 
@@ -58,14 +60,6 @@ MIB = 1 << 20
 BATCH, IN, HIDDEN, OUT = 64, 256, 512, 10
 
 
-class LogEntry(ctypes.Structure):  # struct fakecuda_log_entry (../shared/oracle/src/fakecuda.h)
-    _fields_ = [("tag", ctypes.c_longlong), ("kind", ctypes.c_int), ("result", ctypes.c_int),
-                ("api", ctypes.c_char_p), ("size", ctypes.c_ulonglong), ("addr", ctypes.c_ulonglong),
-                ("id", ctypes.c_ulonglong), ("base", ctypes.c_ulonglong), ("offset", ctypes.c_ulonglong),
-                ("handle", ctypes.c_ulonglong), ("stream", ctypes.c_ulonglong)]
-
-
-EV_ALLOC, EV_FREE, EV_CREATE, EV_RELEASE = 1, 2, 5, 6
 # The fake driver's log tags, one per section of the program.
 TAGS = ["train", "empty", "oom200", "dump", "fraction", "private", "streams", "mempool"]
 
@@ -73,19 +67,6 @@ TAGS = ["train", "empty", "oom200", "dump", "fraction", "private", "streams", "m
 # ---------------------------------------------------------------------------
 # The program (run in a subprocess: `--phase ALLOC`)
 # ---------------------------------------------------------------------------
-
-def fake_driver():
-    fake = ctypes.CDLL("libcudart.so.13", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-    if fake.fakecuda_is_fake() < 2:
-        raise SystemExit("not running on the fake CUDA stack (source ../shared/oracle/env.sh)")
-    fake.fakecuda_log_count.restype = ctypes.c_size_t
-    fake.fakecuda_log_get.argtypes = [ctypes.c_size_t, ctypes.POINTER(LogEntry)]
-    fake.fakecuda_log_set_tag.argtypes = [ctypes.c_longlong]
-    fake.fakecuda_sanitizer_violations.restype = ctypes.c_ulonglong
-    fake.fakecuda_sanitizer_last.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    fake.fakecuda_stream_enqueue.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return fake
-
 
 def device_log(fake):
     """Every device memory call of the fake's log: (section, kind, api, size, result)."""
