@@ -17,11 +17,18 @@ class LogEntry(ctypes.Structure):  # struct fakecuda_log_entry (../shared/oracle
 EV_ALLOC, EV_FREE, EV_CREATE, EV_RELEASE = 1, 2, 5, 6
 
 
-def fake_driver():
+def fake_driver(optional=False):
     """The fake driver torch loaded (libcudart.so.13), with the argument types
-    of its log and sanitizer entry points; exits when torch runs on another."""
-    fake = ctypes.CDLL("libcudart.so.13", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-    if fake.fakecuda_is_fake() < 2:
+    of its log and sanitizer entry points. When torch runs on another (a real
+    GPU): None if ``optional``, else the program exits saying so."""
+    try:
+        fake = ctypes.CDLL("libcudart.so.13", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        is_fake = fake.fakecuda_is_fake() >= 2
+    except (OSError, AttributeError):
+        is_fake = False
+    if not is_fake:
+        if optional:
+            return None
         raise SystemExit("not running on the fake CUDA stack (source ../shared/oracle/env.sh)")
     fake.fakecuda_log_count.restype = ctypes.c_size_t
     fake.fakecuda_log_get.argtypes = [ctypes.c_size_t, ctypes.POINTER(LogEntry)]
