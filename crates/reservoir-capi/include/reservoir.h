@@ -18,6 +18,12 @@
 // The number of `i64` values [`reservoir_torch_device_stats`] writes.
 #define RESERVOIR_TORCH_DEVICE_STATS_LEN 123
 
+// The number of `i64` values [`reservoir_torch_private_pool_stats`] writes
+// per private pool: the pool id's two halves, then its reserved-bytes
+// array as `aggregate, small_pool, large_pool`, each `current, peak,
+// allocated, freed`.
+#define RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN 14
+
 // What an entry point answers. `RESERVOIR_OK` is 0; every other value is
 // an error, and [`reservoir_last_error`] then holds a message naming the
 // function and the bad value.
@@ -366,6 +372,23 @@ enum ReservoirStatus reservoir_torch_delete(void *ptr);
 // # Safety
 // `out` is null or valid for `len` writes.
 enum ReservoirStatus reservoir_torch_device_stats(int32_t device, int64_t *out, uintptr_t len);
+
+// torch 2.13+'s `DeviceStats::reserved_bytes_by_private_pools` of
+// `device` (spec 1.12): one entry per private pool that ever held driver
+// memory, in pool id order, each [`RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN`]
+// values. `*count` (if `count` is not null) receives the number of pools.
+// With `out` null only the count is written; otherwise `len` must be at
+// least `count * RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN`, else the call is
+// `RESERVOIR_ERR_INVALID_ARGUMENT` naming both lengths and writes only the
+// count (ask again with a larger buffer: pools may appear between calls).
+//
+// # Safety
+// `out` is null or valid for `len` writes; `count` is null or valid for
+// one write.
+enum ReservoirStatus reservoir_torch_private_pool_stats(int32_t device,
+                                                        int64_t *out,
+                                                        uintptr_t len,
+                                                        uintptr_t *count);
 
 // torch's `resetPeakStats(device)`.
 enum ReservoirStatus reservoir_torch_reset_peak_stats(int32_t device);

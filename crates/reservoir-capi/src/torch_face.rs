@@ -197,6 +197,68 @@ pub unsafe extern "C" fn reservoir_torch_device_stats(
     })
 }
 
+/// The number of `i64` values [`reservoir_torch_private_pool_stats`] writes
+/// per private pool: the pool id's two halves, then its reserved-bytes
+/// array as `aggregate, small_pool, large_pool`, each `current, peak,
+/// allocated, freed`.
+pub const RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN: usize = 14;
+
+/// torch 2.13+'s `DeviceStats::reserved_bytes_by_private_pools` of
+/// `device` (spec 1.12): one entry per private pool that ever held driver
+/// memory, in pool id order, each [`RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN`]
+/// values. `*count` (if `count` is not null) receives the number of pools.
+/// With `out` null only the count is written; otherwise `len` must be at
+/// least `count * RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN`, else the call is
+/// `RESERVOIR_ERR_INVALID_ARGUMENT` naming both lengths and writes only the
+/// count (ask again with a larger buffer: pools may appear between calls).
+///
+/// # Safety
+/// `out` is null or valid for `len` writes; `count` is null or valid for
+/// one write.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_private_pool_stats(
+    device: i32,
+    out: *mut i64,
+    len: usize,
+    count: *mut usize,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_private_pool_stats", || {
+        let v = private_pool_stats_flat(&allocator(device)?.private_pool_reserved());
+        let pools = v.len() / RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN;
+        if !count.is_null() {
+            // SAFETY: `count` is valid for one write (caller's contract).
+            unsafe { count.write(pools) };
+        }
+        if out.is_null() {
+            return Ok(());
+        }
+        if len < v.len() {
+            return Err(Failure::invalid(format!(
+                "len {len} is less than the {} values of {pools} private pools",
+                v.len()
+            )));
+        }
+        // SAFETY: `len` >= v.len() writable values (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, v.len()) };
+        Ok(())
+    })
+}
+
+/// The flat form of [`reservoir_torch_private_pool_stats`].
+pub fn private_pool_stats_flat(
+    pools: &std::collections::BTreeMap<MempoolId, reservoir::StatArray>,
+) -> Vec<i64> {
+    let mut v = Vec::with_capacity(pools.len() * RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN);
+    for (id, array) in pools {
+        // MempoolId_t is a pair of unsigned long long; i64 carries the bits.
+        v.extend([id.0 as i64, id.1 as i64]);
+        for s in &array.0 {
+            v.extend([s.current, s.peak, s.allocated, s.freed]);
+        }
+    }
+    v
+}
+
 /// The flat form of [`reservoir_torch_device_stats`].
 pub fn device_stats_flat(s: &reservoir::DeviceStats) -> Vec<i64> {
     let mut v = Vec::with_capacity(RESERVOIR_TORCH_DEVICE_STATS_LEN);

@@ -37,6 +37,40 @@ fn stats() -> Vec<i64> {
     v
 }
 
+/// `reservoir_torch_private_pool_stats` of device 0: the values of every
+/// private pool, checking the count-only and too-short calls on the way.
+fn private_pool_stats() -> Vec<i64> {
+    let mut count = usize::MAX;
+    // SAFETY: null `out`; `count` is a live local.
+    let s = unsafe { reservoir_torch_private_pool_stats(0, std::ptr::null_mut(), 0, &mut count) };
+    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
+    let n = count * RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN;
+    if n > 0 {
+        let mut short = vec![7i64; n - 1];
+        // SAFETY: `short` holds n - 1 values.
+        let s = unsafe {
+            reservoir_torch_private_pool_stats(0, short.as_mut_ptr(), short.len(), &mut count)
+        };
+        assert_eq!(s, ReservoirStatus::RESERVOIR_ERR_INVALID_ARGUMENT);
+        assert!(
+            last_error().contains(&format!("len {}", n - 1)),
+            "{}",
+            last_error()
+        );
+        assert!(
+            short.iter().all(|&x| x == 7),
+            "a refused call writes nothing"
+        );
+    }
+    let mut v = vec![0i64; n];
+    // SAFETY: `v` holds n values; null count.
+    let s = unsafe {
+        reservoir_torch_private_pool_stats(0, v.as_mut_ptr(), v.len(), std::ptr::null_mut())
+    };
+    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
+    v
+}
+
 fn malloc(size: usize) -> (ReservoirStatus, *mut c_void, String) {
     let mut out = std::ptr::null_mut();
     let mut msg = vec![0u8; 4096];
@@ -304,6 +338,13 @@ fn torch_face_entry_points_on_the_cuda_driver() {
             .any(|l| l.starts_with("S ") && l.contains(" 1 2 ")),
         "{t}"
     );
+    // torch 2.13+'s reserved_bytes_by_private_pools (spec 1.12): pool (1, 2)
+    // holds one 2 MiB small-pool segment.
+    const TWO: i64 = 2 << 20;
+    assert_eq!(
+        private_pool_stats(),
+        [1, 2, TWO, TWO, TWO, 0, TWO, TWO, TWO, 0, 0, 0, 0, 0]
+    );
     // Releasing an unknown pool is refused, changing nothing.
     let before = stats();
     assert_ne!(
@@ -328,6 +369,11 @@ fn torch_face_entry_points_on_the_cuda_driver() {
         ReservoirStatus::RESERVOIR_OK
     );
     invariants();
+    // The released pool keeps its entry: current 0, peak and totals kept.
+    assert_eq!(
+        private_pool_stats(),
+        [1, 2, 0, TWO, TWO, TWO, 0, TWO, TWO, TWO, 0, 0, 0, 0]
+    );
 
     // A trace tracker sees every entry, history off.
     static SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -128,11 +128,13 @@ impl StatArray {
         self.0[pool as usize].decrease(amount);
     }
 
-    fn reset_accumulated(&mut self) {
+    /// Zero the lifetime totals of the three stats.
+    pub fn reset_accumulated(&mut self) {
         self.0.iter_mut().for_each(Stat::reset_accumulated);
     }
 
-    fn reset_peak(&mut self) {
+    /// Set the three peaks to their current values.
+    pub fn reset_peak(&mut self) {
         self.0.iter_mut().for_each(Stat::reset_peak);
     }
 }
@@ -375,6 +377,28 @@ impl DeviceStats {
         out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         out.into_iter().collect()
     }
+}
+
+/// Add the `memory_stats()` keys of PyTorch's
+/// `reserved_bytes_by_private_pools` (torch 2.13+, spec 1.12) to `flat`:
+/// `reserved_bytes_by_private_pools.<a>_<b>.{all,small_pool,large_pool}.{current,peak,allocated,freed}`
+/// for each pool id `(a, b)` (torch flattens the tuple key with `_`).
+pub fn put_private_pool_reserved<'a>(
+    flat: &mut BTreeMap<String, i64>,
+    pools: impl IntoIterator<Item = (&'a crate::ids::MempoolId, &'a StatArray)>,
+) {
+    let mut out = Vec::new();
+    for (id, array) in pools {
+        let pool = format!("{}_{}", id.0, id.1);
+        for t in StatType::ALL {
+            put_stat(
+                &mut out,
+                &["reserved_bytes_by_private_pools.", &pool, ".", t.name()],
+                array.get(t),
+            );
+        }
+    }
+    flat.extend(out);
 }
 
 /// Push the four fields of `s` under the key made of `prefix`'s parts.

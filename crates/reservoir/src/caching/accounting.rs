@@ -38,15 +38,17 @@ impl DeviceState {
 
     /// A new segment of `size` bytes from the driver (or seeded): reserved
     /// memory and the segment counts (spec 1.12).
-    pub(crate) fn note_segment_allocated(&mut self, size: u64, st: StatType) {
+    pub(crate) fn note_segment_allocated(&mut self, size: u64, pool: PoolId) {
+        let (st, owner) = (self.stat_type(pool), self.owner(pool));
         self.acct
-            .segment_allocated(st, size, self.config.max_split_size);
+            .segment_allocated(st, owner, size, self.config.max_split_size);
     }
 
     /// A segment of `size` bytes given back to the driver (the caller counts
     /// `num_device_free` before tracing it).
-    pub(super) fn note_segment_released(&mut self, size: u64, st: StatType) {
+    pub(super) fn note_segment_released(&mut self, size: u64, pool: PoolId) {
+        let (st, owner) = (self.stat_type(pool), self.owner(pool));
         self.acct
-            .segment_released(st, size, self.config.max_split_size);
+            .segment_released(st, owner, size, self.config.max_split_size);
     }
 }

@@ -54,6 +54,7 @@ impl DeviceState {
         self.check_layout_summary()?;
         let recount = self.recount_segments()?;
         self.check_membership(&recount)?;
+        self.check_private_pool_reserved(&recount.private_reserved)?;
         self.check_stats(&recount.stats)
     }
 
@@ -92,11 +93,18 @@ impl DeviceState {
     ) -> Result<(), InvariantViolation> {
         let st = StatType::for_pool(self.pools[seg.pool as usize].is_small());
         let expandable = seg.expandable.as_deref();
+        let owner = self.owner(seg.pool);
         if expandable.is_none() {
             // Expandable segments never count as segments (spec 1.11).
             r.stats.segment.increase(st, 1);
             r.stats.reserved_bytes.increase(st, seg.size);
             r.reserved += seg.size;
+            if let Some(id) = owner {
+                r.private_reserved
+                    .entry(id)
+                    .or_default()
+                    .increase(st, seg.size);
+            }
         }
         // (free, mapped) of the previous block, to find unmerged neighbours.
         let mut prev_free: Option<bool> = None;
@@ -113,6 +121,12 @@ impl DeviceState {
                 if b.mapped {
                     r.stats.reserved_bytes.increase(st, b.size);
                     r.reserved += b.size;
+                    if let Some(id) = owner {
+                        r.private_reserved
+                            .entry(id)
+                            .or_default()
+                            .increase(st, b.size);
+                    }
                 }
             } else {
                 ensure!(
@@ -266,6 +280,46 @@ impl DeviceState {
         Ok(())
     }
 
+    /// `reserved_bytes_by_private_pools` equals a recount of each private
+    /// pool's segments: every pool holding memory has an entry, and each
+    /// entry's current values (0 for a pool with none left) are the
+    /// recount's; peaks at least the current values.
+    fn check_private_pool_reserved(
+        &self,
+        recount: &std::collections::BTreeMap<crate::ids::MempoolId, StatArray>,
+    ) -> Result<(), InvariantViolation> {
+        let have = self.acct.private_pool_reserved();
+        for id in recount.keys() {
+            ensure!(
+                have.contains_key(id),
+                "private pool {id:?} holds driver memory but has no reserved_bytes_by_private_pools entry"
+            );
+        }
+        let zero = StatArray::default();
+        for (id, array) in have {
+            let want = recount.get(id).unwrap_or(&zero);
+            for t in StatType::ALL {
+                ensure!(
+                    array.get(t).current == want.get(t).current,
+                    "reserved_bytes_by_private_pools.{}_{}.{}.current is {} but a recount gives {}",
+                    id.0,
+                    id.1,
+                    t.name(),
+                    array.get(t).current,
+                    want.get(t).current
+                );
+                ensure!(
+                    array.get(t).peak >= array.get(t).current,
+                    "reserved_bytes_by_private_pools.{}_{}.{}.peak below current",
+                    id.0,
+                    id.1,
+                    t.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The statistics equal the recount (current values; peaks at least
     /// the current values; the oversize counters unless `max_split_size`
     /// changed at run time).
@@ -333,6 +387,8 @@ impl DeviceState {
 #[derive(Default)]
 struct Recount {
     stats: DeviceStats,
+    /// Reserved bytes of each private pool's live segments.
+    private_reserved: std::collections::BTreeMap<crate::ids::MempoolId, StatArray>,
     /// Bytes the segments hold from the driver.
     reserved: u64,
     /// Free mapped blocks (each must be in its pool).

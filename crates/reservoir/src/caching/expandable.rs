@@ -177,7 +177,8 @@ impl DeviceState {
         self.try_merge_blocks(id, next);
         self.insert_into_pool(id);
         let st = self.stat_type(pool);
-        self.acct.pages_mapped(st, mapped, 1);
+        let owner = self.owner(pool);
+        self.acct.pages_mapped(st, owner, mapped, 1);
         self.record_trace(TraceAction::SegmentMap, addr, mapped, stream, pool, id);
         Ok(true)
     }
@@ -283,7 +284,8 @@ impl DeviceState {
         self.insert_into_unmapped(id);
         self.count_private_malloc(pool, false);
         let st = self.stat_type(pool);
-        self.acct.pages_unmapped(st, unmapped_size);
+        let owner = self.owner(pool);
+        self.acct.pages_unmapped(st, owner, unmapped_size);
         self.record_trace(
             TraceAction::SegmentUnmap,
             unmapped_addr,

@@ -277,7 +277,7 @@ impl DeviceState {
             .new_block(ptr.0, size, p.stream, p.pool, seg, true, false);
         self.store.segments[seg].head = id;
         p.block = id;
-        self.note_segment_allocated(size, p.stat_type);
+        self.note_segment_allocated(size, p.pool);
         self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
         Ok(true)
     }

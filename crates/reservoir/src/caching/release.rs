@@ -282,7 +282,7 @@ impl DeviceState {
         self.acct.device_free();
         self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
         self.count_private_malloc(pool, false);
-        self.note_segment_released(size, self.stat_type(pool));
+        self.note_segment_released(size, pool);
         self.remove_from_pool(id);
         self.release_block_slot(id);
         self.store.remove_segment(seg);

@@ -172,7 +172,7 @@ impl<B: Backend> Seeder<'_, B> {
             head: NIL,
             live: true,
         });
-        st.note_segment_allocated(seg.size, stat);
+        st.note_segment_allocated(seg.size, pool);
 
         // The tiling, in address order: (offset, size, Some(requested) if
         // allocated). The segment is split unless one tile covers it.
@@ -354,8 +354,9 @@ impl<B: Backend> Seeder<'_, B> {
             live: true,
         });
         let mapped_total: u64 = mapped.iter().map(|r| r.1).sum();
+        let owner = st.owner(pool);
         st.acct
-            .pages_mapped(stat, mapped_total, mapped.len() as i64);
+            .pages_mapped(stat, owner, mapped_total, mapped.len() as i64);
 
         let tiles = expandable_tiles(&mapped, &blocks, space);
         let mut prev = NIL;

@@ -400,7 +400,30 @@ impl<B: Backend> StreamShards<B> {
     /// of the PyTorch release of the configuration
     /// ([`ReleaseRules::missing_stat_keys`](crate::config::ReleaseRules::missing_stat_keys)).
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
-        self.stats().to_flat_of(self.config.torch_release)
+        let release = self.config.torch_release;
+        let mut flat = self.stats().to_flat_of(release);
+        if release.rules().stat_reserved_bytes_by_private_pools {
+            crate::stats::put_private_pool_reserved(&mut flat, &self.private_pool_reserved());
+        }
+        flat
+    }
+
+    /// The reserved bytes of each private pool, summed over the shards
+    /// (peaks add up: an upper bound, exact with one stream; see
+    /// [`CachingAllocator::private_pool_reserved`](crate::CachingAllocator::private_pool_reserved)).
+    pub fn private_pool_reserved(
+        &self,
+    ) -> BTreeMap<crate::ids::MempoolId, crate::stats::StatArray> {
+        let mut total: BTreeMap<crate::ids::MempoolId, crate::stats::StatArray> = BTreeMap::new();
+        for shard in self.shards() {
+            for (id, array) in shard.alloc.private_pool_reserved() {
+                let sum = total.entry(id).or_default();
+                for (t, s) in sum.0.iter_mut().zip(&array.0) {
+                    t.add(s);
+                }
+            }
+        }
+        total
     }
 
     /// Set every shard's peaks to their current values.

@@ -213,6 +213,13 @@ pub struct ReleaseRules {
     /// `memory_stats()` has the key `num_oom_rejections` (torch 2.12 and
     /// later).
     pub stat_num_oom_rejections: bool,
+    /// `memory_stats()` has the keys
+    /// `reserved_bytes_by_private_pools.<id>.<pool>.<field>`, 12 per
+    /// private pool that ever held driver memory (torch 2.13 and later:
+    /// `DeviceStats::reserved_bytes_by_private_pools` in
+    /// `c10/core/CachingDeviceAllocator.h`; absent from the 2.11 and 2.12
+    /// headers).
+    pub stat_reserved_bytes_by_private_pools: bool,
     /// The settings keys `expandable_segments_reserve` and
     /// `expandable_segments_reserve_by_class` exist (torch 2.15); before,
     /// they are unknown keys (`Unrecognized key
@@ -286,6 +293,7 @@ impl ReleaseRules {
                 V2_15 => ExpandableOomAdvice::VirtualAddressSpace,
             },
             stat_num_oom_rejections: !matches!(release, V2_11),
+            stat_reserved_bytes_by_private_pools: !matches!(release, V2_11 | V2_12),
             expandable_segments_reserve_keys: matches!(release, V2_15),
             pinned_cache_limit_keys: !matches!(release, V2_11 | V2_12),
             throw_on_cudamalloc_oom_keys: !matches!(release, V2_11),

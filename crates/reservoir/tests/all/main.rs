@@ -11,6 +11,7 @@ mod model;
 mod observe;
 mod policy_reservoir;
 mod pools;
+mod private_pool_stats;
 mod registry;
 mod rules;
 mod shards;

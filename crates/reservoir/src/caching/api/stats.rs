@@ -7,7 +7,8 @@ use super::super::device_reserved::DeviceReserved;
 use super::super::CachingAllocator;
 use crate::backend::{Backend, MemInfo};
 use crate::error::AllocError;
-use crate::stats::DeviceStats;
+use crate::ids::MempoolId;
+use crate::stats::{DeviceStats, StatArray};
 
 /// Statistics: `torch.cuda.memory_stats()` and its resets, the
 /// device's free and total memory.
@@ -20,9 +21,25 @@ impl<B: Backend> CachingAllocator<B> {
     /// The statistics as `torch.cuda.memory_stats()` keys: the keys of the
     /// PyTorch release of the configuration
     /// ([`ReleaseRules::missing_stat_keys`](crate::config::ReleaseRules::missing_stat_keys)).
+    ///
+    /// From torch 2.13 on this includes `reserved_bytes_by_private_pools`
+    /// ([`private_pool_reserved`](Self::private_pool_reserved)).
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
         let state = self.state.lock();
-        state.acct.snapshot().to_flat_of(state.config.torch_release)
+        let release = state.config.torch_release;
+        let mut flat = state.acct.snapshot().to_flat_of(release);
+        if release.rules().stat_reserved_bytes_by_private_pools {
+            crate::stats::put_private_pool_reserved(&mut flat, state.acct.private_pool_reserved());
+        }
+        flat
+    }
+
+    /// The reserved bytes of each private pool that ever held driver
+    /// memory, by pool id: PyTorch's `DeviceStats::reserved_bytes_by_private_pools`
+    /// (spec 1.12). A pool's entry stays after its memory is released
+    /// (current 0, peak and totals kept until reset).
+    pub fn private_pool_reserved(&self) -> BTreeMap<MempoolId, StatArray> {
+        self.state.lock().acct.private_pool_reserved().clone()
     }
 
     /// Blocks handed out to a stream from another stream's cache by the

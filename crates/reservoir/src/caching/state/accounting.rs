@@ -9,12 +9,14 @@
 //! move together always do; `check.rs` recounts them after every operation
 //! in tests.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::caching::device_reserved::DeviceReserved;
 use crate::caching::live_stats::{LiveStats, PoolStats};
 use crate::config::FractionRounding;
-use crate::stats::{DeviceStats, StatType};
+use crate::ids::MempoolId;
+use crate::stats::{DeviceStats, StatArray, StatType};
 
 /// PyTorch's statistics and the driver-memory totals of one device.
 pub(crate) struct Accounting {
@@ -34,6 +36,14 @@ pub(crate) struct Accounting {
     /// `max_split_size` changed at run time: the oversize counters then mix
     /// two thresholds (as in PyTorch) and cannot be recounted.
     max_split_changed: bool,
+    /// PyTorch's `DeviceStats::reserved_bytes_by_private_pools` (torch
+    /// 2.13+, spec 1.12): the reserved bytes of each private pool, moved
+    /// with `reserved_bytes` by every segment and page of that pool. An
+    /// entry appears with the pool's first driver memory and is never
+    /// removed (a released pool keeps its peak and totals, current 0).
+    /// Invariant: each entry's current values equal a recount of the
+    /// pool's segments.
+    private_reserved: BTreeMap<MempoolId, StatArray>,
 }
 
 /// Apply a net change as one increase or decrease, as PyTorch does (so the
@@ -57,6 +67,27 @@ impl Accounting {
             allowed_memory_maximum: None,
             device_reserved: None,
             max_split_changed: false,
+            private_reserved: BTreeMap::new(),
+        }
+    }
+
+    /// The reserved bytes of each private pool that ever held driver
+    /// memory (PyTorch's `reserved_bytes_by_private_pools`), by pool id.
+    pub fn private_pool_reserved(&self) -> &BTreeMap<MempoolId, StatArray> {
+        &self.private_reserved
+    }
+
+    /// Reserved memory of private pool `owner` (none for a global pool)
+    /// changed by `delta` bytes.
+    #[inline]
+    fn private_reserved_changed(&mut self, owner: Option<MempoolId>, st: StatType, delta: i64) {
+        if let Some(id) = owner {
+            let array = self.private_reserved.entry(id).or_default();
+            if delta >= 0 {
+                array.increase(st, delta as u64);
+            } else {
+                array.decrease(st, delta.unsigned_abs());
+            }
         }
     }
 
@@ -176,7 +207,13 @@ impl Accounting {
 
     /// A new segment of `size` bytes from the driver (or seeded): reserved
     /// memory and the segment counts (spec 1.12).
-    pub fn segment_allocated(&mut self, st: StatType, size: u64, max_split_size: u64) {
+    pub fn segment_allocated(
+        &mut self,
+        st: StatType,
+        owner: Option<MempoolId>,
+        size: u64,
+        max_split_size: u64,
+    ) {
         self.total_allocated_memory += size;
         let s = &mut self.stats;
         s.segment.increase(st, 1);
@@ -186,11 +223,18 @@ impl Accounting {
         }
         s.num_device_alloc += 1;
         self.device_reserved_changed(st, size as i64);
+        self.private_reserved_changed(owner, st, size as i64);
     }
 
     /// A segment of `size` bytes given back to the driver (counted in
     /// `num_device_free` by [`device_free`](Self::device_free)).
-    pub fn segment_released(&mut self, st: StatType, size: u64, max_split_size: u64) {
+    pub fn segment_released(
+        &mut self,
+        st: StatType,
+        owner: Option<MempoolId>,
+        size: u64,
+        max_split_size: u64,
+    ) {
         self.total_allocated_memory -= size;
         let s = &mut self.stats;
         s.segment.decrease(st, 1);
@@ -199,23 +243,26 @@ impl Accounting {
             s.oversize_segments.decrease(1);
         }
         self.device_reserved_changed(st, -(size as i64));
+        self.private_reserved_changed(owner, st, -(size as i64));
     }
 
     /// `bytes` of expandable-segment pages mapped by `calls` driver calls
     /// (spec 1.11).
-    pub fn pages_mapped(&mut self, st: StatType, bytes: u64, calls: i64) {
+    pub fn pages_mapped(&mut self, st: StatType, owner: Option<MempoolId>, bytes: u64, calls: i64) {
         self.total_allocated_memory += bytes;
         self.stats.reserved_bytes.increase(st, bytes);
         self.device_reserved_changed(st, bytes as i64);
+        self.private_reserved_changed(owner, st, bytes as i64);
         self.stats.num_device_alloc += calls;
     }
 
     /// `bytes` of expandable-segment pages unmapped by one driver call
     /// (spec 1.11).
-    pub fn pages_unmapped(&mut self, st: StatType, bytes: u64) {
+    pub fn pages_unmapped(&mut self, st: StatType, owner: Option<MempoolId>, bytes: u64) {
         self.total_allocated_memory -= bytes;
         self.stats.reserved_bytes.decrease(st, bytes);
         self.device_reserved_changed(st, -(bytes as i64));
+        self.private_reserved_changed(owner, st, -(bytes as i64));
         self.stats.num_device_free += 1;
     }
 
@@ -242,11 +289,17 @@ impl Accounting {
     /// PyTorch's `resetAccumulatedStats`.
     pub fn reset_accumulated(&mut self) {
         self.stats.reset_accumulated();
+        self.private_reserved
+            .values_mut()
+            .for_each(StatArray::reset_accumulated);
     }
 
     /// PyTorch's `resetPeakStats`.
     pub fn reset_peak(&mut self) {
         self.stats.reset_peak();
+        self.private_reserved
+            .values_mut()
+            .for_each(StatArray::reset_peak);
     }
 
     /// Tell the device-wide reserved gauge that stream shards share (none

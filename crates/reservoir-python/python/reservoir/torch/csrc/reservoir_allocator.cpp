@@ -46,6 +46,7 @@
 // each checked by compiling this file against that version's headers:
 //   2.12+: attachOomRejectionObserver (pure virtual), DeviceStats::num_oom_rejections;
 //   2.13+: AllocatorConfigInfo::max_round_threshold / max_cached_size;
+//          DeviceStats::reserved_bytes_by_private_pools (reservoir_torch_private_pool_stats);
 //          markCaptureBegin/End (defaults kept: nothing to do for Reservoir);
 //   2.14+: SnapshotInfo::host_segments / host_traces (left empty: no host memory);
 //   2.15:  supportsUserMetadata / annotateMemory / allocateWithAddress /
@@ -72,6 +73,7 @@ struct ReservoirTorchOom {
 constexpr int kOk = 0;
 constexpr int kOutOfMemory = 6;
 constexpr size_t kStatsLen = 123;
+constexpr size_t kPrivatePoolStatsLen = 14;
 
 using StreamFilter = bool (*)(void*, void*);
 using FilterDrop = void (*)(void*);
@@ -88,6 +90,7 @@ struct Api {
   int (*malloc)(size_t, int32_t, void*, void**, ReservoirTorchOom*);
   int (*del)(void*);
   int (*device_stats)(int32_t, int64_t*, size_t);
+  int (*private_pool_stats)(int32_t, int64_t*, size_t, size_t*);
   int (*reset_peak)(int32_t);
   int (*reset_accumulated)(int32_t);
   int (*empty_cache_pool)(uint64_t, uint64_t);
@@ -135,6 +138,7 @@ void load_api(const std::string& path) {
   resolve(lib, "reservoir_torch_malloc", api.malloc);
   resolve(lib, "reservoir_torch_delete", api.del);
   resolve(lib, "reservoir_torch_device_stats", api.device_stats);
+  resolve(lib, "reservoir_torch_private_pool_stats", api.private_pool_stats);
   resolve(lib, "reservoir_torch_reset_peak_stats", api.reset_peak);
   resolve(lib, "reservoir_torch_reset_accumulated_stats", api.reset_accumulated);
   resolve(lib, "reservoir_torch_empty_cache_pool", api.empty_cache_pool);
@@ -361,6 +365,31 @@ class ReservoirAllocator final : public CUDAAllocator {
 #endif
     i++;
     s.max_split_size = v[i++];
+#if RESERVOIR_TORCH_AT_LEAST(13)
+    // One entry per private pool that ever held memory (spec 1.12). Pools
+    // may appear between the count and the copy: ask again, larger.
+    std::vector<int64_t> p;
+    size_t pools = 0;
+    check(api.private_pool_stats(device, nullptr, 0, &pools));
+    for (;;) {
+      p.assign((pools + 4) * kPrivatePoolStatsLen, 0);
+      int status = api.private_pool_stats(device, p.data(), p.size(), &pools);
+      if (status == kOk) break;
+      if (pools * kPrivatePoolStatsLen <= p.size()) check(status);
+    }
+    for (size_t k = 0; k < pools; k++) {
+      i = k * kPrivatePoolStatsLen;
+      c10::MempoolId_t id{static_cast<c10::CaptureId_t>(p[i]),
+                          static_cast<c10::CaptureId_t>(p[i + 1])};
+      i += 2;
+      for (auto& st : s.reserved_bytes_by_private_pools[id]) {
+        st.current = p[i++];
+        st.peak = p[i++];
+        st.allocated = p[i++];
+        st.freed = p[i++];
+      }
+    }
+#endif
     return s;
   }
 
