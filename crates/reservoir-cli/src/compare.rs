@@ -521,22 +521,8 @@ fn rows_table(rows: &[CompareRow], limits: &CompareLimits<'_>) -> String {
             ]);
         }
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| cells.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
     let mut out = String::new();
-    for row in &cells {
-        for (c, (cell, w)) in row.iter().zip(&widths).enumerate() {
-            if c < 2 {
-                let _ = write!(out, "{cell:w$}  ");
-            } else {
-                let _ = write!(out, "{cell:>w$}  ");
-            }
-        }
-        let trimmed = out.trim_end().len();
-        out.truncate(trimmed);
-        out.push('\n');
-    }
+    crate::table::write_aligned(&mut out, &cells, 2);
     out
 }
 

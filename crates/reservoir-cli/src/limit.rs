@@ -301,20 +301,7 @@ impl CompareLimits<'_> {
              allocations (requests rounded up to 512 bytes; exact: proven optimal, else \
              heuristic with its gap to the lower bound)\n",
         );
-        let widths: Vec<usize> = (0..5)
-            .map(|c| cells.iter().map(|r| r[c].len()).max().unwrap_or(0))
-            .collect();
-        for row in &cells {
-            let mut line = String::new();
-            for (c, (cell, w)) in row.iter().zip(&widths).enumerate() {
-                if c == 0 {
-                    let _ = write!(line, "{cell:w$}  ");
-                } else {
-                    let _ = write!(line, "{cell:>w$}  ");
-                }
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        crate::table::write_aligned(&mut out, &cells, 1);
         let summary = self.summary();
         let _ = writeln!(
             out,

@@ -208,20 +208,7 @@ pub(crate) fn text(jobs: &[Job]) -> String {
                 .map_or_else(|| "-".to_string(), |r| r.to_string())
         }));
         cells.push(worst);
-        let widths: Vec<usize> = (0..cells[0].len())
-            .map(|c| cells.iter().map(|r| r[c].len()).max().unwrap_or(0))
-            .collect();
-        for row in &cells {
-            let mut line = String::new();
-            for (c, (cell, w)) in row.iter().zip(&widths).enumerate() {
-                if c == 0 {
-                    let _ = write!(line, "{cell:w$}  ");
-                } else {
-                    let _ = write!(line, "{cell:>w$}  ");
-                }
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        crate::table::write_aligned(&mut out, &cells, 1);
     }
     out
 }

@@ -5,6 +5,34 @@ use std::fmt::Write as _;
 use reservoir::format::format_size;
 use reservoir_replay::replay::ReplayReport;
 
+/// Appends `cells` to `out` as aligned text columns, two spaces apart: the
+/// first `left` columns left-aligned, the rest right-aligned; each line
+/// without trailing spaces.
+pub fn write_aligned<R: AsRef<[String]>>(out: &mut String, cells: &[R], left: usize) {
+    let columns = cells.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            cells
+                .iter()
+                .filter_map(|r| r.as_ref().get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in cells {
+        let mut line = String::new();
+        for (c, (cell, w)) in row.as_ref().iter().zip(&widths).enumerate() {
+            if c < left {
+                let _ = write!(line, "{cell:w$}  ");
+            } else {
+                let _ = write!(line, "{cell:>w$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
 /// A duration in nanoseconds, with a unit that keeps 3-4 significant digits.
 pub fn format_ns(ns: f64) -> String {
     if ns < 1e3 {
