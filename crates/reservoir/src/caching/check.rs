@@ -23,6 +23,30 @@ macro_rules! ensure {
     };
 }
 
+/// One statistic `name` (a `StatArray`) against its recount: each pool
+/// type's current value equal, its peak at least the current value.
+fn check_stat_array(
+    name: &str,
+    have: &StatArray,
+    want: &StatArray,
+) -> Result<(), InvariantViolation> {
+    for t in StatType::ALL {
+        ensure!(
+            have.get(t).current == want.get(t).current,
+            "{name}.{}.current is {} but a recount gives {}",
+            t.name(),
+            have.get(t).current,
+            want.get(t).current
+        );
+        ensure!(
+            have.get(t).peak >= have.get(t).current,
+            "{name}.{}.peak below current",
+            t.name()
+        );
+    }
+    Ok(())
+}
+
 impl DeviceState {
     pub(crate) fn block_state(&self, id: BlockId) -> BlockState {
         let b = &self.store.blocks[id];
@@ -298,24 +322,8 @@ impl DeviceState {
         let zero = StatArray::default();
         for (id, array) in have {
             let want = recount.get(id).unwrap_or(&zero);
-            for t in StatType::ALL {
-                ensure!(
-                    array.get(t).current == want.get(t).current,
-                    "reserved_bytes_by_private_pools.{}_{}.{}.current is {} but a recount gives {}",
-                    id.0,
-                    id.1,
-                    t.name(),
-                    array.get(t).current,
-                    want.get(t).current
-                );
-                ensure!(
-                    array.get(t).peak >= array.get(t).current,
-                    "reserved_bytes_by_private_pools.{}_{}.{}.peak below current",
-                    id.0,
-                    id.1,
-                    t.name()
-                );
-            }
+            let name = format!("reserved_bytes_by_private_pools.{}_{}", id.0, id.1);
+            check_stat_array(&name, array, want)?;
         }
         Ok(())
     }
@@ -349,20 +357,7 @@ impl DeviceState {
             ),
         ];
         for (name, have, want) in pairs {
-            for t in StatType::ALL {
-                ensure!(
-                    have.get(t).current == want.get(t).current,
-                    "{name}.{}.current is {} but a recount gives {}",
-                    t.name(),
-                    have.get(t).current,
-                    want.get(t).current
-                );
-                ensure!(
-                    have.get(t).peak >= have.get(t).current,
-                    "{name}.{}.peak below current",
-                    t.name()
-                );
-            }
+            check_stat_array(name, have, want)?;
         }
         if self.acct.max_split_changed() {
             return Ok(());
