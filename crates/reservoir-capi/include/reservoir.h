@@ -280,6 +280,13 @@ const char *reservoir_last_error(void);
 // string; `"RESERVOIR_UNKNOWN_STATUS"` for a value that is no status.
 const char *reservoir_status_name(int32_t status);
 
+// [`torch_set_allocator_settings`] from C (the C++ face calls it from
+// torch's settings hook): `settings` is a NUL-terminated UTF-8 string.
+//
+// # Safety
+// `settings` is null or a NUL-terminated string.
+enum ReservoirStatus reservoir_torch_set_allocator_settings(const char *settings);
+
 // PyTorch's pluggable `alloc(size, device, stream)`: `size` bytes on CUDA
 // device `device` for `stream` (a `cudaStream_t`; null is the default
 // stream). Returns null on error (message in `reservoir_last_error`) and

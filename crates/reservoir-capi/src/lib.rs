@@ -92,8 +92,9 @@ pub use error::{
 pub use handle::ReservoirAllocator;
 pub use torch::{
     reservoir_alloc, reservoir_free, reservoir_torch_configure, reservoir_torch_empty_cache,
-    reservoir_torch_record_stream, reservoir_torch_stat, torch_configure, with_torch_allocator,
-    TorchAllocator, RESERVOIR_ALLOC_CONF,
+    reservoir_torch_record_stream, reservoir_torch_set_allocator_settings, reservoir_torch_stat,
+    torch_configure, torch_set_allocator_settings, with_torch_allocator, TorchAllocator,
+    RESERVOIR_ALLOC_CONF,
 };
 pub use torch_face::{
     device_stats_flat, reservoir_torch_attach_trace_tracker, reservoir_torch_base_allocation,

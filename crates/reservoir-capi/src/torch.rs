@@ -110,8 +110,15 @@ pub(crate) fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
             RESERVOIR_ALLOC_CONF,
         ),
     };
-    let config = parse_config(conf.as_deref())
+    let mut config = parse_config(conf.as_deref())
         .map_err(|f| Failure::new(f.status, format!("{source}: {}", f.message)))?;
+    // The run-time settings given so far apply to a device built later, as
+    // torch's settings are process-wide.
+    for s in RUNTIME_SETTINGS.lock().iter() {
+        config
+            .apply_runtime(s)
+            .map_err(|e| runtime_settings_failure(s, &e))?;
+    }
     let dev = CudaDevice::new(device).map_err(|e| {
         Failure::new(
             RESERVOIR_ERR_BACKEND_UNAVAILABLE,
@@ -131,6 +138,76 @@ pub(crate) fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     devices[index] = Some(a.clone());
     tracing::info!(target: "reservoir::capi", device, conf = conf.as_deref(), "Reservoir allocator built");
     Ok(a)
+}
+
+/// The strings of [`torch_set_allocator_settings`] applied so far, in
+/// order: a device built later applies them after its configuration.
+static RUNTIME_SETTINGS: parking_lot::Mutex<Vec<String>> = parking_lot::const_mutex(Vec::new());
+
+fn runtime_settings_failure(s: &str, e: &reservoir::config::ConfigError) -> Failure {
+    let quoted = reservoir::config::quote_window(s, e.offset().unwrap_or(0));
+    Failure::new(
+        crate::error::RESERVOIR_ERR_INVALID_CONFIG,
+        format!("_set_allocator_settings({quoted:?}): {e}; no setting was changed"),
+    )
+}
+
+/// torch's `_set_allocator_settings(s)` (spec 1.17, run-time changes):
+/// every device's settings take `s` by PyTorch's run-time rules
+/// ([`reservoir::config::AllocatorConfig::apply_runtime`]: some keys reset
+/// to their defaults first, the rest keep their values), and so does every
+/// device built later. All or nothing: a string any device refuses is
+/// `RESERVOIR_ERR_INVALID_CONFIG` naming it, and changes nothing.
+pub fn torch_set_allocator_settings(s: &str) -> Result<(), Failure> {
+    let devices = DEVICES.write();
+    let mut runtime = RUNTIME_SETTINGS.lock();
+    let mut next = Vec::new();
+    for a in devices.iter().flatten() {
+        let mut c = a.config();
+        c.apply_runtime(s)
+            .map_err(|e| runtime_settings_failure(s, &e))?;
+        next.push((a, c));
+    }
+    if next.is_empty() {
+        // Checked now, not when the first device is built.
+        let conf = CONFIGURED
+            .lock()
+            .clone()
+            .or_else(|| std::env::var(RESERVOIR_ALLOC_CONF).ok());
+        let mut c = parse_config(conf.as_deref())?;
+        for earlier in runtime.iter() {
+            c.apply_runtime(earlier)
+                .map_err(|e| runtime_settings_failure(earlier, &e))?;
+        }
+        c.apply_runtime(s)
+            .map_err(|e| runtime_settings_failure(s, &e))?;
+    }
+    for (a, c) in next {
+        a.set_config(c);
+    }
+    runtime.push(s.to_owned());
+    Ok(())
+}
+
+/// [`torch_set_allocator_settings`] from C (the C++ face calls it from
+/// torch's settings hook): `settings` is a NUL-terminated UTF-8 string.
+///
+/// # Safety
+/// `settings` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_set_allocator_settings(
+    settings: *const c_char,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_set_allocator_settings", || {
+        if settings.is_null() {
+            return Err(Failure::invalid("settings is null"));
+        }
+        // SAFETY: non-null and NUL-terminated (caller's contract).
+        let s = unsafe { CStr::from_ptr(settings) }
+            .to_str()
+            .map_err(|e| Failure::invalid(format!("settings are not UTF-8: {e}")))?;
+        torch_set_allocator_settings(s)
+    })
 }
 
 /// The history setting of `reservoir_torch_record_history`, given to
@@ -385,7 +462,7 @@ pub unsafe extern "C" fn reservoir_torch_record_stream(
             .read()
             .iter()
             .flatten()
-            .find(|a| a.base_allocation(p).is_ok())
+            .find(|a| a.is_allocated(p))
             .cloned()
             .ok_or_else(|| {
                 Failure::new(

@@ -391,15 +391,20 @@ pub unsafe extern "C" fn reservoir_torch_base_allocation(
             return Err(Failure::invalid("base or size is null"));
         }
         let p = DevicePtr(ptr as usize as u64);
-        let (b, s) = built_allocators()
-            .iter()
-            .find_map(|a| a.base_allocation(p).ok())
+        let owner = built_allocators()
+            .into_iter()
+            .find(|a| a.is_allocated(p))
             .ok_or_else(|| {
                 Failure::new(
                     RESERVOIR_ERR_INVALID_POINTER,
                     format!("ptr {ptr:p} is not a live block handed out by Reservoir"),
                 )
             })?;
+        // An expandable segment's block is live but has no base allocation:
+        // PyTorch's error (it cannot be shared between processes).
+        let (b, s) = owner
+            .base_allocation(p)
+            .map_err(|e| Failure::context(e, format_args!("ptr {ptr:p}")))?;
         // SAFETY: non-null and writable (caller's contract).
         unsafe {
             base.write(b.0 as usize as *mut c_void);

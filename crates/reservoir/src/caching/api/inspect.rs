@@ -40,8 +40,18 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().expandable_segment_sizes()
     }
 
+    /// Whether `ptr` is a live block this allocator handed out (the start
+    /// of an allocation not yet freed), in any segment kind: plain,
+    /// expandable or a private pool's. The owner lookup of entry points that
+    /// serve several allocators (the C ABI's `record_stream`).
+    pub fn is_allocated(&self, ptr: DevicePtr) -> bool {
+        self.state.lock().allocated.get(&ptr.0).is_some()
+    }
+
     /// The segment an allocated pointer lives in: its base address and total
-    /// size (PyTorch's `getBaseAllocation`).
+    /// size (PyTorch's `getBaseAllocation`). Under expandable segments this
+    /// is [`AllocError::InvalidState`] with PyTorch's message (such blocks
+    /// cannot be shared between processes).
     pub fn base_allocation(&self, ptr: DevicePtr) -> Result<(DevicePtr, u64), AllocError> {
         let state = self.state.lock();
         let Some(&id) = state.allocated.get(&ptr.0) else {
