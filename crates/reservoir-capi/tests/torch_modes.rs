@@ -1,4 +1,4 @@
-//! The torch entry points' pointer lookups in every mode a user can turn
+//! The torch entry points' pointer lookups and run-time settings in every mode a user can turn
 //! on: PyTorch mode, `expandable_segments:True` and `policy:reservoir`
 //! (issue 40). `record_stream` used to find a pointer's owner through
 //! `base_allocation`, which refuses every expandable-segment block, so
@@ -17,8 +17,9 @@ use std::process::Command;
 
 use reservoir_capi::{
     reservoir_alloc, reservoir_free, reservoir_last_error, reservoir_torch_base_allocation,
-    reservoir_torch_empty_cache, reservoir_torch_record_stream, reservoir_torch_stat,
-    torch_configure, with_torch_allocator, ReservoirStatus,
+    reservoir_torch_empty_cache, reservoir_torch_record_stream,
+    reservoir_torch_set_allocator_settings, reservoir_torch_stat, torch_configure,
+    torch_set_allocator_settings, with_torch_allocator, ReservoirStatus,
 };
 
 const MODE_VAR: &str = "RESERVOIR_TEST_TORCH_MODE";
@@ -183,6 +184,39 @@ fn child_one_mode() {
     assert_eq!(stat(c"allocated_bytes.all.current"), 0);
     assert_eq!(stat(c"reserved_bytes.all.current"), 0);
     invariants_hold();
+    // torch's `_set_allocator_settings` at run time (spec 1.17): applied,
+    // not ignored. An 84 MiB request is a block of 84 MiB by default and of
+    // 96 MiB with 4 power-of-2 divisions; a bad string changes nothing.
+    let block_of = |size: isize| {
+        // SAFETY: the null stream is the default stream.
+        let p = unsafe { reservoir_alloc(size, 0, std::ptr::null_mut()) };
+        assert!(!p.is_null(), "{}", last_error());
+        let b = stat(c"allocated_bytes.all.current");
+        reservoir_free(p, size, 0, std::ptr::null_mut());
+        b
+    };
+    assert_eq!(block_of(84 * MIB), 84 << 20, "mode {mode:?}");
+    torch_set_allocator_settings("roundup_power2_divisions:4").unwrap();
+    assert_eq!(block_of(84 * MIB), 96 << 20, "mode {mode:?}");
+    let e = torch_set_allocator_settings("roundup_power2_divisions:3").unwrap_err();
+    assert_eq!(
+        e.status,
+        ReservoirStatus::RESERVOIR_ERR_INVALID_CONFIG,
+        "{e}"
+    );
+    assert!(e.message.contains("no setting was changed"), "{e}");
+    assert_eq!(block_of(84 * MIB), 96 << 20, "mode {mode:?}");
+    // SAFETY: a NUL-terminated literal.
+    let s =
+        unsafe { reservoir_torch_set_allocator_settings(c"roundup_power2_divisions:1".as_ptr()) };
+    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
+    assert_eq!(block_of(84 * MIB), 84 << 20, "mode {mode:?}");
+    invariants_hold();
+    assert_eq!(
+        reservoir_torch_empty_cache(0),
+        ReservoirStatus::RESERVOIR_OK
+    );
+
     // SAFETY: `raw` is a live stream with no pending work, used no more.
     let r = unsafe { sys::cuStreamDestroy_v2(raw) };
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
