@@ -462,6 +462,11 @@ enum ReservoirStatus reservoir_torch_create_or_incref_pool(int32_t device,
                                                            uint64_t p0,
                                                            uint64_t p1);
 
+// torch's `setNoSplit(device, mempool_id)` (`MemPool(no_split=True)`):
+// the pool's blocks are handed out whole, never split (spec 1.7). An
+// unknown pool is `RESERVOIR_ERR_INVALID_STATE` and changes nothing.
+enum ReservoirStatus reservoir_torch_set_no_split(int32_t device, uint64_t p0, uint64_t p1);
+
 // torch's `getPoolUseCount(device, mempool_id)` into `*out` (0 for a pool
 // Reservoir does not know).
 //

@@ -108,8 +108,9 @@ pub use torch_face::{
     reservoir_torch_private_pool_stats, reservoir_torch_record_history,
     reservoir_torch_release_pool, reservoir_torch_reset_accumulated_stats,
     reservoir_torch_reset_peak_stats, reservoir_torch_restore_checkpoint,
-    reservoir_torch_set_memory_fraction, reservoir_torch_snapshot, reservoir_torch_u64s_free,
-    ReservoirContextRecorder, ReservoirFilterDrop, ReservoirPoolCheckpoint, ReservoirStreamFilter,
-    ReservoirStreamSegmentSize, ReservoirTorchOom, ReservoirTraceTracker,
-    RESERVOIR_TORCH_DEVICE_STATS_LEN, RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN,
+    reservoir_torch_set_memory_fraction, reservoir_torch_set_no_split, reservoir_torch_snapshot,
+    reservoir_torch_u64s_free, ReservoirContextRecorder, ReservoirFilterDrop,
+    ReservoirPoolCheckpoint, ReservoirStreamFilter, ReservoirStreamSegmentSize, ReservoirTorchOom,
+    ReservoirTraceTracker, RESERVOIR_TORCH_DEVICE_STATS_LEN,
+    RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN,
 };

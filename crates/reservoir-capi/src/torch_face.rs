@@ -529,6 +529,17 @@ pub extern "C" fn reservoir_torch_create_or_incref_pool(
     })
 }
 
+/// torch's `setNoSplit(device, mempool_id)` (`MemPool(no_split=True)`):
+/// the pool's blocks are handed out whole, never split (spec 1.7). An
+/// unknown pool is `RESERVOIR_ERR_INVALID_STATE` and changes nothing.
+#[no_mangle]
+pub extern "C" fn reservoir_torch_set_no_split(device: i32, p0: u64, p1: u64) -> ReservoirStatus {
+    torch_guard("reservoir_torch_set_no_split", || {
+        let id = private_pool(p0, p1)?;
+        Ok(allocator(device)?.set_no_split(id)?)
+    })
+}
+
 /// torch's `getPoolUseCount(device, mempool_id)` into `*out` (0 for a pool
 /// Reservoir does not know).
 ///

@@ -308,6 +308,22 @@ fn torch_face_entry_points_on_the_cuda_driver() {
         reservoir_torch_create_or_incref_pool(0, 1, 2),
         ReservoirStatus::RESERVOIR_OK
     );
+    // setNoSplit (MemPool(no_split=True)): a known pool, or an error naming
+    // the unknown one that changes nothing.
+    assert_eq!(
+        reservoir_torch_set_no_split(0, 1, 2),
+        ReservoirStatus::RESERVOIR_OK
+    );
+    assert_eq!(
+        reservoir_torch_set_no_split(0, 7, 7),
+        ReservoirStatus::RESERVOIR_ERR_INVALID_STATE
+    );
+    assert!(
+        last_error().contains("unknown private pool"),
+        "{}",
+        last_error()
+    );
+    invariants();
     // SAFETY: live locals.
     unsafe {
         assert_eq!(

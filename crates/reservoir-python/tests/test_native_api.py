@@ -92,7 +92,7 @@ class Program:
         if alloc == "reservoir":
             import reservoir.torch as rt
 
-            rt.enable("")
+            rt.enable(os.environ.get("RESERVOIR_PROOF_CONF", ""))
         elif alloc == "pluggable":
             import reservoir._native as native
 
@@ -492,19 +492,20 @@ def fidelity_text(f):
 class Checks:
     def __init__(self):
         self.passed = self.failed = 0
+        self.label = "native"
 
     skipped = 0
 
     def skip(self, text, why):
         self.skipped += 1
-        print(f"torch proof native skip {text}: {why}")
+        print(f"torch proof {self.label} skip {text}: {why}")
 
     def claim(self, ok, text, detail=None):
         if ok:
             self.passed += 1
         else:
             self.failed += 1
-        print(f"torch proof native {'ok  ' if ok else 'FAIL'} {text}")
+        print(f"torch proof {self.label} {'ok  ' if ok else 'FAIL'} {text}")
         if not ok and detail:
             print(f"    differs: {detail}")
 
@@ -526,19 +527,53 @@ def diff_segments(a, b):
     return None
 
 
+# The modes the claims run in (issue 40: every claim in every mode a user can
+# turn on): (label, Reservoir's settings, native torch's
+# PYTORCH_CUDA_ALLOC_CONF, exact). In an exact mode native torch with the
+# same settings is the oracle and every number must equal its; the
+# `reservoir` policy places blocks its own way, so there the claims that
+# compare numbers with native's are replaced by "the section ran without an
+# error" and only the behaviour claims stay (OOM type and training after it,
+# streams and the sanitizer, every device allocation Reservoir's).
+MODES = [
+    ("native", "", None, True),
+    ("expandable", "expandable_segments:True", "expandable_segments:True", True),
+    ("reservoir", "policy:reservoir", None, False),
+]
+
+
 def main():
     c = Checks()
+    wanted = os.environ.get("RESERVOIR_PROOF_MODES", "native,expandable,reservoir").split(",")
     with tempfile.TemporaryDirectory() as d:
-        dumps = {a: os.path.join(d, f"{a}.pickle") for a in ("native", "reservoir")}
-        nat = run_phase(["--phase", "native", "api,streams", dumps["native"]])
-        res = run_phase(["--phase", "reservoir", "api,streams", dumps["reservoir"]])
         neg = run_phase(["--phase", "pluggable", "streams", os.path.join(d, "pluggable.pickle")])
-        fids = {a: replay(p) if os.path.exists(p) else {"error": "no dump"} for a, p in dumps.items()}
+        natives = {}
+        for label, conf, native_conf, exact in MODES:
+            if label not in wanted:
+                continue
+            if native_conf not in natives:
+                path = os.path.join(d, f"native-{len(natives)}.pickle")
+                env = {"PYTORCH_CUDA_ALLOC_CONF": native_conf} if native_conf else {}
+                natives[native_conf] = (run_phase(["--phase", "native", "api,streams", path], env), path)
+            nat, nat_dump = natives[native_conf]
+            res_dump = os.path.join(d, f"reservoir-{label}.pickle")
+            res = run_phase(["--phase", "reservoir", "api,streams", res_dump], {"RESERVOIR_PROOF_CONF": conf})
+            fids = {a: replay(p) if os.path.exists(p) else {"error": "no dump"}
+                    for a, p in (("native", nat_dump), ("reservoir", res_dump))}
+            c.label = label
+            mode_claims(c, nat, res, neg, fids, exact, label == "native")
+    print(f"native-api: {c.passed} passed, {c.failed} failed"
+          + (f", {c.skipped} skipped (not on the fake driver)" if c.skipped else ""))
+    sys.exit(1 if c.failed else 0)
+
+
+def mode_claims(c, nat, res, neg, fids, exact, control):
+    """The claims of one mode; `control`: also the negative control's claim."""
     for name, r in (("native", nat), ("reservoir", res), ("pluggable", neg)):
         if "failed" in r:
-            print(f"torch proof native: the {name} program failed: {r['failed']}")
+            print(f"torch proof {c.label}: the {name} program failed: {r['failed']}")
         for k, v in r["errors"].items():
-            print(f"torch proof native: the {name} program's {k} section raised {v}")
+            print(f"torch proof {c.label}: the {name} program's {k} section raised {v}")
 
     c.claim(res.get("allocator_backend") == "reservoir",
             f"allocator: torch._C._cuda_getAllocatorBackend() is {res.get('allocator_backend')!r} under Reservoir "
@@ -554,6 +589,10 @@ def main():
         if "stats" not in r:
             c.claim(False, f"{name}: memory_stats()/memory_snapshot() under Reservoir: {r['error']}")
             continue
+        if not exact:
+            c.claim(r["stats"].get("allocated_bytes.all.current") is not None and bool(r["segments"]) or name.endswith(("released", "emptied", "after")),
+                    f"{name}: memory_stats() ({len(r['stats'])} keys) and memory_snapshot() ({len(r['segments'])} segments) answer")
+            continue
         d = diff_stats(n["stats"], r["stats"])
         c.claim(not d, f"{name}: memory_stats() every key equal ({len(n['stats']) - len(d)} of {len(n['stats'])})",
                 dict(list(d.items())[:12]))
@@ -564,19 +603,20 @@ def main():
 
     # The history: viewer and replay.
     nd, rd = nat.get("dump", {}), res.get("dump", {})
-    c.claim(bool(rd.get("viz")) and rd.get("segments") == nd.get("segments"),
+    c.claim(bool(rd.get("viz")) and (rd.get("segments") == nd.get("segments") or not exact),
             f"history: _record_memory_history + _dump_snapshot opens in torch.cuda._memory_viz "
             f"({rd.get('segments')} segments, {rd.get('trace_entries')} trace entries; native "
             f"{nd.get('segments')} segments, {nd.get('trace_entries')} trace entries)")
     nh, rh = nd.get("entries"), rd.get("entries")
     first = next((i for i, (x, y) in enumerate(zip(nh or [], rh or [])) if x != y), None)
-    c.claim(bool(nh) and nh == rh,
-            f"history: the trace entries (action, size, stream) equal native's, in order "
-            f"({len(rh or [])} entries; native {len(nh or [])})",
-            None if first is None else f"entry {first}: native {nh[first]} vs reservoir {rh[first]}")
-    c.claim(fidelity_exact(fids["reservoir"]),
-            f"history: reservoir replay reproduces Reservoir's dump exactly: {fidelity_text(fids['reservoir'])} "
-            f"(native's dump: {fidelity_text(fids['native'])})")
+    if exact:
+        c.claim(bool(nh) and nh == rh,
+                f"history: the trace entries (action, size, stream) equal native's, in order "
+                f"({len(rh or [])} entries; native {len(nh or [])})",
+                None if first is None else f"entry {first}: native {nh[first]} vs reservoir {rh[first]}")
+        c.claim(fidelity_exact(fids["reservoir"]),
+                f"history: reservoir replay reproduces Reservoir's dump exactly: {fidelity_text(fids['reservoir'])} "
+                f"(native's dump: {fidelity_text(fids['native'])})")
 
     real_gpu = "skipped" in res.get("device", {})
     # empty_cache: the driver's frees.
@@ -586,8 +626,8 @@ def main():
     if real_gpu:
         c.skip("empty_cache: device frees in the driver's log", REAL_GPU)
     else:
-        c.claim(re_.get("cached_segments", 0) > 0 and rfree == re_.get("cached_segments") == ne.get("cached_segments")
-                and rfree == nfree,
+        c.claim(re_.get("cached_segments", 0) > 0 and rfree == re_.get("cached_segments")
+                and (not exact or rfree == nfree == ne.get("cached_segments")),
                 f"empty_cache: {rfree} device frees in the driver's log for {re_.get('cached_segments')} cached segments "
                 f"({re_.get('cached_bytes')} B; native {nfree} frees of {ne.get('cached_segments')}) "
                 f"via {res.get('device', {}).get('free_apis')}")
@@ -597,25 +637,25 @@ def main():
     c.claim(ro.get("raised") == "OutOfMemoryError" and ro.get("is_torch_oom") is True,
             f"oom: torch.empty(200 << 30) raises {ro.get('raised')} (a torch.OutOfMemoryError: {ro.get('is_torch_oom')}), "
             f"caught by except torch.cuda.OutOfMemoryError")
-    c.claim(ro.get("message") is not None and ro.get("message") == no.get("message"),
-            "oom: the message equals native's", f"native {no.get('message')!r} vs reservoir {ro.get('message')!r}")
+    c.claim(ro.get("message") is not None and (ro.get("message") == no.get("message") or not exact),
+            "oom: the message equals native's" if exact else "oom: it has a message", f"native {no.get('message')!r} vs reservoir {ro.get('message')!r}")
     c.claim(ro.get("loss_after") is not None, f"oom: training goes on after it (loss {ro.get('loss_after')})")
 
     # The memory fraction.
     nf, rf = nat.get("fraction", {}), res.get("fraction", {})
-    c.claim(rf.get("failed_at") is not None and rf.get("failed_at") == nf.get("failed_at"),
+    c.claim(rf.get("failed_at") is not None and (rf.get("failed_at") == nf.get("failed_at") or not exact),
             f"fraction: set_per_process_memory_fraction({rf.get('fraction')}): OOM at request {rf.get('failed_at')} "
             f"(native {nf.get('failed_at')})")
     c.claim(rf.get("get") is not None and rf.get("get") == nf.get("get"),
             f"fraction: get_per_process_memory_fraction() {rf.get('get')!r} (native {nf.get('get')!r})")
-    c.claim(rf.get("message") is not None and rf.get("message") == nf.get("message"),
-            "fraction: the OOM message equals native's",
+    c.claim(rf.get("message") is not None and (rf.get("message") == nf.get("message") or not exact),
+            "fraction: the OOM message equals native's" if exact else "fraction: the OOM has a message",
             f"native {nf.get('message')!r} vs reservoir {rf.get('message')!r}")
 
     # MemPool and private pools.
     nm, rm = nat.get("mempool", {}), res.get("mempool", {})
-    c.claim("mempool" not in res["errors"] and rm.get("pool_segments") == nm.get("pool_segments")
-            and rm.get("use_count") == nm.get("use_count") and bool(nm.get("pool_segments")),
+    c.claim("mempool" not in res["errors"] and (rm.get("pool_segments") == nm.get("pool_segments") or not exact)
+            and rm.get("use_count") == nm.get("use_count") and bool(rm.get("pool_segments")),
             f"mempool: MemPool.snapshot() equal ({len(rm.get('pool_segments') or [])} segments), "
             f"use_count {rm.get('use_count')} (native {nm.get('use_count')})",
             res["errors"].get("mempool") or diff_segments(nm.get("pool_segments") or [], rm.get("pool_segments") or []))
@@ -626,7 +666,7 @@ def main():
     pid = nat.get("private_pool_id")
     np_, rp = pool_segments(nat, "private_live", pid), pool_segments(res, "private_live", pid)
     nrel, rrel = pool_segments(nat, "private_released", pid), pool_segments(res, "private_released", pid)
-    c.claim("private" not in res["errors"] and bool(np_) and rp == np_ and rrel == nrel == [],
+    c.claim("private" not in res["errors"] and bool(rp) and (rp == np_ or not exact) and rrel == nrel == [],
             f"private pool {pid}: _cuda_beginAllocateToPool/_cuda_endAllocateToPool serve "
             f"{len(rp or [])} segments of the pool (native {len(np_ or [])}), equal; _cuda_releasePool + "
             f"empty_cache leave {None if rrel is None else len(rrel)} (native {None if nrel is None else len(nrel)})",
@@ -637,8 +677,7 @@ def main():
     if real_gpu:
         c.skip("streams: Tensor.record_stream and C++ recordStream, with the negative control", REAL_GPU)
         c.skip("devices: torch's own cudaMalloc count", REAL_GPU)
-        print(f"native-api: {c.passed} passed, {c.failed} failed, {c.skipped} skipped (not on the fake driver)")
-        sys.exit(1 if c.failed else 0)
+        return
     c.claim(rs.get("python_record_stream_reports") == 0,
             f"streams: Tensor.record_stream reaches the allocator: sanitizer reports "
             f"{rs.get('python_record_stream_reports')} (native {ns.get('python_record_stream_reports')}; "
@@ -649,18 +688,16 @@ def main():
             f"reaches the allocator: sanitizer reports {rs.get('cpp_record_stream_reports')} "
             f"(native {ns.get('cpp_record_stream_reports')}; negative control {gs.get('cpp_record_stream_reports')})",
             rs.get("cpp_record_stream_last"))
-    c.claim((gs.get("python_record_stream_reports") or 0) > 0 and (gs.get("cpp_record_stream_reports") or 0) > 0,
-            f"streams: negative control (Reservoir behind the plain CUDAPluggableAllocator, no hooks) is reported: "
-            f"{gs.get('python_record_stream_reports')} and {gs.get('cpp_record_stream_reports')} reports")
+    if control:
+        c.claim((gs.get("python_record_stream_reports") or 0) > 0 and (gs.get("cpp_record_stream_reports") or 0) > 0,
+                f"streams: negative control (Reservoir behind the plain CUDAPluggableAllocator, no hooks) is reported: "
+                f"{gs.get('python_record_stream_reports')} and {gs.get('cpp_record_stream_reports')} reports")
 
     # Every device allocation is Reservoir's.
     ndev, rdev = nat.get("device", {}), res.get("device", {})
     c.claim(rdev.get("allocations", 0) > 0 and rdev.get("torch_cudaMalloc") == 0 and ndev.get("torch_cudaMalloc", 0) > 0,
             f"devices: torch's own cudaMalloc count {rdev.get('torch_cudaMalloc')} under Reservoir "
             f"({rdev.get('allocations')} device allocations: {rdev.get('by_api')}; native: {ndev.get('by_api')})")
-
-    print(f"native-api: {c.passed} passed, {c.failed} failed")
-    sys.exit(1 if c.failed else 0)
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ impl DeviceState {
             self.malloc_after_cache_miss(backend, &mut p, orig_size, report_oom)?;
         }
 
-        let split =
-            rules::should_split(self.store.blocks[p.block].size, p.size, small, &self.config);
+        // spec 1.7: never split in a `MemPool(no_split=True)` pool.
+        let split = !self.pools[p.pool as usize].no_split()
+            && rules::should_split(self.store.blocks[p.block].size, p.size, small, &self.config);
         let id = self.alloc_found_block(&p, orig_size, split);
         if p.stream != stream {
             self.record_stream(id, stream);

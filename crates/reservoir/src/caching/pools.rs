@@ -157,6 +157,18 @@ impl DeviceState {
         Ok(())
     }
 
+    /// spec 1.7 / 1.14 `setNoSplit` (`MemPool(no_split=True)`): blocks of
+    /// private pool `id` are handed out whole from now on, never split.
+    pub(crate) fn set_no_split(&mut self, id: MempoolId) -> Result<(), AllocError> {
+        let Some(p) = self.private.get(id) else {
+            return Err(err(format!("setNoSplit: unknown private pool {id:?}")));
+        };
+        let (small, large) = (p.small(), p.large());
+        self.pools[small as usize].set_no_split();
+        self.pools[large as usize].set_no_split();
+        Ok(())
+    }
+
     /// spec 1.14 `endAllocateToPool`.
     pub(crate) fn end_allocate_to_pool(&mut self, id: MempoolId) -> Result<(), AllocError> {
         if self.private.end_capture(id) {

@@ -377,3 +377,64 @@ fn streams_recorded_during_a_capture_are_not_waited_for() {
     c.a.backend().release_stream(s3).unwrap();
     c.a.backend().release_stream(s2).unwrap();
 }
+
+#[test]
+fn no_split_pools_hand_blocks_out_whole() {
+    // spec 1.7 / 1.14: MemPool(no_split=True) (setNoSplit): a block of the
+    // pool is never split; a second 4 MiB request gets a segment of its own
+    // (upstream's test_mempool_no_split), where a plain pool splits the
+    // first 20 MiB segment. In every mode a user can turn on.
+    for conf in ["", "expandable_segments:True", "policy:reservoir"] {
+        let c = Checked::new(conf, 80 * GIB);
+        c.a.backend().register_stream(S1);
+        let plain = MempoolId(2, 0);
+        for pool in [P, plain] {
+            c.a.begin_allocate_to_pool(pool, PoolFilter::Stream(S1))
+                .unwrap();
+            c.a.end_allocate_to_pool(pool).unwrap();
+        }
+        c.a.set_no_split(P).unwrap();
+        let mut held = Vec::new();
+        for pool in [P, plain] {
+            c.a.begin_allocate_to_pool(pool, PoolFilter::Stream(S1))
+                .unwrap();
+            held.push(c.alloc_on(4 * MIB, S1));
+            held.push(c.alloc_on(4 * MIB, S1));
+            c.a.end_allocate_to_pool(pool).unwrap();
+            c.check();
+        }
+        let segs = c.a.pool_segments(P);
+        if conf.is_empty() {
+            assert!(
+                segs.len() > c.a.pool_segments(plain).len(),
+                "{conf:?}: {} vs {}",
+                segs.len(),
+                c.a.pool_segments(plain).len()
+            );
+            assert!(
+                segs.iter().all(|s| s.blocks.len() == 1),
+                "{conf:?}: {segs:?}"
+            );
+        } else {
+            // Expandable segments map what a request needs, so a block
+            // never has a remainder to split off; the pool's blocks are
+            // exactly the two allocations, as natively.
+            let blocks: Vec<_> = segs.iter().flat_map(|s| &s.blocks).collect();
+            assert_eq!(blocks.len(), 2, "{conf:?}: {segs:?}");
+            assert!(
+                blocks
+                    .iter()
+                    .all(|b| b.state == BlockState::ActiveAllocated),
+                "{conf:?}: {segs:?}"
+            );
+        }
+        // An unknown pool is refused and changes nothing.
+        let before = c.flat();
+        assert!(c.a.set_no_split(MempoolId(7, 7)).is_err());
+        assert_eq!(c.flat(), before);
+        for p in held {
+            c.free(p);
+        }
+        c.check();
+    }
+}

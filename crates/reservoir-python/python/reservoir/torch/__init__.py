@@ -256,6 +256,9 @@ def enable(conf: Optional[str] = None) -> None:
             "CUDA is first used (torch's own allocator is already initialized: "
             f"{e}). Call it at the start of the program."
         ) from e
+    # torch.accelerator.* and torch.cuda.memory._set_allocator_settings reach
+    # Reservoir too (the face's install()).
+    face().install()
     _enabled_conf = [conf]
 
 

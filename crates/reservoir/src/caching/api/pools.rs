@@ -36,6 +36,13 @@ impl<B: Backend> CachingAllocator<B> {
         self.state.lock().release_pool(pool)
     }
 
+    /// Hand the blocks of private pool `pool` out whole, never split
+    /// (PyTorch's `setNoSplit`, `MemPool(no_split=True)`; spec 1.7). An
+    /// unknown pool is [`AllocError::InvalidState`] and changes nothing.
+    pub fn set_no_split(&self, pool: MempoolId) -> Result<(), AllocError> {
+        self.state.lock().set_no_split(pool)
+    }
+
     /// Current use count of a private pool (0 if unknown or released).
     pub fn pool_use_count(&self, pool: MempoolId) -> u32 {
         self.state.lock().pool_use_count(pool)

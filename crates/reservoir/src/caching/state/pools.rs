@@ -150,6 +150,9 @@ pub(crate) struct BlockPool {
     owner: Option<MempoolId>,
     /// Free-block searches so far: the garbage collector's clock.
     get_free_blocks_call_count: i64,
+    /// Blocks are handed out whole, never split (a private pool of
+    /// `MemPool(no_split=True)`, PyTorch's `no_split_pools`).
+    no_split: bool,
 }
 
 /// Where [`BlockPool::lower_bound`] found a free block, for
@@ -165,7 +168,19 @@ impl BlockPool {
             is_small,
             owner,
             get_free_blocks_call_count: 0,
+            no_split: false,
         }
+    }
+
+    /// Blocks of this pool are never split (`MemPool(no_split=True)`).
+    #[inline]
+    pub fn no_split(&self) -> bool {
+        self.no_split
+    }
+
+    /// Hand this pool's blocks out whole from now on.
+    pub fn set_no_split(&mut self) {
+        self.no_split = true;
     }
 
     /// Small pool (blocks of at most 1 MiB)?
@@ -184,6 +199,7 @@ impl BlockPool {
     /// reuse, owned by none.
     pub fn disown(&mut self) {
         self.owner = None;
+        self.no_split = false;
     }
 
     /// The garbage collector's clock: free-block searches so far (PyTorch's

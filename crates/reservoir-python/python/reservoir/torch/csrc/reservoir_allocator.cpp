@@ -23,7 +23,9 @@
 #include <torch/extension.h>
 #include <torch/version.h>
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -33,6 +35,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -115,6 +118,8 @@ struct Api {
   void (*checkpoint_free)(void*);
   int (*restore_checkpoint)(const void*, uint64_t**, size_t*, uint64_t**, size_t*);
   void (*u64s_free)(uint64_t*, size_t);
+  int (*set_allocator_settings)(const char*);
+  int (*set_no_split)(int32_t, uint64_t, uint64_t);
   const char* (*last_error)();
   const char* (*status_name)(int);
 };
@@ -163,6 +168,8 @@ void load_api(const std::string& path) {
   resolve(lib, "reservoir_torch_checkpoint_free", api.checkpoint_free);
   resolve(lib, "reservoir_torch_restore_checkpoint", api.restore_checkpoint);
   resolve(lib, "reservoir_torch_u64s_free", api.u64s_free);
+  resolve(lib, "reservoir_torch_set_allocator_settings", api.set_allocator_settings);
+  resolve(lib, "reservoir_torch_set_no_split", api.set_no_split);
   resolve(lib, "reservoir_last_error", api.last_error);
   resolve(lib, "reservoir_status_name", api.status_name);
   api_loaded = true;
@@ -251,6 +258,7 @@ struct ReservoirCheckpoint final : AllocatorState {
 // ---- the allocator -----------------------------------------------------------
 
 void free_block(void* ptr);
+void trace_free(void* ptr);
 
 class ReservoirAllocator final : public CUDAAllocator {
  public:
@@ -281,7 +289,10 @@ class ReservoirAllocator final : public CUDAAllocator {
     return alloc(nbytes, device, stream);
   }
 
-  void raw_delete(void* ptr) override { check(api.del(ptr)); }
+  void raw_delete(void* ptr) override {
+    trace_free(ptr);
+    check(api.del(ptr));
+  }
 
   void init(int device_count) override { device_count_ = device_count; initialized_ = true; }
 
@@ -442,8 +453,8 @@ class ReservoirAllocator final : public CUDAAllocator {
     }
   }
 
-  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
-    unsupported("setNoSplit", "Reservoir's private pools always split blocks as PyTorch's default pools do");
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    check(api.set_no_split(device, id.first, id.second));
   }
 
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
@@ -606,6 +617,14 @@ class ReservoirAllocator final : public CUDAAllocator {
       TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(msg));
     }
     check(status);
+    // torch's GPU trace hooks (torch.cuda._gpu_trace, the CUDA Sanitizer),
+    // called where the native allocator calls them: after each allocation
+    // of a non-null block.
+    if (ptr != nullptr) {
+      if (const c10::impl::PyInterpreter* interp = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(interp)) {
+        (*interp)->trace_gpu_memory_allocation(c10::kCUDA, reinterpret_cast<uintptr_t>(ptr));
+      }
+    }
     return ptr;
   }
 
@@ -619,7 +638,17 @@ class ReservoirAllocator final : public CUDAAllocator {
   std::vector<OutOfMemoryObserver> oom_observers_;
 };
 
+// torch's GPU trace hook for a free, called before the block is returned
+// (as the native allocator does); nothing for null.
+void trace_free(void* ptr) {
+  if (ptr == nullptr) return;
+  if (const c10::impl::PyInterpreter* interp = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(interp)) {
+    (*interp)->trace_gpu_memory_deallocation(c10::kCUDA, reinterpret_cast<uintptr_t>(ptr));
+  }
+}
+
 void free_block(void* ptr) {
+  trace_free(ptr);
   int status = api.del(ptr);
   if (status != kOk) {
     TORCH_WARN("reservoir: freeing ", ptr, " failed: ", api.status_name(status), ": ", api.last_error());
@@ -738,6 +767,31 @@ std::shared_ptr<CUDAAllocator> make(const std::string& native_path) {
   return the_allocator;
 }
 
+// What change_current_allocator does not do, done once Reservoir is torch's
+// CUDA allocator (reservoir.torch.enable()):
+// - torch's device-generic registry (c10::GetAllocator(kCUDA), which
+//   torch.accelerator.memory_stats / memory_allocated / empty_cache and
+//   c10::getDeviceAllocator read) points at Reservoir, not at the native
+//   allocator it still names;
+// - torch.cuda.memory._set_allocator_settings (c10::CachingAllocator::
+//   setAllocatorSettings) reaches Reservoir: torch parses the string first
+//   (its own errors come first, as natively), then its device hook runs,
+//   then Reservoir applies it at run time to every device (spec 1.17's
+//   run-time rules), or raises naming what it refuses; never ignored.
+bool installed = false;
+void install() {
+  TORCH_CHECK(the_allocator, "reservoir: install() before allocator()");
+  if (installed) return;
+  c10::SetAllocator(c10::DeviceType::CUDA, the_allocator.get(), /*priority=*/UINT8_MAX);
+  auto& hook = c10::CachingAllocator::AcceleratorAllocatorConfig::getConfigParserHook();
+  std::function<void(const std::string&)> torch_hook = hook;
+  hook = [torch_hook](const std::string& env) {
+    if (torch_hook) torch_hook(env);
+    check(api.set_allocator_settings(env.c_str()));
+  };
+  installed = true;
+}
+
 }  // namespace reservoir_face
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -745,5 +799,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("allocator", &reservoir_face::make, py::arg("native_path"),
         "The Reservoir CUDAAllocator (one per process), as torch._C._cuda_CUDAAllocator; "
         "native_path is reservoir._native's file, whose C entry points it calls.");
+  m.def("install", &reservoir_face::install,
+        "After change_current_allocator: torch's device-generic registry and its run-time "
+        "settings hook reach Reservoir too.");
   m.def("torch_version", [] { return std::string(TORCH_VERSION); });
 }
