@@ -112,6 +112,16 @@ impl Subject for HeapSubject {
     fn check_invariants(&self) -> Result<(), String> {
         self.a.check_invariants()
     }
+    /// The heaps that hold no buffer: `emptyCache` never visits them
+    /// (PyTorch's behaviour, spec audit item 25); dropping releases them.
+    fn kept_after_empty_cache(&self) -> (i64, i64) {
+        let snap = self.a.snapshot();
+        let empty = snap
+            .segments
+            .iter()
+            .filter(|s| s.blocks.iter().all(|b| b.requested_size.is_none()));
+        empty.fold((0, 0), |(bytes, n), s| (bytes + s.total_size as i64, n + 1))
+    }
     fn close(self) -> Vec<String> {
         // A failure of the drop's `emptyCache` is only logged: the device's
         // own count (checked by the caller) shows what it left.
