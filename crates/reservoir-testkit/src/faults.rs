@@ -1,6 +1,6 @@
 //! Fault injection: a backend wrapper that fails the N-th call of any of its
-//! entry points, and a deterministic multi-stream workload that drives a
-//! [`CachingAllocator`] over it and checks what a failed call must leave.
+//! entry points, and a deterministic multi-stream workload that drives an
+//! allocator over it and checks what a failed call must leave.
 //!
 //! [`FaultyBackend`] forwards every call of the [`Backend`] contract and of
 //! each optional capability the wrapped backend offers
@@ -12,13 +12,18 @@
 //! what is live on the device ([`LiveCounts`]: allocations, mapped bytes,
 //! reservations, events), whatever the wrapped backend is.
 //!
-//! [`run_workload`] drives one allocator through a [`workload`] over a
-//! [`FaultyBackend<SimDevice>`](reservoir::sim::SimDevice) and checks, after
-//! every operation, the allocator's invariant checker, and for each failed
-//! free that it said so ([`AllocError::FreeFailed`]) and changed nothing;
-//! at the end, with the fault cleared, that everything can be freed, the
-//! cache emptied and nothing is left reserved, on the allocator's counters
-//! and on the device's.
+//! [`run`] drives one allocator (a [`Subject`]: the [`Caching`] allocator
+//! or the MPS heap allocator, [`HeapSubject`]) through a [`workload`] over
+//! a [`FaultyBackend<SimDevice>`](reservoir::sim::SimDevice) and checks,
+//! after every operation, the allocator's invariant checker; for each
+//! failed allocation that the in-use counters did not change; for each
+//! failed free that it said so ([`AllocError::FreeFailed`]) and changed
+//! nothing; at the end, with the fault cleared, that everything can be
+//! freed, the cache emptied and nothing is left reserved, on the
+//! allocator's counters and on the device's, and that closing (or
+//! dropping) the allocator leaves nothing on the device. [`sweep`] runs it
+//! for every entry point the allocator calls, failing at its N-th call,
+//! in every mode given.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -30,8 +35,14 @@ use reservoir::caching::{CachingAllocator, PoolFilter};
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
 use reservoir::ids::MempoolId;
+use reservoir::observe::snapshot::Segment;
 use reservoir::rng::SplitMix64;
 use reservoir::sim::{SimConfig, SimDevice};
+use reservoir::stats::DeviceStats;
+
+mod heap;
+
+pub use heap::HeapSubject;
 
 /// A fallible entry point of the backend contract or of one of its
 /// optional capabilities. Notifications and queries that cannot fail
@@ -546,11 +557,14 @@ pub enum Op {
     EmptyCache,
     /// Route stream `stream`'s allocations to a new private pool (a graph
     /// capture): frees of blocks with cross-stream uses defer their events.
+    /// An allocator without private pools maps it onto a call of its own
+    /// ([`Subject::begin`]).
     BeginPool {
         /// Stream index.
         stream: usize,
     },
-    /// End the private-pool allocation underway and release the pool.
+    /// End the private-pool allocation underway and release the pool (or
+    /// the allocator's own call, [`Subject::end`]).
     EndPool,
 }
 
@@ -595,9 +609,161 @@ pub fn workload(seed: u64, ops: usize) -> Vec<Op> {
 }
 
 /// The device a fault-injection run allocates from.
+/// The device a fault-injection run allocates from.
 pub type FaultySim = std::sync::Arc<FaultyBackend<SimDevice>>;
 
-/// What one [`run_workload`] found.
+/// An allocator that [`run`] drives over a [`FaultySim`]: it maps each
+/// [`Op`] onto its own calls and answers what the checks ask.
+/// [`Caching`] is the caching allocator, [`HeapSubject`] the MPS heap
+/// allocator.
+pub trait Subject: Sized {
+    /// The allocator's settings: one mode of a [`sweep`].
+    type Mode: Clone + Send + Sync;
+    /// What a failed free must leave unchanged.
+    type Counters: PartialEq + std::fmt::Debug;
+    /// The allocator on `dev`. An error must come from a failed backend
+    /// call (the injected fault) and leave nothing behind: it is tried
+    /// again.
+    fn new(dev: FaultySim, mode: &Self::Mode) -> Result<Self, AllocError>;
+    /// The mode in words, for messages.
+    fn describe(mode: &Self::Mode) -> String;
+    /// Allocate `size` bytes on `stream`, the run's stream number `k` (an
+    /// allocator without streams may pick a kind of memory by it).
+    fn alloc(&mut self, size: u64, stream: StreamId, k: usize) -> Result<DevicePtr, AllocError>;
+    /// Free a live block: [`AllocError::FreeFailed`] when nothing was freed.
+    fn free(&mut self, ptr: DevicePtr) -> Result<(), AllocError>;
+    /// Is `ptr` still a block handed out?
+    fn is_allocated(&self, ptr: DevicePtr) -> bool;
+    /// Use the live block `ptr` on `stream` (its free then waits for that
+    /// work); `pick` may choose among the allocator's ways of saying so.
+    fn use_on(&mut self, ptr: DevicePtr, stream: StreamId, pick: u64) -> Result<(), AllocError>;
+    /// `empty_cache`.
+    fn empty_cache(&mut self) -> Result<(), AllocError>;
+    /// [`Op::BeginPool`].
+    fn begin(&mut self, stream: StreamId);
+    /// [`Op::EndPool`]; `live` are the blocks handed out.
+    fn end(&mut self, live: &[DevicePtr]);
+    /// With the fault cleared, before everything is freed: end what
+    /// [`begin`](Self::begin) started. What failed.
+    fn settle(&mut self) -> Vec<String>;
+    /// The statistics.
+    fn stats(&self) -> DeviceStats;
+    /// What a failed free must leave unchanged.
+    fn counters(&self) -> Self::Counters;
+    /// The allocator's invariant checker.
+    fn check_invariants(&self) -> Result<(), String>;
+    /// What the allocator keeps reserved by design once every block is
+    /// freed and the cache emptied (bytes, device allocations): it must
+    /// give it back when closed.
+    fn kept_after_empty_cache(&self) -> (i64, i64) {
+        (0, 0)
+    }
+    /// Close or drop the allocator, giving everything back. What failed.
+    fn close(self) -> Vec<String>;
+}
+
+/// The counters a failed allocation must leave as they were: allocations
+/// and allocated bytes (current values). Active ones may fall: a failed
+/// allocation may wait for pending frees, which then complete.
+fn in_use_counters(s: &DeviceStats) -> [i64; 2] {
+    [s.allocation.all().current, s.allocated_bytes.all().current]
+}
+
+/// The caching allocator as a [`Subject`]: [`Op::BeginPool`] routes a
+/// stream to a new private pool, [`Op::EndPool`] ends and releases it.
+pub struct Caching {
+    a: CachingAllocator<FaultySim>,
+    pool: Option<MempoolId>,
+    pools_made: u64,
+}
+
+impl Subject for Caching {
+    type Mode = AllocatorConfig;
+    type Counters = (DeviceStats, Vec<Segment>);
+
+    fn new(dev: FaultySim, mode: &AllocatorConfig) -> Result<Caching, AllocError> {
+        Ok(Caching {
+            a: CachingAllocator::new(dev, mode.clone()),
+            pool: None,
+            pools_made: 0,
+        })
+    }
+    fn describe(config: &AllocatorConfig) -> String {
+        if config.policy == reservoir::config::ReservoirPolicy::Reservoir {
+            "reservoir policy".into()
+        } else if config.expandable_segments {
+            "expandable segments".into()
+        } else {
+            "PyTorch mode".into()
+        }
+    }
+    fn alloc(&mut self, size: u64, stream: StreamId, _: usize) -> Result<DevicePtr, AllocError> {
+        self.a.raw_alloc(size, stream)
+    }
+    fn free(&mut self, ptr: DevicePtr) -> Result<(), AllocError> {
+        self.a.raw_free(ptr)
+    }
+    fn is_allocated(&self, ptr: DevicePtr) -> bool {
+        !matches!(
+            self.a.base_allocation(ptr),
+            Err(AllocError::InvalidPointer { .. })
+        )
+    }
+    fn use_on(&mut self, ptr: DevicePtr, stream: StreamId, _: u64) -> Result<(), AllocError> {
+        self.a.record_stream(ptr, stream)
+    }
+    fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.a.empty_cache()
+    }
+    fn begin(&mut self, stream: StreamId) {
+        if self.pool.is_none() {
+            self.pools_made += 1;
+            let id = MempoolId(1, self.pools_made);
+            if self
+                .a
+                .begin_allocate_to_pool(id, PoolFilter::Stream(stream))
+                .is_ok()
+            {
+                self.pool = Some(id);
+            }
+        }
+    }
+    fn end(&mut self, _: &[DevicePtr]) {
+        if let Some(id) = self.pool.take() {
+            let _ = self.a.end_allocate_to_pool(id);
+            let _ = self.a.release_pool(id);
+        }
+    }
+    fn settle(&mut self) -> Vec<String> {
+        let a = &self.a;
+        match self.pool.take() {
+            Some(id) => match a.end_allocate_to_pool(id).and_then(|()| a.release_pool(id)) {
+                Err(e) => vec![format!("ending the private pool: {e}")],
+                Ok(()) => Vec::new(),
+            },
+            None => Vec::new(),
+        }
+    }
+    fn stats(&self) -> DeviceStats {
+        self.a.stats()
+    }
+    fn counters(&self) -> (DeviceStats, Vec<Segment>) {
+        (self.a.stats(), self.a.segments())
+    }
+    fn check_invariants(&self) -> Result<(), String> {
+        self.a.check_invariants().map_err(|e| e.to_string())
+    }
+    fn close(self) -> Vec<String> {
+        let teardown = self.a.close();
+        if !teardown.errors.is_empty() || teardown.live_blocks != 0 {
+            vec![format!("teardown: {teardown:?}")]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// What one [`run`] found.
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
     /// Broken invariants, failed calls that changed something or did not
@@ -613,18 +779,7 @@ pub struct RunReport {
     pub calls: Vec<u64>,
 }
 
-/// Drive an allocator with `config` over a [`FaultySim`] of `capacity`
-/// bytes through `ops`, with `fault` (entry point, n-th call counted from
-/// the device's creation) armed. The invariant checker runs after every
-/// operation once the fault has fired (with `check_before_fault`, from the
-/// first: a run is the fault-free run until its fault fires, so checking
-/// that part once, in a run without a fault, is enough), for at most
-/// `ops_after_fault` operations after it fired (`usize::MAX`: to the end of
-/// `ops`). At the end the
-/// fault is cleared, held streams released, every live block freed, the
-/// cache emptied (nothing may fail any more), the counters and the device
-/// must show nothing reserved, and the allocator is closed (every
-/// reservation given back).
+/// [`run`] for the caching allocator with `config`.
 pub fn run_workload(
     config: &AllocatorConfig,
     capacity: u64,
@@ -633,7 +788,39 @@ pub fn run_workload(
     check_before_fault: bool,
     ops_after_fault: usize,
 ) -> RunReport {
-    let mut w = Workload::new(config, capacity, fault);
+    run::<Caching>(
+        config,
+        capacity,
+        ops,
+        fault,
+        check_before_fault,
+        ops_after_fault,
+    )
+}
+
+/// Drive an allocator with `mode` over a [`FaultySim`] of `capacity`
+/// bytes through `ops`, with `fault` (entry point, n-th call counted from
+/// the device's creation) armed. The invariant checker runs after every
+/// operation once the fault has fired (with `check_before_fault`, from the
+/// first: a run is the fault-free run until its fault fires, so checking
+/// that part once, in a run without a fault, is enough), for at most
+/// `ops_after_fault` operations after it fired (`usize::MAX`: to the end of
+/// `ops`). A failed allocation must leave the in-use counters as they
+/// were; a failed free must say that it freed nothing
+/// ([`AllocError::FreeFailed`]) and change nothing. At the end the
+/// fault is cleared, held streams released, every live block freed, the
+/// cache emptied (nothing may fail any more), the counters and the device
+/// must show nothing reserved, and the allocator is closed (every
+/// reservation and allocation given back).
+pub fn run<S: Subject>(
+    mode: &S::Mode,
+    capacity: u64,
+    ops: &[Op],
+    fault: Option<(EntryPoint, u64)>,
+    check_before_fault: bool,
+    ops_after_fault: usize,
+) -> RunReport {
+    let mut w = Workload::<S>::new(mode, capacity, fault);
     let dev = w.dev.clone();
     let mut report = RunReport::default();
     let fault_name = fault.map_or("none".to_string(), |(e, n)| format!("{} #{n}", e.name()));
@@ -655,7 +842,7 @@ pub fn run_workload(
         if let Some(v) = violation {
             report.violations.push(format!(
                 "{} (fault {fault_name}), op {i} {op:?}: {v}",
-                describe(config)
+                S::describe(mode)
             ));
             report.injected = dev.injected();
             return report;
@@ -665,7 +852,7 @@ pub fn run_workload(
     // The clean-up: nothing may fail any more.
     dev.clear_faults();
     let (failures, leaks) = w.finish(fault);
-    let named = |what: String| format!("{} (fault {fault_name}): {what}", describe(config));
+    let named = |what: String| format!("{} (fault {fault_name}): {what}", S::describe(mode));
     report.violations.extend(failures.into_iter().map(named));
     report.leaks = leaks.into_iter().map(named).collect();
     report.injected = dev.injected();
@@ -673,21 +860,19 @@ pub fn run_workload(
 }
 
 /// The allocator, its device and the program's state (streams, live
-/// blocks, held streams, the private pool) in one [`run_workload`].
-struct Workload {
+/// blocks, held streams) in one [`run`].
+struct Workload<S> {
     dev: FaultySim,
-    a: CachingAllocator<FaultySim>,
+    a: S,
     streams: Vec<StreamId>,
     live: Vec<DevicePtr>,
     held: [bool; STREAMS],
-    pool: Option<MempoolId>,
-    pools_made: u64,
 }
 
-impl Workload {
-    /// An allocator with `config` over a fresh [`FaultySim`] of `capacity`
+impl<S: Subject> Workload<S> {
+    /// An allocator with `mode` over a fresh [`FaultySim`] of `capacity`
     /// bytes with `fault` armed, and [`STREAMS`] streams.
-    fn new(config: &AllocatorConfig, capacity: u64, fault: Option<(EntryPoint, u64)>) -> Workload {
+    fn new(mode: &S::Mode, capacity: u64, fault: Option<(EntryPoint, u64)>) -> Workload<S> {
         let dev: FaultySim = std::sync::Arc::new(FaultyBackend::new(SimDevice::new(SimConfig {
             capacity,
             ..SimConfig::default()
@@ -695,7 +880,17 @@ impl Workload {
         if let Some((entry, n)) = fault {
             dev.fail_nth(entry, n);
         }
-        let a = CachingAllocator::new(dev.clone(), config.clone());
+        // A creation that failed on the injected fault is tried again.
+        let a = loop {
+            match S::new(dev.clone(), mode) {
+                Ok(a) => break a,
+                Err(_) if dev.injected() > 0 && dev.live() == LiveCounts::default() => {}
+                Err(e) => panic!(
+                    "{}: the allocator cannot be created: {e}",
+                    S::describe(mode)
+                ),
+            }
+        };
         let mut streams = vec![StreamId::DEFAULT];
         while streams.len() < STREAMS {
             // A failed creation (the injected fault) is tried again.
@@ -709,20 +904,29 @@ impl Workload {
             streams,
             live: Vec::new(),
             held: [false; STREAMS],
-            pool: None,
-            pools_made: 0,
         }
     }
 
     /// Do `op`; a call may fail (the fault), but a failure must leave
     /// things as they were: what went wrong otherwise.
     fn apply(&mut self, op: Op) -> Option<String> {
-        let a = &self.a;
         match op {
             Op::Alloc { size, stream } => {
-                if let Ok(p) = a.raw_alloc(size, self.streams[stream]) {
-                    if !p.is_null() {
-                        self.live.push(p);
+                let before = in_use_counters(&self.a.stats());
+                match self.a.alloc(size, self.streams[stream], stream) {
+                    Ok(p) => {
+                        if !p.is_null() {
+                            self.live.push(p);
+                        }
+                    }
+                    Err(e) => {
+                        let after = in_use_counters(&self.a.stats());
+                        if after != before {
+                            return Some(format!(
+                                "a failed allocation of {size} bytes ({e}) changed the \
+                                 allocations and allocated bytes from {before:?} to {after:?}"
+                            ));
+                        }
                     }
                 }
             }
@@ -730,7 +934,7 @@ impl Workload {
             Op::RecordStream { pick, stream } => {
                 if !self.live.is_empty() {
                     let p = self.live[(pick % self.live.len() as u64) as usize];
-                    let _ = a.record_stream(p, self.streams[stream]);
+                    let _ = self.a.use_on(p, self.streams[stream], pick);
                 }
             }
             Op::Hold { stream } => {
@@ -749,25 +953,10 @@ impl Workload {
                 }
             }
             Op::EmptyCache => {
-                let _ = a.empty_cache();
+                let _ = self.a.empty_cache();
             }
-            Op::BeginPool { stream } => {
-                if self.pool.is_none() {
-                    self.pools_made += 1;
-                    let id = MempoolId(1, self.pools_made);
-                    if a.begin_allocate_to_pool(id, PoolFilter::Stream(self.streams[stream]))
-                        .is_ok()
-                    {
-                        self.pool = Some(id);
-                    }
-                }
-            }
-            Op::EndPool => {
-                if let Some(id) = self.pool.take() {
-                    let _ = a.end_allocate_to_pool(id);
-                    let _ = a.release_pool(id);
-                }
-            }
+            Op::BeginPool { stream } => self.a.begin(self.streams[stream]),
+            Op::EndPool => self.a.end(&self.live),
         }
         None
     }
@@ -779,22 +968,21 @@ impl Workload {
         if self.live.is_empty() {
             return None;
         }
-        let a = &self.a;
         let k = (pick % self.live.len() as u64) as usize;
         let p = self.live[k];
-        let before = (a.stats(), a.segments());
-        match a.raw_free(p) {
+        let before = self.a.counters();
+        match self.a.free(p) {
             Ok(()) => {
                 self.live.swap_remove(k);
                 None
             }
             Err(AllocError::FreeFailed { .. }) => {
-                if (a.stats(), a.segments()) != before {
+                if self.a.counters() != before {
                     Some(format!(
                         "free of {p} failed saying nothing was freed, \
                          but the counters or segments changed"
                     ))
-                } else if matches!(a.base_allocation(p), Err(AllocError::InvalidPointer { .. })) {
+                } else if !self.a.is_allocated(p) {
                     Some(format!(
                         "free of {p} failed saying nothing was freed, \
                          but the pointer is no longer allocated"
@@ -812,50 +1000,48 @@ impl Workload {
         }
     }
 
-    /// With the fault cleared: release held streams, end the private pool,
-    /// free every live block, empty the cache, check, and close. Returns
-    /// the calls that failed and what was left (leaks).
+    /// With the fault cleared: release held streams, settle, free every
+    /// live block, empty the cache, check, and close. Returns the calls
+    /// that failed and what was left (leaks).
     fn finish(mut self, fault: Option<(EntryPoint, u64)>) -> (Vec<String>, Vec<String>) {
         let mut failures = self.clean_up();
         let mut leaks = self.leaks(fault);
         let dev = self.dev.clone();
-        let teardown = self.a.close();
-        if !teardown.errors.is_empty() || teardown.live_blocks != 0 {
-            failures.push(format!("teardown: {teardown:?}"));
-        }
-        if dev.live().reservations != 0 {
+        failures.extend(self.a.close());
+        let live = dev.live();
+        if live.reservations != 0 {
             leaks.push(format!(
                 "{} address-space reservations left after close",
-                dev.live().reservations
+                live.reservations
+            ));
+        }
+        if live.allocations != 0 {
+            leaks.push(format!(
+                "{} device allocations left after close",
+                live.allocations
             ));
         }
         (failures, leaks)
     }
 
-    /// Release held streams, end the private pool, free every live block,
-    /// empty the cache and check the invariants: what failed.
+    /// Release held streams, settle, free every live block, empty the
+    /// cache and check the invariants: what failed.
     fn clean_up(&mut self) -> Vec<String> {
-        let mut failures = Vec::new();
         for (k, h) in self.held.iter().enumerate() {
             if *h {
                 let _ = self.dev.inner().release_stream(self.streams[k]);
             }
         }
-        let a = &self.a;
-        if let Some(id) = self.pool.take() {
-            if let Err(e) = a.end_allocate_to_pool(id).and_then(|()| a.release_pool(id)) {
-                failures.push(format!("ending the private pool: {e}"));
-            }
-        }
-        for p in self.live.drain(..) {
-            if let Err(e) = a.raw_free(p) {
+        let mut failures = self.a.settle();
+        for p in std::mem::take(&mut self.live) {
+            if let Err(e) = self.a.free(p) {
                 failures.push(format!("freeing {p} at the end: {e}"));
             }
         }
-        if let Err(e) = a.empty_cache() {
+        if let Err(e) = self.a.empty_cache() {
             failures.push(format!("empty_cache at the end: {e}"));
         }
-        if let Err(e) = a.check_invariants() {
+        if let Err(e) = self.a.check_invariants() {
             failures.push(format!("invariant at the end: {e}"));
         }
         failures
@@ -866,9 +1052,13 @@ impl Workload {
     fn leaks(&self, fault: Option<(EntryPoint, u64)>) -> Vec<String> {
         let mut leaks = Vec::new();
         let stats = self.a.stats();
-        let reserved = stats.reserved_bytes.all().current;
+        let (kept_bytes, kept_allocations) = self.a.kept_after_empty_cache();
+        let reserved = stats.reserved_bytes.all().current - kept_bytes;
         if reserved != 0 {
-            leaks.push(format!("{reserved} bytes still reserved after empty_cache"));
+            leaks.push(format!(
+                "{reserved} bytes still reserved after empty_cache (besides {kept_bytes} kept by \
+                 design)"
+            ));
         }
         let allocated = stats.allocated_bytes.all().current;
         let active = stats.active_bytes.all().current;
@@ -879,14 +1069,14 @@ impl Workload {
         }
         let live_dev = self.dev.live();
         let sim = self.dev.inner().counters();
-        if live_dev.allocations != 0
+        if live_dev.allocations != kept_allocations
             || live_dev.mapped_bytes != 0
-            || sim.live_allocs != 0
-            || sim.bytes_in_use != 0
+            || sim.live_allocs as i64 != kept_allocations
+            || sim.bytes_in_use as i64 != kept_bytes
         {
             leaks.push(format!(
                 "device: {} allocations and {} mapped bytes live ({} and {} bytes in use on the \
-                 sim)",
+                 sim; {kept_allocations} allocations of {kept_bytes} bytes kept by design)",
                 live_dev.allocations, live_dev.mapped_bytes, sim.live_allocs, sim.bytes_in_use
             ));
         }
@@ -904,15 +1094,164 @@ impl Workload {
     }
 }
 
-/// The mode of `config` in words, for messages.
-fn describe(config: &AllocatorConfig) -> String {
-    let mut s = String::new();
-    if config.policy == reservoir::config::ReservoirPolicy::Reservoir {
-        s.push_str("reservoir policy");
-    } else if config.expandable_segments {
-        s.push_str("expandable segments");
-    } else {
-        s.push_str("PyTorch mode");
+/// The shape of a [`sweep`].
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    /// Shown in the summary line after "fault injection" (`"mps heap"`);
+    /// empty for none.
+    pub name: &'static str,
+    /// The [`workload`]'s seed.
+    pub seed: u64,
+    /// The [`workload`]'s operations.
+    pub ops: usize,
+    /// N runs from 1 to this for every entry point (fewer if it is called
+    /// less).
+    pub k: u64,
+    /// More values of N, spread evenly from `k` to the entry point's last
+    /// call in the workload.
+    pub spread: u64,
+    /// Operations checked after the fault fired (then the clean-up runs).
+    pub after_fault: usize,
+    /// The device's bytes.
+    pub capacity: u64,
+}
+
+/// What a [`sweep`] found.
+#[derive(Clone, Debug, Default)]
+pub struct SweepReport {
+    /// Every entry point the allocator called in some mode's fault-free
+    /// run: each one was failed.
+    pub entry_points: std::collections::BTreeSet<EntryPoint>,
+    /// Runs with a fault.
+    pub runs: usize,
+    /// Faults injected.
+    pub injected: u64,
+    /// What [`run`] found broken, in every run (the fault-free ones too).
+    pub violations: Vec<String>,
+    /// What [`run`] found left, in every run.
+    pub leaks: Vec<String>,
+    /// Runs whose fault never fired (mode, entry point, N).
+    pub silent: Vec<String>,
+    /// The summary line: `fault injection[ (name)]: E entry points (names)
+    /// x N=1..K (+S spread) x M modes: R runs, F faults injected, V
+    /// violations, L leaks`.
+    pub summary: String,
+}
+
+impl SweepReport {
+    /// Write the summary line to stderr past libtest's output capture (so
+    /// CI's log shows it), then fail on any violation, leak or fault that
+    /// never fired.
+    pub fn print_and_check(&self) {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), "\n{}", self.summary);
+        assert!(
+            self.violations.is_empty() && self.leaks.is_empty(),
+            "violations:\n{}\nleaks:\n{}",
+            self.violations.join("\n"),
+            self.leaks.join("\n")
+        );
+        // The runs are deterministic up to their fault: each one fires.
+        assert!(
+            self.silent.is_empty(),
+            "faults that never fired: {:?}",
+            self.silent
+        );
     }
-    s
+}
+
+/// The values of N for an entry point called `calls` times: 1..=k, then
+/// `spread` more spread evenly to the last call.
+fn values_of_n(calls: u64, k: u64, spread: u64) -> Vec<u64> {
+    let mut ns: Vec<u64> = (1..=k.min(calls)).collect();
+    if calls > k {
+        let span = calls - k;
+        ns.extend((1..=spread).map(|i| k + (span * i).div_ceil(spread)));
+    }
+    ns.dedup();
+    ns
+}
+
+/// Every backend entry point the allocator calls, failing one call at a
+/// time at its N-th call (N = 1..=k, and `spread` more to its last call in
+/// the workload), in every mode: one fault-free [`run`] per mode (checked
+/// from the first operation) counts the calls, then one [`run`] per
+/// (mode, entry point, N), on up to 8 threads.
+pub fn sweep<S: Subject>(shape: &Sweep, modes: &[(&str, S::Mode)]) -> SweepReport {
+    let ops = workload(shape.seed, shape.ops);
+    let mut jobs: Vec<(&str, &S::Mode, EntryPoint, u64)> = Vec::new();
+    let mut report = SweepReport::default();
+    for (name, mode) in modes {
+        let baseline = run::<S>(mode, shape.capacity, &ops, None, true, usize::MAX);
+        report.violations.extend(baseline.violations);
+        report.leaks.extend(baseline.leaks);
+        for (i, &entry) in EntryPoint::ALL.iter().enumerate() {
+            let calls = baseline.calls.get(i).copied().unwrap_or(0);
+            if calls > 0 {
+                report.entry_points.insert(entry);
+            }
+            for n in values_of_n(calls, shape.k, shape.spread) {
+                jobs.push((name, mode, entry, n));
+            }
+        }
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<(usize, RunReport)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let j = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(_, mode, entry, n)) = jobs.get(j) else {
+                            break;
+                        };
+                        let fault = Some((entry, n));
+                        let r =
+                            run::<S>(mode, shape.capacity, &ops, fault, false, shape.after_fault);
+                        out.push((j, r));
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a sweep thread"))
+            .collect()
+    });
+    assert_eq!(results.len(), jobs.len());
+    for (j, r) in results {
+        report.injected += r.injected;
+        if r.injected == 0 {
+            let (mode, _, entry, n) = jobs[j];
+            report.silent.push(format!("{mode} {} #{n}", entry.name()));
+        }
+        report.violations.extend(r.violations);
+        report.leaks.extend(r.leaks);
+    }
+    report.runs = jobs.len();
+    let names: Vec<&str> = report.entry_points.iter().map(|e| e.name()).collect();
+    let label = if shape.name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", shape.name)
+    };
+    report.summary = format!(
+        "fault injection{label}: {} entry points ({}) x N=1..{} (+{} spread) x {} modes: \
+         {} runs, {} faults injected, {} violations, {} leaks",
+        report.entry_points.len(),
+        names.join(", "),
+        shape.k,
+        shape.spread,
+        modes.len(),
+        report.runs,
+        report.injected,
+        report.violations.len(),
+        report.leaks.len(),
+    );
+    report
 }

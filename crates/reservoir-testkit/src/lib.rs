@@ -7,7 +7,8 @@
 //!   the [`DeviceWork`](reservoir::backend::DeviceWork) and
 //!   [`Memcpy`](reservoir::backend::Memcpy) capabilities;
 //! * [`faults`]: a backend wrapper that fails the N-th call of any entry
-//!   point, and the fault-injection workload run over it;
+//!   point, and the fault-injection workload and sweep run over it, for
+//!   the caching allocator and the MPS heap allocator;
 //! * [`traces`]: the one locator of the real traces in `../shared/traces`
 //!   and of the oracle (skipping a test without it);
 //! * [`run`]: a workspace binary run in a test;

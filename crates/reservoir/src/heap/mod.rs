@@ -59,7 +59,8 @@
 //! `heaps_pending_update`); a heap released while such a range remains
 //! leaves the pool and the totals at once and goes back to the device when
 //! the work completes (ARC's deferred free). Dropping the allocator empties
-//! its cache (`~MPSHeapAllocatorImpl`).
+//! its cache (`~MPSHeapAllocatorImpl`) and releases the heaps that hold no
+//! buffer, which `emptyCache` keeps (see the `Drop` implementation).
 //!
 //! **Callbacks.** PyTorch 2.x fires only `ALLOCATION_FAILED`, and so does
 //! Reservoir by default; with [`HeapSettings::all_callback_events`] (a
@@ -375,39 +376,44 @@ impl<B: Backend> HeapAllocator<B> {
     /// so far as using the buffer (PyTorch records the event after
     /// encoding the copy that uses it): the retain count stays above 1
     /// until that work completes. For private buffers, and for work that
-    /// records no event, see [`record_use`](Self::record_use).
+    /// records no event, see [`record_use`](Self::record_use). A device
+    /// error recording an event gives back the events already recorded:
+    /// a failed call changes no buffer.
     pub fn record_events(&self, ptrs: &[DevicePtr], stream: StreamId) -> Result<bool, AllocError> {
         // An unknown stream is refused before any event is recorded.
         self.backend
             .check_stream(stream)
             .map_err(|e| AllocError::from_stream_check(stream, e))?;
         let mut g = self.state.lock();
-        let mut recorded = false;
-        for &ptr in ptrs {
-            let Some(&b) = g.ptrs.get(&ptr.0) else {
-                continue;
-            };
-            if !g.pool_of(b).is_shared() {
-                continue;
-            }
-            // The use first, then the buffer's event: waiting for the
-            // event waits for the use.
-            let used = self.backend.record_event(stream)?;
-            let event = match self.backend.record_event(stream) {
-                Ok(e) => e,
+        let shared: Vec<BlockId> = ptrs
+            .iter()
+            .filter_map(|ptr| g.ptrs.get(&ptr.0).copied())
+            .filter(|&b| g.pool_of(b).is_shared())
+            .collect();
+        // Every event first: a device error gives back those recorded, so
+        // a failed call changes no buffer.
+        let mut events = Vec::with_capacity(2 * shared.len());
+        for _ in 0..2 * shared.len() {
+            match self.backend.record_event(stream) {
+                Ok(e) => events.push(e),
                 Err(e) => {
-                    let _ = self.backend.destroy_event(used);
+                    for done in events {
+                        let _ = self.backend.destroy_event(done);
+                    }
                     return Err(e.into());
                 }
-            };
+            }
+        }
+        // Per buffer, the use first, then the buffer's event: waiting for
+        // the event waits for the use.
+        for (&b, pair) in shared.iter().zip(events.chunks_exact(2)) {
             let buf = g.bufs.get_mut(&b).expect("a buffer");
-            if let Some(old) = buf.event.replace(event) {
+            if let Some(old) = buf.event.replace(pair[1]) {
                 let _ = self.backend.destroy_event(old);
             }
-            buf.events.push(used);
-            recorded = true;
+            buf.events.push(pair[0]);
         }
-        Ok(recorded)
+        Ok(!shared.is_empty())
     }
 
     /// Reservoir extension (no PyTorch call): the buffers are used by the
@@ -745,14 +751,19 @@ impl<B: Backend> HeapAllocator<B> {
 }
 
 /// `~MPSHeapAllocatorImpl()`: `emptyCache()`. Cached buffers and the heaps
-/// they empty go back to the backend; buffers still in use keep theirs. A
-/// failure (or a panicking callback) is logged as a `tracing` warning, never
-/// raised.
+/// they empty go back to the backend; buffers still in use keep theirs.
+/// Then (Reservoir; PyTorch leaves them to the process's exit) every heap
+/// that holds no buffer goes back too: `emptyCache` keeps such heaps
+/// (garbage collection empties split heaps without releasing them), and
+/// nothing could release them once the allocator is gone. A failure (or a
+/// panicking callback) is logged as a `tracing` warning, never raised.
 impl<B: Backend> Drop for HeapAllocator<B> {
     fn drop(&mut self) {
         let run = std::panic::AssertUnwindSafe(|| {
             let mut g = self.state.lock();
-            self.release_cached_buffers(&mut g)
+            let cached = self.release_cached_buffers(&mut g);
+            let empty = g.release_empty_heaps(&self.backend);
+            cached.and(empty)
         });
         match std::panic::catch_unwind(run) {
             Ok(Ok(())) => {}

@@ -77,8 +77,21 @@ impl State {
             .copied()
             .filter(|b| self.bufs[b].awaiting_commit)
             .collect();
-        for b in waiting {
-            let e = dev.record_event(crate::backend::StreamId::DEFAULT)?;
+        // Every handler's event first: a device error gives back those
+        // recorded, and every scalar still waits for the commit.
+        let mut events = Vec::with_capacity(waiting.len());
+        for _ in &waiting {
+            match dev.record_event(crate::backend::StreamId::DEFAULT) {
+                Ok(e) => events.push(e),
+                Err(e) => {
+                    for done in events {
+                        let _ = dev.destroy_event(done);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        for (b, e) in waiting.into_iter().zip(events) {
             let buf = self.bufs.get_mut(&b).expect("a buffer");
             buf.handler = Some(e);
             buf.awaiting_commit = false;
@@ -261,6 +274,39 @@ impl State {
         first
     }
 
+    /// Release every heap of every pool that holds no buffer (Reservoir,
+    /// when the allocator is dropped: PyTorch's `emptyCache` never visits
+    /// such heaps, so without this their memory would never go back). A
+    /// heap whose device free fails stays as it was; the first error is
+    /// returned.
+    pub fn release_empty_heaps(&mut self, dev: &dyn Backend) -> Result<(), AllocError> {
+        let empty: Vec<SegmentId> = self
+            .heaps
+            .iter()
+            .filter(|(&h, heap)| {
+                heap.attached
+                    && heap.n_buffers == 0
+                    && !self
+                        .store
+                        .segment_blocks(h)
+                        .any(|x| self.store.blocks[x].allocated)
+            })
+            .map(|(&h, _)| h)
+            .collect();
+        let mut first = Ok(());
+        for h in empty {
+            if let Err(e) = self.free_heap_device_memory(dev, h) {
+                first = first.and(Err(e));
+                continue;
+            }
+            let key = self.heap_key(h);
+            let pool = self.store.segments[h].pool as usize;
+            self.pools[pool].heaps.remove(&key);
+            self.release_heap(dev, h);
+        }
+        first
+    }
+
     /// `release_available_cached_buffers` (spec 4.3): the smallest available
     /// buffer that fits, else the largest ones downward until enough bytes
     /// are released.
@@ -399,8 +445,14 @@ impl State {
             }
             self.zombies.remove(&b);
             self.free_range(b);
+            if last {
+                self.forget_heap(h);
+                continue;
+            }
+            // A released heap with zombies left keeps its available size
+            // exact too (issue 44: it went stale).
+            self.update_heap(h);
             if self.heaps[&h].attached {
-                self.update_heap(h);
                 let still_busy = self
                     .store
                     .segment_blocks(h)
@@ -409,8 +461,6 @@ impl State {
                     let pool = self.store.segments[h].pool as usize;
                     self.pools[pool].heaps_pending_update.remove(&h);
                 }
-            } else if last {
-                self.forget_heap(h);
             }
         }
         Ok(())

@@ -432,10 +432,12 @@ impl State {
         let Some(b) = p.found else {
             return Ok(false);
         };
+        // The retain count (for the log) before the buffer leaves its free
+        // list: a device error must leave it cached (issue 44, G3).
+        let retain = self.retain_count(dev, b)?;
         self.remove_available(b);
         let size = self.size(b);
         self.pools[pool].available_size -= size;
-        let retain = self.retain_count(dev, b)?;
         let buf = self.bufs.get_mut(&b).expect("a buffer");
         buf.gc_count = 0;
         let (id, use_no) = (buf.id, buf.use_count + 1);
