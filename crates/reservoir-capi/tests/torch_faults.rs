@@ -13,7 +13,9 @@
 //! allocator's counters and on the fake driver's `used` counter (a leak
 //! otherwise). The summary line, written past libtest's capture:
 //!
-//! `fault injection (torch face): E entry points x N=1..K: R runs, F faults injected, 0 violations, 0 leaks`
+//! `fault injection (torch face, CONFIG): E entry points x N=1..K: R runs, F faults injected, 0 violations, 0 leaks`,
+//! once with the default settings and once (in a child process) with
+//! `expandable_segments:True`.
 //!
 //! Runs on the fake CUDA driver
 //! (`LD_LIBRARY_PATH=$HOME/.cache/pytorch-oracle/lib`); without a driver,
@@ -77,11 +79,14 @@ impl Run {
     }
 
     fn malloc(&mut self, size: usize) {
+        self.malloc_on(size, std::ptr::null_mut());
+    }
+
+    fn malloc_on(&mut self, size: usize, stream: *mut c_void) {
         let mut p = std::ptr::null_mut();
-        // SAFETY: default stream; `p` a live local; no OOM report.
-        let s = unsafe {
-            reservoir_torch_malloc(size, 0, std::ptr::null_mut(), &mut p, std::ptr::null_mut())
-        };
+        // SAFETY: `stream` is null or a live stream of device 0; `p` a live
+        // local; no OOM report.
+        let s = unsafe { reservoir_torch_malloc(size, 0, stream, &mut p, std::ptr::null_mut()) };
         if self.after("reservoir_torch_malloc", s) && !p.is_null() {
             self.live.push(p);
         }
@@ -102,7 +107,7 @@ impl Run {
 }
 
 /// The workload: one call per step, the fault armed throughout.
-fn workload(run: &mut Run, pool: (u64, u64)) {
+fn workload(run: &mut Run, pool: (u64, u64), stream: *mut c_void) {
     run.malloc(MIB);
     run.malloc(3 * MIB);
     run.malloc(512);
@@ -113,7 +118,17 @@ fn workload(run: &mut Run, pool: (u64, u64)) {
         run.live.push(p);
     }
     run.delete(1);
+    // A second stream: record_stream, so frees record events that later
+    // allocations query (record_event, query_event, destroy_event).
+    run.malloc_on(5 * MIB, stream);
+    if let Some(&p) = run.live.first() {
+        // SAFETY: `p` is live, `stream` a live stream of device 0.
+        let s = unsafe { reservoir_torch_record_stream(p, stream) };
+        run.after("reservoir_torch_record_stream", s);
+        run.delete(0);
+    }
     run.malloc(2 * MIB);
+    run.malloc_on(MIB / 2, stream);
     // SAFETY: null filter and context (the calling thread's allocations).
     let s = unsafe {
         reservoir_torch_begin_allocate_to_pool(0, pool.0, pool.1, None, std::ptr::null_mut(), None)
@@ -223,6 +238,80 @@ fn clean_up(run: &mut Run, used_before: u64, used: &dyn Fn() -> u64) -> Option<S
     (!leaks.is_empty()).then(|| leaks.join("; "))
 }
 
+/// The child's configuration (see [`torch_face_under_backend_faults`]).
+const CONF_ENV: &str = "RESERVOIR_TORCH_FAULTS_CONF";
+
+/// The sweep on device 0, configured by `conf`; its summary line.
+fn sweep(conf: &str, fake: &reservoir_cuda::FakeDriver) -> String {
+    torch_configure(Some(conf)).expect("configure before the first allocation");
+    let used = || fake.stat("used").expect("the fake's used counter");
+    // Build device 0's allocator and the second stream, then take the
+    // baseline.
+    let mut warm = Run::default();
+    warm.malloc(MIB);
+    let _ = clean_up(&mut warm, used(), &used);
+    use cudarc::driver::sys;
+    let mut raw: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: the entry points loaded the driver and made device 0's
+    // primary context current on this thread; `raw` is a live local.
+    let r = unsafe { sys::cuStreamCreate(&mut raw, 0) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    let stream = raw.cast::<c_void>();
+    let base = used();
+
+    // The fault-free run: how many backend calls the workload makes.
+    let mut run = Run::default();
+    let c0 = faults::calls();
+    workload(&mut run, (1, 7), stream);
+    let k = faults::calls() - c0;
+    if let Some(l) = clean_up(&mut run, base, &used) {
+        panic!("{conf:?}: the fault-free run leaks: {l}");
+    }
+    assert!(run.violations.is_empty(), "{:?}", run.violations);
+    assert!(k > 10, "the workload made only {k} backend calls");
+    let entry_points = run.entry_points.len();
+
+    let (mut runs, mut violations, mut leaks) = (1u64, Vec::new(), Vec::new());
+    let injected_before = faults::injected();
+    for n in 1..=k {
+        let mut run = Run::default();
+        faults::fail_nth(n);
+        workload(&mut run, (n + 1, 7), stream);
+        faults::clear();
+        if let Some(l) = clean_up(&mut run, base, &used) {
+            leaks.push(format!("N={n}: {l}"));
+        }
+        violations.extend(run.violations.into_iter().map(|v| format!("N={n}: {v}")));
+        runs += 1;
+    }
+    let injected = faults::injected() - injected_before;
+    let conf_shown = if conf.is_empty() { "defaults" } else { conf };
+    let line = format!(
+        "fault injection (torch face, {conf_shown}): {entry_points} entry points x N=1..{k}: \
+         {runs} runs, {injected} faults injected, {} violations, {} leaks",
+        violations.len(),
+        leaks.len()
+    );
+    report(&line);
+    assert!(
+        violations.is_empty(),
+        "{conf:?}: violations:\n{}",
+        violations.join("\n")
+    );
+    assert!(leaks.is_empty(), "{conf:?}: leaks:\n{}", leaks.join("\n"));
+    assert!(
+        injected * 2 >= k,
+        "{conf:?}: only {injected} of {k} faults were injected (the workload's calls changed)"
+    );
+    // SAFETY: `raw` is a live stream; its work is done (clean-up synced).
+    let r = unsafe { sys::cuStreamDestroy_v2(raw) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    line
+}
+
+/// The sweep with the default settings here, and with expandable segments
+/// (the driver's virtual-memory calls) in a child process: the PyTorch
+/// allocators are configured once per process.
 #[test]
 fn torch_face_under_backend_faults() {
     let probe = match reservoir_cuda::CudaDevice::new(0) {
@@ -235,56 +324,41 @@ fn torch_face_under_backend_faults() {
         }
     };
     let Some(fake) = probe.fake() else {
-        report("SKIPPED-BACKEND cuda (reservoir-capi torch_faults): not the fake driver (needs its used counter)");
+        report(
+            "SKIPPED-BACKEND cuda (reservoir-capi torch_faults): not the fake driver \
+             (needs its used counter)",
+        );
         return;
     };
-    let used = || fake.stat("used").expect("the fake's used counter");
-    // Build device 0's allocator, then take the baseline.
-    let mut warm = Run::default();
-    warm.malloc(MIB);
-    let _ = clean_up(&mut warm, used(), &used);
-    let base = used();
-
-    // The fault-free run: how many backend calls the workload makes.
-    let mut run = Run::default();
-    let c0 = faults::calls();
-    workload(&mut run, (1, 7));
-    let k = faults::calls() - c0;
-    if let Some(l) = clean_up(&mut run, base, &used) {
-        panic!("the fault-free run leaks: {l}");
+    if let Ok(conf) = std::env::var(CONF_ENV) {
+        sweep(&conf, fake);
+        return;
     }
-    assert!(run.violations.is_empty(), "{:?}", run.violations);
-    assert!(k > 10, "the workload made only {k} backend calls");
-    let entry_points = run.entry_points.len();
-
-    let (mut runs, mut violations, mut leaks) = (1u64, Vec::new(), Vec::new());
-    let injected_before = faults::injected();
-    for n in 1..=k {
-        let mut run = Run::default();
-        faults::fail_nth(n);
-        workload(&mut run, (n + 1, 7));
-        faults::clear();
-        if let Some(l) = clean_up(&mut run, base, &used) {
-            leaks.push(format!("N={n}: {l}"));
-        }
-        violations.extend(run.violations.into_iter().map(|v| format!("N={n}: {v}")));
-        runs += 1;
-    }
-    let injected = faults::injected() - injected_before;
-    report(&format!(
-        "fault injection (torch face): {entry_points} entry points x N=1..{k}: {runs} runs, \
-         {injected} faults injected, {} violations, {} leaks",
-        violations.len(),
-        leaks.len()
-    ));
+    sweep("", fake);
+    let conf = "expandable_segments:True";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "torch_face_under_backend_faults",
+            "--test-threads=1",
+        ])
+        .env(CONF_ENV, conf)
+        .output()
+        .expect("run the child");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("fault injection (torch face"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary from the {conf} child ({}):\n{stderr}",
+                out.status
+            )
+        });
+    report(line);
     assert!(
-        violations.is_empty(),
-        "violations:\n{}",
-        violations.join("\n")
-    );
-    assert!(leaks.is_empty(), "leaks:\n{}", leaks.join("\n"));
-    assert!(
-        injected * 2 >= k,
-        "only {injected} of {k} faults were injected (the workload's calls changed)"
+        out.status.success(),
+        "the {conf} child failed:\n{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }
