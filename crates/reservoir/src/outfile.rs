@@ -16,7 +16,7 @@
 //! * **anything else that exists** (a character device such as
 //!   `/dev/stdout` or `/dev/null`, a FIFO, a socket): the bytes are written
 //!   straight to it, as a shell's `>` would, and it is never removed or
-//!   replaced, whatever fails. A directory is refused (`EISDIR`).
+//!   replaced, whatever fails. A directory is refused (`InvalidInput`, "PATH is a directory").
 //!
 //! Each error names the path and what failed.
 
@@ -79,8 +79,9 @@ pub fn write_file<T>(
     };
     if let Some(m) = &existing {
         if m.is_dir() {
+            // (`ErrorKind::IsADirectory` is newer than the MSRV.)
             return Err(io::Error::new(
-                io::ErrorKind::IsADirectory,
+                io::ErrorKind::InvalidInput,
                 format!("{shown} is a directory"),
             ));
         }
