@@ -160,7 +160,11 @@ fn main() -> ExitCode {
     let _ = std::fs::remove_dir_all(&dir);
     print!("{}", table(&rows));
     if let Some(f) = o.json {
-        if let Err(e) = std::fs::write(&f, to_json(&rows)) {
+        // A temporary file renamed into place (reservoir::outfile): a failed
+        // write keeps the previous file.
+        let json = to_json(&rows);
+        let write = |w: &mut dyn std::io::Write| w.write_all(json.as_bytes());
+        if let Err(e) = reservoir::outfile::write_file(std::path::Path::new(&f), write) {
             eprintln!("cannot write {f}: {e}");
             return ExitCode::FAILURE;
         }
@@ -246,7 +250,8 @@ fn write_sequences(dir: &Path, quick: bool) -> ExitCode {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
         let file = dir.join(format!("{name}.txt"));
-        if let Err(e) = std::fs::write(&file, &seq.text) {
+        let write = |w: &mut dyn std::io::Write| w.write_all(seq.text.as_bytes());
+        if let Err(e) = reservoir::outfile::write_file(&file, write) {
             eprintln!("cannot write {}: {e}", file.display());
             return ExitCode::FAILURE;
         }

@@ -77,14 +77,6 @@ typedef enum ReservoirBackend {
   RESERVOIR_BACKEND_CUDA = 2,
 } ReservoirBackend;
 
-typedef struct Option_ReservoirContextRecorder Option_ReservoirContextRecorder;
-
-typedef struct Option_ReservoirFilterDrop Option_ReservoirFilterDrop;
-
-typedef struct Option_ReservoirStreamFilter Option_ReservoirStreamFilter;
-
-typedef struct Option_ReservoirTraceTracker Option_ReservoirTraceTracker;
-
 // An allocator handle as C sees it: an opaque token, never dereferenced
 // (it is not an address; every call checks it).
 typedef struct ReservoirAllocator ReservoirAllocator;
@@ -113,6 +105,38 @@ typedef struct ReservoirTorchOom {
   // The text's full length in bytes (without the NUL).
   uintptr_t length;
 } ReservoirTorchOom;
+
+// A C predicate over the allocation stream (a `cudaStream_t`), the filter
+// of [`reservoir_torch_begin_allocate_to_pool`]; null is allowed there.
+//
+// The nullable function pointers of the header are `Option`s of function
+// types written out here, never of another alias: cbindgen turns
+// `Option<unsafe extern "C" fn(..)>` into a plain C function pointer, but
+// an `Option` of an alias into an undefined `struct Option_...`
+// (issue 44, G2).
+typedef bool (*ReservoirStreamFilter)(void *ctx, void *stream);
+
+// Drops a filter's context (nullable).
+typedef void (*ReservoirFilterDrop)(void *ctx);
+
+// A C function returning a context id for the current call's stack (0:
+// none), the recorder of [`reservoir_torch_record_history`] (nullable).
+typedef uint64_t (*ReservoirContextRecorder)(void);
+
+// A C trace tracker (torch's `AllocatorTraceTracker`), called under the
+// allocator's lock with each trace entry: `device`, `action` (in
+// `TraceEntry::Action` order), `addr`, `size`, `stream`, the pool's halves
+// and `time_us` (microseconds since the Unix epoch). Nullable in the type;
+// [`reservoir_torch_attach_trace_tracker`] refuses null.
+typedef void (*ReservoirTraceTracker)(void *ctx,
+                                      int32_t device,
+                                      int32_t action,
+                                      uint64_t addr,
+                                      uint64_t size,
+                                      void *stream,
+                                      uint64_t p0,
+                                      uint64_t p1,
+                                      int64_t time_us);
 
 // One stream's expandable segment (torch's `StreamSegmentSize`).
 typedef struct ReservoirStreamSegmentSize {
@@ -220,9 +244,14 @@ enum ReservoirStatus reservoir_allocator_record_history(struct ReservoirAllocato
 // Write the allocator's memory snapshot (segments, blocks, history) to
 // the file `path` as a pickle, exactly as `torch.cuda.memory._snapshot()`
 // is pickled (loads in pytorch.org/memory_viz). On Unix `path` is any
-// bytes, as the system takes them. The pickle is streamed to the file (its
-// size in memory is the history's, not the file's); on failure the file
-// is removed.
+// bytes, as the system takes them. The pickle is streamed (its size in
+// memory is the history's, not the file's) to a temporary file in the
+// same folder, renamed over `path` only once whole: on failure
+// (`RESERVOIR_ERR_IO`) the previous file at `path` is left as it was and
+// the temporary file is removed. A symbolic link is followed (the link
+// stays, its target is replaced). A `path` that names a device or a FIFO
+// (`/dev/stdout`) is written straight and never removed or replaced; a
+// directory is refused (`reservoir::outfile`, docs/limits.md).
 //
 // # Safety
 // `path` is null or a NUL-terminated string.
@@ -446,9 +475,9 @@ enum ReservoirStatus reservoir_torch_base_allocation(void *ptr, void **base, uin
 enum ReservoirStatus reservoir_torch_begin_allocate_to_pool(int32_t device,
                                                             uint64_t p0,
                                                             uint64_t p1,
-                                                            struct Option_ReservoirStreamFilter filter,
+                                                            ReservoirStreamFilter filter,
                                                             void *ctx,
-                                                            struct Option_ReservoirFilterDrop drop_ctx);
+                                                            ReservoirFilterDrop drop_ctx);
 
 // torch's `endAllocateToPool(device, mempool_id)`.
 enum ReservoirStatus reservoir_torch_end_allocate_to_pool(int32_t device, uint64_t p0, uint64_t p1);
@@ -505,7 +534,7 @@ enum ReservoirStatus reservoir_torch_check_pool_live_allocations(int32_t device,
 // `recorder`, when non-null, may be called from any thread.
 enum ReservoirStatus reservoir_torch_record_history(bool enabled,
                                                     bool trace_all,
-                                                    struct Option_ReservoirContextRecorder recorder,
+                                                    ReservoirContextRecorder recorder,
                                                     uintptr_t max_entries,
                                                     int32_t when,
                                                     bool clear_history);
@@ -561,8 +590,7 @@ void reservoir_torch_buffer_free(uint8_t *buf, uintptr_t len);
 //
 // # Safety
 // `tracker` may be called with `ctx` from any thread, several at once.
-enum ReservoirStatus reservoir_torch_attach_trace_tracker(struct Option_ReservoirTraceTracker tracker,
-                                                          void *ctx);
+enum ReservoirStatus reservoir_torch_attach_trace_tracker(ReservoirTraceTracker tracker, void *ctx);
 
 // torch's `getExpandableSegmentSizes(device)`: writes up to `capacity`
 // entries to `out` and their full count to `*count` (call again with a

@@ -454,9 +454,14 @@ unsafe fn path_arg<'a>(s: *const c_char, what: &str) -> Result<&'a std::path::Pa
 /// Write the allocator's memory snapshot (segments, blocks, history) to
 /// the file `path` as a pickle, exactly as `torch.cuda.memory._snapshot()`
 /// is pickled (loads in pytorch.org/memory_viz). On Unix `path` is any
-/// bytes, as the system takes them. The pickle is streamed to the file (its
-/// size in memory is the history's, not the file's); on failure the file
-/// is removed.
+/// bytes, as the system takes them. The pickle is streamed (its size in
+/// memory is the history's, not the file's) to a temporary file in the
+/// same folder, renamed over `path` only once whole: on failure
+/// (`RESERVOIR_ERR_IO`) the previous file at `path` is left as it was and
+/// the temporary file is removed. A symbolic link is followed (the link
+/// stays, its target is replaced). A `path` that names a device or a FIFO
+/// (`/dev/stdout`) is written straight and never removed or replaced; a
+/// directory is refused (`reservoir::outfile`, docs/limits.md).
 ///
 /// # Safety
 /// `path` is null or a NUL-terminated string.
@@ -468,16 +473,16 @@ pub unsafe extern "C" fn reservoir_allocator_snapshot(
     guard("reservoir_allocator_snapshot", || {
         // SAFETY: `path` is null or NUL-terminated (caller's contract).
         let path = unsafe { path_arg(path, "path") }?;
-        let shown = path.display();
         let snapshot = with_handle(h, |a| Ok(each_backend!(a, a => a.snapshot(None))))?;
-        let file = std::fs::File::create(path)
-            .map_err(|e| Failure::new(RESERVOIR_ERR_IO, format!("creating {shown:?}: {e}")))?;
-        // Whole 64 KiB frames reach the buffer; it flushes at the end.
-        let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
-        snapshot.write_pickle(&mut w).map_err(|e| {
-            let _ = std::fs::remove_file(path);
-            Failure::new(RESERVOIR_ERR_IO, format!("writing {shown:?}: {e}"))
+        // Issue 44, G1: never `remove_file(path)`: a failed write removed
+        // whatever `path` named (a device node, a FIFO, a link, the
+        // previous snapshot).
+        reservoir::outfile::write_file(path, |w| {
+            snapshot
+                .write_pickle(w)
+                .map_err(|e| std::io::Error::other(e.to_string()))
         })
+        .map_err(|e| Failure::new(RESERVOIR_ERR_IO, e.to_string()))
     })
 }
 

@@ -63,8 +63,12 @@
 //! ## Testing
 //!
 //! `tests/c/test_capi.c` is compiled with `cc` and run by `tests/c_program.rs`
-//! against the simulated device; the PyTorch entry points are tested on the
-//! fake CUDA driver of `../shared/oracle`:
+//! against the simulated device; `tests/c_header_calls.rs` generates a
+//! program from `include/reservoir.h` that calls every function with edge
+//! arguments, as C11 and C++17; the PyTorch entry points are tested on the
+//! fake CUDA driver of `../shared/oracle`, and under backend faults
+//! (`tests/torch_faults.rs`, reservoir-cuda's `fault-injection` feature,
+//! which this crate's tests turn on):
 //!
 //! ```sh
 //! cargo test -p reservoir-capi                                  # C program, header, sim

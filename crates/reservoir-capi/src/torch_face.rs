@@ -415,17 +415,23 @@ pub unsafe extern "C" fn reservoir_torch_base_allocation(
 }
 
 /// A C predicate over the allocation stream (a `cudaStream_t`), the filter
-/// of [`reservoir_torch_begin_allocate_to_pool`].
+/// of [`reservoir_torch_begin_allocate_to_pool`]; null is allowed there.
+///
+/// The nullable function pointers of the header are `Option`s of function
+/// types written out here, never of another alias: cbindgen turns
+/// `Option<unsafe extern "C" fn(..)>` into a plain C function pointer, but
+/// an `Option` of an alias into an undefined `struct Option_...`
+/// (issue 44, G2).
 pub type ReservoirStreamFilter =
-    unsafe extern "C" fn(ctx: *mut c_void, stream: *mut c_void) -> bool;
+    Option<unsafe extern "C" fn(ctx: *mut c_void, stream: *mut c_void) -> bool>;
 
-/// Drops a filter's context.
-pub type ReservoirFilterDrop = unsafe extern "C" fn(ctx: *mut c_void);
+/// Drops a filter's context (nullable).
+pub type ReservoirFilterDrop = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
 
 /// Owns a C filter's context; dropped (calling `drop`) with the filter.
 struct CFilter {
-    filter: ReservoirStreamFilter,
-    drop: Option<ReservoirFilterDrop>,
+    filter: unsafe extern "C" fn(ctx: *mut c_void, stream: *mut c_void) -> bool,
+    drop: ReservoirFilterDrop,
     ctx: *mut c_void,
 }
 
@@ -459,9 +465,9 @@ pub unsafe extern "C" fn reservoir_torch_begin_allocate_to_pool(
     device: i32,
     p0: u64,
     p1: u64,
-    filter: Option<ReservoirStreamFilter>,
+    filter: ReservoirStreamFilter,
     ctx: *mut c_void,
-    drop_ctx: Option<ReservoirFilterDrop>,
+    drop_ctx: ReservoirFilterDrop,
 ) -> ReservoirStatus {
     let owned = filter.map(|filter| CFilter {
         filter,
@@ -617,8 +623,8 @@ pub unsafe extern "C" fn reservoir_torch_check_pool_live_allocations(
 }
 
 /// A C function returning a context id for the current call's stack (0:
-/// none), the recorder of [`reservoir_torch_record_history`].
-pub type ReservoirContextRecorder = unsafe extern "C" fn() -> u64;
+/// none), the recorder of [`reservoir_torch_record_history`] (nullable).
+pub type ReservoirContextRecorder = Option<unsafe extern "C" fn() -> u64>;
 
 /// The frame name that carries a context id recorded by a
 /// [`ReservoirContextRecorder`] (the snapshot gives the id back).
@@ -639,7 +645,7 @@ const CTX_FRAME: &str = "reservoir-context";
 pub unsafe extern "C" fn reservoir_torch_record_history(
     enabled: bool,
     trace_all: bool,
-    recorder: Option<ReservoirContextRecorder>,
+    recorder: ReservoirContextRecorder,
     max_entries: usize,
     when: i32,
     clear_history: bool,
@@ -908,22 +914,35 @@ pub unsafe extern "C" fn reservoir_torch_buffer_free(buf: *mut u8, len: usize) {
 /// A C trace tracker (torch's `AllocatorTraceTracker`), called under the
 /// allocator's lock with each trace entry: `device`, `action` (in
 /// `TraceEntry::Action` order), `addr`, `size`, `stream`, the pool's halves
-/// and `time_us` (microseconds since the Unix epoch).
-pub type ReservoirTraceTracker = unsafe extern "C" fn(
-    ctx: *mut c_void,
-    device: i32,
-    action: i32,
-    addr: u64,
-    size: u64,
-    stream: *mut c_void,
-    p0: u64,
-    p1: u64,
-    time_us: i64,
-);
+/// and `time_us` (microseconds since the Unix epoch). Nullable in the type;
+/// [`reservoir_torch_attach_trace_tracker`] refuses null.
+pub type ReservoirTraceTracker = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        device: i32,
+        action: i32,
+        addr: u64,
+        size: u64,
+        stream: *mut c_void,
+        p0: u64,
+        p1: u64,
+        time_us: i64,
+    ),
+>;
 
 /// A C tracker and its context, shared by every device.
 struct CTracker {
-    f: ReservoirTraceTracker,
+    f: unsafe extern "C" fn(
+        ctx: *mut c_void,
+        device: i32,
+        action: i32,
+        addr: u64,
+        size: u64,
+        stream: *mut c_void,
+        p0: u64,
+        p1: u64,
+        time_us: i64,
+    ),
     ctx: *mut c_void,
 }
 
@@ -942,7 +961,7 @@ unsafe impl Sync for CTracker {}
 /// `tracker` may be called with `ctx` from any thread, several at once.
 #[no_mangle]
 pub unsafe extern "C" fn reservoir_torch_attach_trace_tracker(
-    tracker: Option<ReservoirTraceTracker>,
+    tracker: ReservoirTraceTracker,
     ctx: *mut c_void,
 ) -> ReservoirStatus {
     torch_guard("reservoir_torch_attach_trace_tracker", || {

@@ -143,7 +143,8 @@ pub(crate) fn cmd_diff(args: DiffArgs) -> Result<()> {
     let text = match args.json.as_deref() {
         Some(p) if p == Path::new("-") => json,
         Some(p) => {
-            std::fs::write(p, &json).with_context(|| format!("cannot write {}", p.display()))?;
+            reservoir::outfile::write_file(p, |w| std::io::Write::write_all(w, json.as_bytes()))
+                .with_context(|| format!("cannot write {}", p.display()))?;
             render_text(&d, &notes)
         }
         None => render_text(&d, &notes),

@@ -32,7 +32,6 @@ mod size;
 mod table;
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
@@ -648,12 +647,9 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
         prelude.ops, prelude.segments
     ));
     let trace = reservoir_replay::oracle_trace::Trace::from_ops(trace.ops, header);
-    let f = File::create(&args.oracle_trace)
-        .with_context(|| format!("cannot create {}", args.oracle_trace.display()))?;
-    let mut f = BufWriter::new(f);
-    trace
-        .write_to(&mut f)
-        .and_then(|_| f.flush())
+    // A temporary file renamed into place: a failed write keeps what was
+    // there (reservoir::outfile, issue 44 G1).
+    reservoir::outfile::write_file(&args.oracle_trace, |mut w| trace.write_to(&mut w))
         .with_context(|| format!("cannot write {}", args.oracle_trace.display()))?;
     eprintln!(
         "wrote {} ops ({} of prelude) to {}",
@@ -669,12 +665,7 @@ fn cmd_workload(args: WorkloadArgs) -> Result<()> {
     let trace = w.trace();
     match &args.out {
         Some(path) => {
-            let f =
-                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-            let mut f = BufWriter::new(f);
-            trace
-                .write_to(&mut f)
-                .and_then(|_| f.flush())
+            reservoir::outfile::write_file(path, |mut w| trace.write_to(&mut w))
                 .with_context(|| format!("cannot write {}", path.display()))?;
             eprintln!(
                 "wrote {} ops of {} to {}",

@@ -66,7 +66,8 @@ pub(crate) fn write_html(path: &Path, page: String) -> Result<()> {
         None => Some(page),
     });
     if let Some(page) = page {
-        std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))?;
+        reservoir::outfile::write_file(path, |w| w.write_all(page.as_bytes()))
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
 }

@@ -544,6 +544,8 @@ impl Backend for CudaDevice {
 
     /// `cuMemAlloc_v2`.
     fn allocate(&self, size: u64, _stream: StreamId) -> Result<DevicePtr, BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("allocate")?;
         if size == 0 {
             return Err(BackendError::InvalidValue(
                 "zero-byte CUDA allocation".into(),
@@ -569,6 +571,8 @@ impl Backend for CudaDevice {
     /// `cuCtxSynchronize` (what `cudaFree` does on a GPU), then
     /// `cuMemFree_v2`.
     fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("free")?;
         let mut st = self.state.lock();
         match st.allocs.get(&ptr.0) {
             Some(&s) if s == size => {}
@@ -595,6 +599,8 @@ impl Backend for CudaDevice {
 
     /// `cuMemGetInfo_v2`.
     fn mem_info(&self) -> Result<MemInfo, BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("mem_info")?;
         self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: checked entry point; out-pointers are live locals.
@@ -609,6 +615,8 @@ impl Backend for CudaDevice {
 
     /// `cuStreamCreate(CU_STREAM_NON_BLOCKING)`.
     fn create_stream(&self) -> Result<StreamId, BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("create_stream")?;
         let mut st = self.state.lock();
         self.bind()?;
         let mut s: sys::CUstream = std::ptr::null_mut();
@@ -622,6 +630,8 @@ impl Backend for CudaDevice {
 
     /// A created or adopted stream, or the default stream.
     fn check_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("check_stream")?;
         self.state.lock().stream(stream).map(|_| ())
     }
 
@@ -633,6 +643,8 @@ impl Backend for CudaDevice {
 
     /// `cuEventRecord` of a pooled `CU_EVENT_DISABLE_TIMING` event.
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("record_event")?;
         let mut st = self.state.lock();
         let s = st.stream(stream)?;
         self.bind()?;
@@ -658,6 +670,8 @@ impl Backend for CudaDevice {
 
     /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` is `false`.
     fn query_event(&self, event: EventId) -> Result<bool, BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("query_event")?;
         let st = self.state.lock();
         let e = st.event(event)?;
         self.bind()?;
@@ -671,6 +685,8 @@ impl Backend for CudaDevice {
 
     /// `cuEventSynchronize`.
     fn synchronize_event(&self, event: EventId) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("synchronize_event")?;
         let st = self.state.lock();
         let e = st.event(event)?;
         self.bind()?;
@@ -680,6 +696,8 @@ impl Backend for CudaDevice {
 
     /// Back to the event pool (destroyed with the device).
     fn destroy_event(&self, event: EventId) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("destroy_event")?;
         let mut st = self.state.lock();
         st.event(event)?;
         st.events.remove(&event.0);
@@ -689,6 +707,8 @@ impl Backend for CudaDevice {
 
     /// `cuStreamSynchronize`.
     fn synchronize_stream(&self, stream: StreamId) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("synchronize_stream")?;
         let st = self.state.lock();
         let s = st.stream(stream)?;
         self.bind()?;
@@ -700,6 +720,8 @@ impl Backend for CudaDevice {
 
     /// `cuCtxSynchronize`.
     fn synchronize_device(&self) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("synchronize_device")?;
         self.bind()?;
         // SAFETY: checked entry point.
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
@@ -707,6 +729,8 @@ impl Backend for CudaDevice {
 
     /// `cuStreamWaitEvent`.
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("stream_wait_event")?;
         let st = self.state.lock();
         let s = st.stream(stream)?;
         let e = st.event(event)?;

@@ -101,6 +101,8 @@
 mod device;
 mod driver;
 mod fake;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 mod vm;
 mod work;
 

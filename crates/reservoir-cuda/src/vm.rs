@@ -136,6 +136,8 @@ impl VirtualMemory for CudaDevice {
 
     /// `cuMemAddressReserve`.
     fn reserve(&self, size: u64) -> Result<Reservation, BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("reserve")?;
         let g = self.granularity;
         if size == 0 || size % g != 0 {
             return Err(invalid(format!(
@@ -170,6 +172,8 @@ impl VirtualMemory for CudaDevice {
     /// One `cuMemCreate` + `cuMemMap` per page, then `cuMemSetAccess` of
     /// the range; nothing stays mapped on failure.
     fn map(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("map")?;
         let mut st = self.state.lock();
         self.check_vm_range(&st, "map", reservation, offset, len)?;
         let g = self.granularity;
@@ -237,6 +241,8 @@ impl VirtualMemory for CudaDevice {
 
     /// `cuMemUnmap` + `cuMemRelease` of every page (all must be mapped).
     fn unmap(&self, reservation: Reservation, offset: u64, len: u64) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("unmap")?;
         let mut st = self.state.lock();
         self.check_vm_range(&st, "unmap", reservation, offset, len)?;
         let base = reservation.base.0;
@@ -258,6 +264,8 @@ impl VirtualMemory for CudaDevice {
 
     /// `cuMemAddressFree` (all pages must be unmapped).
     fn release(&self, reservation: Reservation) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        crate::faults::gate("release")?;
         let mut st = self.state.lock();
         let resv = live_resv(&st, reservation)?;
         if !resv.pages.is_empty() {

@@ -135,6 +135,44 @@ def test_repr_html_is_the_commands_report(rep, tmp_path):
     assert (tmp_path / "saved.html").read_text() == html
 
 
+def test_a_failed_save_html_keeps_the_previous_file(rep, tmp_path):
+    """Issue 44, G1: save_html wrote with open(path, "w"), which truncated
+    the previous file first; a failed write (here EFBIG under a file-size
+    limit, which root gets too) left half a page. Now a temporary file is
+    renamed into place: the previous file and a link to it survive, and no
+    temporary file is left."""
+    import resource
+
+    page = tmp_path / "saved.html"
+    page.write_text("the previous page")
+    (tmp_path / "link").symlink_to("saved.html")
+    assert len(rep.html.encode()) > 4096
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
+    try:
+        for target in (page, tmp_path / "link"):
+            with pytest.raises(OSError):
+                rep.save_html(target)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert page.read_text() == "the previous page"
+    assert (tmp_path / "link").is_symlink()
+    assert sorted(os.listdir(tmp_path)) == ["link", "saved.html"]
+    # Without the limit: replaced through the link, which stays a link.
+    page.chmod(0o640)
+    rep.save_html(tmp_path / "link")
+    assert page.read_text() == rep.html
+    assert (tmp_path / "link").is_symlink()
+    assert page.stat().st_mode & 0o777 == 0o640
+    # A device is written through, never replaced.
+    rep.save_html("/dev/null")
+    assert Path("/dev/null").is_char_device()
+    with pytest.raises(IsADirectoryError):
+        rep.save_html(tmp_path)
+
+
 def test_replay_of_bytes_equals_replay_of_the_file(rep):
     by_bytes = reservoir.replay(SNAP.read_bytes(), policies=["pytorch", "expandable"])
     for a, b in zip(rep, by_bytes):

@@ -81,6 +81,7 @@ pub mod format;
 pub mod heap;
 pub mod ids;
 pub mod observe;
+pub mod outfile;
 pub mod pluggable;
 pub mod rng;
 pub mod sim;

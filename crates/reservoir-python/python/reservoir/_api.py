@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _native
 from ._native import ReservoirError
+from ._outfile import write_file as _write_file
 
 __all__ = [
     "Compare",
@@ -465,9 +466,10 @@ class Replay:
         return _to_pandas([r.row() for r in self._reports], "Replay")
 
     def save_html(self, path: PathLike) -> None:
-        """Write the HTML report to ``path``."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.html)
+        """Write the HTML report to ``path``: a temporary file renamed into
+        place, so a failed write keeps the previous file (a device such as
+        ``/dev/stdout`` is written straight; docs/limits.md, "Output files")."""
+        _write_file(path, self.html.encode("utf-8"))
 
     def _repr_html_(self) -> str:
         return self.html

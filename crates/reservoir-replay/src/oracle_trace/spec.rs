@@ -485,6 +485,13 @@ const USAGE: &str = "usage:
   gen_traces gen KIND SEED [OPS [LIMIT]]   print a trace of any kind (LIMIT in bytes, default 8G)
 kinds: ";
 
+/// Write `bytes` to `path` through a temporary file renamed into place
+/// (`reservoir::outfile`): a failed write keeps the previous file.
+fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    reservoir::outfile::write_file(path, |w| w.write_all(bytes))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// The command line of the `gen_trace` example (used by `tools/regen-goldens.sh`)
 /// (`args` without the program name). Output goes to stdout or files;
 /// errors come back as text.
@@ -504,8 +511,7 @@ pub fn cli(args: &[String]) -> Result<(), String> {
             let mut tsv = String::new();
             for spec in &specs {
                 let path = dir.join(format!("{}.txt", spec.name));
-                std::fs::write(&path, spec.trace().to_text())
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                write_file(&path, spec.trace().to_text().as_bytes())?;
                 tsv.push_str(&spec.name);
                 for a in spec.oracle_args() {
                     tsv.push('\t');
@@ -514,10 +520,9 @@ pub fn cli(args: &[String]) -> Result<(), String> {
                 tsv.push('\n');
             }
             let m = dir.join("manifest.json");
-            std::fs::write(&m, manifest_json(&specs))
-                .map_err(|e| format!("{}: {e}", m.display()))?;
+            write_file(&m, manifest_json(&specs).as_bytes())?;
             let a = dir.join("args.tsv");
-            std::fs::write(&a, tsv).map_err(|e| format!("{}: {e}", a.display()))?;
+            write_file(&a, tsv.as_bytes())?;
             println!("{} traces written to {}", specs.len(), dir.display());
             Ok(())
         }

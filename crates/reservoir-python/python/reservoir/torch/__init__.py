@@ -28,6 +28,7 @@ import torch
 
 from .. import _native
 from .._native import ReservoirError
+from .._outfile import write_file as _write_file
 
 __all__ = [
     "LIBRARY",
@@ -321,8 +322,9 @@ def dump_snapshot(path: str = "dump_snapshot.pickle", device: Any = None) -> Non
     """``torch.cuda.memory._dump_snapshot(path)``: the pickle opens in
     ``torch.cuda._memory_viz`` and pytorch.org/memory_viz."""
     data = _native.snapshot_pickle(_device(device))
-    with open(path, "wb") as f:
-        f.write(data)
+    # A temporary file renamed into place: a failed write keeps the previous
+    # snapshot and never removes a device or FIFO (docs/limits.md).
+    _write_file(path, data)
 
 
 def record_memory_history(
