@@ -285,6 +285,11 @@ const char *reservoir_status_name(int32_t status);
 // stream). Returns null on error (message in `reservoir_last_error`) and
 // for size 0 (as the caching allocator does).
 //
+// For a `torch.cuda.MemPool(allocator=...)`, where torch raises
+// `torch.OutOfMemoryError` on null; not for `change_current_allocator`,
+// where torch 2.15 turns null into a tensor at address 0 (use
+// `reservoir.torch.enable()` there).
+//
 // # Safety
 // `stream` is null or a live CUDA stream of device `device`.
 void *reservoir_alloc(intptr_t size, int32_t device, void *stream);
