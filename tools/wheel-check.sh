@@ -136,7 +136,8 @@ fi
 
 # The API's pytest suite.
 pylog=$out/pytest.log
-(cd "$root" && RESERVOIR_SHARED_TRACES=$traces python -m pytest -q -p no:cacheprovider crates/reservoir-python/tests/test_api.py \
+# hypothesis keeps its caches in target/wheel-check/hypothesis, not in the work tree.
+(cd "$root" && RESERVOIR_SHARED_TRACES=$traces HYPOTHESIS_STORAGE_DIRECTORY=$out/hypothesis python -m pytest -q -p no:cacheprovider crates/reservoir-python/tests/test_api.py \
   crates/reservoir-python/tests/test_args.py) >"$pylog" 2>&1
 pystatus=$?
 tail -n 15 "$pylog"
