@@ -321,6 +321,11 @@ enum ReservoirStatus reservoir_torch_set_allocator_settings(const char *settings
 // stream). Returns null on error (message in `reservoir_last_error`) and
 // for size 0 (as the caching allocator does).
 //
+// For a `torch.cuda.MemPool(allocator=...)`, where torch raises
+// `torch.OutOfMemoryError` on null; not for `change_current_allocator`,
+// where torch 2.15 turns null into a tensor at address 0 (use
+// `reservoir.torch.enable()` there).
+//
 // # Safety
 // `stream` is null or a live CUDA stream of device `device`.
 void *reservoir_alloc(intptr_t size, int32_t device, void *stream);

@@ -14,7 +14,11 @@
 //!   torch's flat keys, history and pickled memory snapshots.
 //! * **PyTorch's `CUDAPluggableAllocator` entry points**
 //!   ([`reservoir_alloc`], [`reservoir_free`]; spec section 3), one caching
-//!   allocator per CUDA device configured by `RESERVOIR_ALLOC_CONF`.
+//!   allocator per CUDA device configured by `RESERVOIR_ALLOC_CONF`, for a
+//!   `torch.cuda.MemPool(allocator=...)`. Not for torch's
+//!   `change_current_allocator`, which turns an out-of-memory into a tensor
+//!   at address 0: there the C++ face below (`reservoir.torch.enable()`)
+//!   raises `torch.OutOfMemoryError`.
 //! * **The entry points of the C++ face for torch** (`reservoir_torch_*`,
 //!   e.g. [`reservoir_torch_malloc`], [`reservoir_torch_device_stats`],
 //!   [`reservoir_torch_snapshot`]): everything torch's `CUDAAllocator`

@@ -7,13 +7,22 @@
 //! ```python
 //! alloc = torch.cuda.memory.CUDAPluggableAllocator(
 //!     "libreservoir_capi.so", "reservoir_alloc", "reservoir_free")
-//! torch.cuda.memory.change_current_allocator(alloc)
+//! pool = torch.cuda.MemPool(allocator=alloc.allocator())
+//! with torch.cuda.use_mem_pool(pool):
+//!     x = torch.empty(n, device="cuda")
 //! ```
 //!
-//! Torch cannot see an error code here: a failure returns null (torch then
-//! raises `torch.OutOfMemoryError`) or does nothing, and its message goes
-//! to [`reservoir_last_error`](crate::reservoir_last_error) and to a
-//! `tracing` error event. A panic poisons every device's allocator (later
+//! Torch cannot see an error code here: a failure returns null or does
+//! nothing, and its message goes to
+//! [`reservoir_last_error`](crate::reservoir_last_error) and to a `tracing`
+//! error event. Through a `MemPool` (above) torch turns a null into
+//! `torch.OutOfMemoryError`. Not through
+//! `torch.cuda.memory.change_current_allocator(alloc)`: there torch (2.15)
+//! raises nothing and hands out a tensor at address 0, which crashes the
+//! process when read, so that route is not offered. To make Reservoir
+//! torch's allocator, use `reservoir.torch.enable()` (the Python wheel): its
+//! C++ face, on the `reservoir_torch_*` entry points, raises
+//! `torch.OutOfMemoryError` with PyTorch's text. A panic poisons every device's allocator (later
 //! calls fail with `RESERVOIR_ERR_POISONED`). Torch's `memory_stats()` is unavailable with a
 //! pluggable allocator; [`reservoir_torch_stat`] reads ours.
 //!
@@ -304,6 +313,11 @@ pub(crate) fn torch_guard(name: &str, f: impl FnOnce() -> Result<(), Failure>) -
 /// device `device` for `stream` (a `cudaStream_t`; null is the default
 /// stream). Returns null on error (message in `reservoir_last_error`) and
 /// for size 0 (as the caching allocator does).
+///
+/// For a `torch.cuda.MemPool(allocator=...)`, where torch raises
+/// `torch.OutOfMemoryError` on null; not for `change_current_allocator`,
+/// where torch 2.15 turns null into a tensor at address 0 (use
+/// `reservoir.torch.enable()` there).
 ///
 /// # Safety
 /// `stream` is null or a live CUDA stream of device `device`.

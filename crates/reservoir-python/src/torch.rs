@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 use reservoir::caching::{HistoryConfig, HistoryMode};
 use reservoir::observe::trace::RecordContext;
 use reservoir::CachingAllocator;
@@ -54,6 +54,21 @@ fn invalid(message: String) -> PyErr {
     ))
 }
 
+/// The text of the string argument `name`: a `ReservoirError` naming it
+/// (`RESERVOIR_ERR_INVALID_ARGUMENT`) when it is not valid Unicode (a lone
+/// surrogate has no UTF-8 form), where pyo3's `&str` would raise a
+/// `UnicodeEncodeError` that names no argument.
+fn text(name: &str, value: Option<&Bound<'_, PyString>>) -> PyResult<Option<String>> {
+    value
+        .map(|v| {
+            v.to_cow().map(|t| t.into_owned()).map_err(|e| {
+                let shown = v.repr().map(|r| r.to_string()).unwrap_or_default();
+                invalid(format!("{name}={shown} is not valid text ({e})"))
+            })
+        })
+        .transpose()
+}
+
 /// `f` on device `device`'s allocator, failures as `ReservoirError`.
 fn on<T>(
     name: &str,
@@ -76,8 +91,9 @@ fn on<T>(
 /// defaults) before the first allocation.
 #[pyfunction]
 #[pyo3(signature = (conf=None))]
-fn configure(conf: Option<&str>) -> PyResult<()> {
-    torch_configure(conf).map_err(to_py)
+fn configure(conf: Option<Bound<'_, PyString>>) -> PyResult<()> {
+    let conf = text("conf", conf.as_ref())?;
+    torch_configure(conf.as_deref()).map_err(to_py)
 }
 
 /// `torch.cuda.memory_stats(device)`'s flat keys and values, from Reservoir.
@@ -109,12 +125,14 @@ fn snapshot_pickle(py: Python<'_>, device: i32) -> PyResult<Py<PyBytes>> {
 #[pyo3(signature = (device, enabled, context, max_entries, clear_history))]
 fn record_memory_history(
     device: i32,
-    enabled: Option<&str>,
-    context: Option<&str>,
+    enabled: Option<Bound<'_, PyString>>,
+    context: Option<Bound<'_, PyString>>,
     max_entries: usize,
     clear_history: bool,
 ) -> PyResult<()> {
-    let enabled = match enabled {
+    let enabled = text("enabled", enabled.as_ref())?;
+    let context = text("context", context.as_ref())?;
+    let enabled = match enabled.as_deref() {
         None => HistoryMode::Off,
         Some("state") => HistoryMode::State,
         Some("all") => HistoryMode::All,
@@ -124,7 +142,7 @@ fn record_memory_history(
             )))
         }
     };
-    let context = match context {
+    let context = match context.as_deref() {
         None => RecordContext::Never,
         Some(c) => RecordContext::parse(c).ok_or_else(|| {
             invalid(format!(

@@ -212,6 +212,16 @@ def test_mempool_backed_by_reservoir_without_enable():
     assert lines.get("oom") == ["raised"], out
 
 
+def test_pluggable_allocator_is_withdrawn():
+    # Issue 44 F12: change_current_allocator(pluggable_allocator()) handed out
+    # a tensor at address 0 on OOM (printing it: SIGSEGV). The route is not
+    # offered: it raises, naming enable(), and changes nothing.
+    expect_error(rt.pluggable_allocator, "RESERVOIR_ERR_BACKEND_UNAVAILABLE", "withdrawn",
+                 "reservoir.torch.enable()", "torch.OutOfMemoryError")
+    assert rt._allocator is None
+    assert "Withdrawn" in rt.pluggable_allocator.__doc__
+
+
 EXPANDABLE_WORKLOAD = """
 import json, os, sys, torch
 if sys.argv[1] == 'reservoir':

@@ -4,6 +4,13 @@ Both run the ``reservoir`` command's own engine (``reservoir._native``) with
 ``--json`` and build the objects from that JSON, so what Python sees and what
 ``reservoir replay --json`` prints never drift: ``Report.to_dict()`` is one
 element of the command's JSON array, key for key.
+
+Arguments are values, never options: each reaches the command as one
+``--flag=value`` argument and file names follow ``--`` (a file named
+``-a.pickle`` replays; ``replay("--capacity=1")`` is a missing file). Paths
+are file names as ``os.fsencode`` encodes them (surrogate-escaped bytes
+included); a string that is not valid text (a lone surrogate) raises
+:class:`ReservoirError` naming the argument.
 """
 
 from __future__ import annotations
@@ -549,15 +556,44 @@ class Compare:
         return f"Compare({len(self._d.get('rows') or [])} inputs)"
 
 
+def _text(name: str, v: Any) -> str:
+    """``v``, the value of argument ``name``, as text the command takes: a
+    ``str`` that is valid Unicode (no lone surrogate, which has no UTF-8
+    form); raises ``ReservoirError`` naming the argument otherwise."""
+    if not isinstance(v, str):
+        raise ReservoirError(f"{name}={v!r}: expected a string")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ReservoirError(
+            f"{name}={v!r}: not valid text ({e.reason} at position {e.start})"
+        ) from None
+    return v
+
+
+def _path(name: str, v: Any) -> bytes:
+    """``v``, the path argument ``name``, as the bytes of its file name
+    (``os.fsencode``: a ``str`` with surrogate-escaped bytes names the file
+    those bytes name, as ``open`` does); raises ``ReservoirError`` naming
+    the argument when it is not a path or names no possible file."""
+    if not isinstance(v, (str, bytes, os.PathLike)):
+        raise ReservoirError(f"{name}={v!r}: expected a path")
+    try:
+        return os.fsencode(v)
+    except (UnicodeEncodeError, TypeError) as e:
+        raise ReservoirError(f"{name}={v!r}: not a file name ({e})") from None
+
+
 def _strs(name: str, v: Union[str, Sequence[str], None]) -> List[str]:
     if v is None:
         return []
     if isinstance(v, str):
-        return [v]
+        return [_text(name, v)]
     out = list(v)
     for x in out:
         if not isinstance(x, str):
             raise ReservoirError(f"{name}: expected a string or a list of strings, got {x!r}")
+        _text(name, x)
     return out
 
 
@@ -570,11 +606,27 @@ def _size(name: str, v: Union[int, str, None]) -> Optional[str]:
         )
     if isinstance(v, int) and v < 0:
         raise ReservoirError(f"{name}={v}: a capacity is a positive number of bytes")
-    return str(v)
+    return _text(name, str(v))
 
 
-def _run(argv: List[str]) -> "tuple[str, Optional[str]]":
-    out, html = _native.run_captured(["reservoir", *argv])
+def _opt(flag: str, value: Union[str, bytes]) -> bytes:
+    """``--flag=value``, one argument: the command takes everything after
+    the first ``=`` as the value, even a value that looks like an option."""
+    v = value if isinstance(value, bytes) else value.encode("utf-8")
+    return flag.encode("ascii") + b"=" + v
+
+
+def _run(command: str, options: List[bytes], positionals: List[bytes]) -> "tuple[str, Optional[str]]":
+    """Run ``reservoir COMMAND OPTIONS -- POSITIONALS`` in memory.
+
+    User values never reach the command's parser as options: each option is
+    one ``--flag=value`` argument (:func:`_opt`), and the positionals (file
+    names) come after ``--``, so a file named ``-a.pickle`` or
+    ``--capacity=1`` is a file name."""
+    argv: List[Union[str, bytes]] = ["reservoir", command, *options]
+    if positionals:
+        argv += ["--", *positionals]
+    out, html = _native.run_captured(argv)
     return out.decode("utf-8"), html
 
 
@@ -612,43 +664,47 @@ def replay(
 
     Raises :class:`reservoir.ReservoirError` with the command's message.
     """
-    argv = ["replay"]
+    opts: List[bytes] = []
+    files: List[bytes] = []
+    if source is not None and not isinstance(source, (bytes, bytearray, memoryview)):
+        if not isinstance(source, (str, os.PathLike)):
+            raise ReservoirError(
+                f"source={source!r}: expected a path, the snapshot's bytes or None"
+            )
+        files.append(_path("source", source))
+    if workload is not None:
+        opts.append(_opt("--workload", _text("workload", workload)))
+    for p in _strs("policies", policies):
+        opts.append(_opt("--policy", p))
+    for name, conf in (settings or {}).items():
+        _text("settings", name)
+        if "=" in name:
+            raise ReservoirError(f"settings: the name {name!r} contains '=' (NAME=CONF)")
+        opts.append(_opt("--setting", f"{name}={_text(f'settings[{name!r}]', conf)}"))
+    for c in _strs("configs", configs):
+        opts.append(_opt("--config", c))
+    cap = _size("capacity", capacity)
+    if cap is not None:
+        opts.append(_opt("--capacity", cap))
+    total = _size("device_total", device_total)
+    if total is not None:
+        opts.append(_opt("--device-total", total))
+    if start is not None:
+        opts.append(_opt("--start", _text("start", str(start))))
+    if device is not None:
+        opts.append(_opt("--device", _text("device", str(device))))
+    if torch is not None:
+        opts.append(_opt("--torch", _text("torch", str(torch))))
+    if min_capacity:
+        opts.append(b"--min-capacity")
     with tempfile.TemporaryDirectory(prefix="reservoir-") as tmp:
         if isinstance(source, (bytes, bytearray, memoryview)):
             path = os.path.join(tmp, "snapshot.pickle")
             with open(path, "wb") as f:
                 f.write(bytes(source))
-            argv.append(path)
-        elif source is not None:
-            if not isinstance(source, (str, os.PathLike)):
-                raise ReservoirError(
-                    f"source={source!r}: expected a path, the snapshot's bytes or None"
-                )
-            argv.append(os.fspath(source))
-        if workload is not None:
-            argv += ["--workload", workload]
-        for p in _strs("policies", policies):
-            argv += ["--policy", p]
-        for name, conf in (settings or {}).items():
-            argv += ["--setting", f"{name}={conf}"]
-        for c in _strs("configs", configs):
-            argv += ["--config", c]
-        cap = _size("capacity", capacity)
-        if cap is not None:
-            argv += ["--capacity", cap]
-        total = _size("device_total", device_total)
-        if total is not None:
-            argv += ["--device-total", total]
-        if start is not None:
-            argv += ["--start", str(start)]
-        if device is not None:
-            argv += ["--device", str(device)]
-        if torch is not None:
-            argv += ["--torch", str(torch)]
-        if min_capacity:
-            argv.append("--min-capacity")
-        argv += ["--json", "--html", os.path.join(tmp, "report.html")]
-        text, html = _run(argv)
+            files.append(os.fsencode(path))
+        opts += [b"--json", _opt("--html", os.fsencode(os.path.join(tmp, "report.html")))]
+        text, html = _run("replay", opts, files)
     return Replay(text, html)
 
 
@@ -667,24 +723,22 @@ def compare(
     ``folder=None`` compares the workloads alone; ``capacity``: bytes, a size
     or ``"bound"``. Raises :class:`reservoir.ReservoirError`.
     """
-    argv = ["compare", "--json"]
+    opts: List[bytes] = [b"--json"]
     if folder is None:
-        argv.append("--no-traces")
+        opts.append(b"--no-traces")
     else:
-        if not isinstance(folder, (str, os.PathLike)):
-            raise ReservoirError(f"folder={folder!r}: expected a path")
-        argv += ["--traces", os.fspath(folder)]
+        opts.append(_opt("--traces", _path("folder", folder)))
     for p in _strs("policies", policies):
-        argv += ["--policy", p]
+        opts.append(_opt("--policy", p))
     if workloads is False:
-        argv.append("--no-workloads")
+        opts.append(b"--no-workloads")
     elif workloads is not True:
         for w in _strs("workloads", workloads):  # type: ignore[arg-type]
-            argv += ["--workload", w]
+            opts.append(_opt("--workload", w))
     if capacity is not None:
         cap = "bound" if capacity == "bound" else _size("capacity", capacity)
-        argv += ["--capacity", str(cap)]
+        opts.append(_opt("--capacity", str(cap)))
     if folder is None and workloads is False:
         raise ReservoirError("compare: nothing to compare (no folder and workloads=False)")
-    text, _ = _run(argv)
+    text, _ = _run("compare", opts, [])
     return Compare(text)

@@ -9,16 +9,21 @@ class ReservoirError(RuntimeError):
     """A Reservoir call failed: a bad input, argument or setting. The message
     is the one the ``reservoir`` command prints after ``error:``."""
 
-def run(argv: List[Union[str, "os.PathLike[str]"]]) -> int:
+def run(argv: List[Union[str, bytes, "os.PathLike[str]"]]) -> int:
     """Run the ``reservoir`` command line ``argv`` (program name first) on the
-    process's standard output and error; return its exit status."""
+    process's standard output and error; return its exit status. Each
+    element is encoded as ``os.fsencode`` does (surrogate-escaped bytes are
+    those bytes); one that cannot be (a lone surrogate) raises
+    :class:`ReservoirError` naming it."""
 
-def run_captured(argv: List[Union[str, "os.PathLike[str]"]]) -> Tuple[bytes, Optional[str]]:
+def run_captured(argv: List[Union[str, bytes, "os.PathLike[str]"]]) -> Tuple[bytes, Optional[str]]:
     """Run the ``reservoir`` command line ``argv`` with its standard output and
     ``--html`` page kept in memory: ``(stdout, html)``; raises
-    :class:`ReservoirError` on failure."""
+    :class:`ReservoirError` on failure. ``argv`` as for :func:`run`."""
 
 # reservoir.torch's functions (src/torch.rs; called by reservoir/torch/__init__.py).
+# A string that is not valid Unicode (a lone surrogate) raises ReservoirError
+# naming the argument.
 def configure(conf: Optional[str]) -> None: ...
 def memory_stats(device: int) -> Dict[str, int]: ...
 def snapshot_pickle(device: int) -> bytes: ...

@@ -69,15 +69,37 @@ _enabled_conf: Optional[list] = None  # [conf] once enabled
 _cdll: Optional[ctypes.CDLL] = None
 
 
-def pluggable_allocator() -> torch.cuda.memory.CUDAPluggableAllocator:
-    """The ``CUDAPluggableAllocator`` over Reservoir (one per process), the
-    object ``torch.cuda.memory.change_current_allocator`` takes."""
+def _pluggable() -> torch.cuda.memory.CUDAPluggableAllocator:
+    """torch's ``CUDAPluggableAllocator`` over Reservoir's ``reservoir_alloc``
+    / ``reservoir_free`` (one per process): the handle behind
+    :func:`allocator`, for ``torch.cuda.MemPool`` only."""
     global _allocator
     if _allocator is None:
         _allocator = torch.cuda.memory.CUDAPluggableAllocator(
             LIBRARY, "reservoir_alloc", "reservoir_free"
         )
     return _allocator
+
+
+def pluggable_allocator() -> torch.cuda.memory.CUDAPluggableAllocator:
+    """Withdrawn: raises ``ReservoirError``; use :func:`enable`.
+
+    It returned torch's ``CUDAPluggableAllocator`` over Reservoir for
+    ``torch.cuda.memory.change_current_allocator``. On that route torch
+    (2.15) does not raise when an allocation does not fit: it hands out a
+    tensor whose ``data_ptr()`` is 0, and printing it kills the interpreter
+    (SIGSEGV). :func:`enable` installs Reservoir's C++ face instead, which
+    raises ``torch.OutOfMemoryError`` with PyTorch's text
+    (:func:`cuda_allocator` is the same face, for code that calls
+    ``change_current_allocator`` itself).
+    """
+    raise ReservoirError(
+        "RESERVOIR_ERR_BACKEND_UNAVAILABLE: reservoir.torch.pluggable_allocator() is withdrawn: "
+        "under torch.cuda.memory.change_current_allocator, torch's CUDAPluggableAllocator turns an "
+        "out-of-memory into a tensor at address 0 (printing it crashes the interpreter). "
+        "Use reservoir.torch.enable() (or change_current_allocator(reservoir.torch.cuda_allocator())), "
+        "which raises torch.OutOfMemoryError"
+    )
 
 
 def allocator() -> "torch._C._cuda_CUDAAllocator":
@@ -88,8 +110,12 @@ def allocator() -> "torch._C._cuda_CUDAAllocator":
         pool = torch.cuda.MemPool(allocator=reservoir.torch.allocator())
         with torch.cuda.use_mem_pool(pool):
             x = torch.empty(n, device="cuda")
+
+    On this route an allocation that does not fit raises
+    ``torch.OutOfMemoryError``. It is for ``MemPool`` only: to make Reservoir
+    torch's allocator, use :func:`enable`.
     """
-    return pluggable_allocator().allocator()
+    return _pluggable().allocator()
 
 
 _face_module: Any = None
@@ -410,9 +436,8 @@ def last_error() -> str:
     """This thread's last Reservoir error message ("" after a success).
 
     After ``enable()`` a refused allocation raises ``torch.OutOfMemoryError``
-    itself. Through :func:`pluggable_allocator` (torch's pluggable wrapper,
-    e.g. a ``MemPool`` without ``enable()``) torch 2.15 may not raise when
-    Reservoir returns null; this names why.
+    itself, as it does through :func:`allocator` (a ``MemPool`` without
+    ``enable()``); this names why Reservoir refused it.
     """
     return _lib().reservoir_last_error().decode(errors="replace")
 
