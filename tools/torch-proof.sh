@@ -12,10 +12,13 @@
 #    sanitizer run with its negative control) and
 #    crates/reservoir-python/tests/test_native_api.py (torch's own memory API
 #    answered by Reservoir: the same program under torch's native allocator
-#    and under Reservoir, compared claim by claim).
+#    and under Reservoir, compared claim by claim, in PyTorch mode, with
+#    expandable segments and under the reservoir policy) and
+#    crates/reservoir-python/tests/test_face_modes.py (multi-stream
+#    programs and the rest of torch's memory API in all three modes).
 #
 # Prints lines starting "torch proof" and closes with "torch-proof: N passed, M failed".
-# Usage: tools/torch-proof.sh [--skip-build]
+# Usage: tools/torch-proof.sh [--skip-build | --build-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -47,6 +50,10 @@ if [ "${1:-}" != "--skip-build" ]; then
   rm -f target/wheels/reservoir_allocator-*.whl
   (cd crates/reservoir-python && "$venv/bin/maturin" build --release --locked --quiet -o "$root/target/wheels")
   "$venv/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/reservoir_allocator-*.whl
+fi
+if [ "${1:-}" = "--build-only" ]; then
+  echo "torch-proof: the wheel is installed in $venv (--build-only: nothing run)"
+  exit 0
 fi
 
 # The proof's trace: a real one, in the oracle's text format, and Reservoir's
@@ -85,5 +92,9 @@ run face "$py" crates/reservoir-python/tests/test_face.py
 # `reservoir replay` is the debug binary built above for `convert`.
 export RESERVOIR_PROOF_REPLAY_BIN=$root/target/debug/reservoir
 run native-api "$py" crates/reservoir-python/tests/test_native_api.py
+# Every mode a user can turn on (issue 40): multi-stream programs with the
+# race sanitizer, GPU trace hooks, torch.accelerator, run-time settings, the
+# CUDA Sanitizer; "modes: N passed, M failed".
+run modes "$py" crates/reservoir-python/tests/test_face_modes.py
 echo "torch-proof: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
