@@ -166,19 +166,7 @@ fn parse_capacity(s: &str) -> Result<Capacity, String> {
 /// lines, lines starting with `#` and what follows ` #` are skipped (input
 /// names hold `#`: `file.pickle#0`).
 fn read_exceptions(path: &Path) -> Result<Vec<String>> {
-    // A list of input names: a regular file of at most 16 MiB (not a FIFO
-    // or a device read without end).
-    const MAX_BYTES: u64 = 16 << 20;
-    let meta = std::fs::metadata(path)
-        .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
-    if !meta.is_file() || meta.len() > MAX_BYTES {
-        bail!(
-            "--steady-exceptions {}: not a regular file of at most {MAX_BYTES} bytes",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
+    let text = crate::read_text_file("--steady-exceptions", path)?;
     Ok(text
         .lines()
         .map(|l| l.split(" #").next().unwrap_or("").trim())
@@ -731,8 +719,7 @@ enum Done {
 fn merge(files: &[PathBuf]) -> Result<(Vec<CompareRow>, Vec<Limit>, Vec<Skipped>)> {
     let mut runs = Vec::new();
     for f in files {
-        let text = std::fs::read_to_string(f)
-            .with_context(|| format!("--merge: cannot read {}", f.display()))?;
+        let text = crate::read_text_file("--merge", f)?;
         let v: serde_json::Value = serde_json::from_str(&text).with_context(|| {
             format!(
                 "--merge {}: not JSON (the output of `reservoir compare --json`)",

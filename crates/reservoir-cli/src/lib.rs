@@ -467,6 +467,30 @@ fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetti
     Ok(out)
 }
 
+/// Read the text file `path` that the option `what` names (a `--merge`
+/// report, a `--steady-exceptions` list): like every file the command reads,
+/// a regular file (a FIFO or a device is refused before it is opened) of at
+/// most [`input::max_input_bytes`] bytes (`RESERVOIR_MAX_INPUT_BYTES`,
+/// checked from its size before it is read); see docs/limits.md.
+fn read_text_file(what: &str, path: &std::path::Path) -> Result<String> {
+    let bytes = input::max_input_bytes()
+        .and_then(|limit| input::read_file(path, limit))
+        .map_err(|e| {
+            // The reader's errors start with the path: say it once.
+            let why = e.to_string();
+            let prefix = format!("{}: ", path.display());
+            let why = why.strip_prefix(&prefix).unwrap_or(&why);
+            anyhow::anyhow!("cannot read {what} {}: {why}", path.display())
+        })?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{what} {}: not UTF-8 text (invalid byte at byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 /// Parse a workload spec and check its size (at most
 /// [`workload::max_workload_ops`] ops) before anything generates it.
 fn load_workload(spec: &str) -> Result<Workload> {
