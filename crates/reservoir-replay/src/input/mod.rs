@@ -96,8 +96,8 @@ impl ReadSnapshot for Snapshot {
     }
 
     fn from_pickle(bytes: &[u8]) -> Result<Snapshot, Error> {
-        crate::pickle::scan(bytes)?;
         let v = crate::pickle::from_slice(bytes)?;
+        pickle_end(bytes)?;
         Ok(Snapshot::from_value(&v)?)
     }
 
@@ -317,7 +317,7 @@ fn read_input_checked(
     let bytes = read_chunks(path, reader, len, limit, |bytes, from| {
         check.feed(bytes, from)
     })?;
-    check.finish()?;
+    check.finish(&bytes)?;
     Ok(bytes)
 }
 
@@ -407,12 +407,14 @@ impl FormatCheck {
         }
     }
 
-    /// The end of the input.
-    fn finish(&self) -> Result<(), Error> {
+    /// The end of the input, `bytes`. A pickle cut short is judged by the
+    /// reader, whose error says more (the stack, a frame's length).
+    fn finish(&self, bytes: &[u8]) -> Result<(), Error> {
         match self {
-            FormatCheck::Pickle { scanner, first } => {
-                scanner.finish().map_err(|e| pickle_error(e, *first))
-            }
+            FormatCheck::Pickle { scanner, first } => scanner.finish().map_err(|e| {
+                let e = crate::pickle::from_slice(bytes).err().unwrap_or(e);
+                pickle_error(e, *first)
+            }),
             _ => Ok(()),
         }
     }
@@ -556,8 +558,9 @@ pub fn load_bytes(bytes: &[u8]) -> Result<LoadedInput, Error> {
     let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
     match sniff(first)? {
         Sniffed::Pickle { first } => {
-            crate::pickle::scan(bytes).map_err(|e| pickle_error(e, first))?;
-            load_pickle(bytes)
+            let v = crate::pickle::from_slice(bytes).map_err(|e| pickle_error(e, first))?;
+            pickle_end(bytes)?;
+            load_value(&v)
         }
         Sniffed::AllocData => load_alloc_data(bytes),
         Sniffed::AllocatorSimLog => load_allocator_sim_log(bytes),
@@ -568,9 +571,20 @@ pub fn load_bytes(bytes: &[u8]) -> Result<LoadedInput, Error> {
 /// naming the offset, where [`crate::pickle::from_slice`] ignores them, as
 /// Python does).
 pub fn load_pickle(bytes: &[u8]) -> Result<LoadedInput, Error> {
-    crate::pickle::scan(bytes)?;
     let v = crate::pickle::from_slice(bytes)?;
-    let d = decode::decode(&v)?;
+    pickle_end(bytes)?;
+    load_value(&v)
+}
+
+/// After the reader read a pickle from `bytes`: nothing may follow its
+/// `STOP` ([`crate::pickle::PickleErrorKind::TrailingData`]).
+fn pickle_end(bytes: &[u8]) -> Result<(), Error> {
+    Ok(crate::pickle::scan(bytes)?)
+}
+
+/// A snapshot from a pickle's value.
+fn load_value(v: &Value) -> Result<LoadedInput, Error> {
+    let d = decode::decode(v)?;
     Ok(LoadedInput {
         format: InputFormat::Snapshot(d.format),
         content: LoadedContent::Snapshot(d.snapshot),

@@ -12,8 +12,8 @@ use super::{PickleError, PickleErrorKind};
 enum State {
     /// An opcode.
     Opcode,
-    /// `left` more bytes of an argument.
-    Skip(u64),
+    /// `left` more bytes of an argument of `need` bytes.
+    Skip { left: u64, need: u64 },
     /// A little-endian length of `width` bytes (`got` read so far, value
     /// `value`), then that many bytes; `signed`: a 4-byte length read as an
     /// `i32` (`BINSTRING`, `LONG4`), negative being an error.
@@ -24,8 +24,8 @@ enum State {
         signed: bool,
     },
     /// `lines` more newline-terminated argument lines; `raw`: the bytes may
-    /// be anything (`UNICODE`'s raw-unicode-escape text), else a NUL byte
-    /// is an error (no text argument holds one).
+    /// be anything (a string, a name), else a NUL byte is an error (no
+    /// number or memo index holds one).
     Lines { lines: u8, raw: bool },
     /// After `STOP` (at byte `at`): the pickle is whole.
     Stopped { at: u64 },
@@ -55,9 +55,11 @@ fn arg(opcode: u8) -> Option<Arg> {
         BINSTRING | LONG4 => Arg::Len(4, true),
         BINUNICODE | BINBYTES => Arg::Len(4, false),
         BINUNICODE8 | BINBYTES8 | BYTEARRAY8 => Arg::Len(8, false),
-        FLOAT | INT | LONG | PERSID | STRING | GET | PUT => Arg::Lines(1, false),
-        UNICODE => Arg::Lines(1, true),
-        GLOBAL | INST => Arg::Lines(2, false),
+        // Numbers and memo indices hold no NUL; strings and names may
+        // (the reader takes them).
+        FLOAT | INT | LONG | PERSID | GET | PUT => Arg::Lines(1, false),
+        STRING | UNICODE => Arg::Lines(1, true),
+        GLOBAL | INST => Arg::Lines(2, true),
         _ => return None,
     })
 }
@@ -155,7 +157,7 @@ impl Scanner {
                     self.state = match a {
                         _ if b == op::STOP => State::Stopped { at: self.offset },
                         Arg::None => State::Opcode,
-                        Arg::Fixed(n) => State::Skip(n),
+                        Arg::Fixed(n) => State::Skip { left: n, need: n },
                         Arg::Len(width, signed) => State::Len {
                             width,
                             got: 0,
@@ -167,13 +169,13 @@ impl Scanner {
                     chunk = &chunk[1..];
                     self.offset += 1;
                 }
-                State::Skip(left) => {
+                State::Skip { left, need } => {
                     let n = left.min(chunk.len() as u64);
                     chunk = &chunk[n as usize..];
                     self.offset += n;
                     self.state = match left - n {
                         0 => State::Opcode,
-                        rest => State::Skip(rest),
+                        left => State::Skip { left, need },
                     };
                 }
                 State::Len {
@@ -206,7 +208,10 @@ impl Scanner {
                     } else if value == 0 {
                         State::Opcode
                     } else {
-                        State::Skip(value)
+                        State::Skip {
+                            left: value,
+                            need: value,
+                        }
                     };
                 }
                 State::Lines { lines, raw } => {
@@ -252,20 +257,22 @@ impl Scanner {
             State::Stopped { .. } => Ok(()),
             State::Opcode => Err(self.error(self.offset, None, PickleErrorKind::UnexpectedEnd)),
             State::Lines { .. } => Err(self.error(at, Some(b), PickleErrorKind::MissingNewline)),
-            State::Skip(left) => Err(self.error(
+            // As the reader says it: the argument's whole size, and the
+            // bytes of it the input holds.
+            State::Skip { left, need } => Err(self.error(
                 at,
                 Some(b),
                 PickleErrorKind::Truncated {
-                    needed: left,
-                    remaining: 0,
+                    needed: need,
+                    remaining: usize::try_from(need - left).unwrap_or(usize::MAX),
                 },
             )),
             State::Len { width, got, .. } => Err(self.error(
                 at,
                 Some(b),
                 PickleErrorKind::Truncated {
-                    needed: u64::from(width - got),
-                    remaining: 0,
+                    needed: u64::from(width),
+                    remaining: usize::from(got),
                 },
             )),
         }
