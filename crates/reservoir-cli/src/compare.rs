@@ -355,6 +355,7 @@ enum Unit {
 /// were skipped, with the reason. Files are read and converted on every
 /// core, the inputs kept in order.
 fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
+    crate::check_setting_count(args.policies.len())?;
     let names: Vec<&str> = if args.policies.is_empty() {
         DEFAULT_POLICIES.to_vec()
     } else {
@@ -571,6 +572,7 @@ fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
 /// `reservoir compare`: every input under every policy, written as text or
 /// JSON; fails when a `--require` or `--require-steady` bound is missed.
 pub fn cmd_compare(args: CompareArgs) -> Result<()> {
+    crate::check_setting_count(args.policies.len())?;
     let names: Vec<&str> = if args.policies.is_empty() {
         DEFAULT_POLICIES.to_vec()
     } else {

@@ -371,6 +371,24 @@ fn check_setting_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The most settings one command compares (`--policy`, `--setting` and
+/// `--config` together): each is one more replay of every input (and with
+/// `--min-capacity` some 25 more), so the run's time grows with their
+/// number. See docs/limits.md.
+const MAX_SETTINGS: usize = 64;
+
+/// Refuse more than [`MAX_SETTINGS`] settings, before any is replayed.
+fn check_setting_count(n: usize) -> Result<()> {
+    if n > MAX_SETTINGS {
+        bail!(
+            "{n} settings (--policy, --setting, --config) is more than the limit of \
+             {MAX_SETTINGS} per command: each one replays every input again (and about 25 \
+             times with --min-capacity); compare them in several commands"
+        );
+    }
+    Ok(())
+}
+
 /// The setting of a named policy on top of the recorded settings `base`.
 fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
     check_setting_name("--policy", name)?;
@@ -424,6 +442,7 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
 /// --setting, then --config); `recorded` is the recorded settings string
 /// of a recorded trace (None for a workload).
 fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetting>> {
+    check_setting_count(args.policies.len() + args.settings.len() + args.configs.len())?;
     let mut out = Vec::new();
     if args.policies.is_empty() && args.settings.is_empty() && args.configs.is_empty() {
         match recorded {

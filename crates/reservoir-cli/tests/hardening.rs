@@ -373,3 +373,62 @@ fn a_file_named_like_an_option_is_replayable() {
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 44 (item 3): each setting is one more replay of every input, and
+/// their number was bounded only by the command line's length (some
+/// 200,000 `--config` arguments); more than 64 are refused before any
+/// replay, in `replay` and in `compare`.
+#[test]
+fn more_than_64_settings_are_refused_up_front() {
+    let dir = scratch("settings");
+    let configs: Vec<String> = (0..65)
+        .flat_map(|i| {
+            [
+                "--config".to_string(),
+                format!("max_split_size_mb:{}", 200 + i),
+            ]
+        })
+        .collect();
+    let configs: Vec<&str> = configs.iter().map(String::as_str).collect();
+    let o = reservoir_in(
+        &dir,
+        &[
+            &["replay", "-w", "gpt-train:layers=1,steps=1"][..],
+            &configs,
+        ]
+        .concat(),
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .contains("65 settings (--policy, --setting, --config) is more than the limit of 64"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).is_empty());
+    let policies: Vec<&str> = (0..65).flat_map(|_| ["--policy", "pytorch"]).collect();
+    let o = reservoir_in(
+        &dir,
+        &[&["compare", "--no-traces"][..], &policies].concat(),
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("more than the limit of 64"),
+        "{}",
+        stderr(&o)
+    );
+    // 64 run.
+    let o = reservoir_in(
+        &dir,
+        &[
+            &["replay", "-w", "gpt-train:layers=1,steps=1"][..],
+            &configs[..128],
+        ]
+        .concat(),
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
