@@ -446,7 +446,15 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
                                 .collect()))
                         }
                         Unit::Workload(spec) => {
-                            let w = crate::load_workload(spec)?;
+                            let (w, ops) = crate::load_workload_counted(spec)?;
+                            // Each policy: its replay and its minimum
+                            // capacity's bisection.
+                            crate::check_work(
+                                spec,
+                                ops,
+                                names.len(),
+                                crate::replays_per_setting(true),
+                            )?;
                             Ok(Ok(vec![capacity(CompareInput {
                                 name: format!("workload {spec}"),
                                 trace: w.trace(),

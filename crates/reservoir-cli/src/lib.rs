@@ -513,11 +513,64 @@ fn read_text_file(what: &str, path: &std::path::Path) -> Result<String> {
 /// Parse a workload spec and check its size (at most
 /// [`workload::max_workload_ops`] ops) before anything generates it.
 fn load_workload(spec: &str) -> Result<Workload> {
+    load_workload_counted(spec).map(|(w, _)| w)
+}
+
+/// [`load_workload`], and the workload's number of ops.
+fn load_workload_counted(spec: &str) -> Result<(Workload, u64)> {
     let w = Workload::parse(spec).with_context(|| format!("workload {}", quoted(spec)))?;
-    workload::max_workload_ops()
+    let ops = workload::max_workload_ops()
         .and_then(|limit| w.check_size(limit))
         .with_context(|| format!("workload {}", quoted(spec)))?;
-    Ok(w)
+    Ok((w, ops))
+}
+
+/// The most work a command may ask of one workload unless
+/// [`MAX_REPLAY_WORK_ENV`] says otherwise, in op-replays (its ops times
+/// the replays the command makes of it): 2^32, some minutes of work
+/// (`compare` of the largest preset, `llama-13b-infer`, makes about 330
+/// million; `replay --min-capacity` of it with the six default settings
+/// about 650 million). See docs/limits.md.
+const DEFAULT_MAX_REPLAY_WORK: u64 = 1 << 32;
+
+/// The environment variable that sets the work limit, in op-replays.
+const MAX_REPLAY_WORK_ENV: &str = "RESERVOIR_MAX_REPLAY_WORK";
+
+/// Replays a command makes of an input per setting, at most: the replay
+/// and up to two for its lints; with `--min-capacity` also the bisection
+/// (a doubling from 80 GiB to 16 TiB and 23 halvings to 2 MiB).
+fn replays_per_setting(min_capacity: bool) -> u64 {
+    3 + if min_capacity { 8 + 23 } else { 0 }
+}
+
+/// Refuse, before generating it, a workload of `ops` ops that the command
+/// would replay `replays` times in all when that is more than the work
+/// limit ([`DEFAULT_MAX_REPLAY_WORK`], [`MAX_REPLAY_WORK_ENV`]): the
+/// estimate, the limit and how to raise it.
+fn check_work(spec: &str, ops: u64, settings: usize, per_setting: u64) -> Result<()> {
+    let limit = match std::env::var_os(MAX_REPLAY_WORK_ENV) {
+        None => DEFAULT_MAX_REPLAY_WORK,
+        Some(v) => {
+            let text = v.to_string_lossy();
+            text.trim().replace('_', "").parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "{MAX_REPLAY_WORK_ENV}={text:?}: expected a number of op-replays, e.g. 10000000000"
+                )
+            })?
+        }
+    };
+    let replays = (settings as u64).saturating_mul(per_setting);
+    let work = ops.saturating_mul(replays);
+    if work > limit {
+        bail!(
+            "workload {}: {ops} ops x {replays} replays ({settings} settings, up to {per_setting} \
+             replays each) = {work} op-replays, more than the limit of {limit} op-replays (some \
+             minutes of work); raise it with {MAX_REPLAY_WORK_ENV}=N, or ask for fewer \
+             settings or a smaller workload (see docs/limits.md)",
+            quoted(spec)
+        );
+    }
+    Ok(())
 }
 
 /// One device trace of a recorded file, converted.

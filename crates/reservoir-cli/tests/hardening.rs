@@ -432,3 +432,79 @@ fn more_than_64_settings_are_refused_up_front() {
     assert!(o.status.success(), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 44 (F6): workloads were bounded in ops, not in the work a command
+/// makes of them (`gpt-train:layers=800` took 45 s, `layers=5000` more than
+/// ten minutes). The work, ops times replays, is estimated before the
+/// trace is generated and refused past `RESERVOIR_MAX_REPLAY_WORK`
+/// (default 2^32 op-replays), with the estimate and how to raise it.
+#[test]
+fn workload_work_is_estimated_and_refused_up_front() {
+    let dir = scratch("work");
+    let spec = "gpt-train:layers=1,steps=1";
+    // Its ops, from the trace `reservoir workload` writes (one op a line
+    // after the `#` header).
+    let o = reservoir_in(&dir, &["workload", spec], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ops = stdout(&o)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .count() as u64;
+    assert!(ops > 0);
+    let limit = "1000";
+    for (args, replays, settings, each) in [
+        (&["replay", "-w", spec][..], 18, 6, 3),
+        (
+            &[
+                "replay",
+                "-w",
+                spec,
+                "--policy",
+                "pytorch",
+                "--min-capacity",
+            ],
+            34,
+            1,
+            34,
+        ),
+        (&["compare", "--no-traces", "--workload", spec], 102, 3, 34),
+    ] {
+        let o = reservoir_in(&dir, args, &[("RESERVOIR_MAX_REPLAY_WORK", limit)]);
+        let err = stderr(&o);
+        if ops * replays <= 1000 {
+            assert!(o.status.success(), "{args:?}: {err}");
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+        let want = format!(
+            "workload \"{spec}\": {ops} ops x {replays} replays ({settings} settings, up to {each} \
+             replays each) = {} op-replays, more than the limit of 1000 op-replays",
+            ops * replays
+        );
+        assert!(err.contains(&want), "{want:?} not in {err}");
+        assert!(
+            err.contains("raise it with RESERVOIR_MAX_REPLAY_WORK=N"),
+            "{err}"
+        );
+    }
+    // Raised, it runs; a bad value is named.
+    let o = reservoir_in(
+        &dir,
+        &["replay", "-w", spec, "--policy", "pytorch"],
+        &[("RESERVOIR_MAX_REPLAY_WORK", "1_000_000")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = reservoir_in(
+        &dir,
+        &["replay", "-w", spec],
+        &[("RESERVOIR_MAX_REPLAY_WORK", "lots")],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("RESERVOIR_MAX_REPLAY_WORK=\"lots\": expected a number"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
