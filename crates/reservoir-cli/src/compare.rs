@@ -166,19 +166,7 @@ fn parse_capacity(s: &str) -> Result<Capacity, String> {
 /// lines, lines starting with `#` and what follows ` #` are skipped (input
 /// names hold `#`: `file.pickle#0`).
 fn read_exceptions(path: &Path) -> Result<Vec<String>> {
-    // A list of input names: a regular file of at most 16 MiB (not a FIFO
-    // or a device read without end).
-    const MAX_BYTES: u64 = 16 << 20;
-    let meta = std::fs::metadata(path)
-        .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
-    if !meta.is_file() || meta.len() > MAX_BYTES {
-        bail!(
-            "--steady-exceptions {}: not a regular file of at most {MAX_BYTES} bytes",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read --steady-exceptions {}", path.display()))?;
+    let text = crate::read_text_file("--steady-exceptions", path)?;
     Ok(text
         .lines()
         .map(|l| l.split(" #").next().unwrap_or("").trim())
@@ -367,6 +355,7 @@ enum Unit {
 /// were skipped, with the reason. Files are read and converted on every
 /// core, the inputs kept in order.
 fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
+    crate::check_setting_count(args.policies.len())?;
     let names: Vec<&str> = if args.policies.is_empty() {
         DEFAULT_POLICIES.to_vec()
     } else {
@@ -457,7 +446,15 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
                                 .collect()))
                         }
                         Unit::Workload(spec) => {
-                            let w = crate::load_workload(spec)?;
+                            let (w, ops) = crate::load_workload_counted(spec)?;
+                            // Each policy: its replay and its minimum
+                            // capacity's bisection.
+                            crate::check_work(
+                                spec,
+                                ops,
+                                names.len(),
+                                crate::replays_per_setting(true),
+                            )?;
                             Ok(Ok(vec![capacity(CompareInput {
                                 name: format!("workload {spec}"),
                                 trace: w.trace(),
@@ -583,6 +580,7 @@ fn summary_table(summary: &[PolicySummary], inputs: usize) -> String {
 /// `reservoir compare`: every input under every policy, written as text or
 /// JSON; fails when a `--require` or `--require-steady` bound is missed.
 pub fn cmd_compare(args: CompareArgs) -> Result<()> {
+    crate::check_setting_count(args.policies.len())?;
     let names: Vec<&str> = if args.policies.is_empty() {
         DEFAULT_POLICIES.to_vec()
     } else {
@@ -731,8 +729,7 @@ enum Done {
 fn merge(files: &[PathBuf]) -> Result<(Vec<CompareRow>, Vec<Limit>, Vec<Skipped>)> {
     let mut runs = Vec::new();
     for f in files {
-        let text = std::fs::read_to_string(f)
-            .with_context(|| format!("--merge: cannot read {}", f.display()))?;
+        let text = crate::read_text_file("--merge", f)?;
         let v: serde_json::Value = serde_json::from_str(&text).with_context(|| {
             format!(
                 "--merge {}: not JSON (the output of `reservoir compare --json`)",

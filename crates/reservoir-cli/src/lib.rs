@@ -370,6 +370,24 @@ fn check_setting_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The most settings one command compares (`--policy`, `--setting` and
+/// `--config` together): each is one more replay of every input (and with
+/// `--min-capacity` some 25 more), so the run's time grows with their
+/// number. See docs/limits.md.
+const MAX_SETTINGS: usize = 64;
+
+/// Refuse more than [`MAX_SETTINGS`] settings, before any is replayed.
+fn check_setting_count(n: usize) -> Result<()> {
+    if n > MAX_SETTINGS {
+        bail!(
+            "{n} settings (--policy, --setting, --config) is more than the limit of \
+             {MAX_SETTINGS} per command: each one replays every input again (and about 25 \
+             times with --min-capacity); compare them in several commands"
+        );
+    }
+    Ok(())
+}
+
 /// The setting of a named policy on top of the recorded settings `base`.
 fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
     check_setting_name("--policy", name)?;
@@ -423,6 +441,7 @@ fn policy_setting(name: &str, base: &str) -> Result<ReplaySetting> {
 /// --setting, then --config); `recorded` is the recorded settings string
 /// of a recorded trace (None for a workload).
 fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetting>> {
+    check_setting_count(args.policies.len() + args.settings.len() + args.configs.len())?;
     let mut out = Vec::new();
     if args.policies.is_empty() && args.settings.is_empty() && args.configs.is_empty() {
         match recorded {
@@ -466,14 +485,91 @@ fn settings(args: &ReplayArgs, recorded: Option<&str>) -> Result<Vec<ReplaySetti
     Ok(out)
 }
 
+/// Read the text file `path` that the option `what` names (a `--merge`
+/// report, a `--steady-exceptions` list): like every file the command reads,
+/// a regular file (a FIFO or a device is refused before it is opened) of at
+/// most [`input::max_input_bytes`] bytes (`RESERVOIR_MAX_INPUT_BYTES`,
+/// checked from its size before it is read); see docs/limits.md.
+fn read_text_file(what: &str, path: &std::path::Path) -> Result<String> {
+    let bytes = input::max_input_bytes()
+        .and_then(|limit| input::read_file(path, limit))
+        .map_err(|e| {
+            // The reader's errors start with the path: say it once.
+            let why = e.to_string();
+            let prefix = format!("{}: ", path.display());
+            let why = why.strip_prefix(&prefix).unwrap_or(&why);
+            anyhow::anyhow!("cannot read {what} {}: {why}", path.display())
+        })?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{what} {}: not UTF-8 text (invalid byte at byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 /// Parse a workload spec and check its size (at most
 /// [`workload::max_workload_ops`] ops) before anything generates it.
 fn load_workload(spec: &str) -> Result<Workload> {
+    load_workload_counted(spec).map(|(w, _)| w)
+}
+
+/// [`load_workload`], and the workload's number of ops.
+fn load_workload_counted(spec: &str) -> Result<(Workload, u64)> {
     let w = Workload::parse(spec).with_context(|| format!("workload {}", quoted(spec)))?;
-    workload::max_workload_ops()
+    let ops = workload::max_workload_ops()
         .and_then(|limit| w.check_size(limit))
         .with_context(|| format!("workload {}", quoted(spec)))?;
-    Ok(w)
+    Ok((w, ops))
+}
+
+/// The most work a command may ask of one workload unless
+/// [`MAX_REPLAY_WORK_ENV`] says otherwise, in op-replays (its ops times
+/// the replays the command makes of it): 2^32, some minutes of work
+/// (`compare` of the largest preset, `llama-13b-infer`, makes about 330
+/// million; `replay --min-capacity` of it with the six default settings
+/// about 650 million). See docs/limits.md.
+const DEFAULT_MAX_REPLAY_WORK: u64 = 1 << 32;
+
+/// The environment variable that sets the work limit, in op-replays.
+const MAX_REPLAY_WORK_ENV: &str = "RESERVOIR_MAX_REPLAY_WORK";
+
+/// Replays a command makes of an input per setting, at most: the replay
+/// and up to two for its lints; with `--min-capacity` also the bisection
+/// (a doubling from 80 GiB to 16 TiB and 23 halvings to 2 MiB).
+fn replays_per_setting(min_capacity: bool) -> u64 {
+    3 + if min_capacity { 8 + 23 } else { 0 }
+}
+
+/// Refuse, before generating it, a workload of `ops` ops that the command
+/// would replay `replays` times in all when that is more than the work
+/// limit ([`DEFAULT_MAX_REPLAY_WORK`], [`MAX_REPLAY_WORK_ENV`]): the
+/// estimate, the limit and how to raise it.
+fn check_work(spec: &str, ops: u64, settings: usize, per_setting: u64) -> Result<()> {
+    let limit = match std::env::var_os(MAX_REPLAY_WORK_ENV) {
+        None => DEFAULT_MAX_REPLAY_WORK,
+        Some(v) => {
+            let text = v.to_string_lossy();
+            text.trim().replace('_', "").parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "{MAX_REPLAY_WORK_ENV}={text:?}: expected a number of op-replays, e.g. 10000000000"
+                )
+            })?
+        }
+    };
+    let replays = (settings as u64).saturating_mul(per_setting);
+    let work = ops.saturating_mul(replays);
+    if work > limit {
+        bail!(
+            "workload {}: {ops} ops x {replays} replays ({settings} settings, up to {per_setting} \
+             replays each) = {work} op-replays, more than the limit of {limit} op-replays (some \
+             minutes of work); raise it with {MAX_REPLAY_WORK_ENV}=N, or ask for fewer \
+             settings or a smaller workload (see docs/limits.md)",
+            quoted(spec)
+        );
+    }
+    Ok(())
 }
 
 /// One device trace of a recorded file, converted.

@@ -11,8 +11,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
 use crate::{
-    explain, html, limit, lints, load_recorded, load_workload, par, settings, table, RecordedInput,
-    ReplayArgs,
+    check_work, explain, html, limit, lints, load_recorded, load_workload_counted, par,
+    replays_per_setting, settings, table, RecordedInput, ReplayArgs,
 };
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
@@ -53,15 +53,30 @@ fn replay_inputs(args: &ReplayArgs) -> Result<()> {
     for l in loaded {
         recorded.extend(l?);
     }
-    let workload = match (&args.workload, args.files.is_empty()) {
-        (Some(w), _) => Some(load_workload(w)?),
-        (None, true) => Some(load_workload("gpt-train")?),
+    let spec = match (&args.workload, args.files.is_empty()) {
+        (Some(w), _) => Some(w.as_str()),
+        (None, true) => Some("gpt-train"),
         (None, false) => None,
     };
+    let workload = match spec {
+        Some(spec) => {
+            let (w, ops) = load_workload_counted(spec)?;
+            let settings = settings(args, None)?;
+            // The work, estimated before the trace is generated.
+            check_work(
+                spec,
+                ops,
+                settings.len(),
+                replays_per_setting(args.min_capacity),
+            )?;
+            Some((w, settings))
+        }
+        None => None,
+    };
     let wl = match &workload {
-        Some(w) => {
+        Some((w, settings)) => {
             let (trace, sites) = w.trace_and_sites();
-            Some((w, trace, sites, settings(args, None)?))
+            Some((w, trace, sites, settings.clone()))
         }
         None => None,
     };

@@ -7,7 +7,10 @@ use reservoir_replay::replay::ReplayReport;
 
 /// Appends `cells` to `out` as aligned text columns, two spaces apart: the
 /// first `left` columns left-aligned, the rest right-aligned; each line
-/// without trailing spaces.
+/// without trailing spaces. Widths are counted in characters and may be any
+/// size: the padding is written by hand, since `format!`'s `{:w$}` panics
+/// for a width of 65,536 or more (a `--workload` argument or a merged
+/// input's name can be that long).
 pub fn write_aligned<R: AsRef<[String]>>(out: &mut String, cells: &[R], left: usize) {
     let columns = cells.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
@@ -15,22 +18,32 @@ pub fn write_aligned<R: AsRef<[String]>>(out: &mut String, cells: &[R], left: us
             cells
                 .iter()
                 .filter_map(|r| r.as_ref().get(c))
-                .map(String::len)
+                .map(|s| s.chars().count())
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     for row in cells {
         let mut line = String::new();
-        for (c, (cell, w)) in row.as_ref().iter().zip(&widths).enumerate() {
+        for (c, (cell, &w)) in row.as_ref().iter().zip(&widths).enumerate() {
+            let pad = w.saturating_sub(cell.chars().count());
             if c < left {
-                let _ = write!(line, "{cell:w$}  ");
+                line.push_str(cell);
+                push_spaces(&mut line, pad);
             } else {
-                let _ = write!(line, "{cell:>w$}  ");
+                push_spaces(&mut line, pad);
+                line.push_str(cell);
             }
+            line.push_str("  ");
         }
-        let _ = writeln!(out, "{}", line.trim_end());
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
+}
+
+/// Appends `n` spaces to `out`.
+fn push_spaces(out: &mut String, n: usize) {
+    out.extend(std::iter::repeat(' ').take(n));
 }
 
 /// A duration in nanoseconds, with a unit that keeps 3-4 significant digits.
@@ -168,6 +181,24 @@ pub fn render_with(reports: &[ReplayReport], extra: Vec<(&'static str, Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aligned_columns_of_any_width() {
+        // `{:w$}` panics from a width of 65,536 on.
+        for n in [3, 65_535, 65_536, 200_000] {
+            let long = "é".repeat(n);
+            let cells = vec![
+                vec![long.clone(), "1".to_string()],
+                vec!["ab".to_string(), "22".to_string()],
+            ];
+            let mut out = String::new();
+            write_aligned(&mut out, &cells, 1);
+            let lines: Vec<&str> = out.lines().collect();
+            assert_eq!(lines.len(), 2);
+            assert_eq!(lines[0], format!("{long}   1"));
+            assert_eq!(lines[1], format!("ab{}  22", " ".repeat(n - 2)));
+        }
+    }
 
     #[test]
     fn durations() {

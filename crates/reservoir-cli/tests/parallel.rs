@@ -387,7 +387,7 @@ fn bad_parts_and_arguments_are_refused_by_name() {
     );
     fails(
         &["compare", "--merge", "/no/such.json"],
-        "cannot read /no/such.json",
+        "cannot read --merge /no/such.json: No such file",
     );
     fails(
         &["compare", "--merge", p1, "--no-traces"],

@@ -824,9 +824,117 @@ fn a_big_file_of_an_unknown_format_is_refused_from_its_first_bytes() {
     sparse_file(&path, b"(", 4 << 30);
     let e = input::load(&path).unwrap_err();
     assert!(
-        matches!(&e, input::Error::UnknownFormat(m) if m == "starts with byte 0x28"),
+        matches!(&e, input::Error::UnknownFormat(m) if m.starts_with("starts with byte 0x28 (not a pickle: at byte 1")),
         "{e}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A reader that counts the bytes read through it.
+struct Counting<R> {
+    inner: R,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Read `path` through [`input::read_input_from`], counting the bytes read.
+fn read_counted(path: &Path) -> (Result<Vec<u8>, input::Error>, u64) {
+    let read = std::rc::Rc::new(std::cell::Cell::new(0));
+    let r = Counting {
+        inner: std::fs::File::open(path).unwrap(),
+        read: read.clone(),
+    };
+    let got = input::read_input_from(path, r, input::DEFAULT_MAX_INPUT_BYTES);
+    (got, read.get())
+}
+
+/// Issue 44 (F4): the format was judged from the first bytes and the last
+/// one, so a pickle header, a 4 GiB hole and a final `.` was read whole
+/// (19.3 s, 4.1 GB) before it was refused. The reading now follows the
+/// pickle's opcodes a chunk at a time and stops at the first bad byte.
+#[test]
+fn a_pickle_header_before_a_hole_is_refused_at_the_hole_unread() {
+    use std::io::{Seek as _, SeekFrom, Write as _};
+    let dir = scratch("hole");
+    let path = dir.join("hole.pickle");
+    {
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&[0x80, 4]).unwrap();
+        f.set_len(4 << 30).unwrap();
+        f.seek(SeekFrom::End(0)).unwrap();
+        f.write_all(b".").unwrap();
+    }
+    let (got, read) = read_counted(&path);
+    let e = got.unwrap_err();
+    match &e {
+        input::Error::Pickle(p) => {
+            assert_eq!(p.offset, 2);
+            assert_eq!(p.kind, PickleErrorKind::UnknownOpcode);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(read <= 1 << 20, "read {read} bytes of 4 GiB");
+    let e = input::load(&path).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("at byte 2 (byte 0x00): not a pickle opcode"),
+        "{e}"
+    );
+    // JSON and allocatorSim logs stop at their first control byte.
+    for (head, format) in [
+        (&b"{\"actions\": "[..], "JSON"),
+        (b"0 1 1024\n", "allocatorSim log"),
+    ] {
+        let path = dir.join("hole.txt");
+        sparse_file(&path, head, 4 << 30);
+        let (got, read) = read_counted(&path);
+        match got.unwrap_err() {
+            input::Error::BadByte {
+                format: f,
+                offset,
+                byte: 0,
+            } => {
+                assert_eq!((f, offset), (format, head.len() as u64));
+            }
+            other => panic!("{other}"),
+        }
+        assert!(read <= 1 << 20, "read {read} bytes of 4 GiB");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 44 (F4): bytes after a pickle's `STOP` were ignored silently; a
+/// snapshot file holds one pickle, and the error names where the rest
+/// starts.
+#[test]
+fn bytes_after_stop_are_an_error_naming_the_offset() {
+    let dir = scratch("trailing");
+    let good = Snapshot::default().to_pickle().unwrap();
+    assert!(input::load_bytes(&good).is_ok());
+    let mut bad = good.clone();
+    bad.extend_from_slice(b"\ngarbage");
+    let stop = good.len() - 1;
+    let want = format!(
+        "at byte {}: data after the STOP opcode at byte {stop}",
+        good.len()
+    );
+    let e = input::load_bytes(&bad).unwrap_err();
+    assert!(e.to_string().contains(&want), "{e}");
+    let e = input::load_pickle(&bad).unwrap_err();
+    assert!(e.to_string().contains(&want), "{e}");
+    let path = dir.join("two.pickle");
+    std::fs::write(&path, &bad).unwrap();
+    let e = input::load(&path).unwrap_err();
+    assert!(e.to_string().contains(&want), "{e}");
+    let e = Snapshot::read(&path).unwrap_err();
+    assert!(e.to_string().contains(&want), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -72,7 +72,8 @@ pub trait ReadSnapshot: Sized {
     /// elsewhere are kept in `extra`.
     fn decode(value: &Value) -> Result<Decoded, SchemaError>;
 
-    /// Read a snapshot pickle (any layout; warnings dropped).
+    /// Read a snapshot pickle (any layout; warnings dropped): one pickle,
+    /// nothing after its `STOP` (see [`crate::pickle::Scanner`]).
     fn from_pickle(bytes: &[u8]) -> Result<Self, Error>;
 
     /// Read a snapshot pickle file: a regular file of at most
@@ -96,6 +97,7 @@ impl ReadSnapshot for Snapshot {
 
     fn from_pickle(bytes: &[u8]) -> Result<Snapshot, Error> {
         let v = crate::pickle::from_slice(bytes)?;
+        pickle_end(bytes)?;
         Ok(Snapshot::from_value(&v)?)
     }
 
@@ -157,6 +159,18 @@ pub enum Error {
         size: u64,
         /// The limit.
         limit: u64,
+    },
+    /// A JSON or allocatorSim input holds a byte neither format can hold
+    /// (a control byte other than white space: a hole of zeros, binary
+    /// data); the reading stopped there.
+    #[error("{format} input with byte {byte:#04x} at byte {offset}, which it cannot hold")]
+    BadByte {
+        /// The format the input's first byte announced.
+        format: &'static str,
+        /// Where the byte is.
+        offset: u64,
+        /// The byte.
+        byte: u8,
     },
     /// [`MAX_INPUT_BYTES_ENV`] is set to something else than a number of
     /// bytes.
@@ -221,18 +235,15 @@ fn not_a_file(meta: &std::fs::Metadata) -> Option<&'static str> {
     Some("not a file")
 }
 
-/// Bytes read to recognize a file's format before reading it whole.
-const SNIFF_BYTES: usize = 4096;
+/// Bytes read at a time; the format checks run on each chunk as it comes.
+const CHUNK_BYTES: usize = 64 << 10;
 
-/// Read an input file whole, refusing what cannot be an input before
-/// reading it: a path that names no regular file ([`Error::NotAFile`]:
-/// checked before opening, so a FIFO does not block), a file of more than
-/// `limit` bytes ([`Error::TooLarge`]), and a file whose first bytes are
-/// none of the formats [`load_bytes`] reads ([`Error::UnknownFormat`],
-/// after reading at most 4 KiB and the last byte). At most `limit` bytes
-/// are read even if the file grows meanwhile.
-pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>, Error> {
-    use std::io::{Read as _, Seek as _, SeekFrom};
+/// Open a user-named file for reading, refusing what cannot be read whole:
+/// a path that names no regular file ([`Error::NotAFile`]: checked before
+/// opening, so a FIFO does not block and `/dev/zero` is not read), and a file
+/// of more than `limit` bytes ([`Error::TooLarge`], from its size). Returns
+/// the file and its size.
+fn open_regular(path: &Path, limit: u64) -> Result<(std::fs::File, u64), Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -245,64 +256,219 @@ pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>, Error> {
         None => Ok(()),
     };
     check(&std::fs::metadata(path).map_err(io)?)?;
-    let mut f = std::fs::File::open(path).map_err(io)?;
+    let f = std::fs::File::open(path).map_err(io)?;
     let meta = f.metadata().map_err(io)?;
     check(&meta)?;
-    let too_large = |size| Error::TooLarge {
-        path: path.to_path_buf(),
-        size,
-        limit,
-    };
     if meta.len() > limit {
-        return Err(too_large(meta.len()));
+        return Err(Error::TooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+            limit,
+        });
     }
-    let mut head = Vec::with_capacity(SNIFF_BYTES);
-    (&mut f)
-        .take(SNIFF_BYTES as u64)
-        .read_to_end(&mut head)
-        .map_err(io)?;
-    let first = head.iter().copied().find(|b| !b.is_ascii_whitespace());
-    // A head of whitespace only (or an empty file) is read whole and
-    // judged by `load_bytes`.
-    if let Some(b) = first {
-        let last = if head.len() < SNIFF_BYTES {
-            head.last().copied()
-        } else {
-            let mut one = [0u8; 1];
-            f.seek(SeekFrom::End(-1)).map_err(io)?;
-            f.read_exact(&mut one).map_err(io)?;
-            Some(one[0])
+    Ok((f, meta.len()))
+}
+
+/// Read any user-named file whole (a list, a JSON report, a
+/// configuration): a regular file of at most `limit` bytes, with the checks
+/// of [`read_input`] save the format's. Every file the `reservoir` command
+/// reads goes through this or [`read_input`].
+pub fn read_file(path: &Path, limit: u64) -> Result<Vec<u8>, Error> {
+    let (f, len) = open_regular(path, limit)?;
+    read_chunks(path, f, len, limit, |_, _| Ok(()))
+}
+
+/// Read an input file whole, refusing what cannot be an input before
+/// reading it: a path that names no regular file ([`Error::NotAFile`]:
+/// checked before opening, so a FIFO does not block), a file of more than
+/// `limit` bytes ([`Error::TooLarge`]); then, while reading, a file that
+/// stops being one of the formats [`load_bytes`] reads at its first bad
+/// byte (see [`read_input_from`]).
+pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>, Error> {
+    let (f, len) = open_regular(path, limit)?;
+    read_input_checked(path, f, len, limit)
+}
+
+/// The reading half of [`read_input`], from any reader (`path` names it in
+/// errors): at most `limit` bytes, a chunk at a time, each chunk checked
+/// as it comes. The first byte that is not white space decides the format;
+/// from then on a pickle's opcode framing is followed (see
+/// [`crate::pickle::Scanner`]: a byte where an opcode is due that is none,
+/// such as a hole of zeros after a pickle's header, stops the reading
+/// there, and so do bytes after its `STOP`), and a JSON or allocatorSim
+/// input stops at a control byte neither can hold ([`Error::BadByte`]). A
+/// file that is none of the formats is refused at its first byte. So the
+/// reading stops at the first error, whatever the file's size.
+pub fn read_input_from(
+    path: &Path,
+    reader: impl std::io::Read,
+    limit: u64,
+) -> Result<Vec<u8>, Error> {
+    read_input_checked(path, reader, 0, limit)
+}
+
+fn read_input_checked(
+    path: &Path,
+    reader: impl std::io::Read,
+    len: u64,
+    limit: u64,
+) -> Result<Vec<u8>, Error> {
+    let mut check = FormatCheck::Undecided;
+    let bytes = read_chunks(path, reader, len, limit, |bytes, from| {
+        check.feed(bytes, from)
+    })?;
+    check.finish(&bytes)?;
+    Ok(bytes)
+}
+
+/// Read `reader` whole, at most `limit` bytes (`len`: its expected size, to
+/// reserve), calling `check(bytes so far, offset of the new ones)` after
+/// each chunk.
+fn read_chunks(
+    path: &Path,
+    mut reader: impl std::io::Read,
+    len: u64,
+    limit: u64,
+    mut check: impl FnMut(&[u8], usize) -> Result<(), Error>,
+) -> Result<Vec<u8>, Error> {
+    let mut bytes = Vec::with_capacity(len.min(limit).min(256 << 20) as usize);
+    let mut chunk = vec![0u8; CHUNK_BYTES];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(source) => {
+                return Err(Error::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
         };
-        sniff(Some(b), last)?;
-    }
-    f.seek(SeekFrom::Start(0)).map_err(io)?;
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    if bytes.len() as u64 > limit {
-        return Err(too_large(bytes.len() as u64));
+        let size = bytes.len() as u64 + n as u64;
+        if size > limit {
+            // The file grew while it was read.
+            return Err(Error::TooLarge {
+                path: path.to_path_buf(),
+                size,
+                limit,
+            });
+        }
+        let from = bytes.len();
+        bytes.extend_from_slice(&chunk[..n]);
+        check(&bytes, from)?;
     }
     Ok(bytes)
 }
 
+/// The format check of [`read_input_from`], fed the bytes as they come.
+enum FormatCheck {
+    /// Only white space so far.
+    Undecided,
+    /// A pickle (`first`: its first byte when it is not `PROTO`, a
+    /// protocol 0 or 1 pickle, recognized by its framing alone).
+    Pickle {
+        scanner: crate::pickle::Scanner,
+        first: Option<u8>,
+    },
+    /// JSON or an allocatorSim log.
+    Text(&'static str),
+}
+
+impl FormatCheck {
+    /// Check `bytes[from..]`, the bytes read since the last call.
+    fn feed(&mut self, bytes: &[u8], from: usize) -> Result<(), Error> {
+        if let FormatCheck::Undecided = self {
+            let Some(b) = bytes[from..]
+                .iter()
+                .copied()
+                .find(|b| !b.is_ascii_whitespace())
+            else {
+                return Ok(());
+            };
+            *self = match sniff(Some(b))? {
+                Sniffed::Pickle { first } => FormatCheck::Pickle {
+                    scanner: crate::pickle::Scanner::new(),
+                    first,
+                },
+                Sniffed::AllocData => FormatCheck::Text("JSON"),
+                Sniffed::AllocatorSimLog => FormatCheck::Text("allocatorSim log"),
+            };
+            // A pickle is scanned from byte 0 (white space before it is an
+            // error, as for the reader).
+            return self.feed(bytes, 0);
+        }
+        match self {
+            FormatCheck::Undecided => Ok(()),
+            FormatCheck::Pickle { scanner, first } => scanner
+                .feed(&bytes[from..])
+                .map_err(|e| pickle_error(e, *first)),
+            FormatCheck::Text(format) => text_check(format, &bytes[from..], from),
+        }
+    }
+
+    /// The end of the input, `bytes`. A pickle cut short is judged by the
+    /// reader, whose error says more (the stack, a frame's length).
+    fn finish(&self, bytes: &[u8]) -> Result<(), Error> {
+        match self {
+            FormatCheck::Pickle { scanner, first } => scanner.finish().map_err(|e| {
+                let e = crate::pickle::from_slice(bytes).err().unwrap_or(e);
+                pickle_error(e, *first)
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A framing error of a pickle whose first byte is `first` (None: `PROTO`,
+/// surely a pickle): a protocol 0 pickle is recognized by its framing
+/// alone, so a file that starts with an opcode but is not one is of an
+/// unknown format.
+fn pickle_error(e: crate::pickle::PickleError, first: Option<u8>) -> Error {
+    match first {
+        None => Error::Pickle(e),
+        Some(b) => Error::UnknownFormat(format!(
+            "starts with byte {b:#04x} (not a pickle: at byte {}: {})",
+            e.offset, e.kind
+        )),
+    }
+}
+
+/// A JSON text or an allocatorSim log holds no control byte but white
+/// space (a hole of zeros is refused at its first byte).
+fn text_check(format: &'static str, new: &[u8], from: usize) -> Result<(), Error> {
+    match new
+        .iter()
+        .position(|&b| b < 0x20 && !b.is_ascii_whitespace())
+    {
+        None => Ok(()),
+        Some(i) => Err(Error::BadByte {
+            format,
+            offset: (from + i) as u64,
+            byte: new[i],
+        }),
+    }
+}
+
 /// The formats [`load_bytes`] reads.
 enum Sniffed {
-    Pickle,
+    /// A pickle; `first`: its first byte when that is not `PROTO`.
+    Pickle {
+        first: Option<u8>,
+    },
     AllocData,
     AllocatorSimLog,
 }
 
 /// The format of an input whose first byte that is not white space is
-/// `first` and whose last byte is `last`.
-fn sniff(first: Option<u8>, last: Option<u8>) -> Result<Sniffed, Error> {
+/// `first`. A pickle of protocol 0 or 1 has no `PROTO` header: any other
+/// opcode is taken to start one, and the pickle's framing decides.
+fn sniff(first: Option<u8>) -> Result<Sniffed, Error> {
     match first {
-        Some(pickle::op::PROTO) => Ok(Sniffed::Pickle),
+        Some(pickle::op::PROTO) => Ok(Sniffed::Pickle { first: None }),
         Some(b'{') => Ok(Sniffed::AllocData),
         Some(b) if b.is_ascii_digit() => Ok(Sniffed::AllocatorSimLog),
-        Some(b) if pickle::opcode_name(b).is_some() && last == Some(pickle::op::STOP) => {
-            Ok(Sniffed::Pickle)
-        }
+        Some(b) if pickle::opcode_name(b).is_some() => Ok(Sniffed::Pickle { first: Some(b) }),
         Some(b) => Err(Error::UnknownFormat(format!("starts with byte {b:#04x}"))),
         None => Err(Error::UnknownFormat("empty input".into())),
     }
@@ -390,17 +556,35 @@ pub fn load_with_limit(path: impl AsRef<Path>, limit: u64) -> Result<LoadedInput
 /// `alloc_data`; lines of three unsigned ints are an allocatorSim log.
 pub fn load_bytes(bytes: &[u8]) -> Result<LoadedInput, Error> {
     let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
-    match sniff(first, bytes.last().copied())? {
-        Sniffed::Pickle => load_pickle(bytes),
+    match sniff(first)? {
+        Sniffed::Pickle { first } => {
+            let v = crate::pickle::from_slice(bytes).map_err(|e| pickle_error(e, first))?;
+            pickle_end(bytes)?;
+            load_value(&v)
+        }
         Sniffed::AllocData => load_alloc_data(bytes),
         Sniffed::AllocatorSimLog => load_allocator_sim_log(bytes),
     }
 }
 
-/// Load a snapshot pickle.
+/// Load a snapshot pickle: one pickle, nothing after its `STOP` (an error
+/// naming the offset, where [`crate::pickle::from_slice`] ignores them, as
+/// Python does).
 pub fn load_pickle(bytes: &[u8]) -> Result<LoadedInput, Error> {
     let v = crate::pickle::from_slice(bytes)?;
-    let d = decode::decode(&v)?;
+    pickle_end(bytes)?;
+    load_value(&v)
+}
+
+/// After the reader read a pickle from `bytes`: nothing may follow its
+/// `STOP` ([`crate::pickle::PickleErrorKind::TrailingData`]).
+fn pickle_end(bytes: &[u8]) -> Result<(), Error> {
+    Ok(crate::pickle::scan(bytes)?)
+}
+
+/// A snapshot from a pickle's value.
+fn load_value(v: &Value) -> Result<LoadedInput, Error> {
+    let d = decode::decode(v)?;
     Ok(LoadedInput {
         format: InputFormat::Snapshot(d.format),
         content: LoadedContent::Snapshot(d.snapshot),

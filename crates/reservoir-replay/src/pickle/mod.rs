@@ -40,7 +40,10 @@ use rustc_hash::FxHashMap;
 use reservoir::observe::pickle::{op, opcode_name, Value};
 
 mod opcodes;
+mod scan;
 mod text;
+
+pub use scan::{scan, Scanner};
 
 /// Bounds that keep hostile input from exhausting the stack, memory or time.
 ///
@@ -190,6 +193,13 @@ pub enum PickleErrorKind {
     /// `REDUCE` of an allowed callable with arguments it does not take.
     #[error("unsupported arguments for {0}")]
     BadArgs(&'static str),
+    /// Bytes follow the `STOP` opcode (at byte `stop`) that ends the pickle
+    /// (found by [`Scanner`]; [`from_slice`] ignores them, as Python does).
+    #[error("data after the STOP opcode at byte {stop}: a pickle file holds one pickle")]
+    TrailingData {
+        /// Offset of the `STOP` opcode.
+        stop: u64,
+    },
 }
 
 /// Read a pickle with the default [`Limits`]. Bytes after `STOP` are ignored,
