@@ -33,6 +33,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -432,14 +433,18 @@ fn every_header_function_answers_edge_arguments_from_c_and_cpp() {
         let want = format!("capi-header-calls: {n} calls, 0 failed");
         assert!(out.contains(&want), "want `{want}`, got:\n{out}");
     }
+    // Written past libtest's capture, so CI's log shows both lines.
+    let mut err = std::io::stderr().lock();
     if let Err(e) = reservoir_cuda::CudaDevice::new(0) {
-        println!(
-            "SKIPPED-BACKEND cuda (reservoir-capi c_header_calls): the reservoir_torch_* calls \
+        let _ = writeln!(
+            err,
+            "\nSKIPPED-BACKEND cuda (reservoir-capi c_header_calls): the reservoir_torch_* calls \
              only reached the unavailable driver: {e}"
         );
     }
-    println!(
-        "capi header calls: {} functions x {} profiles = {n} calls from C and C++, 0 failed",
+    let _ = writeln!(
+        err,
+        "\ncapi header calls: {} functions x {} profiles = {n} calls from C and C++, 0 failed",
         fs.len(),
         PROFILES.len()
     );
