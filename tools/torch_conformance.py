@@ -37,7 +37,7 @@ and closes with "torch-conformance: X passed, Y failed" (X: modes whose every
 natively passing test passes or is listed; Y: the others). --json writes every
 result. Usage:
 
-  tools/torch-conformance.sh [--modes native,pytorch,expandable,reservoir]
+  tools/torch-conformance.sh [--modes pytorch,expandable,reservoir]
       [--tests PATTERN] [--timeout S] [--jobs N] [--json OUT]
 """
 
@@ -57,10 +57,17 @@ from pathlib import Path
 
 MODES = {
     "native": None,
+    "native-expandable": None,
     "pytorch": "policy:pytorch-2.15",
     "expandable": "expandable_segments:True",
     "reservoir": "policy:reservoir",
 }
+# Native torch's own settings per run (PYTORCH_CUDA_ALLOC_CONF), and the
+# native run each Reservoir mode is compared with: expandable segments
+# against native torch with expandable segments, as a user switching
+# allocators would compare.
+NATIVE_CONF = {"native-expandable": "expandable_segments:True"}
+BASELINE = {"pytorch": "native", "expandable": "native-expandable", "reservoir": "native"}
 
 SITECUSTOMIZE = """\
 # Written by tools/torch_conformance.py: Reservoir serves torch in this process.
@@ -94,7 +101,8 @@ KIND = {"PASSED": "pass", "XPASS": "pass", "FAILED": "fail", "ERROR": "error", "
 ONE_PROCESS_PER_TEST = ("test_cuda_trace.py",)
 
 
-def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, timeout: float) -> dict:
+def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, timeout: float,
+              native_conf=None) -> dict:
     """Run `tests` (of one file) in one pytest process, as PyTorch's CI runs a
     file; a test that hangs past `timeout` kills the process, counts as
     `timeout`, and the tests after it run in a new process."""
@@ -102,8 +110,11 @@ def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, t
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONPATH"] = str(site_dir) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("RESERVOIR_CONFORMANCE_CONF", None)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if conf is not None:
         env["RESERVOIR_CONFORMANCE_CONF"] = conf
+    if native_conf is not None:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = native_conf
     results = {}
     todo = list(tests)
     while todo:
@@ -124,14 +135,19 @@ def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, t
             m = RESULT_RE.match(line)
             if m and m.group(1) in todo and m.group(1) not in got:
                 got[m.group(1)] = KIND[m.group(2)]
+        # The failure sections: "____ Class.test ____" up to the next header.
+        sections = {}
+        heads = list(re.finditer(r"^_{3,} (?:\S+\.)?(\S+?)(?:\[.*\])? _{3,}$", out, re.M))
+        for k, h in enumerate(heads):
+            end = heads[k + 1].start() if k + 1 < len(heads) else len(out)
+            sections.setdefault(h.group(1), out[h.start():end])
         for t, kind in got.items():
-            reason = ""
+            reason, block = "", ""
             if kind in ("fail", "error"):
-                name = t.split("::")[-1]
-                block = out[out.find(f"_ {name} _"):] if f"_ {name} _" in out else out
+                block = sections.get(t.split("::")[-1], "")
                 errs = [l for l in block.splitlines() if re.match(r"^E\s", l)]
                 reason = (errs[0][1:].strip() if errs else "")[:160]
-            results[t] = {"test": t, "result": kind, "reason": reason, "output": ""}
+            results[t] = {"test": t, "result": kind, "reason": reason, "output": block[-3000:]}
         rest = [t for t in todo if t not in got]
         if rest and len(rest) == len(todo) and not got:
             # Nothing ran: collection failed or the first test took the process down.
@@ -161,7 +177,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--tests-dir", type=Path, default=Path(__file__).resolve().parents[1] / ".." / "shared" / "torch-tests")
-    ap.add_argument("--modes", default="native,pytorch,expandable,reservoir")
+    ap.add_argument("--modes", default="pytorch,expandable,reservoir",
+                    help="Reservoir modes (each with its native baseline)")
     ap.add_argument("--tests", default=None, help="only tests whose id contains this text")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per test (default 120)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -174,8 +191,9 @@ def main() -> int:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; the modes are {', '.join(MODES)}")
-    if "native" not in modes:
-        modes.insert(0, "native")
+    for m in list(modes):
+        if m in BASELINE and BASELINE[m] not in modes:
+            modes.insert(0, BASELINE[m])
     tests_dir = args.tests_dir.resolve()
     tests = [l.strip() for l in (tests_dir / "memory-tests.txt").read_text().splitlines() if l.strip()]
     if args.tests:
@@ -206,7 +224,8 @@ def main() -> int:
     results: dict = {m: {} for m in modes}
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as ex:
-        futs = {ex.submit(run_group, args.python, tests_dir, ts, MODES[m], site_dir, args.timeout): (m, ts)
+        futs = {ex.submit(run_group, args.python, tests_dir, ts, MODES[m], site_dir, args.timeout,
+                          NATIVE_CONF.get(m)): (m, ts)
                 for m, ts in groups}
         for i, fut in enumerate(cf.as_completed(futs), 1):
             m, ts = futs[fut]
@@ -218,12 +237,12 @@ def main() -> int:
             print(f"[{i}/{len(groups)} {time.monotonic() - t0:5.0f}s] {m:10} {ts[0].split('::')[0]}: "
                   + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
 
-    native = results["native"]
     passed_modes = failed_modes = 0
     summary = {}
     for m in modes:
-        if m == "native":
+        if m not in BASELINE:
             continue
+        native = results[BASELINE[m]]
         rows = []
         regressions, unlisted, stale = [], [], []
         for t in tests:
@@ -245,7 +264,7 @@ def main() -> int:
             elif nat != "pass":
                 cause = "native: " + native[t]["reason"]
             rows.append((t, nat, res, cause))
-        print(f"\n## {m} ({MODES[m]})\n")
+        print(f"\n## {m} ({MODES[m]}; against {BASELINE[m]})\n")
         w = max(len(t) for t in tests)
         print(f"{'test':{w}}  {'native':7}  {'reservoir':9}  cause")
         for t, nat, res, cause in rows:

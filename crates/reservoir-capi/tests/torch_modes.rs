@@ -95,6 +95,7 @@ fn child_one_mode() {
     use cudarc::driver::sys;
     // The first allocation builds the allocator (loads the driver and makes
     // device 0's primary context current on this thread).
+    // SAFETY: the null stream is the default stream.
     let warm = unsafe { reservoir_alloc(512, 0, std::ptr::null_mut()) };
     assert!(!warm.is_null(), "{}", last_error());
     let mut raw: sys::CUstream = std::ptr::null_mut();

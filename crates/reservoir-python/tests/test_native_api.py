@@ -37,7 +37,16 @@ torch's own API are compared:
   devices    every device allocation is Reservoir's: torch's own
              ``cudaMalloc`` count is 0 (native's is not: the control)
 
-Each claim prints one line starting "torch proof native " ("ok" or "FAIL"),
+The claims run in every mode a user can turn on (issue 40): PyTorch mode
+(lines "torch proof native ..."), ``expandable_segments:True`` against native
+torch run with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (lines
+"torch proof expandable ...", every number equal), and ``policy:reservoir``
+(lines "torch proof reservoir ...": its placements are its own, so the claims
+comparing numbers with native's become "answers without an error" and the
+behaviour claims stay). RESERVOIR_PROOF_MODES (default
+"native,expandable,reservoir") chooses them.
+
+Each claim prints one line starting "torch proof MODE " ("ok" or "FAIL"),
 and the file closes with "native-api: N passed, M failed". Run by
 tools/torch-proof.sh (``run native-api``); RESERVOIR_PROOF_REPLAY_BIN may
 name a prebuilt ``reservoir`` binary (else ``cargo run -q -p reservoir-cli``).
