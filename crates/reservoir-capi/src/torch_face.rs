@@ -930,19 +930,10 @@ pub type ReservoirTraceTracker = Option<
     ),
 >;
 
-/// A C tracker and its context, shared by every device.
+/// A C tracker (never null: checked when attached) and its context, shared
+/// by every device.
 struct CTracker {
-    f: unsafe extern "C" fn(
-        ctx: *mut c_void,
-        device: i32,
-        action: i32,
-        addr: u64,
-        size: u64,
-        stream: *mut c_void,
-        p0: u64,
-        p1: u64,
-        time_us: i64,
-    ),
+    f: ReservoirTraceTracker,
     ctx: *mut c_void,
 }
 
@@ -965,17 +956,20 @@ pub unsafe extern "C" fn reservoir_torch_attach_trace_tracker(
     ctx: *mut c_void,
 ) -> ReservoirStatus {
     torch_guard("reservoir_torch_attach_trace_tracker", || {
-        let f = tracker.ok_or_else(|| Failure::invalid("tracker is null"))?;
-        let c = Arc::new(CTracker { f, ctx });
+        if tracker.is_none() {
+            return Err(Failure::invalid("tracker is null"));
+        }
+        let c = Arc::new(CTracker { f: tracker, ctx });
         attach_tracker(Arc::new(move |device, e: &reservoir::TraceEntry| {
             let action = TraceAction::ALL
                 .iter()
                 .position(|a| *a == e.action)
                 .unwrap_or(0);
             let (p0, p1) = e.pool_id.unwrap_or((0, 0));
+            let Some(f) = c.f else { return };
             // SAFETY: callable from any thread (caller's contract).
             unsafe {
-                (c.f)(
+                f(
                     c.ctx,
                     device,
                     action as i32,

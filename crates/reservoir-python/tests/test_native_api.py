@@ -634,6 +634,16 @@ def mode_claims(c, nat, res, neg, fids, exact, control):
     rfree = res.get("device", {}).get("frees_by_section", {}).get("empty")
     if real_gpu:
         c.skip("empty_cache: device frees in the driver's log", REAL_GPU)
+    elif not control:
+        # Expandable segments give memory back by unmapping pages (one
+        # cuMemRelease per physical handle), not a cuMemFree per cached
+        # segment: the frees are counted, their number is the backend's
+        # (Reservoir's CUDA backend makes a handle per 2 MiB page where torch
+        # makes one per segment page, 2 or 20 MiB); what empty_cache leaves
+        # is compared key by key above (empty_after).
+        c.claim((rfree or 0) > 0,
+                f"empty_cache: {rfree} device frees and unmaps in the driver's log (native {nfree}) "
+                f"via {res.get('device', {}).get('free_apis')}")
     else:
         c.claim(re_.get("cached_segments", 0) > 0 and rfree == re_.get("cached_segments")
                 and (not exact or rfree == nfree == ne.get("cached_segments")),
@@ -704,7 +714,10 @@ def mode_claims(c, nat, res, neg, fids, exact, control):
 
     # Every device allocation is Reservoir's.
     ndev, rdev = nat.get("device", {}), res.get("device", {})
-    c.claim(rdev.get("allocations", 0) > 0 and rdev.get("torch_cudaMalloc") == 0 and ndev.get("torch_cudaMalloc", 0) > 0,
+    # (Native torch with expandable segments maps with the driver API too,
+    # so its cudaMalloc count is the control in PyTorch mode only.)
+    c.claim(rdev.get("allocations", 0) > 0 and rdev.get("torch_cudaMalloc") == 0
+            and (not control or ndev.get("torch_cudaMalloc", 0) > 0),
             f"devices: torch's own cudaMalloc count {rdev.get('torch_cudaMalloc')} under Reservoir "
             f"({rdev.get('allocations')} device allocations: {rdev.get('by_api')}; native: {ndev.get('by_api')})")
 
