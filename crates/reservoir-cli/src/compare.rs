@@ -18,7 +18,7 @@ use reservoir_replay::compare::{
 };
 use reservoir_replay::placement::Limit;
 use reservoir_replay::replay::recorded::StartMode;
-use reservoir_replay::replay::StartState;
+use reservoir_replay::replay::{ReplayError, StartState};
 use reservoir_replay::workload;
 
 use crate::limit::{self, CompareLimits};
@@ -363,6 +363,12 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
     };
     let settings_for =
         |base: &str| -> Result<Vec<_>> { names.iter().map(|n| policy_setting(n, base)).collect() };
+    // Read once, and only when a workload is compared.
+    let max_ooms = if args.no_workloads {
+        None
+    } else {
+        crate::max_replay_ooms()?
+    };
     let mut units = Vec::new();
     let mut skipped = Vec::new();
     if !args.no_traces {
@@ -441,6 +447,7 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
                                         start: Some(rec.start),
                                         trace: rec.trace,
                                         settings: settings.clone(),
+                                        max_ooms: None,
                                     })
                                 })
                                 .collect()))
@@ -461,6 +468,7 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
                                 start: None::<StartState>,
                                 capacity: DEFAULT_CAPACITY,
                                 settings: settings_for("")?,
+                                max_ooms,
                             })]))
                         }
                     }
@@ -603,12 +611,13 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
         None => Vec::new(),
     };
     let (rows, limits, skipped) = if args.merge.is_empty() {
-        let (inputs, skipped) = inputs(&args)?;
+        let (inputs, mut skipped) = inputs(&args)?;
         // A part of a split may hold nothing (more parts than inputs).
         if inputs.is_empty() && args.shard.is_none() {
             bail!("nothing to compare (no trace in the folder and --no-workloads)");
         }
-        let (rows, limits) = compare_all(&inputs, args.jobs)?;
+        let (rows, limits, over) = compare_all(&inputs, args.jobs)?;
+        skipped.extend(over);
         (rows, limits, skipped)
     } else {
         merge(&args.merge)?
@@ -628,12 +637,15 @@ pub fn cmd_compare(args: CompareArgs) -> Result<()> {
 /// Compare every input under every setting, and find the limit of each
 /// input (the yardstick of the minimum capacities, see `limit`): each
 /// replay on its own core (at most `jobs` threads), the rows in input
-/// order, with a progress bar on a terminal. The first failing input (in
+/// order, with a progress bar on a terminal. A workload that runs out of
+/// memory more often than its cap allows ([`ReplayError::TooManyOoms`]) is
+/// left out of the rows and said in the skipped inputs returned, with the
+/// setting and the error; any other failure of an input (the first in
 /// input order) is the error.
 fn compare_all(
     inputs: &[CompareInput],
     jobs: Option<usize>,
-) -> Result<(Vec<CompareRow>, Vec<Limit>)> {
+) -> Result<(Vec<CompareRow>, Vec<Limit>, Vec<Skipped>)> {
     let cells: Vec<(usize, usize)> = inputs
         .iter()
         .enumerate()
@@ -697,15 +709,29 @@ fn compare_all(
     bar.finish_and_clear();
     let mut results = results.into_iter();
     let mut rows = Vec::with_capacity(inputs.len());
-    for input in inputs {
-        let policies = results
-            .by_ref()
-            .take(input.settings.len())
+    let mut kept = Vec::with_capacity(inputs.len());
+    let mut over = Vec::new();
+    for (input, limit) in inputs.iter().zip(limits) {
+        let policies: Vec<_> = results.by_ref().take(input.settings.len()).collect();
+        let too_many = policies
+            .iter()
+            .zip(&input.settings)
+            .find_map(|(r, s)| match r {
+                Err(e @ ReplayError::TooManyOoms { .. }) => Some(format!("under {}: {e}", s.name)),
+                _ => None,
+            });
+        if let Some(why) = too_many {
+            over.push((input.name.clone(), why));
+            continue;
+        }
+        let policies = policies
+            .into_iter()
             .collect::<Result<Vec<_>, _>>()
             .with_context(|| format!("comparing on {}", input.name))?;
         rows.push(compare_row(input, policies));
+        kept.push(limit);
     }
-    Ok((rows, limits))
+    Ok((rows, kept, over))
 }
 
 /// One piece of [`compare_all`]'s work: input `i` under setting `k`, or
@@ -911,7 +937,7 @@ fn write_comparison_to(
         text.push_str(&limits.text());
         text.push_str(&ranks::text(&jobs));
         if !skipped.is_empty() {
-            let _ = writeln!(text, "\nskipped {} files:", skipped.len());
+            let _ = writeln!(text, "\nskipped {} inputs:", skipped.len());
             for (f, why) in skipped {
                 let _ = writeln!(text, "  {f}: {why}");
             }

@@ -572,6 +572,38 @@ fn check_work(spec: &str, ops: u64, settings: usize, per_setting: u64) -> Result
     Ok(())
 }
 
+/// The most out-of-memory errors one replay of a built-in workload may
+/// meet unless [`MAX_REPLAY_OOMS_ENV`] says otherwise. Each costs the
+/// allocator a pass over every cached block (it releases them all before
+/// failing, as PyTorch's does), so a workload far too large for the device
+/// (`gpt-train:layers=5000` on 80 GiB) would replay for hours; the presets
+/// meet none on their default devices. See docs/limits.md.
+const DEFAULT_MAX_REPLAY_OOMS: u64 = 1000;
+
+/// The environment variable that sets the out-of-memory cap (0: none).
+const MAX_REPLAY_OOMS_ENV: &str = "RESERVOIR_MAX_REPLAY_OOMS";
+
+/// The out-of-memory cap of a built-in workload's replay
+/// ([`ReplayOptions::max_ooms`](reservoir_replay::replay::ReplayOptions::max_ooms)):
+/// [`DEFAULT_MAX_REPLAY_OOMS`], or [`MAX_REPLAY_OOMS_ENV`]'s number, where 0
+/// is no cap. Recorded traces, capacity searches and what-if replays are
+/// never capped.
+fn max_replay_ooms() -> Result<Option<u64>> {
+    let limit = match std::env::var_os(MAX_REPLAY_OOMS_ENV) {
+        None => DEFAULT_MAX_REPLAY_OOMS,
+        Some(v) => {
+            let text = v.to_string_lossy();
+            text.trim().replace('_', "").parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "{MAX_REPLAY_OOMS_ENV}={text:?}: expected a number of out-of-memory errors, \
+                     e.g. 100000 (0: no limit)"
+                )
+            })?
+        }
+    };
+    Ok((limit > 0).then_some(limit))
+}
+
 /// One device trace of a recorded file, converted.
 struct RecordedInput {
     file: String,

@@ -11,8 +11,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
 use crate::{
-    check_work, explain, html, limit, lints, load_recorded, load_workload_counted, par,
-    replays_per_setting, settings, table, RecordedInput, ReplayArgs,
+    check_work, explain, html, limit, lints, load_recorded, load_workload_counted, max_replay_ooms,
+    par, replays_per_setting, settings, table, RecordedInput, ReplayArgs,
 };
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
@@ -91,6 +91,11 @@ fn replay_inputs(args: &ReplayArgs) -> Result<()> {
         args,
         progress: Progress::new(total),
         start: Instant::now(),
+        max_ooms: if wl.is_some() {
+            max_replay_ooms()?
+        } else {
+            None
+        },
     };
     let (parts, last) = rayon::join(
         || {
@@ -122,6 +127,9 @@ struct Run<'a> {
     args: &'a ReplayArgs,
     progress: Progress,
     start: Instant,
+    /// The out-of-memory cap of the workload's replays (recorded inputs
+    /// are not capped).
+    max_ooms: Option<u64>,
 }
 
 /// The reports of one input: its text, its JSON reports (one per setting)
@@ -272,6 +280,7 @@ impl Run<'_> {
     ) -> Result<Part> {
         let options = ReplayOptions {
             capacity: self.args.capacity.unwrap_or(DEFAULT_CAPACITY),
+            max_ooms: self.max_ooms,
             ..ReplayOptions::default()
         };
         let replays: Vec<_> = settings
@@ -287,7 +296,7 @@ impl Run<'_> {
             .collect();
         let mut reports = Vec::with_capacity(settings.len());
         for r in replays {
-            reports.extend(r.with_context(|| format!("replaying workload {}", w.preset))?);
+            reports.extend(r.with_context(|| format!("replaying workload {}", w.spec()))?);
         }
         let mut json = Vec::new();
         for r in &reports {

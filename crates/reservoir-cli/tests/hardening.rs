@@ -508,3 +508,95 @@ fn workload_work_is_estimated_and_refused_up_front() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 44 (F6): a workload far too large for its device ran out of
+/// memory at nearly every allocation, and each out-of-memory error costs
+/// the allocator a pass over every cached block (it releases them all, as
+/// PyTorch's does): `gpt-train:layers=5000` on 80 GiB replayed for more
+/// than ten minutes. A built-in workload's replay now stops past
+/// `RESERVOIR_MAX_REPLAY_OOMS` (default 1000) out-of-memory errors, saying
+/// so; `compare` lists the workload as skipped and compares the rest.
+/// Counted, not timed: this workload meets 1660 on 16 MiB.
+#[test]
+fn workload_replays_stop_past_the_oom_limit() {
+    let dir = scratch("ooms");
+    let spec = "gpt-train:layers=8,steps=2";
+    let replay = [
+        "replay",
+        "-w",
+        spec,
+        "--capacity",
+        "16MiB",
+        "--policy",
+        "pytorch",
+    ];
+    let o = reservoir_in(&dir, &replay, &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+    for want in [
+        "out of memory 1001 times, more than the limit of 1000",
+        "does not fit this device",
+        "--capacity",
+        "RESERVOIR_MAX_REPLAY_OOMS=N",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    // Raised (or 0, no limit), it runs on, to every one of them.
+    for limit in ["100_000", "0"] {
+        let mut args = replay.to_vec();
+        args.push("--json");
+        let o = reservoir_in(&dir, &args, &[("RESERVOIR_MAX_REPLAY_OOMS", limit)]);
+        assert!(o.status.success(), "{limit}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let r = if v.is_array() { &v[0] } else { &v };
+        assert_eq!(r["ooms"], 1660, "{limit}");
+    }
+    // `compare`: the workload over the limit is skipped, with the setting
+    // and why; the other is compared.
+    let small = "gpt-train:layers=1,steps=1";
+    let compare = [
+        "compare",
+        "--no-traces",
+        "--workload",
+        spec,
+        "--workload",
+        small,
+        "--capacity",
+        "16MiB",
+        "--policy",
+        "pytorch",
+        "--json",
+    ];
+    let o = reservoir_in(&dir, &compare, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v}");
+    assert_eq!(rows[0]["input"], format!("workload {small}"), "{v}");
+    let skipped = v["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{v}");
+    assert_eq!(skipped[0]["file"], format!("workload {spec}"));
+    let why = skipped[0]["reason"].as_str().unwrap();
+    assert!(
+        why.starts_with("under pytorch: ")
+            && why.contains("more than the limit of 1000")
+            && why.contains("RESERVOIR_MAX_REPLAY_OOMS=N"),
+        "{why}"
+    );
+    let o = reservoir_in(&dir, &compare, &[("RESERVOIR_MAX_REPLAY_OOMS", "0")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["rows"][0]["policies"][0]["ooms"], 1660, "{v}");
+    assert!(v["skipped"].as_array().unwrap().is_empty(), "{v}");
+    // A bad value is named.
+    let o = reservoir_in(&dir, &replay, &[("RESERVOIR_MAX_REPLAY_OOMS", "lots")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("RESERVOIR_MAX_REPLAY_OOMS=\"lots\": expected a number"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -41,6 +41,9 @@ pub struct CompareInput {
     pub capacity: u64,
     /// The settings to replay it with, in column order.
     pub settings: Vec<ReplaySetting>,
+    /// Most out-of-memory errors each setting's replay may meet
+    /// ([`ReplayOptions::max_ooms`]; the capacity search is not capped).
+    pub max_ooms: Option<u64>,
 }
 
 /// One setting on one input.
@@ -249,7 +252,10 @@ pub fn compare_setting(input: &CompareInput, k: usize) -> Result<PolicyResult, R
     // The input's bound, from its trace: the same for every setting, even
     // one that runs out of memory and so holds fewer bytes.
     let bound = trace_bound(&input.trace, input.start.as_ref());
-    let options = ReplayOptions::without_timeline(input.capacity);
+    let options = ReplayOptions {
+        max_ooms: input.max_ooms,
+        ..ReplayOptions::without_timeline(input.capacity)
+    };
     let steady_start = steady_state_start(&input.trace, input.start.as_ref());
     let mut r: Replay<'_> = Replay::build(&input.trace, input.start.as_ref(), s, &options)?;
     while r.position() < steady_start {

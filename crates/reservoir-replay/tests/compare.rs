@@ -46,6 +46,7 @@ fn a_row_per_setting_with_the_replays_numbers() {
         start: None,
         capacity: 80 << 30,
         settings: settings.clone(),
+        max_ooms: None,
     };
     let mut done = Vec::new();
     let row = compare(&input, &mut |p| done.push(p.to_string())).unwrap();
@@ -158,6 +159,7 @@ fn on_a_device_the_size_of_the_bound_pytorch_mode_runs_out_where_reservoir_fits(
                 start: None,
                 capacity,
                 settings: settings.clone(),
+                max_ooms: None,
             },
             &mut |_| {},
         )
@@ -236,6 +238,7 @@ fn steady_state_driver_time_counts_the_calls_after_the_peak() {
         start: None,
         capacity: 80 << 30,
         settings: vec![ReplaySetting::new("pytorch", "")],
+        max_ooms: None,
     };
     let row = compare(&input, &mut |_| {}).unwrap();
     assert_eq!((row.ops, row.steady_start), (4, 2));
@@ -285,6 +288,7 @@ fn reservoir_makes_no_steady_state_driver_call_on_the_small_decode_workloads() {
                 ReplaySetting::new("pytorch", ""),
                 ReplaySetting::new("reservoir", "policy:reservoir"),
             ],
+            max_ooms: None,
         };
         let row = compare(&input, &mut |_| {}).unwrap();
         let (pytorch, reservoir) = (&row.policies[0], &row.policies[1]);
@@ -311,6 +315,7 @@ fn reservoir_replays_the_same_on_a_device_of_its_bound_as_on_80_gib() {
                 start: None,
                 capacity,
                 settings: vec![ReplaySetting::new("reservoir", "policy:reservoir")],
+                max_ooms: None,
             },
             &mut |_| {},
         )

@@ -250,6 +250,64 @@ fn out_of_memory_does_not_stop_the_replay() {
     assert_eq!(report.streams, vec![("side".to_string(), 1)]);
 }
 
+/// Issue 44 (F6): each out-of-memory error costs the allocator a pass over
+/// every cached block, so a program far too large for the device replayed
+/// for hours. With `max_ooms` the replay stops past that many, with a
+/// typed error naming the op, the count and the limit; without (the
+/// default) it runs to the end as before.
+#[test]
+fn replay_stops_past_max_ooms() {
+    // 50 allocations of 1 GiB on a 512 MiB device: 50 out-of-memory errors,
+    // between cached 2 MiB blocks.
+    let mut text = String::from("a 1000 1M\n");
+    for id in 1..=50 {
+        text.push_str(&format!("a {id} 1G\nf {id}\n"));
+    }
+    let trace = Trace::parse(&text).unwrap();
+    let report = replay(&trace, &pytorch(), &opts(512 * MIB)).unwrap();
+    assert_eq!(report.ooms, 50);
+    for limit in [50, 1000] {
+        let options = ReplayOptions {
+            max_ooms: Some(limit),
+            ..opts(512 * MIB)
+        };
+        let capped = replay(&trace, &pytorch(), &options).unwrap();
+        assert_eq!(capped.ooms, 50, "limit {limit}");
+        assert_eq!(capped.peak_reserved, report.peak_reserved);
+    }
+    for limit in [0, 10, 49] {
+        let options = ReplayOptions {
+            max_ooms: Some(limit),
+            ..opts(512 * MIB)
+        };
+        let e = replay(&trace, &pytorch(), &options).unwrap_err();
+        // The (limit + 1)th failing allocation, `a <limit + 1> 1G`, is op
+        // 2 * limit + 1 on line 2 * limit + 2.
+        let at = 2 * limit as usize + 1;
+        match &e {
+            ReplayError::TooManyOoms {
+                op,
+                line,
+                ooms,
+                limit: l,
+            } => assert_eq!((*op, *line, *ooms, *l), (at, at + 1, limit + 1, limit)),
+            other => panic!("{other:?}"),
+        }
+        let msg = e.to_string();
+        for want in [
+            format!(
+                "out of memory {} times, more than the limit of {limit}",
+                limit + 1
+            ),
+            "does not fit this device".into(),
+            "--capacity".into(),
+            "RESERVOIR_MAX_REPLAY_OOMS=N".into(),
+        ] {
+            assert!(msg.contains(&want), "{want:?} not in {msg}");
+        }
+    }
+}
+
 #[test]
 fn trace_errors_name_the_op_and_line() {
     let trace = Trace::parse("# header\na 1 10\n\nf 2\n").unwrap();

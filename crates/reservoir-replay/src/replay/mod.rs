@@ -477,7 +477,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
         }
         match r {
             Ok(ptr) => self.live.set(id, IdState::Live(ptr)),
-            Err(AllocError::OutOfMemory(e)) => self.note_oom(i, id, bytes, s, e.message),
+            Err(AllocError::OutOfMemory(e)) => self.note_oom(i, id, bytes, s, e.message)?,
             // The device ran out of memory where PyTorch, and so the
             // allocator, does not turn that into its own
             // out-of-memory error: the address range of a new
@@ -491,7 +491,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             // which its report says (with the device's words),
             // rather than failing the replay of every setting.
             Err(AllocError::Backend(e)) if e.is_retryable() => {
-                self.note_oom(i, id, bytes, s, format!("device error: {e}"))
+                self.note_oom(i, id, bytes, s, format!("device error: {e}"))?
             }
             Err(e) => return Err(self.alloc_error(i, e)),
         }
@@ -585,9 +585,17 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
     }
 
     /// Allocation op `i` of `id` (`bytes` on `stream`) ran out of memory:
-    /// count it, remember the first, and ignore later frees of `id`.
+    /// count it, remember the first, and ignore later frees of `id`; stop
+    /// when there are more than [`ReplayOptions::max_ooms`].
     #[cold]
-    fn note_oom(&mut self, i: usize, id: AllocId, bytes: u64, stream: StreamId, message: String) {
+    fn note_oom(
+        &mut self,
+        i: usize,
+        id: AllocId,
+        bytes: u64,
+        stream: StreamId,
+        message: String,
+    ) -> Result<(), ReplayError> {
         self.ooms += 1;
         self.live.set(id, IdState::Failed);
         if self.first_oom.is_none() {
@@ -600,6 +608,17 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                 message,
             });
         }
+        if let Some(limit) = self.options.max_ooms {
+            if self.ooms > limit {
+                return Err(ReplayError::TooManyOoms {
+                    op: i,
+                    line: self.line(i),
+                    ooms: self.ooms,
+                    limit,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Note the state after op `i`, which may have changed the allocator's

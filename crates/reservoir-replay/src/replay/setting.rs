@@ -150,6 +150,14 @@ pub struct ReplayOptions {
     /// in full, except replays from a [`StartState`](super::StartState) (recorded traces,
     /// where replay speed matters more than exact quantiles).
     pub time_one_in: u32,
+    /// Most out-of-memory errors the replay may meet: past it the replay
+    /// stops with [`ReplayError::TooManyOoms`]. Each OOM costs the
+    /// allocator a pass over every cached block (it releases them all
+    /// before failing, as PyTorch's does), so a program far too large for
+    /// the device would otherwise replay for hours. Default `None` (no
+    /// cap): recorded traces, capacity searches and what-if replays always
+    /// run to the end; the CLI sets a cap for built-in workloads only.
+    pub max_ooms: Option<u64>,
 }
 
 impl ReplayOptions {
@@ -171,6 +179,7 @@ impl Default for ReplayOptions {
             capacity: DEFAULT_CAPACITY,
             max_samples: 2000,
             time_one_in: 8,
+            max_ooms: None,
         }
     }
 }
@@ -227,6 +236,25 @@ pub enum ReplayError {
     Capacity {
         /// The capacity asked for.
         capacity: u64,
+    },
+    /// More allocations ran out of memory than
+    /// [`ReplayOptions::max_ooms`] allows: the program does not fit the
+    /// device, and replaying on would only repeat the failure.
+    #[error(
+        "op {op} (line {line}): out of memory {ooms} times, more than the limit of {limit}: \
+         the program does not fit this device; replay it on a larger device (--capacity), \
+         make it smaller, or raise the limit with RESERVOIR_MAX_REPLAY_OOMS=N \
+         (see docs/limits.md)"
+    )]
+    TooManyOoms {
+        /// Op index of the out-of-memory error past the limit.
+        op: usize,
+        /// Source line.
+        line: usize,
+        /// Out-of-memory errors so far (the limit plus one).
+        ooms: u64,
+        /// The limit ([`ReplayOptions::max_ooms`]).
+        limit: u64,
     },
     /// The simulated device refused a stream operation.
     #[error("op {op} (line {line}): device error: {source}")]
