@@ -112,22 +112,7 @@ pub(crate) fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     if let Some(Some(a)) = devices.get(index) {
         return Ok(a.clone());
     }
-    let (conf, source) = match CONFIGURED.lock().clone() {
-        Some(c) => (Some(c), "torch_configure"),
-        None => (
-            std::env::var(RESERVOIR_ALLOC_CONF).ok(),
-            RESERVOIR_ALLOC_CONF,
-        ),
-    };
-    let mut config = parse_config(conf.as_deref())
-        .map_err(|f| Failure::new(f.status, format!("{source}: {}", f.message)))?;
-    // The run-time settings given so far apply to a device built later, as
-    // torch's settings are process-wide.
-    for s in RUNTIME_SETTINGS.lock().iter() {
-        config
-            .apply_runtime(s)
-            .map_err(|e| runtime_settings_failure(s, &e))?;
-    }
+    let (config, conf) = new_device_config(&RUNTIME_SETTINGS.lock())?;
     let dev = CudaDevice::new(device).map_err(|e| {
         Failure::new(
             RESERVOIR_ERR_BACKEND_UNAVAILABLE,
@@ -147,6 +132,30 @@ pub(crate) fn allocator(device: i32) -> Result<TorchAllocator, Failure> {
     devices[index] = Some(a.clone());
     tracing::info!(target: "reservoir::capi", device, conf = conf.as_deref(), "Reservoir allocator built");
     Ok(a)
+}
+
+/// The settings a device built now starts with: [`torch_configure`]'s
+/// string (else `RESERVOIR_ALLOC_CONF`), then the run-time strings given
+/// so far (`runtime`, from [`RUNTIME_SETTINGS`]), as torch's settings are
+/// process-wide. Also the string it was read from, for the log.
+fn new_device_config(
+    runtime: &[String],
+) -> Result<(reservoir::config::AllocatorConfig, Option<String>), Failure> {
+    let (conf, source) = match CONFIGURED.lock().clone() {
+        Some(c) => (Some(c), "torch_configure"),
+        None => (
+            std::env::var(RESERVOIR_ALLOC_CONF).ok(),
+            RESERVOIR_ALLOC_CONF,
+        ),
+    };
+    let mut config = parse_config(conf.as_deref())
+        .map_err(|f| Failure::new(f.status, format!("{source}: {}", f.message)))?;
+    for s in runtime {
+        config
+            .apply_runtime(s)
+            .map_err(|e| runtime_settings_failure(s, &e))?;
+    }
+    Ok((config, conf))
 }
 
 /// The strings of [`torch_set_allocator_settings`] applied so far, in
@@ -179,16 +188,9 @@ pub fn torch_set_allocator_settings(s: &str) -> Result<(), Failure> {
     }
     if next.is_empty() {
         // Checked now, not when the first device is built.
-        let conf = CONFIGURED
-            .lock()
-            .clone()
-            .or_else(|| std::env::var(RESERVOIR_ALLOC_CONF).ok());
-        let mut c = parse_config(conf.as_deref())?;
-        for earlier in runtime.iter() {
-            c.apply_runtime(earlier)
-                .map_err(|e| runtime_settings_failure(earlier, &e))?;
-        }
-        c.apply_runtime(s)
+        new_device_config(&runtime)?
+            .0
+            .apply_runtime(s)
             .map_err(|e| runtime_settings_failure(s, &e))?;
     }
     for (a, c) in next {
