@@ -7,32 +7,18 @@
 //! One test function: the entry points keep process-wide allocators and
 //! read `RESERVOIR_ALLOC_CONF`, so the steps run in order.
 
-use std::ffi::{c_void, CStr};
+mod common;
+use common::{last_error, stat};
+use std::ffi::c_void;
 use std::io::Write;
 
 use reservoir_capi::{
-    reservoir_alloc, reservoir_free, reservoir_last_error, reservoir_torch_configure,
-    reservoir_torch_empty_cache, reservoir_torch_record_stream, reservoir_torch_stat,
-    torch_configure, with_torch_allocator, ReservoirStatus, RESERVOIR_ALLOC_CONF,
+    reservoir_alloc, reservoir_free, reservoir_torch_configure, reservoir_torch_empty_cache,
+    reservoir_torch_record_stream, torch_configure, with_torch_allocator, ReservoirStatus,
+    RESERVOIR_ALLOC_CONF,
 };
 
 const MIB: isize = 1 << 20;
-
-fn last_error() -> String {
-    // SAFETY: the library returns a NUL-terminated string valid until this
-    // thread's next Reservoir call; it is copied at once.
-    unsafe { CStr::from_ptr(reservoir_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn stat(key: &CStr) -> i64 {
-    let mut v = -1;
-    // SAFETY: `key` is NUL-terminated and `v` a live local.
-    let s = unsafe { reservoir_torch_stat(0, key.as_ptr(), &mut v) };
-    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
-    v
-}
 
 fn alloc(size: isize, device: i32, stream: *mut c_void) -> *mut c_void {
     // SAFETY: `stream` is null or a live stream of device 0 (made below).

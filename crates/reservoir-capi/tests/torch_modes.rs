@@ -11,36 +11,21 @@
 //! fake CUDA driver of `../shared/oracle`; without a driver it prints
 //! `SKIPPED-BACKEND` and passes.
 
-use std::ffi::{c_void, CStr};
+mod common;
+use common::{last_error, stat};
+use std::ffi::c_void;
 use std::io::Write;
 use std::process::Command;
 
 use reservoir_capi::{
-    reservoir_alloc, reservoir_free, reservoir_last_error, reservoir_torch_base_allocation,
-    reservoir_torch_empty_cache, reservoir_torch_record_stream,
-    reservoir_torch_set_allocator_settings, reservoir_torch_stat, torch_configure,
+    reservoir_alloc, reservoir_free, reservoir_torch_base_allocation, reservoir_torch_empty_cache,
+    reservoir_torch_record_stream, reservoir_torch_set_allocator_settings, torch_configure,
     torch_set_allocator_settings, with_torch_allocator, ReservoirStatus,
 };
 
 const MODE_VAR: &str = "RESERVOIR_TEST_TORCH_MODE";
 const MODES: [&str; 3] = ["", "expandable_segments:True", "policy:reservoir"];
 const MIB: isize = 1 << 20;
-
-fn last_error() -> String {
-    // SAFETY: a NUL-terminated string valid until this thread's next
-    // Reservoir call; copied at once.
-    unsafe { CStr::from_ptr(reservoir_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn stat(key: &CStr) -> i64 {
-    let mut v = -1;
-    // SAFETY: `key` is NUL-terminated and `v` a live local.
-    let s = unsafe { reservoir_torch_stat(0, key.as_ptr(), &mut v) };
-    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
-    v
-}
 
 fn invariants_hold() {
     let r = with_torch_allocator("test", 0, |a| {
