@@ -52,3 +52,10 @@ class Checks:
         else:
             self.failed += 1
             print(f"FAIL {name} {detail}")
+
+
+def diff_stats(a, b):
+    """The keys whose values differ between two memory_stats() dicts:
+    key -> (a's value, b's value), "missing" where one lacks the key."""
+    keys = sorted(set(a) | set(b))
+    return {k: (a.get(k, "missing"), b.get(k, "missing")) for k in keys if a.get(k) != b.get(k)}

@@ -46,7 +46,7 @@ import os
 import subprocess
 import sys
 
-from fakecuda import Checks, fake_driver
+from fakecuda import Checks, diff_stats, fake_driver
 
 MIB = 1 << 20
 N = 22 * MIB  # above 10 MiB: a segment of its own, so a freed block is the next exact fit
@@ -316,10 +316,6 @@ def run_csan(conf):
         else:
             out.update(json.loads(lines[-1][len("RESULT "):]))
     return out
-
-
-def diff_stats(a, b):
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
 def main():

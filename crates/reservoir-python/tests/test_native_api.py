@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 
-from fakecuda import EV_ALLOC, EV_CREATE, EV_FREE, EV_RELEASE, LogEntry, fake_driver
+from fakecuda import EV_ALLOC, EV_CREATE, EV_FREE, EV_RELEASE, LogEntry, diff_stats, fake_driver
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
@@ -517,11 +517,6 @@ class Checks:
         print(f"torch proof {self.label} {'ok  ' if ok else 'FAIL'} {text}")
         if not ok and detail:
             print(f"    differs: {detail}")
-
-
-def diff_stats(a, b):
-    keys = sorted(set(a) | set(b))
-    return {k: (a.get(k, "missing"), b.get(k, "missing")) for k in keys if a.get(k) != b.get(k)}
 
 
 def diff_segments(a, b):
