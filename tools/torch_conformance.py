@@ -103,9 +103,9 @@ ONE_PROCESS_PER_TEST = ("test_cuda_trace.py",)
 
 def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, timeout: float,
               native_conf=None) -> dict:
-    """Run `tests` (of one file) in one pytest process, as PyTorch's CI runs a
-    file; a test that hangs past `timeout` kills the process, counts as
-    `timeout`, and the tests after it run in a new process."""
+    """Run `tests` (of one test class, or one test) in one pytest process; a
+    test that hangs past `timeout` ends the process, counts as `timeout`, and
+    the tests after it run in a new process."""
     env = dict(os.environ)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONPATH"] = str(site_dir) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -149,22 +149,15 @@ def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, t
                 reason = (errs[0][1:].strip() if errs else "")[:160]
             results[t] = {"test": t, "result": kind, "reason": reason, "output": block[-3000:]}
         rest = [t for t in todo if t not in got]
-        if rest and len(rest) == len(todo) and not got:
-            # Nothing ran: collection failed or the first test took the process down.
+        if rest:
+            # The process ended at rest[0]: a hang ended by pytest-timeout, a
+            # crash, or (nothing ran at all) a failed collection.
             hung = rest[0]
+            last = (out.strip().splitlines() or ["no output"])[-1]
             timed_out = "Timeout" in out
             results[hung] = {"test": hung, "result": "timeout" if timed_out else "error",
                              "reason": f"no result after {timeout:.0f} s (killed)" if timed_out
-                             else (out.strip().splitlines() or ["no output"])[-1][:160],
-                             "output": out[-3000:]}
-            rest = rest[1:]
-        elif rest:
-            # The process ended (a hang killed by pytest-timeout, or a crash) at rest[0].
-            hung = rest[0]
-            timed_out = "Timeout" in out
-            results[hung] = {"test": hung, "result": "timeout" if timed_out else "error",
-                             "reason": f"no result after {timeout:.0f} s (killed)" if timed_out
-                             else "the process ended in this test: " + (out.strip().splitlines() or [""])[-1][:120],
+                             else (last[:160] if not got else "the process ended in this test: " + last[:120]),
                              "output": out[-3000:]}
             rest = rest[1:]
         for t in got:
