@@ -199,11 +199,11 @@ stage wheel 120 "unpacked onto PYTHONPATH" bash -c 'set -e
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 
 # The C++ face (reservoir.torch.face(), where this reservoir has it) is
-# compiled against the running torch on first use and cached in
+# compiled against the running torch on first use and cached (by torch
+# version and source content) in ~/.cache/reservoir/torch-ext or
 # $TORCH_EXTENSIONS_DIR: compiled here, timed, so the later stages find it
-# built. Unless set, a folder of this checkout's own (a cache shared with
-# other checkouts is rebuilt whenever one of them builds other sources).
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$root/target/gpu-check-ext}
+# built; in CI, tools/torch-proof.sh compiled the same face just before and
+# this stage finds it.
 # shellcheck disable=SC2016
 stage face 300 "the C++ face compiled against this torch (cached)" "$py" -c 'import sys, time
 import reservoir.torch as rt

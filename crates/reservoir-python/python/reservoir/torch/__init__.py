@@ -121,18 +121,37 @@ def allocator() -> "torch._C._cuda_CUDAAllocator":
 _face_module: Any = None
 
 
-def _face_build_dir() -> str:
-    """Where the compiled face is cached: ``$TORCH_EXTENSIONS_DIR/reservoir-face``
-    or ``~/.cache/reservoir/torch-ext``, one folder per torch version."""
+def _face_source() -> str:
+    """The face's C++ source, copied into its build folder and compiled from
+    there: ``$TORCH_EXTENSIONS_DIR`` (else ``~/.cache/reservoir/torch-ext``)
+    ``/torch-VERSION/SOURCE_HASH/reservoir_allocator.cpp``. The folder is
+    named by the torch version and the source's content, so every install of
+    the same wheel (a venv, an unpacked wheel on PYTHONPATH) finds the face
+    one of them compiled, and installs of different sources never rebuild
+    each other's."""
+    import hashlib
     import os
 
+    src = os.path.join(os.path.dirname(__file__), "csrc", "reservoir_allocator.cpp")
+    with open(src, "rb") as f:
+        text = f.read()
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "reservoir", "torch-ext"
     )
     tag = torch.__version__.replace("+", "_").replace("/", "_")
-    path = os.path.join(base, f"torch-{tag}")
+    path = os.path.join(base, f"torch-{tag}", hashlib.sha256(text).hexdigest()[:16])
     os.makedirs(path, exist_ok=True)
-    return path
+    copy = os.path.join(path, "reservoir_allocator.cpp")
+    if not os.path.exists(copy):
+        # Written whole, then renamed: a process compiling the folder's copy
+        # never sees half a file. The content is the folder's name, so an
+        # existing copy is the same source (its time is left alone, and with
+        # it ninja's record that the build is up to date).
+        tmp = f"{copy}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(text)
+        os.replace(tmp, copy)
+    return copy
 
 
 def _cuda_include_dirs() -> list:
@@ -180,7 +199,7 @@ def face() -> Any:
             subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "ninja"])
             import ninja  # noqa: F401
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    src = os.path.join(os.path.dirname(__file__), "csrc", "reservoir_allocator.cpp")
+    src = _face_source()
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     includes = _cuda_include_dirs()
     if not includes:
@@ -194,7 +213,7 @@ def face() -> Any:
         extra_include_paths=includes,
         extra_cflags=["-O2"],
         extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", f"-Wl,-rpath,{torch_lib}"],
-        build_directory=_face_build_dir(),
+        build_directory=os.path.dirname(src),
         with_cuda=False,
         verbose=bool(os.environ.get("RESERVOIR_FACE_VERBOSE")),
     )
