@@ -323,3 +323,53 @@ fn inconsistent_expandable_traces_name_the_entry() {
         assert_eq!(e.entry, 1, "{e}");
     }
 }
+
+/// A seeded expandable segment reserves the address space the policy gives
+/// a segment the allocator grows (issue 42: the seeder hard-coded PyTorch's
+/// 9/8 of the device): under `policy:reservoir` (twice the device) pages
+/// past 9/8 of the device are inside the segment; in PyTorch mode the same
+/// layout is refused, naming the space, and nothing changes.
+#[test]
+fn seeded_expandable_segment_reserves_the_policys_address_space() {
+    use reservoir::caching::SeededExpandable;
+    let capacity = 1u64 << 30;
+    // 1.5 x the device: past PyTorch's 9/8, inside the reservoir policy's 2x.
+    let offset = capacity + capacity / 2;
+    let seg = SeededExpandable {
+        stream: StreamId::DEFAULT,
+        small: false,
+        mapped: vec![(offset, 2 * MIB)],
+        blocks: vec![SeededBlock {
+            offset,
+            size: 2 * MIB,
+            requested_size: 2 * MIB,
+        }],
+    };
+    let make = |conf: &str| {
+        let dev = SimDevice::with_recorded_addresses(
+            SimConfig {
+                capacity,
+                ..SimConfig::default()
+            },
+            vec![0x7f00_0000_0000],
+        );
+        CachingAllocator::new(dev, AllocatorConfig::parse_with_policy(conf).unwrap())
+    };
+
+    let a = make("policy:reservoir");
+    let base = a.seeder().seed_expandable(&seg).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved_bytes.all().current, 2 * MIB as i64);
+    a.raw_free(reservoir::DevicePtr(base.0 + offset)).unwrap();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
+
+    let b = make("expandable_segments:True");
+    let before = b.stats();
+    let e = b.seeder().seed_expandable(&seg).unwrap_err();
+    assert!(matches!(e, SeedError::Layout(_)), "{e}");
+    assert_eq!(b.stats(), before, "a refused seed changes nothing");
+    assert!(b.segments().is_empty());
+    b.check_invariants().unwrap();
+}

@@ -298,20 +298,27 @@ pub struct SeededExpandable {
 
 impl<B: Backend> Seeder<'_, B> {
     /// Reserve an expandable segment (of the size the allocator would
-    /// reserve: 9/8 of the device, in whole pages), map `seg.mapped` and lay
+    /// reserve under its policy: the policy's
+    /// [`expandable_address_space`](super::DeviceState::expandable_address_space),
+    /// 9/8 of the device in PyTorch mode), map `seg.mapped` and lay
     /// out `seg.blocks`; returns its base. Stats move as if the pages had
     /// been mapped by allocations (`reserved_bytes` and `num_device_alloc`
     /// per mapped range; expandable segments count no `segment`), and the
     /// allocated blocks as in [`seed_segment`](Self::seed_segment).
     pub fn seed_expandable(&self, seg: &SeededExpandable) -> Result<DevicePtr, SeedError> {
-        let page = self.alloc.state.lock().expandable_page_size(seg.small);
         let total = self
             .alloc
             .backend
             .mem_info()
             .map_err(|source| SeedError::Backend { size: 0, source })?
             .total;
-        let space = super::policy::whole_pages(total.saturating_add(total / 8), page);
+        // The policy decides the page and the address space, as for a
+        // segment the allocator grows itself.
+        let (page, space) = {
+            let st = self.alloc.state.lock();
+            let page = st.expandable_page_size(seg.small);
+            (page, st.expandable_address_space(total, page))
+        };
         let (mapped, blocks) = check_expandable_layout(seg, page, space)?;
         let vm = self
             .alloc
