@@ -23,6 +23,11 @@
 #                     (expandable_segments:True), mempool (torch.cuda.MemPool)
 #   replay            `reservoir replay` of those snapshots in the mode of the
 #                     torch that recorded them: the fidelity
+#   conformance       PyTorch's own memory tests (../shared/torch-tests, in
+#                     the pack's conformance/) natively and on Reservoir in
+#                     three modes (tools/torch_conformance.py): on a real GPU
+#                     the CUDA-graph tests run too; the dry run runs two
+#                     tests (CI's own step runs the whole suite on the fake)
 # Output (OUT: --out DIR, else $OUT where set, as on the device machine, else
 # target/gpu-check-out or target/gpu-check-dry): summary.json, summary.txt,
 # gpu-check.log (everything printed) and details.tar.gz (every stage's log
@@ -37,9 +42,9 @@
 # Options: --pack DIR (default target/gpu-pack; the dry run makes its own from
 # target/wheels and a debug build of the integrity example when absent),
 # --out DIR, --steps N (training steps; 300, dry run 8), --python PY,
-# --budget S (seconds for all the stages, default 450: a stage's limit is
+# --budget S (seconds for all the stages, default 540: a stage's limit is
 # cut to what is left, and stages past the budget fail unrun, so that the
-# summary is written inside the device machine's 8 minutes), --skip
+# summary is written inside the device machine's 10 minutes a command), --skip
 # STAGE[,STAGE...] (recorded as skipped; CI skips `proof`, which
 # tools/torch-proof.sh runs just before).
 # Closes with "gpu-check: N passed, M failed" ("gpu-check dry-run: ..." in the
@@ -54,7 +59,7 @@ pack=""
 out=""
 steps=""
 py=""
-budget=450
+budget=540
 skip=","
 while [ $# -gt 0 ]; do
   case $1 in
@@ -127,6 +132,8 @@ if [ -z "$pack" ]; then
     if [ -x target/debug/reservoir ]; then cp target/debug/reservoir "$pack/bin/"; fi
     cp target/wheels/reservoir_allocator-*.whl "$pack/wheels/" 2>/dev/null ||
       echo "$label: no wheel in target/wheels (tools/torch-proof.sh builds it)"
+    tools/gpu-pack.sh --out "$pack" --conformance-only ||
+      echo "$label: could not pack the conformance suite (tools/gpu-pack.sh --conformance-only)"
   fi
 fi
 pack=$(cd "$pack" 2>/dev/null && pwd || echo "$pack")
@@ -239,6 +246,24 @@ conversion (docs/limits.md, 'Idle private pools'): MemPool blocks replay in the 
     "$details/snapshots" "$torch_version" "$details/replay.json" "${exact[@]}"
 else
   stage replay 10 "" bash -c "echo 'replay: skipped: no reservoir binary in $pack/bin'; exit 77"
+fi
+
+# PyTorch's memory tests, natively and on Reservoir in three modes. Their
+# pure-Python needs (pytest, expecttest, pytest-timeout) come as wheels in
+# the pack, unpacked onto PYTHONPATH (the machine's torch install is left
+# alone). Two processes at a time: the tests measure the one GPU's memory.
+if [ -d "$pack/conformance/torch-tests" ]; then
+  conf_args=(--jobs 2)
+  [ "$dry" = 1 ] && conf_args+=(--tests TestCudaUpstreamHead)
+  # shellcheck disable=SC2016
+  stage conformance 300 "PyTorch's memory tests, native vs Reservoir in three modes" bash -c 'set -e
+    py=$1 c=$2/conformance site=$3; shift 3
+    for w in "$c"/wheels/*.whl; do "$py" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$w" "$site"; done
+    PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} "$py" "$c/torch_conformance.py" --python "$py" \
+      --tests-dir "$c/torch-tests" --known "$c/torch-conformance-known.txt" "$@"' \
+    _ "$py" "$pack" "$work/conformance-site" "${conf_args[@]}" --json "$details/conformance.json"
+else
+  stage conformance 10 "" bash -c "echo 'conformance: skipped: the pack has no conformance/ (tools/gpu-pack.sh makes it)'; exit 77"
 fi
 
 # --- summary -----------------------------------------------------------------

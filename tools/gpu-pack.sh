@@ -9,26 +9,53 @@
 #                       recorded there (`reservoir replay`);
 #   wheels/*.whl        the reservoir wheel (crates/reservoir-python, maturin,
 #                       release, abi3: Python 3.12 there, 3.11 here);
+#   conformance/        PyTorch's memory tests (../shared/torch-tests), their
+#                       runner (tools/torch_conformance.py) and its list of
+#                       known differences, and wheels/ with pytest,
+#                       expecttest and pytest-timeout (pure Python, from the
+#                       package index): gpu-check.sh's `conformance` stage;
 #   MANIFEST.txt        commit, files, sizes.
 # The folder must stay well under 64 MiB together with the repository's
 # tracked files (about 27 MiB): the script fails above 30 MiB.
 #
-# Usage: tools/gpu-pack.sh [--out DIR] [--reuse-wheel]
-#   --reuse-wheel   take target/wheels/reservoir_allocator-*.whl (as
-#                   tools/torch-proof.sh built it) instead of building it.
+# Usage: tools/gpu-pack.sh [--out DIR] [--reuse-wheel] [--conformance-only]
+#   --reuse-wheel       take target/wheels/reservoir_allocator-*.whl (as
+#                       tools/torch-proof.sh built it) instead of building it.
+#   --conformance-only  write DIR/conformance only (gpu-check.sh's dry run
+#                       makes the rest of its pack from debug builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/gpu-pack
 reuse_wheel=0
+conformance_only=0
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
     --reuse-wheel) reuse_wheel=1; shift ;;
+    --conformance-only) conformance_only=1; shift ;;
     *) echo "gpu-pack: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 venv=${RESERVOIR_TORCH_VENV:-$HOME/.cache/reservoir-torch/venv}
 maturin=${MATURIN:-$venv/bin/maturin}
+
+# conformance/: the tests, the runner, and the pure-Python packages the
+# tests need that a GPU machine's torch install may lack.
+pack_conformance() {
+  local c=$out/conformance pip=(python3 -m pip)
+  [ -x "$venv/bin/pip" ] && pip=("$venv/bin/pip")
+  rm -rf "$c"
+  mkdir -p "$c/wheels"
+  cp tools/torch_conformance.py tools/torch-conformance-known.txt "$c/"
+  cp -r ../shared/torch-tests "$c/torch-tests"
+  "${pip[@]}" download --quiet --no-deps --only-binary=:all: --dest "$c/wheels" \
+    'pytest>=7,<9' 'pluggy>=1.5,<2' 'iniconfig>=1' 'packaging>=20' 'expecttest>=0.2' 'pytest-timeout>=2'
+}
+if [ "$conformance_only" = 1 ]; then
+  echo "gpu-pack: PyTorch's memory tests, their runner and pytest into $out/conformance"
+  pack_conformance
+  exit 0
+fi
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/wheels"
 
@@ -50,6 +77,8 @@ if [ ! -e "$1" ] || [ $# -ne 1 ]; then
   exit 1
 fi
 cp "$1" "$out/wheels/"
+echo "gpu-pack: PyTorch's memory tests, their runner and pytest (conformance/)"
+pack_conformance
 
 {
   echo "gpu-pack of $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"

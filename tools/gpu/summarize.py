@@ -53,6 +53,7 @@ def main(argv):
         "skipped": sum(st["status"] == "skipped" for st in stages),
         "train": load(os.path.join(details, "train-compare.json")),
         "replay": load(os.path.join(details, "replay.json")),
+        "conformance": (load(os.path.join(details, "conformance.json")) or {}).get("summary"),
         "reservoir_conf": common.reservoir_conf(version) if version else None,
         "torch_release_differences": (common.TORCH_2_11_DIFFERENCES
                                       if common.release_of(version) == "2.11" else []),
@@ -79,6 +80,11 @@ def main(argv):
             lines.append(f"  replay {name}: {'exact' if v['exact'] else 'NOT exact'}: placements "
                          f"{f.get('placements_matched')}/{f.get('placements_total')}, segment events "
                          f"{f.get('segment_events_matched')}/{f.get('segment_events_total')} ({v['config'][0]})")
+    for mode, c in sorted((s["conformance"] or {}).items()):
+        listed = len(c["regressions"]) - len(c["unlisted"])
+        lines.append(f"  conformance {mode}: native {c['native_pass']} pass, Reservoir {c['reservoir_pass']} pass, "
+                     f"{len(c['regressions'])} regressions ({listed} listed)"
+                     + "".join(f"\n    not listed: {t}" for t in c["unlisted"]))
     if s["torch_release_differences"]:
         lines.append("torch 2.11's known differences from 2.15 (Reservoir runs in 2.11's mode here):")
         lines += [f"  - {d}" for d in s["torch_release_differences"]]
