@@ -4,7 +4,7 @@
 Runs the tests listed in ../shared/torch-tests/memory-tests.txt on the fake
 CUDA device of ../shared/oracle, once under torch's native allocator and
 once per Reservoir mode, the same way each time: by default one pytest
-process per test class (importing torch and a test file takes about 10 s, so
+process per test file (importing torch and a test file takes 10 to 20 s, so
 a process per test would take about 40 minutes on 2 cores; the files say
 which tests need a process of their own, and those get one), with
 --isolate a process per test. A test that hangs past --timeout is ended by
@@ -105,7 +105,7 @@ ONE_PROCESS_PER_TEST = ("test_cuda_trace.py",)
 
 def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, timeout: float,
               native_conf=None) -> dict:
-    """Run `tests` (of one test class, or one test) in one pytest process; a
+    """Run `tests` (of one test file, or one test) in one pytest process; a
     test that hangs past `timeout` ends the process, counts as `timeout`, and
     the tests after it run in a new process."""
     env = dict(os.environ)
@@ -218,11 +218,9 @@ def main() -> int:
             # its own, so that what it leaves does not fail the tests after it.
             alone = [t for t in ts if (m, t) in known]
             groups.extend((m, [t]) for t in alone)
-            classes = {}
-            for t in ts:
-                if (m, t) not in known:
-                    classes.setdefault(t.split("::")[1], []).append(t)
-            groups.extend((m, c) for c in classes.values())
+            rest = [t for t in ts if (m, t) not in known]
+            if rest:
+                groups.append((m, rest))
     results: dict = {m: {} for m in modes}
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as ex:
