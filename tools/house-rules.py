@@ -31,7 +31,11 @@ second):
   items: not a circle). Each strongly connected component of more than one
   module is one violation, listed with the file:line of every edge in it.
   Paths in ``use`` that start with neither ``crate``/``super``/``self`` nor
-  a child module of the current module name other crates and are ignored.
+  a child module of the current module name other crates and are ignored;
+  so are items carrying ``#[cfg(doc)]`` (imports for doc links only, not
+  compiled). Modules are found from each crate root (``lib.rs``,
+  ``main.rs``, ``bin/*.rs``, each fuzz target) through ``mod x;``
+  declarations (``#[path = "..."]`` honoured).
 * ``BENCHMARKS.md`` at the repository root has at most 700 lines.
 
 What counts as test code (exempt from every check):
