@@ -1,5 +1,5 @@
 //! The C entry points of the C++ face for torch (`reservoir_torch_*`,
-//! `src/torch_face.rs`) on the fake CUDA driver of `../shared/oracle`
+//! `src/torch_face.rs`, `src/torch_state.rs`) on the fake CUDA driver of `../shared/oracle`
 //! (`../shared/oracle/with-fake-driver cargo test -p reservoir-capi --test torch_face`).
 //! Without a driver the test prints a line starting with `SKIPPED-BACKEND`.
 //!

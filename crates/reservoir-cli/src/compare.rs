@@ -26,6 +26,9 @@ use crate::table::format_ns;
 use crate::{convert_file, policy_setting, Converted};
 use crate::{par, ranks};
 
+mod require;
+use require::{read_exceptions, requirement_failures};
+
 /// The policies compared when none is named.
 const DEFAULT_POLICIES: [&str; 3] = ["pytorch", "expandable", "reservoir"];
 
@@ -162,136 +165,6 @@ fn parse_capacity(s: &str) -> Result<Capacity, String> {
         .map_err(|e| format!("{e}, or `bound` (each input's bound)"))
 }
 
-/// The input names of a `--steady-exceptions` file: one per line; blank
-/// lines, lines starting with `#` and what follows ` #` are skipped (input
-/// names hold `#`: `file.pickle#0`).
-fn read_exceptions(path: &Path) -> Result<Vec<String>> {
-    let text = crate::read_text_file("--steady-exceptions", path)?;
-    Ok(text
-        .lines()
-        .map(|l| l.split(" #").next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_string)
-        .collect())
-}
-
-/// The outcome of --require-steady with a list of known exceptions: the
-/// violations not listed, the listed inputs that now meet the requirement,
-/// the listed inputs that were not compared, and the listed violations.
-#[derive(Default)]
-struct SteadyCheck {
-    new: Vec<String>,
-    now_within: Vec<String>,
-    unknown: Vec<String>,
-    known: Vec<String>,
-}
-
-fn check_steady(rows: &[CompareRow], policy: &str, exceptions: &[String]) -> SteadyCheck {
-    let bad = steady_violations(rows, policy);
-    let mut c = SteadyCheck::default();
-    for (input, why) in bad.iter() {
-        if exceptions.contains(input) {
-            c.known.push(why.clone());
-        } else {
-            c.new.push(why.clone());
-        }
-    }
-    for e in exceptions {
-        if !rows.iter().any(|r| &r.input == e) {
-            c.unknown.push(e.clone());
-        } else if !bad.iter().any(|(input, _)| input == e) {
-            c.now_within.push(e.clone());
-        }
-    }
-    c
-}
-
-/// The inputs on which `policy`'s steady-state driver time exceeds
-/// `pytorch`'s: the input's name, and a line with both times.
-fn steady_violations(rows: &[CompareRow], policy: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for r in rows {
-        let find = |name: &str| r.policies.iter().find(|p| p.policy == name);
-        let (Some(p), Some(py)) = (find(policy), find("pytorch")) else {
-            continue;
-        };
-        if p.steady_driver_time_ns > py.steady_driver_time_ns {
-            out.push((
-                r.input.clone(),
-                format!(
-                "{}: {} spends {} of simulated driver time in steady state (from op {} of {}: {}), \
-                 more than pytorch ({}: {})",
-                r.input,
-                policy,
-                format_ns(p.steady_driver_time_ns as f64),
-                r.steady_start,
-                r.ops,
-                p.steady_calls,
-                format_ns(py.steady_driver_time_ns as f64),
-                py.steady_calls
-            ),
-            ));
-        }
-    }
-    out
-}
-
-/// The inputs on which `policy` exceeds the bound or reserves more than
-/// another policy, with the reason.
-fn violations(rows: &[CompareRow], policy: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for r in rows {
-        let Some(p) = r.policies.iter().find(|p| p.policy == policy) else {
-            continue;
-        };
-        if !p.within_bound {
-            out.push(format!(
-                "{}: {} reserves {} at its peak, over the bound {} (peak live {})",
-                r.input,
-                policy,
-                format_size(p.peak_reserved),
-                format_size(r.bound),
-                format_size(p.peak_live)
-            ));
-        }
-        if p.ooms > 0 {
-            if let Some(o) = r
-                .policies
-                .iter()
-                .find(|o| o.policy != policy && o.ooms == 0)
-            {
-                out.push(format!(
-                    "{}: {} runs out of memory {} time(s) on {}, where {} does not",
-                    r.input,
-                    policy,
-                    p.ooms,
-                    format_size(r.capacity),
-                    o.policy
-                ));
-            }
-        }
-        // A policy that ran out of memory skipped allocations: its peak is
-        // not the whole program's.
-        for o in r
-            .policies
-            .iter()
-            .filter(|o| o.policy != policy && o.ooms == 0)
-        {
-            if p.peak_reserved > o.peak_reserved {
-                out.push(format!(
-                    "{}: {} reserves {} at its peak, more than {} ({})",
-                    r.input,
-                    policy,
-                    format_size(p.peak_reserved),
-                    o.policy,
-                    format_size(o.peak_reserved)
-                ));
-            }
-        }
-    }
-    out
-}
-
 /// Every trace file under `dir`, recursively, in path order, and the
 /// symbolic links to folders found there, which are not descended: a link
 /// back up (`DIR/self -> .`) would list every trace again at each level
@@ -350,25 +223,10 @@ enum Unit {
     Workload(String),
 }
 
-/// The inputs: each device trace of each file (cold start), then each
-/// workload preset (only the `--shard` part of them); and the files that
-/// were skipped, with the reason. Files are read and converted on every
-/// core, the inputs kept in order.
-fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
-    crate::check_setting_count(args.policies.len())?;
-    let names: Vec<&str> = if args.policies.is_empty() {
-        DEFAULT_POLICIES.to_vec()
-    } else {
-        args.policies.iter().map(String::as_str).collect()
-    };
-    let settings_for =
-        |base: &str| -> Result<Vec<_>> { names.iter().map(|n| policy_setting(n, base)).collect() };
-    // Read once, and only when a workload is compared.
-    let max_ooms = if args.no_workloads {
-        None
-    } else {
-        crate::max_replay_ooms()?
-    };
+/// What to compare, in order: each trace file under the traces folder,
+/// then each workload, only the `--shard` part of them; and the symbolic
+/// links to folders skipped (said by the first part of a split only).
+fn units(args: &CompareArgs) -> Result<(Vec<Unit>, Vec<Skipped>)> {
     let mut units = Vec::new();
     let mut skipped = Vec::new();
     if !args.no_traces {
@@ -409,6 +267,29 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
         let range = shard.range(units.len());
         units = units.drain(range).collect();
     }
+    Ok((units, skipped))
+}
+
+/// The inputs: each device trace of each file (cold start), then each
+/// workload preset (only the `--shard` part of them); and the files that
+/// were skipped, with the reason. Files are read and converted on every
+/// core, the inputs kept in order.
+fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
+    crate::check_setting_count(args.policies.len())?;
+    let names: Vec<&str> = if args.policies.is_empty() {
+        DEFAULT_POLICIES.to_vec()
+    } else {
+        args.policies.iter().map(String::as_str).collect()
+    };
+    let settings_for =
+        |base: &str| -> Result<Vec<_>> { names.iter().map(|n| policy_setting(n, base)).collect() };
+    // Read once, and only when a workload is compared.
+    let max_ooms = if args.no_workloads {
+        None
+    } else {
+        crate::max_replay_ooms()?
+    };
+    let (units, mut skipped) = units(args)?;
     let capacity = |mut input: CompareInput| {
         match args.capacity {
             Some(Capacity::Size(bytes)) => input.capacity = bytes,
@@ -748,6 +629,62 @@ enum Done {
     Limit(Limit),
 }
 
+/// One `--merge` file: its path, its part of a `--shard` split (`K`, `N`)
+/// if it is one, and its JSON.
+type Run<'a> = (&'a PathBuf, Option<(u64, u64)>, serde_json::Value);
+
+/// The parts of a `--shard K/N` split among `runs` (file, part, JSON),
+/// checked (all parts of one split, each once) and put in part order; runs
+/// that are no part of a split are left in the order given.
+fn order_parts(runs: &mut [Run<'_>]) -> Result<()> {
+    let sharded = runs.iter().filter(|r| r.1.is_some()).count();
+    if sharded == 0 {
+        return Ok(());
+    }
+    if sharded < runs.len() {
+        bail!("--merge: some files are parts of a --shard split and some are not; merge the parts first");
+    }
+    let count = runs[0].1.map_or(0, |s| s.1);
+    let given = || {
+        runs.iter()
+            .map(|(f, s, _)| {
+                let (k, n) = s.unwrap_or((0, 0));
+                format!("{} ({k}/{n})", f.display())
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some((f, s, _)) = runs.iter().find(|r| r.1.map_or(0, |s| s.1) != count) {
+        bail!(
+            "--merge {}: part {} of {}, but {} is a part of {count} (parts given: {})",
+            f.display(),
+            s.map_or(0, |s| s.0),
+            s.map_or(0, |s| s.1),
+            runs[0].0.display(),
+            given()
+        );
+    }
+    for want in 1..=count {
+        match runs
+            .iter()
+            .filter(|r| r.1.map_or(0, |s| s.0) == want)
+            .count()
+        {
+            1 => {}
+            0 => bail!(
+                "--merge: part {want} of {count} is missing (parts given: {})",
+                given()
+            ),
+            _ => bail!(
+                "--merge: part {want} of {count} is given twice (parts given: {})",
+                given()
+            ),
+        }
+    }
+    runs.sort_by_key(|r| r.1.map_or(0, |s| s.0));
+    Ok(())
+}
+
 /// The rows, limits and skipped files of earlier `--json` runs (`--merge`):
 /// the parts of a `--shard K/N` split in part order (each part once, all
 /// of them), else the runs in the order given. An input compared twice is
@@ -785,50 +722,7 @@ fn merge(files: &[PathBuf]) -> Result<(Vec<CompareRow>, Vec<Limit>, Vec<Skipped>
         };
         runs.push((f, shard, v));
     }
-    let sharded = runs.iter().filter(|r| r.1.is_some()).count();
-    if sharded > 0 {
-        if sharded < runs.len() {
-            bail!("--merge: some files are parts of a --shard split and some are not; merge the parts first");
-        }
-        let count = runs[0].1.map_or(0, |s| s.1);
-        let given = || {
-            runs.iter()
-                .map(|(f, s, _)| {
-                    let (k, n) = s.unwrap_or((0, 0));
-                    format!("{} ({k}/{n})", f.display())
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if let Some((f, s, _)) = runs.iter().find(|r| r.1.map_or(0, |s| s.1) != count) {
-            bail!(
-                "--merge {}: part {} of {}, but {} is a part of {count} (parts given: {})",
-                f.display(),
-                s.map_or(0, |s| s.0),
-                s.map_or(0, |s| s.1),
-                runs[0].0.display(),
-                given()
-            );
-        }
-        for want in 1..=count {
-            match runs
-                .iter()
-                .filter(|r| r.1.map_or(0, |s| s.0) == want)
-                .count()
-            {
-                1 => {}
-                0 => bail!(
-                    "--merge: part {want} of {count} is missing (parts given: {})",
-                    given()
-                ),
-                _ => bail!(
-                    "--merge: part {want} of {count} is given twice (parts given: {})",
-                    given()
-                ),
-            }
-        }
-        runs.sort_by_key(|r| r.1.map_or(0, |s| s.0));
-    }
+    order_parts(&mut runs)?;
     let mut rows: Vec<CompareRow> = Vec::new();
     let mut limits = Vec::new();
     let mut skipped = Vec::new();
@@ -945,82 +839,4 @@ fn write_comparison_to(
         out.write_all(text.as_bytes())?;
     }
     Ok(())
-}
-
-/// The `--require` and `--require-steady` bounds `rows` miss, one message
-/// each (known `--require-steady` exceptions are only warned about).
-fn requirement_failures(
-    args: &CompareArgs,
-    rows: &[CompareRow],
-    exceptions: &[String],
-) -> Vec<String> {
-    let mut failures = Vec::new();
-    if let Some(req) = &args.require {
-        let bad = violations(rows, req);
-        if !bad.is_empty() {
-            failures.push(format!(
-                "--require {req}: {} violations on {} inputs:\n  {}",
-                bad.len(),
-                rows.len(),
-                bad.join("\n  ")
-            ));
-        }
-    }
-    if let Some(req) = &args.require_steady {
-        let c = check_steady(rows, req, exceptions);
-        let file = args
-            .steady_exceptions
-            .as_deref()
-            .map_or(String::new(), |f| f.display().to_string());
-        if !c.known.is_empty() {
-            eprintln!(
-                "--require-steady {req}: {} of {} inputs miss it, as {file} lists:\n  {}",
-                c.known.len(),
-                rows.len(),
-                c.known.join("\n  ")
-            );
-        }
-        if !c.new.is_empty() {
-            failures.push(format!(
-                "--require-steady {req}: more steady-state driver time than pytorch on {} of {} inputs{}:\n  {}",
-                c.new.len(),
-                rows.len(),
-                if file.is_empty() { String::new() } else { format!(" not listed in {file}") },
-                c.new.join("\n  ")
-            ));
-        }
-        if !c.now_within.is_empty() {
-            failures.push(format!(
-                "--require-steady {req}: {file} lists inputs that now meet it (remove them from the file):\n  {}",
-                c.now_within.join("\n  ")
-            ));
-        }
-        if !c.unknown.is_empty() {
-            failures.push(format!(
-                "--require-steady {req}: {file} lists inputs that were not compared (a renamed trace, or a missing --traces folder or --workload):\n  {}",
-                c.unknown.join("\n  ")
-            ));
-        }
-    }
-    failures
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exceptions_keep_the_hash_of_input_names_and_skip_comments() {
-        let path = std::env::temp_dir().join(format!("steady-exc-{}.txt", std::process::id()));
-        std::fs::write(
-            &path,
-            "# a comment\n\n  octree/a.pickle#0  # trailing comment\nworkload gpt-train\n   # indented comment\n",
-        )
-        .unwrap();
-        let names = read_exceptions(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        assert_eq!(names, ["octree/a.pickle#0", "workload gpt-train"]);
-        let e = read_exceptions(Path::new("/dev/zero")).unwrap_err();
-        assert!(e.to_string().contains("not a regular file"), "{e}");
-    }
 }

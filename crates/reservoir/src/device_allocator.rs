@@ -1,12 +1,5 @@
 //! The device-allocator contract of `c10/core/CachingDeviceAllocator.h`
-//! (`DeviceAllocator`), one allocator per device index, and the registry from
-//! device type to allocator.
-
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::{Arc, OnceLock};
-
-use parking_lot::RwLock;
+//! (`DeviceAllocator`) and one allocator per device index.
 
 use crate::backend::{Backend, MemInfo};
 use crate::caching::CachingAllocator;
@@ -14,38 +7,6 @@ use crate::config::AllocatorConfig;
 use crate::error::AllocError;
 use crate::ids::{DeviceIndex, DevicePtr, MempoolId, StreamId};
 use crate::stats::DeviceStats;
-
-/// Kinds of device, as `c10::DeviceType` names the ones Reservoir serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DeviceType {
-    /// Host memory through the CPU allocator: never served by a device allocator.
-    Cpu,
-    /// NVIDIA CUDA devices.
-    Cuda,
-    /// Apple Metal devices.
-    Mps,
-    /// OpenCL devices.
-    OpenCl,
-    /// Reservoir's simulated device.
-    Sim,
-    /// Host memory served through a device-style caching allocator.
-    Host,
-}
-
-impl fmt::Display for DeviceType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            DeviceType::Cpu => "CPU",
-            DeviceType::Cuda => "CUDA",
-            DeviceType::Mps => "MPS",
-            DeviceType::OpenCl => "OpenCL",
-            DeviceType::Sim => "Sim",
-            DeviceType::Host => "Host",
-        };
-        f.write_str(s)
-    }
-}
 
 /// The contract every device allocator fulfils (`c10::DeviceAllocator`).
 pub trait DeviceAllocator: Send + Sync {
@@ -183,63 +144,5 @@ impl<B: Backend> DeviceAllocator for MultiDeviceAllocator<B> {
 
     fn memory_info(&self, device: DeviceIndex) -> Result<MemInfo, AllocError> {
         self.device(device)?.mem_info()
-    }
-}
-
-/// Why the registry refused a request.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum RegistryError {
-    /// CPU memory is not served by device allocators (as in PyTorch).
-    #[error("getDeviceAllocator is not supported for CPU device type.")]
-    CpuNotSupported,
-    /// No allocator was registered for this device type.
-    #[error(
-        "no device allocator is registered for {0}; register one with Registry::register first"
-    )]
-    NotRegistered(DeviceType),
-}
-
-/// Device type → allocator (`c10::registerDeviceAllocator` / `getDeviceAllocator`).
-#[derive(Default)]
-pub struct Registry {
-    map: RwLock<HashMap<DeviceType, Arc<dyn DeviceAllocator>>>,
-}
-
-impl Registry {
-    /// An empty registry.
-    pub fn new() -> Registry {
-        Registry::default()
-    }
-
-    /// The process-wide registry.
-    pub fn global() -> &'static Registry {
-        static GLOBAL: OnceLock<Registry> = OnceLock::new();
-        GLOBAL.get_or_init(Registry::new)
-    }
-
-    /// Register (or replace) the allocator of a device type. CPU is refused.
-    pub fn register(
-        &self,
-        device_type: DeviceType,
-        allocator: Arc<dyn DeviceAllocator>,
-    ) -> Result<(), RegistryError> {
-        if device_type == DeviceType::Cpu {
-            return Err(RegistryError::CpuNotSupported);
-        }
-        self.map.write().insert(device_type, allocator);
-        Ok(())
-    }
-
-    /// The allocator of a device type.
-    pub fn get(&self, device_type: DeviceType) -> Result<Arc<dyn DeviceAllocator>, RegistryError> {
-        if device_type == DeviceType::Cpu {
-            return Err(RegistryError::CpuNotSupported);
-        }
-        self.map
-            .read()
-            .get(&device_type)
-            .cloned()
-            .ok_or(RegistryError::NotRegistered(device_type))
     }
 }

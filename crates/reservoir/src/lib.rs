@@ -42,7 +42,7 @@
 //! caching | heap | pluggable            the three allocators of PyTorch's headers;
 //!                                       caching/policy.rs is where Reservoir's own
 //!                                       policies hook in
-//! device_allocator                      the c10 DeviceAllocator contract, registry
+//! device_allocator                      the c10 DeviceAllocator contract
 //! ```
 //!
 //! Paths: the history, callback, debug and snapshot modules used to sit at

@@ -22,8 +22,9 @@ use reservoir::sim::DEFAULT_CAPACITY;
 /// The granularity of [`min_capacity`]: 2 MiB, the device's large page.
 pub const CAPACITY_STEP: u64 = 2 << 20;
 
-/// The largest capacity tried: 16 TiB.
-pub const MAX_CAPACITY: u64 = 16 << 40;
+/// The largest capacity tried: 16 TiB, the largest a replay accepts
+/// (defined beside [`ReplayOptions::capacity`]).
+pub use super::setting::MAX_CAPACITY;
 
 /// The answer of [`min_capacity`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

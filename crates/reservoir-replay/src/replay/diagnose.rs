@@ -68,8 +68,11 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::explain::{SiteUsage, TOP_SITES};
-use super::sites::{Sites, BEFORE_TRACE, NO_STACK, NO_USER_FRAME};
+mod free;
+
+use free::free_sites;
+
+use super::sites::{SiteUsage, Sites};
 use super::{AllocatorKind, Replay, ReplayOptions, ReplaySetting, StartState};
 use crate::oracle_trace::{AllocId, Op, Trace};
 use reservoir::caching::{rules, SeededBlock};
@@ -354,6 +357,70 @@ pub fn classify(s: &OomState<'_>) -> Vec<Cause> {
             *free.entry(key).or_default() += b.size;
         }
     }
+    let mut causes = limit_causes(s, short, lim, live_requested);
+    if rounding > 0 {
+        free.insert((CauseClass::Fragmentation, Some(Rule::Rounding)), rounding);
+    }
+    if unsplit > 0 {
+        *free
+            .entry((CauseClass::Fragmentation, Some(Rule::SplitLimit)))
+            .or_default() += unsplit;
+    }
+    for ((class, rule), bytes) in free {
+        if bytes == 0 {
+            continue;
+        }
+        let sentence = free_sentence(class, rule, bytes, s);
+        causes.push(Cause {
+            class,
+            rule,
+            bytes,
+            sentence,
+        });
+    }
+    causes.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(a.class.cmp(&b.class))
+            .then(a.rule.cmp(&b.rule))
+    });
+    causes
+}
+
+/// What a cause of `bytes` cached free (or lost) says, in state `s`.
+fn free_sentence(class: CauseClass, rule: Option<Rule>, bytes: u64, s: &OomState<'_>) -> String {
+    match (class, rule) {
+        (CauseClass::PoolRetention, _) => format!(
+            "{} is cached free in private pools (CUDA graphs, MemPool), which serve only their own pool's allocations",
+            gib(bytes)
+        ),
+        (CauseClass::StreamStranding, _) => format!(
+            "{} is cached free for other streams (or waits for their work, record_stream), and cannot serve stream {}",
+            gib(bytes),
+            s.stream
+        ),
+        (_, Some(Rule::Rounding)) => {
+            format!("{} is lost to rounding: {}", gib(bytes), rule_words(Rule::Rounding, s))
+        }
+        (_, Some(Rule::SplitLimit)) => format!(
+            "{} is held unused by the split limit: {}",
+            gib(bytes),
+            rule_words(Rule::SplitLimit, s)
+        ),
+        (_, Some(r)) => format!(
+            "{} is cached free but cannot serve this {} request: {}",
+            gib(bytes),
+            gib(s.rounded),
+            rule_words(r, s)
+        ),
+        (_, None) => format!("{} is cached free", gib(bytes)),
+    }
+}
+
+/// The causes outside the cache in state `s`: live bytes past the device
+/// (`live_requested` held, `short` missing), the memory-fraction cap `lim`,
+/// and memory used outside the allocator.
+fn limit_causes(s: &OomState<'_>, short: u64, lim: u64, live_requested: u64) -> Vec<Cause> {
     let mut causes = Vec::new();
     let excess = (live_requested + s.bytes).saturating_sub(s.capacity);
     if excess > 0 {
@@ -396,57 +463,6 @@ pub fn classify(s: &OomState<'_>) -> Vec<Cause> {
             ),
         });
     }
-    if rounding > 0 {
-        free.insert((CauseClass::Fragmentation, Some(Rule::Rounding)), rounding);
-    }
-    if unsplit > 0 {
-        *free
-            .entry((CauseClass::Fragmentation, Some(Rule::SplitLimit)))
-            .or_default() += unsplit;
-    }
-    for ((class, rule), bytes) in free {
-        if bytes == 0 {
-            continue;
-        }
-        let sentence = match (class, rule) {
-            (CauseClass::PoolRetention, _) => format!(
-                "{} is cached free in private pools (CUDA graphs, MemPool), which serve only their own pool's allocations",
-                gib(bytes)
-            ),
-            (CauseClass::StreamStranding, _) => format!(
-                "{} is cached free for other streams (or waits for their work, record_stream), and cannot serve stream {}",
-                gib(bytes),
-                s.stream
-            ),
-            (_, Some(Rule::Rounding)) => {
-                format!("{} is lost to rounding: {}", gib(bytes), rule_words(Rule::Rounding, s))
-            }
-            (_, Some(Rule::SplitLimit)) => format!(
-                "{} is held unused by the split limit: {}",
-                gib(bytes),
-                rule_words(Rule::SplitLimit, s)
-            ),
-            (_, Some(r)) => format!(
-                "{} is cached free but cannot serve this {} request: {}",
-                gib(bytes),
-                gib(s.rounded),
-                rule_words(r, s)
-            ),
-            (_, None) => format!("{} is cached free", gib(bytes)),
-        };
-        causes.push(Cause {
-            class,
-            rule,
-            bytes,
-            sentence,
-        });
-    }
-    causes.sort_by(|a, b| {
-        b.bytes
-            .cmp(&a.bytes)
-            .then(a.class.cmp(&b.class))
-            .then(a.rule.cmp(&b.rule))
-    });
     causes
 }
 
@@ -656,32 +672,6 @@ fn candidates(
     out
 }
 
-/// How live allocations are grouped for "free X": by site, or by site and
-/// requested size when the live ones fall in fewer than two sites.
-struct Groups<'a> {
-    sites: &'a Sites,
-    by_size: bool,
-    /// Requested bytes of each allocation id (its latest `a` before the failure,
-    /// or its start-state block).
-    bytes: FxHashMap<AllocId, u64>,
-}
-
-impl Groups<'_> {
-    fn key(&self, id: AllocId, bytes: u64) -> String {
-        let site = self.sites.site(id);
-        if self.by_size {
-            format!("{site}, requests of {}", format_size(bytes))
-        } else {
-            site.to_string()
-        }
-    }
-}
-
-/// Is `site` a placeholder rather than code?
-fn placeholder(site: &str) -> bool {
-    [NO_STACK, NO_USER_FRAME, BEFORE_TRACE].contains(&site)
-}
-
 /// Everything [`diagnose`] needs besides the state.
 pub struct DiagnoseInput<'a, 'r> {
     /// The trace.
@@ -830,165 +820,4 @@ fn serde_plain<T: serde::Serialize>(v: T) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default()
-}
-
-/// "Free X" (module documentation), within what is left of the budget.
-fn free_sites(
-    input: &DiagnoseInput<'_, '_>,
-    short: u64,
-    replays: &mut u64,
-    tried: &mut Vec<String>,
-) -> Option<ProvenFix> {
-    let r = input.at_failure;
-    let mut bytes: FxHashMap<AllocId, u64> = FxHashMap::default();
-    if let Some(st) = input.start {
-        for (_, _, b, id) in st.live_blocks() {
-            bytes.insert(id, b.requested_size);
-        }
-    }
-    for op in input.trace.ops.iter().take(input.op as usize + 1) {
-        if let Op::Alloc { id, bytes: n, .. } = op {
-            bytes.insert(*id, *n);
-        }
-    }
-    let mut size_at: FxHashMap<u64, u64> = FxHashMap::default();
-    for seg in r.alloc.segments() {
-        for (addr, b) in seg.blocks_with_addresses() {
-            if b.state != BlockState::Inactive {
-                size_at.insert(addr, b.size);
-            }
-        }
-    }
-    let live: Vec<(AllocId, u64)> = r
-        .live
-        .live()
-        .map(|(id, p)| (id, size_at.get(&p.0).copied().unwrap_or(0)))
-        .collect();
-    let distinct: FxHashSet<&str> = live
-        .iter()
-        .map(|(id, _)| input.sites.site(*id))
-        .filter(|s| !placeholder(s))
-        .collect();
-    let groups = Groups {
-        sites: input.sites,
-        by_size: distinct.len() < 2,
-        bytes,
-    };
-    let mut by: FxHashMap<String, (u64, u64)> = FxHashMap::default();
-    for (id, size) in &live {
-        let n = groups.bytes.get(id).copied().unwrap_or(*size);
-        let e = by.entry(groups.key(*id, n)).or_default();
-        e.0 += size;
-        e.1 += 1;
-    }
-    let mut top: Vec<SiteUsage> = by
-        .into_iter()
-        .map(|(site, (bytes, count))| SiteUsage { site, bytes, count })
-        .collect();
-    top.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
-    top.truncate(TOP_SITES);
-    if top.is_empty() {
-        return None;
-    }
-    let mut try_set = |set: &[usize], replays: &mut u64| -> Option<u64> {
-        if *replays as usize >= MAX_REPLAYS {
-            return None;
-        }
-        *replays += 1;
-        let keys: FxHashSet<&str> = set.iter().map(|&i| top[i].site.as_str()).collect();
-        let drop = |id: AllocId, n: u64| keys.contains(groups.key(id, n).as_str());
-        let (t, st) = drop_allocations(input.trace, input.start, &drop);
-        tried.push(format!(
-            "free {}",
-            set.iter()
-                .map(|&i| top[i].site.as_str())
-                .collect::<Vec<_>>()
-                .join(" + ")
-        ));
-        peak_without_oom(&t, st.as_ref(), input.setting, input.options)
-    };
-    let all: Vec<usize> = (0..top.len()).collect();
-    let mut best = (all.clone(), try_set(&all, replays)?);
-    // The fewest largest groups whose bytes cover the shortfall, then one more at a time.
-    let mut k = 1;
-    let mut covered = top[0].bytes;
-    while k < top.len() && covered < short {
-        covered += top[k].bytes;
-        k += 1;
-    }
-    while k < best.0.len() {
-        let set: Vec<usize> = (0..k).collect();
-        match try_set(&set, replays) {
-            Some(peak) => {
-                best = (set, peak);
-                break;
-            }
-            None if *replays as usize >= MAX_REPLAYS => break,
-            None => k += 1,
-        }
-    }
-    // Shrink: drop members, largest first, while it still fits.
-    let mut i = 0;
-    while best.0.len() > 1 && i < best.0.len() && (*replays as usize) < MAX_REPLAYS {
-        let mut set = best.0.clone();
-        set.remove(i);
-        match try_set(&set, replays) {
-            Some(peak) => best = (set, peak),
-            None => i += 1,
-        }
-    }
-    // Lighten: swap each member, largest first, for the smallest group
-    // outside the set that still covers the shortfall with the others.
-    let mut m = 0;
-    while m < best.0.len() && (*replays as usize) < MAX_REPLAYS {
-        let member = best.0[m];
-        let others: u64 = best
-            .0
-            .iter()
-            .filter(|&&i| i != member)
-            .map(|&i| top[i].bytes)
-            .sum();
-        let need = short.saturating_sub(others);
-        let lighter = (0..top.len())
-            .rev()
-            .filter(|i| !best.0.contains(i) && top[*i].bytes < top[member].bytes)
-            .find(|&i| top[i].bytes >= need);
-        match lighter {
-            Some(l) => {
-                let mut set = best.0.clone();
-                set[m] = l;
-                match try_set(&set, replays) {
-                    Some(peak) => best = (set, peak),
-                    None => m += 1,
-                }
-            }
-            None => m += 1,
-        }
-    }
-    let sites: Vec<SiteUsage> = best.0.iter().map(|&i| top[i].clone()).collect();
-    let freed: u64 = sites.iter().map(|s| s.bytes).sum();
-    let names = sites
-        .iter()
-        .map(|s| {
-            format!(
-                "{} ({} live, {} allocation{})",
-                s.site,
-                format_size(s.bytes),
-                s.count,
-                if s.count == 1 { "" } else { "s" }
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    Some(ProvenFix {
-        kind: FixKind::FreeSites,
-        change: format!("free {}", sites.iter().map(|s| s.site.as_str()).collect::<Vec<_>>().join(" + ")),
-        peak_reserved: best.1,
-        sentence: format!(
-            "free {} at the failure: {names}; dropped from the trace: proven by replay: no OOM, peak reserved {}",
-            format_size(freed),
-            format_size(best.1)
-        ),
-        sites,
-    })
 }

@@ -30,21 +30,9 @@ use crate::oracle_trace::Trace;
 use reservoir::caching::rules;
 use reservoir::observe::snapshot::{BlockState, SegmentType};
 
-/// Sites listed per moment, at most.
-pub const TOP_SITES: usize = 10;
-
-/// Live allocations of one site.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct SiteUsage {
-    /// `FILE:LINE:FUNCTION` (a recorded trace), what the allocation is for
-    /// (a built-in workload: "parameters", "KV cache", ...), or a
-    /// placeholder in parentheses.
-    pub site: String,
-    /// Bytes of their blocks.
-    pub bytes: u64,
-    /// Allocations.
-    pub count: u64,
-}
+/// Sites listed per moment, at most, and the live allocations of one
+/// site (defined with the sites, where the diagnosis uses them too).
+pub use super::sites::{SiteUsage, TOP_SITES};
 
 /// The reserved peak of a setting.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

@@ -2,7 +2,6 @@
 //! ([`ReplaySetting`]), the device and measurement options
 //! ([`ReplayOptions`]), and why a replay stops ([`ReplayError`]).
 
-use super::capacity;
 use reservoir::backend::BackendError;
 use reservoir::caching::SeedError;
 use reservoir::config::AllocatorConfig;
@@ -135,10 +134,16 @@ impl ReplaySetting {
     }
 }
 
+/// The largest device capacity a replay accepts: 16 TiB. The simulated
+/// device places segments in a 127 TiB address window and an expandable
+/// segment reserves up to twice the device ([`ReplayError::Capacity`]).
+pub const MAX_CAPACITY: u64 = 16 << 40;
+
 /// How to replay, besides the allocator setting.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplayOptions {
-    /// Device capacity in bytes. Default [`DEFAULT_CAPACITY`] (80 GiB).
+    /// Device capacity in bytes. Default [`DEFAULT_CAPACITY`] (80 GiB), at
+    /// most [`MAX_CAPACITY`].
     pub capacity: u64,
     /// Most points in [`ReplayReport::samples`](super::ReplayReport::samples) (at least 2). Default 2000.
     pub max_samples: usize,
@@ -228,10 +233,10 @@ pub enum ReplayError {
         source: SeedError,
     },
     /// The device capacity asked for is more than the simulated device
-    /// can have ([`capacity::MAX_CAPACITY`], 16 TiB).
+    /// can have ([`MAX_CAPACITY`], 16 TiB).
     #[error(
         "a device of {capacity} bytes cannot be simulated: at most {} bytes (16 TiB)",
-        capacity::MAX_CAPACITY
+        MAX_CAPACITY
     )]
     Capacity {
         /// The capacity asked for.

@@ -21,6 +21,22 @@ pub const NO_USER_FRAME: &str = "(no user frame)";
 /// Site of a block already allocated when the trace began.
 pub const BEFORE_TRACE: &str = "(allocated before the trace)";
 
+/// Sites listed per moment, at most.
+pub const TOP_SITES: usize = 10;
+
+/// Live allocations of one site.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SiteUsage {
+    /// `FILE:LINE:FUNCTION` (a recorded trace), what the allocation is for
+    /// (a built-in workload: "parameters", "KV cache", ...), or a
+    /// placeholder in parentheses.
+    pub site: String,
+    /// Bytes of their blocks.
+    pub bytes: u64,
+    /// Allocations.
+    pub count: u64,
+}
+
 /// Is `f` one of PyTorch's or Python's own frames?
 pub fn is_internal(f: &Frame) -> bool {
     let file = f.filename.as_str();

@@ -1,7 +1,8 @@
 //! What [`ConfigError`] says in Reservoir's words (its `Display`): what is
 //! wrong, where, and what is accepted. It sits above the key table because
 //! an unknown key is answered with the nearest known one, or the list of
-//! them; `error.rs` below holds the error types and PyTorch's own texts.
+//! them; `error.rs` below holds the error types (`torch_text.rs` PyTorch's own
+//! texts).
 
 use std::fmt;
 

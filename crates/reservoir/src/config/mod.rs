@@ -157,6 +157,7 @@ mod policy;
 mod settings;
 mod tokenizer;
 mod torch_release;
+mod torch_text;
 mod values;
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use super::error::ConfigError;
 use super::torch_release::TorchRelease;
+#[cfg(doc)]
 use super::AllocatorConfig;
 
 /// The policy in force: PyTorch's behaviour (the default) or one of
@@ -90,36 +91,5 @@ pub(super) fn policy_and_release(
     match TorchRelease::from_policy_name(name) {
         Some(release) => Ok((ReservoirPolicy::PyTorch, release)),
         None => Ok((ReservoirPolicy::named(name)?, TorchRelease::NEWEST)),
-    }
-}
-
-impl AllocatorConfig {
-    /// Reservoir's default settings **outside PyTorch mode**: PyTorch's
-    /// defaults plus the `reservoir` policy (and the expandable segments it
-    /// implies), the same as `parse_with_policy("policy:reservoir")`.
-    ///
-    /// PyTorch mode is every way of asking for PyTorch's behaviour, and it
-    /// stays exact: [`AllocatorConfig::default`] and
-    /// [`AllocatorConfig::parse`] (a `PYTORCH_CUDA_ALLOC_CONF` string), the
-    /// C ABI and the torch plugin (they read settings strings, `""` being
-    /// PyTorch's defaults) and `reservoir replay`'s `pytorch` setting (replay
-    /// fidelity). A program that names no PyTorch settings starts here, or
-    /// with [`CachingAllocator::reservoir`](crate::CachingAllocator::reservoir).
-    ///
-    /// ```
-    /// use reservoir::config::ReservoirPolicy;
-    /// use reservoir::AllocatorConfig;
-    ///
-    /// let c = AllocatorConfig::reservoir();
-    /// assert!(c.policy == ReservoirPolicy::Reservoir && c.expandable_segments);
-    /// assert_eq!(c, AllocatorConfig::parse_with_policy("policy:reservoir").unwrap());
-    /// assert_eq!(AllocatorConfig::default().policy, ReservoirPolicy::PyTorch); // PyTorch mode
-    /// ```
-    pub fn reservoir() -> AllocatorConfig {
-        AllocatorConfig {
-            expandable_segments: true,
-            policy: ReservoirPolicy::Reservoir,
-            ..AllocatorConfig::default()
-        }
     }
 }

@@ -8,7 +8,7 @@
 //! grows past [`CHUNK`] is split in two halves. So the cost per operation
 //! is a few compares and a short move at any size, with no tree nodes to
 //! allocate or rebalance (a `BTreeSet` costs about 125 instructions per
-//! insertion or removal here, see BENCHMARKS.md "Flat free lists").
+//! insertion or removal here, see docs/benchmarks-history.md, "Flat free lists").
 //!
 //! A chunk stores its keys in descending order, so the removal of its
 //! smallest key (the best-fit hit in a class of one size) moves nothing.

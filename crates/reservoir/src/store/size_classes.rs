@@ -34,7 +34,7 @@ use super::ranked::{RankRuns, RankedKey, RankedKeys};
 /// small-pool request rounds to) have a class per 512 bytes: the caching
 /// allocator rounds every block to 512 bytes (spec 1.4), so each of these
 /// classes holds one size, and a class of many keys becomes [`RankRuns`].
-/// Measured (BENCHMARKS.md "Exact classes below 1 MiB"): 2 MiB needs a
+/// Measured (docs/benchmarks-history.md, "Exact classes below 1 MiB"): 2 MiB needs a
 /// summary of more than 64 words and costs 10-15 instructions per call.
 const EXACT_LIMIT: u64 = 1 << 20;
 /// Width of a class below [`EXACT_LIMIT`] (512 bytes, `kMinBlockSize`).

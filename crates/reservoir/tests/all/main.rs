@@ -2,6 +2,7 @@
 
 mod async_sim;
 mod common;
+mod device_allocator;
 mod errors;
 mod expandable;
 mod faults;
@@ -12,7 +13,6 @@ mod observe;
 mod policy_reservoir;
 mod pools;
 mod private_pool_stats;
-mod registry;
 mod rules;
 mod shards;
 mod shards_stress;

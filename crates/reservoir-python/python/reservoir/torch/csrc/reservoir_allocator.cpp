@@ -62,7 +62,7 @@ namespace reservoir_face {
 using namespace c10::cuda::CUDACachingAllocator;
 namespace cda = c10::CachingDeviceAllocator;
 
-// ---- the C ABI (crates/reservoir-capi/src/torch_face.rs) ------------------
+// ---- the C ABI (crates/reservoir-capi/src/torch_face.rs, torch_state.rs) ---
 
 struct ReservoirTorchOom {
   uint64_t alloc_size;

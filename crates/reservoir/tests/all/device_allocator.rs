@@ -1,10 +1,6 @@
-//! The DeviceAllocator contract and the device-type registry.
+//! The DeviceAllocator contract: one allocator per device index.
 
-use std::sync::Arc;
-
-use reservoir::device_allocator::{
-    DeviceAllocator, DeviceType, MultiDeviceAllocator, Registry, RegistryError,
-};
+use reservoir::device_allocator::{DeviceAllocator, MultiDeviceAllocator};
 use reservoir::sim::SimDevice;
 use reservoir::{AllocatorConfig, MempoolId, StreamId};
 
@@ -37,27 +33,6 @@ fn one_allocator_per_device_index() {
     assert!(
         m.empty_cache(MempoolId(1, 0)).is_err(),
         "unknown private pool"
-    );
-}
-
-#[test]
-fn registry_maps_device_types_and_rejects_cpu() {
-    let r = Registry::new();
-    let m: Arc<dyn DeviceAllocator> = Arc::new(two_devices());
-    assert_eq!(
-        r.register(DeviceType::Cpu, m.clone()),
-        Err(RegistryError::CpuNotSupported)
-    );
-    assert_eq!(
-        r.get(DeviceType::Sim).err(),
-        Some(RegistryError::NotRegistered(DeviceType::Sim))
-    );
-    r.register(DeviceType::Sim, m).unwrap();
-    let got = r.get(DeviceType::Sim).unwrap();
-    assert!(got.initialized());
-    assert_eq!(
-        r.get(DeviceType::Cpu).err().unwrap().to_string(),
-        "getDeviceAllocator is not supported for CPU device type."
     );
 }
 
