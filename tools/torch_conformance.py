@@ -10,8 +10,9 @@ which tests need a process of their own, and those get one), with
 --isolate a process per test. A test that hangs past --timeout is ended by
 pytest-timeout, counts as a failure, and the tests after it go on in a new
 process. A test listed in tools/torch-conformance-known.txt for a mode runs
-in a process of its own in that mode (it fails, and what a failed test holds
-stays alive to the end of its process). The modes:
+in a process of its own in that mode; in every process a plugin drops each
+test's traceback after it (pytest keeps the last failure's, and with it the
+failed test's tensors and pools, alive for the tests after it). The modes:
 
   pytorch     reservoir.torch.enable("policy:pytorch-2.15")   (PyTorch mode)
   expandable  reservoir.torch.enable("expandable_segments:True")
@@ -97,6 +98,30 @@ def parse_known(path: Path) -> dict:
     return known
 
 
+# Loaded into every pytest process (-p): a failed test's traceback (pytest
+# keeps the last one in sys.last_traceback, and a unittest test's on its
+# item) holds the test's frames, so its tensors and MemPools would stay
+# alive for the tests after it, natively and on Reservoir alike; dropped,
+# and collected, after each test.
+PLUGIN = """\
+# Written by tools/torch_conformance.py: each test starts without what the one before held.
+import gc
+import sys
+
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    if hasattr(item, "_excinfo"):
+        item._excinfo = None
+    gc.collect()
+"""
+
 RESULT_RE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
 KIND = {"PASSED": "pass", "XPASS": "pass", "FAILED": "fail", "ERROR": "error", "SKIPPED": "skip", "XFAIL": "skip"}
 # Files whose tests each need a brand new process (they say so: process-wide hooks).
@@ -120,7 +145,8 @@ def run_group(python: str, tests_dir: Path, tests: list, conf, site_dir: Path, t
     results = {}
     todo = list(tests)
     while todo:
-        cmd = [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--tb=short", "-o", "console_output_style=classic",
+        cmd = [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "conformance_plugin", "--tb=short",
+               "-o", "console_output_style=classic",
                f"--timeout={timeout:.0f}", "--timeout_method=thread"] + todo
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=tests_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -199,6 +225,7 @@ def main() -> int:
 
     site_dir = Path(tempfile.mkdtemp(prefix="reservoir-conformance-"))
     (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (site_dir / "conformance_plugin.py").write_text(PLUGIN)
     # The C++ face is compiled once, before the parallel runs race to build it.
     if any(MODES[m] is not None for m in modes):
         subprocess.run([args.python, "-c", "import reservoir.torch as r; r.face()"], check=True)
