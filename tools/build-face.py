@@ -35,7 +35,10 @@ PACKAGE = os.path.join(ROOT, "crates", "reservoir-python", "python", "reservoir"
 
 
 def load_face_module():
-    """reservoir/torch/_face.py alone (reservoir._native need not exist yet)."""
+    """reservoir/torch/_face.py alone (reservoir._native need not exist yet).
+    No bytecode is written: a __pycache__ in the package would go into the
+    wheel (maturin takes every file of the package folder)."""
+    sys.dont_write_bytecode = True
     spec = importlib.util.spec_from_file_location("reservoir_face_build", os.path.join(PACKAGE, "_face.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
