@@ -205,21 +205,24 @@ stage wheel 120 "unpacked onto PYTHONPATH" bash -c 'set -e
   _ "$py" "$pack" "$site"
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 
-# The C++ face (reservoir.torch.face(), where this reservoir has it) is
-# compiled against the running torch on first use and cached (by torch
-# version and source content) in ~/.cache/reservoir/torch-ext or
-# $TORCH_EXTENSIONS_DIR: compiled here, timed, so the later stages find it
-# built; in CI, tools/torch-proof.sh compiled the same face just before and
-# this stage finds it.
+# The C++ face (reservoir.torch.face(), where this reservoir has it): the
+# wheel's prebuilt face when this torch matches its manifest (the same torch
+# version, commit, C++ ABI and Python as the release build's), else compiled
+# against the running torch on first use and cached (by torch version and
+# source content) in ~/.cache/reservoir/torch-ext or $TORCH_EXTENSIONS_DIR:
+# loaded or compiled here, timed, so the later stages find it; the line says
+# which (reservoir.torch.face_info()).
 # shellcheck disable=SC2016
-stage face 300 "the C++ face compiled against this torch (cached)" "$py" -c 'import sys, time
+stage face 300 "the C++ face for this torch (prebuilt or compiled, cached)" "$py" -c 'import sys, time
 import reservoir.torch as rt
 if not hasattr(rt, "face"):
     print("face: skipped: this reservoir has no C++ face (enable() is the CUDAPluggableAllocator route)")
     sys.exit(77)
 t = time.time()
 m = rt.face()
-print(f"face: {m.__file__} ready in {time.time() - t:.1f} s")'
+info = rt.face_info() if hasattr(rt, "face_info") else {}
+origin, reason = info.get("origin", "built"), info.get("reason", "")
+print(f"face: {m.__file__} ready in {time.time() - t:.1f} s ({origin}: {reason})")'
 
 proof_test=crates/reservoir-python/tests/test_native_api.py
 if [ -e "$proof_test" ]; then

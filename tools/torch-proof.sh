@@ -15,7 +15,13 @@
 #    and under Reservoir, compared claim by claim, in PyTorch mode, with
 #    expandable segments and under the reservoir policy) and
 #    crates/reservoir-python/tests/test_face_modes.py (multi-stream
-#    programs and the rest of torch's memory API in all three modes).
+#    programs and the rest of torch's memory API in all three modes) and
+#    crates/reservoir-python/tests/test_face_prebuilt.py (the wheel's
+#    prebuilt C++ face: its fallbacks, and enable() in a fresh venv with no
+#    compiler on PATH).
+#
+# The wheel carries the C++ face compiled against this torch
+# (tools/build-face.py, run before maturin).
 #
 # Prints lines starting "torch proof" and closes with "torch-proof: N passed, M failed".
 # Usage: tools/torch-proof.sh [--skip-build | --build-only]
@@ -46,6 +52,11 @@ fi
 "$venv/bin/python" -c 'import ninja' 2>/dev/null || "$venv/bin/pip" install --quiet ninja
 
 if [ "${1:-}" != "--skip-build" ]; then
+  # The C++ face compiled against this torch, into the package (.gitignore'd)
+  # where maturin takes it into the wheel: enable() loads it with no compiler
+  # when the running torch matches (tools/build-face.py).
+  echo "torch-proof: prebuilding the C++ face (tools/build-face.py)"
+  "$venv/bin/python" tools/build-face.py
   echo "torch-proof: building the wheel (maturin build --release --locked)"
   rm -f target/wheels/reservoir_allocator-*.whl
   (cd crates/reservoir-python && "$venv/bin/maturin" build --release --locked --quiet -o "$root/target/wheels")
@@ -87,6 +98,27 @@ run() {
 run smoke "$py" crates/reservoir-python/tests/test_smoke.py
 run proof "$py" crates/reservoir-python/tests/test_in_torch.py
 run face "$py" crates/reservoir-python/tests/test_face.py
+# The wheel's prebuilt face (issue 43): which face face() takes for a matching
+# manifest and for each mismatch (cpp_extension stubbed); then a FRESH venv
+# with the oracle's torch, the wheel, and a PATH holding only its bin (python
+# and pip: no compiler, no ninja; CXX and CC point nowhere, an empty extension
+# cache, cpp_extension.load replaced by a function that fails):
+# enable() and a tensor on the fake device, the line
+# "torch-proof face: prebuilt face loaded without a compiler (...)".
+run prebuilt-fallback "$py" crates/reservoir-python/tests/test_face_prebuilt.py fallback
+no_compiler() {
+  local nc=$root/target/torch-proof/no-compiler wheel
+  wheel=$(ls -t "$root"/target/wheels/reservoir_allocator-*.whl | head -n 1)
+  rm -rf "$nc" && mkdir -p "$nc/ext" || return 1
+  "$oracle_venv/bin/python" -m venv "$nc/venv" || return 1
+  echo "$oracle_site" >"$("$nc/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/pytorch_oracle.pth"
+  "$nc/venv/bin/pip" install --quiet --no-deps --disable-pip-version-check "$wheel" || return 1
+  # PATH: the venv's bin alone (python, pip; the test checks no c++, g++,
+  # gcc, cc, clang or ninja is found on it).
+  env PATH="$nc/venv/bin" CXX=/nonexistent/c++ CC=/nonexistent/cc TORCH_EXTENSIONS_DIR="$nc/ext" \
+    RESERVOIR_FACE_PREBUILT=1 "$nc/venv/bin/python" crates/reservoir-python/tests/test_face_prebuilt.py no-compiler
+}
+run prebuilt-no-compiler no_compiler
 # torch's own memory API on Reservoir against torch's native allocator (issue
 # 32): the same program under each; lines "torch proof native ...". Its
 # `reservoir replay` is the debug binary built above for `convert`.

@@ -5,8 +5,8 @@
 # 1. takes the wheel in target/wheels (tools/torch-proof.sh builds it in CI;
 #    built here with maturin when absent, or RESERVOIR_WHEEL=path);
 # 2. makes a fresh venv (python3 -m venv) in target/wheel-check/venv and pip
-#    installs the wheel, pytest, hypothesis (test_args.py's property test)
-#    and (when the index has it) pandas;
+#    installs the wheel, pytest, hypothesis (test_args.py's property test),
+#    fsspec (test_remote.py) and (when the index has it) pandas;
 # 3. with PATH=venv/bin:/usr/local/bin:/usr/bin:/bin (checks that
 #    `command -v cargo` fails there):
 #    - the console script on shared traces: its --json equal to the Rust
@@ -14,7 +14,9 @@
 #      measured allocator times aside), `workloads` byte for byte, `compare`
 #      and `diff` JSON, `python -m reservoir` equal to the console script;
 #    - crates/reservoir-python/tests/test_api.py and test_args.py (the API's
-#      argument handling, with a hypothesis property test) (pytest);
+#      argument handling, with a hypothesis property test) and test_remote.py
+#      (snapshots by URL through fsspec: memory:// and file://, installed
+#      here) (pytest);
 #    - reservoir.replay(...)._repr_html_() rendered in headless Chromium
 #      (Debian's chromium, apt-installed when missing): a screenshot
 #      (target/wheel-check/report.png), DOM checks (the peak table, both
@@ -56,6 +58,8 @@ venv=$out/venv
 rm -rf "$venv"
 python3 -m venv "$venv" || exit 2
 "$venv/bin/pip" install --quiet --disable-pip-version-check "$wheel" pytest hypothesis || exit 2
+# fsspec (the wheel's [fsspec] extra): test_remote.py reads snapshots by URL.
+"$venv/bin/pip" install --quiet --disable-pip-version-check fsspec || exit 2
 if "$venv/bin/pip" install --quiet --disable-pip-version-check pandas; then
   echo "wheel-check: pandas installed (to_pandas() is tested with it and without)"
 else
@@ -138,7 +142,7 @@ fi
 pylog=$out/pytest.log
 # hypothesis keeps its caches in target/wheel-check/hypothesis, not in the work tree.
 (cd "$root" && RESERVOIR_SHARED_TRACES=$traces HYPOTHESIS_STORAGE_DIRECTORY=$out/hypothesis python -m pytest -q -p no:cacheprovider crates/reservoir-python/tests/test_api.py \
-  crates/reservoir-python/tests/test_args.py) >"$pylog" 2>&1
+  crates/reservoir-python/tests/test_args.py crates/reservoir-python/tests/test_remote.py) >"$pylog" 2>&1
 pystatus=$?
 tail -n 15 "$pylog"
 p_passed=$(tail -n 1 "$pylog" | sed -nE 's/.* ([0-9]+) passed.*/\1/p; s/^([0-9]+) passed.*/\1/p' | head -n 1)

@@ -30,7 +30,74 @@ def main(argv: Optional[List[str]] = None) -> int:
             signal.signal(sig, signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
-    return _native.run(["reservoir", *args])
+    from . import _remote
+
+    if not any(_remote.is_url(a.partition("=")[2] if a.startswith("--") else a) for a in args if isinstance(a, str)):
+        return _native.run(["reservoir", *args])
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="reservoir-") as tmp:
+        try:
+            local = _localize(args, tmp)
+        except _native.ReservoirError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return _native.run(["reservoir", *local])
+
+
+#: The options whose value is a file the command writes, by subcommand: a
+#: URL there is refused (outputs are local files).
+_OUTPUTS = {
+    "replay": {"--html"},
+    "diff": {"--json", "--html"},
+    "convert": {"--oracle-trace"},
+    "workload": {"--out", "-o"},
+}
+
+
+def _localize(args: List[str], tmp: str) -> List[str]:
+    """``args`` with each input URL (an argument, or the value of
+    ``--traces``, ``--merge``, ``--steady-exceptions`` ...) replaced by a
+    local copy streamed into ``tmp`` (``reservoir._remote``): ``--traces``
+    names a folder, copied whole; any other input a file."""
+    import os
+
+    from . import _remote
+
+    command = next((a for a in args if not a.startswith("-")), "")
+    outputs = _OUTPUTS.get(command, set())
+    out: List[str] = []
+    prev = None  # the previous argument, when it was an option
+    for n, a in enumerate(args):
+        if not isinstance(a, str):
+            out.append(a)
+            prev = None
+            continue
+        inline = a.startswith("--") and "=" in a
+        if inline:
+            name, value = a.split("=", 1)
+        elif a.startswith("-") and a != "-":
+            out.append(a)
+            prev = a
+            continue
+        else:
+            name, value = prev, a
+        prev = None
+        if not _remote.is_url(value):
+            out.append(a)
+            continue
+        if name in outputs:
+            raise _native_error(f"{name} {value}: the command writes local files only, not a URL")
+        fetch = _remote.fetch_tree if name == "--traces" else _remote.fetch
+        local = fetch(value, os.path.join(tmp, str(n)))
+        out.append(f"{name}={local}" if inline else local)
+    return out
+
+
+def _native_error(message: str) -> Exception:
+    from ._native import ReservoirError
+
+    return ReservoirError(message)
 
 
 if __name__ == "__main__":

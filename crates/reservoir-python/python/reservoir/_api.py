@@ -20,7 +20,7 @@ import os
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from . import _native
+from . import _native, _remote
 from ._native import ReservoirError
 from ._outfile import write_file as _write_file
 
@@ -649,8 +649,10 @@ def replay(
     ``reservoir.replay(src, ...)`` is ``reservoir replay SRC --json --html``:
 
     * ``source``: a snapshot's path (``torch.cuda.memory._dump_snapshot``
-      pickles, ``_memory_viz`` JSON, allocatorSim logs) or its bytes; ``None``
-      replays ``workload`` (default ``gpt-train``);
+      pickles, ``_memory_viz`` JSON, allocatorSim logs), a URL ``fsspec``
+      opens (``s3://``, ``gs://``, ``memory://``, ``file://``...: streamed
+      into a temporary file under the input size limit; the reports name the
+      URL) or its bytes; ``None`` replays ``workload`` (default ``gpt-train``);
     * ``policies``: policy names (``pytorch``, ``expandable``, ``reservoir``,
       ``max-split-N``, ``roundup-N``, ``gc-T``, ``large-segment-N``,
       ``mps-heap``, ``pytorch-2.11`` ... ``pytorch-2.15``); default: all;
@@ -666,12 +668,15 @@ def replay(
     """
     opts: List[bytes] = []
     files: List[bytes] = []
-    if source is not None and not isinstance(source, (bytes, bytearray, memoryview)):
+    url = source if _remote.is_url(source) else None
+    if source is not None and url is None and not isinstance(source, (bytes, bytearray, memoryview)):
         if not isinstance(source, (str, os.PathLike)):
             raise ReservoirError(
                 f"source={source!r}: expected a path, the snapshot's bytes or None"
             )
         files.append(_path("source", source))
+    if url is not None:
+        _text("source", url)
     if workload is not None:
         opts.append(_opt("--workload", _text("workload", workload)))
     for p in _strs("policies", policies):
@@ -698,14 +703,32 @@ def replay(
     if min_capacity:
         opts.append(b"--min-capacity")
     with tempfile.TemporaryDirectory(prefix="reservoir-") as tmp:
+        local = None
         if isinstance(source, (bytes, bytearray, memoryview)):
             path = os.path.join(tmp, "snapshot.pickle")
             with open(path, "wb") as f:
                 f.write(bytes(source))
             files.append(os.fsencode(path))
+        elif url is not None:
+            local = _remote.fetch(url, os.path.join(tmp, "input"))
+            files.append(os.fsencode(local))
         opts += [b"--json", _opt("--html", os.fsencode(os.path.join(tmp, "report.html")))]
         text, html = _run("replay", opts, files)
+        if local is not None:
+            text, html = _renamed(text, html, local, url)
     return Replay(text, html)
+
+
+def _renamed(text: str, html: Optional[str], local: str, url: str) -> "tuple[str, Optional[str]]":
+    """The command's JSON and HTML with the temporary copy's path ``local``
+    (a file or a folder) replaced by the ``url`` it was read from."""
+    import html as _html
+
+    text = text.replace(json.dumps(local)[1:-1], json.dumps(url)[1:-1])
+    if html is not None:
+        html = html.replace(json.dumps(local)[1:-1], json.dumps(url)[1:-1])
+        html = html.replace(_html.escape(local), _html.escape(url))
+    return text, html
 
 
 def compare(
@@ -716,7 +739,11 @@ def compare(
     capacity: Union[int, str, None] = None,
 ) -> Compare:
     """Compare policies on every snapshot of ``folder`` (recursively, from a
-    cold start): ``reservoir compare --traces FOLDER --json``.
+    cold start): ``reservoir compare --traces FOLDER --json``. ``folder``
+    may be a URL ``fsspec`` opens (``s3://bucket/run/``, ``memory://...``):
+    its files are streamed into a temporary folder, each under the input
+    size limit, and compared there (the rows name them relative to it, as
+    for a local folder).
 
     ``policies`` defaults to pytorch, expandable and reservoir; ``workloads``
     adds the built-in workloads (``True``: every preset, or names);
@@ -724,9 +751,10 @@ def compare(
     or ``"bound"``. Raises :class:`reservoir.ReservoirError`.
     """
     opts: List[bytes] = [b"--json"]
+    url = folder if _remote.is_url(folder) else None
     if folder is None:
         opts.append(b"--no-traces")
-    else:
+    elif url is None:
         opts.append(_opt("--traces", _path("folder", folder)))
     for p in _strs("policies", policies):
         opts.append(_opt("--policy", p))
@@ -740,5 +768,11 @@ def compare(
         opts.append(_opt("--capacity", str(cap)))
     if folder is None and workloads is False:
         raise ReservoirError("compare: nothing to compare (no folder and workloads=False)")
-    text, _ = _run("compare", opts, [])
+    if url is None:
+        text, _ = _run("compare", opts, [])
+        return Compare(text)
+    with tempfile.TemporaryDirectory(prefix="reservoir-") as tmp:
+        local = _remote.fetch_tree(_text("folder", url), os.path.join(tmp, "input"))
+        text, _ = _run("compare", [_opt("--traces", os.fsencode(local)), *opts], [])
+        text, _ = _renamed(text, None, local, url.rstrip("/"))
     return Compare(text)

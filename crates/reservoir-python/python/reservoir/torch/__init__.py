@@ -6,9 +6,11 @@ Three lines::
     reservoir.torch.enable("expandable_segments:True")   # before any CUDA work
     x = torch.empty(1 << 20, device="cuda")              # served by Reservoir
 
-``enable()`` compiles Reservoir's C++ face for torch (``csrc/reservoir_allocator.cpp``,
-a ``c10::cuda::CUDACachingAllocator::CUDAAllocator``; built once per torch
-version with ``torch.utils.cpp_extension.load`` and cached) and installs it:
+``enable()`` loads Reservoir's C++ face for torch (``csrc/reservoir_allocator.cpp``,
+a ``c10::cuda::CUDACachingAllocator::CUDAAllocator``: the wheel's prebuilt one
+when it was compiled against the running torch, else built once per torch
+version with ``torch.utils.cpp_extension.load`` and cached; see :func:`face`)
+and installs it:
 torch's own ``torch.cuda.memory_stats()``, ``memory_snapshot()``,
 ``_record_memory_history``, ``empty_cache()``, ``set_per_process_memory_fraction``,
 ``MemPool``, ``record_stream`` and ``torch.OutOfMemoryError`` then all reach
@@ -29,6 +31,7 @@ import torch
 from .. import _native
 from .._native import ReservoirError
 from .._outfile import write_file as _write_file
+from . import _face
 
 __all__ = [
     "LIBRARY",
@@ -42,6 +45,7 @@ __all__ = [
     "effective_conf",
     "enable",
     "face",
+    "face_info",
     "get_per_process_memory_fraction",
     "is_enabled",
     "last_error",
@@ -154,69 +158,85 @@ def _face_source() -> str:
     return copy
 
 
-def _cuda_include_dirs() -> list:
-    """CUDA headers for the face: ``$CUDA_HOME/include``, the oracle's
-    ``cuda-headers``, or the ``nvidia`` wheels' ``include``."""
-    import glob
-    import os
+#: How :func:`face` got the face: see :func:`face_info`.
+_face_info: dict = {}
+#: Where :func:`face` looks for the wheel's prebuilt faces (tests point it elsewhere).
+_PREBUILT_DIR: str = _face.PREBUILT
 
-    dirs = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            dirs.append(os.path.join(os.environ[var], "include"))
-    # The torch oracle's headers (../shared/oracle: a torch without a toolkit).
-    oracle = os.environ.get("PYTORCH_ORACLE_HOME") or os.path.expanduser("~/.cache/pytorch-oracle")
-    dirs.append(os.path.join(oracle, "cuda-headers"))
-    site = os.path.dirname(os.path.dirname(torch.__file__))
-    dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
-    dirs += sorted(glob.glob(os.path.join(site, "nvidia", "cuda_runtime", "include")))
-    dirs.append("/usr/local/cuda/include")
-    complete = [
-        d
-        for d in dirs
-        if all(os.path.exists(os.path.join(d, h)) for h in ("cuda_runtime_api.h", "crt/host_config.h"))
-    ]
-    return complete[:1]
+
+def face_info() -> dict:
+    """How :func:`face` got Reservoir's C++ face in this process (empty
+    before it did): ``origin`` (``"prebuilt"``: the wheel's face compiled
+    against this torch, loaded without a compiler; ``"built"``: compiled
+    with ``torch.utils.cpp_extension`` on first use, or found in that
+    build's cache), ``path`` (the loaded library), ``torch`` (the running
+    torch's version) and ``reason`` (why the prebuilt face was or was not
+    used). The same text goes to the ``reservoir.torch`` logger at DEBUG
+    level."""
+    return dict(_face_info)
 
 
 def face() -> Any:
-    """The compiled C++ face (compiled on first use, then cached per torch
-    version; ninja is installed with pip when missing)."""
+    """The compiled C++ face.
+
+    The wheel carries the face compiled against the torch of its release
+    build (``reservoir/torch/prebuilt/torch-VERSION-PYTHON/``, with a
+    ``manifest.json``); it is loaded, with no compiler, when the running
+    torch's version string and git commit, its C++ ABI flag, the Python
+    (``sys.implementation.cache_tag``), the platform and the SHA-256 of the
+    installed face source all equal the manifest's. Otherwise (or when that
+    library does not load, or ``RESERVOIR_FACE_PREBUILT=0``) it is compiled
+    on first use, then cached per torch version and source (ninja is
+    installed with pip when missing). :func:`face_info` says which and why.
+    """
     global _face_module
     if _face_module is not None:
         return _face_module
-    import os
+    import logging
     import shutil
 
-    from torch.utils import cpp_extension
+    log = logging.getLogger("reservoir.torch")
+    running = str(torch.__version__)
+    if os.environ.get("RESERVOIR_FACE_PREBUILT", "").strip() == "0":
+        reason = "RESERVOIR_FACE_PREBUILT=0: the prebuilt face is not used"
+    else:
+        try:
+            path, reason = _face.find_prebuilt(_face.abi_key(torch), _PREBUILT_DIR)
+        except Exception as e:  # an unreadable source, a torch without the attributes
+            path, reason = None, f"the prebuilt face could not be matched: {e!r}"
+        if path is not None:
+            try:
+                module = _face.load_prebuilt(path)
+            except Exception as e:
+                reason = f"the prebuilt face {path} matches this torch but did not load: {e}"
+                log.warning("reservoir.torch: %s; compiling the face instead", reason)
+            else:
+                _face_info.update(origin="prebuilt", path=path, torch=running, reason=reason)
+                log.debug("reservoir.torch: prebuilt face %s loaded (%s)", path, reason)
+                _face_module = module
+                return _face_module
+    log.debug("reservoir.torch: compiling the face on first use: %s", reason)
 
     if shutil.which("ninja") is None:
-        try:
-            import ninja  # noqa: F401
-        except ImportError:
+        found = _face.ninja_dir()
+        if found is None:
             import subprocess
 
             subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "ninja"])
-            import ninja  # noqa: F401
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            found = _face.ninja_dir()
+        if found is not None:
+            os.environ["PATH"] = found + os.pathsep + os.environ.get("PATH", "")
     src = _face_source()
-    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    includes = _cuda_include_dirs()
-    if not includes:
-        raise ReservoirError(
-            "RESERVOIR_ERR_BACKEND_UNAVAILABLE: no CUDA headers found to build Reservoir's "
-            "torch face (set CUDA_HOME, or install the nvidia-cuda-runtime wheel)"
+    try:
+        module = _face.build(
+            torch, src, os.path.dirname(src), verbose=bool(os.environ.get("RESERVOIR_FACE_VERBOSE"))
         )
-    _face_module = cpp_extension.load(
-        name="reservoir_torch_face",
-        sources=[src],
-        extra_include_paths=includes,
-        extra_cflags=["-O2"],
-        extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", f"-Wl,-rpath,{torch_lib}"],
-        build_directory=os.path.dirname(src),
-        with_cuda=False,
-        verbose=bool(os.environ.get("RESERVOIR_FACE_VERBOSE")),
-    )
+    except RuntimeError as e:
+        if "no CUDA headers found" in str(e):
+            raise ReservoirError(f"RESERVOIR_ERR_BACKEND_UNAVAILABLE: {e}") from e
+        raise
+    _face_info.update(origin="built", path=getattr(module, "__file__", None), torch=running, reason=reason)
+    _face_module = module
     return _face_module
 
 
