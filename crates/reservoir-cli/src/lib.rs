@@ -774,6 +774,14 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
          compare segment events after them",
         prelude.ops, prelude.segments
     ));
+    if prelude.pool_ops_dropped > 0 {
+        header.push(format!(
+            "{} private-pool ops (p, x) left out and e <pool> written as e: oracle_replay.py \
+             has no private pools, so allocations of MemPools and graph pools run in the \
+             default pool here (`reservoir replay` keeps the pools)",
+            prelude.pool_ops_dropped
+        ));
+    }
     let trace = reservoir_replay::oracle_trace::Trace::from_ops(trace.ops, header);
     // A temporary file renamed into place: a failed write keeps what was
     // there (reservoir::outfile, issue 44 G1).
