@@ -79,12 +79,13 @@ pub(crate) struct DiffArgs {
 
 /// One file loaded and measured.
 fn measure(path: &Path, args: &DiffArgs) -> Result<(Measured, Option<String>)> {
-    let (recorded, devices, _, _) = convert_file_as(path, args.device, args.torch)?;
+    let (_, devices, _, _) = convert_file_as(path, args.device, args.torch)?;
     let more = devices.len() > 1;
     let Some(Converted {
         rec,
         recorder,
         device,
+        config: recorded,
         ..
     }) = devices.into_iter().next()
     else {

@@ -28,7 +28,7 @@ use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::input::{self, AddressKind};
 use reservoir_replay::oracle_trace::Op;
 use reservoir_replay::replay::recorded::{
-    convert, recorded_setting, replay_recorded, Fidelity, RecordedTrace,
+    convert, recorded_setting, replay_recorded, Fidelity, RecordedTrace, StartMode,
 };
 use reservoir_replay::replay::{ReplayOptions, ReplayReport};
 use reservoir_testkit::traces::torch_oracle;
@@ -187,13 +187,20 @@ fn a_start_state_private_segment_keeps_its_pool() {
         segment(
             a,
             (0, 1),
-            &[(0, 4 * MIB, true), (4 * MIB, 2 * MIB, true), (6 * MIB, 14 * MIB, false)],
+            &[
+                (0, 4 * MIB, true),
+                (4 * MIB, 2 * MIB, true),
+                (6 * MIB, 14 * MIB, false),
+            ],
         ),
         segment(b, (0, 0), &[(0, 8 * MIB, true), (8 * MIB, 12 * MIB, false)]),
     ];
     let path = write("start_state.pickle", segments, trace);
     let (rec, report, fid) = replay_file(&path);
-    assert_eq!(rec.start.segment_pools.values().collect::<Vec<_>>(), [&(0, 1)]);
+    assert_eq!(
+        rec.start.segment_pools.values().collect::<Vec<_>>(),
+        [&(0, 1)]
+    );
     assert_eq!(pool_ops(&rec), ["p 0 1"]);
     assert_eq!(fid.segment_events_total, 1);
     assert_exact("start_state", &report, &fid);
@@ -220,4 +227,42 @@ fn a_released_pool_is_emptied_alone() {
     assert_eq!(pool_ops(&rec), ["p 0 2", "x 0 2", "e 0 2"]);
     assert_eq!(rec.empty_caches, 1);
     assert_exact("released", &report, &fid);
+}
+
+/// A MemPool's segment alive and free at the first entry, then the pool
+/// destroyed: from the recorded start (seeded into its pool) and from a
+/// cold start (the pool made before the trace) the release finds the pool.
+#[test]
+fn a_start_state_pool_released_from_either_start() {
+    let (a, b) = (0x7f00_0000_0000u64, 0x7f00_1000_0000u64);
+    let pool = Some((0, 3));
+    let trace = vec![
+        entry(TraceAction::Alloc, b, 2 * MIB, Some((0, 0))),
+        entry(TraceAction::SegmentFree, a, 20 * MIB, pool),
+    ];
+    let segments = vec![segment(
+        b,
+        (0, 0),
+        &[(0, 2 * MIB, true), (2 * MIB, 18 * MIB, false)],
+    )];
+    let path = write("start_released.pickle", segments, trace);
+    let (rec, report, fid) = replay_file(&path);
+    assert_eq!(
+        rec.start.segment_pools.values().collect::<Vec<_>>(),
+        [&(0, 3)]
+    );
+    assert_eq!(pool_ops(&rec), ["x 0 3", "e 0 3"]);
+    assert_exact("start_released", &report, &fid);
+
+    let cold = rec.with_start(StartMode::Cold);
+    let setting = recorded_setting(None);
+    let (report, _) = replay_recorded(
+        &cold,
+        &setting,
+        &ReplayOptions::default(),
+        false,
+        &mut |_| {},
+    )
+    .expect("a cold start makes the pool it releases");
+    assert_eq!(report.ooms, 0);
 }

@@ -644,7 +644,14 @@ mod tests {
         let e = Trace::parse("p 1 z\n").unwrap_err();
         assert_eq!(e.kind, ParseErrorKind::BadPool("z".into()));
         let e = Trace::parse("x 1\n").unwrap_err();
-        assert!(matches!(e.kind, ParseErrorKind::WrongFieldCount { op: 'x', found: 1, .. }));
+        assert!(matches!(
+            e.kind,
+            ParseErrorKind::WrongFieldCount {
+                op: 'x',
+                found: 1,
+                ..
+            }
+        ));
         let e = Trace::parse("a 1 12Q\n").unwrap_err();
         assert_eq!(e.kind, ParseErrorKind::BadSize("12Q".into()));
         assert!(e.to_string().starts_with("line 1:"));

@@ -213,7 +213,9 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             address_policy,
             ..SimConfig::default()
         });
-        let alloc = T::on_device(device, config);
+        // The recorded device's index (PyTorch's `DeviceIndex` is an i8).
+        let index = start.map_or(0, |s| i8::try_from(s.device).unwrap_or(i8::MAX));
+        let alloc = T::on_device_index(device, config, index);
         let seeded = start.map_or(0, |st| {
             let ids = |v: &[AllocId]| v.len() as u64;
             st.segments.iter().map(|s| ids(&s.2)).sum::<u64>()

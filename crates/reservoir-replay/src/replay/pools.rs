@@ -74,7 +74,10 @@ impl<T: ReplayTarget> Replay<'_, T> {
         if !self.pools.remove(&pool) {
             return Err(self.trace_error(
                 i,
-                format!("release of private pool ({}, {}), which is not in use", pool.0, pool.1),
+                format!(
+                    "release of private pool ({}, {}), which is not in use",
+                    pool.0, pool.1
+                ),
             ));
         }
         self.alloc

@@ -45,6 +45,9 @@ pub struct StartState {
     /// the default pool. Such a pool exists at the start with one use (its
     /// owner), as [`Seeder::seed_segment_in_pool`](reservoir::caching::Seeder::seed_segment_in_pool) makes it.
     pub segment_pools: BTreeMap<usize, PoolPair>,
+    /// The recorded device's index: the allocator serves it, so its
+    /// messages name it (`GPU 1` in an out-of-memory message of device 1).
+    pub device: u32,
 }
 
 impl StartState {

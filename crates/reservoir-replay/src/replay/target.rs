@@ -34,6 +34,17 @@ pub trait ReplayTarget {
     where
         Self: Sized;
 
+    /// A fresh allocator with `config` over `device`, serving device index
+    /// `index` (the `n` of "GPU n" in its messages). By default
+    /// [`on_device`](Self::on_device), whose index is 0.
+    fn on_device_index(device: SimDevice, config: AllocatorConfig, index: i8) -> Self
+    where
+        Self: Sized,
+    {
+        let _ = index;
+        Self::on_device(device, config)
+    }
+
     /// The simulated device it allocates from (the trace's stream ops run on
     /// it, and the reports read its counters).
     fn device(&self) -> &SimDevice;
@@ -144,6 +155,10 @@ fn at_offsets(base: DevicePtr, blocks: &[reservoir::caching::SeededBlock]) -> Ve
 impl ReplayTarget for CachingAllocator<SimDevice> {
     fn on_device(device: SimDevice, config: AllocatorConfig) -> Self {
         CachingAllocator::new(device, config)
+    }
+
+    fn on_device_index(device: SimDevice, config: AllocatorConfig, index: i8) -> Self {
+        CachingAllocator::with_device(device, config, index)
     }
 
     #[inline]

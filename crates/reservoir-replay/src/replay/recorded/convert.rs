@@ -13,13 +13,13 @@ use super::{err, ConvertError, RecordedTrace, SegmentEvent};
 use crate::input::DeviceEvents;
 use crate::oracle_trace::{AllocId, Op, PoolPair, StreamName, Trace};
 use crate::replay::StartState;
+use pools::{PoolTracker, DEFAULT_POOL};
 use reservoir::backend::StreamId;
 use reservoir::caching::rules;
 use reservoir::caching::{SeededBlock, SeededExpandable, SeededSegment};
 use reservoir::config::AllocatorConfig;
 use reservoir::observe::snapshot::SegmentType;
 use reservoir::observe::trace::{TraceAction, TraceEntry};
-use pools::{PoolTracker, DEFAULT_POOL};
 use undo::{
     undo_alloc, undo_expandable_block, undo_free, undo_map, undo_segment_alloc, undo_segment_free,
 };
@@ -442,6 +442,7 @@ impl<'a> Converter<'a> {
         let mut next_id: AllocId = 0;
         let mut live: FxHashMap<u64, (AllocId, u64)> = FxHashMap::default();
         let mut start = StartState {
+            device: dev.device,
             literal_streams: true,
             record_placements: true,
             address_order: true,
@@ -750,10 +751,7 @@ impl Forward<'_> {
             self.pools.segment_free(e);
             return;
         }
-        let run_len = events[i..]
-            .iter()
-            .take_while(|x| release(x.action))
-            .count();
+        let run_len = events[i..].iter().take_while(|x| release(x.action)).count();
         let after = events.get(i + run_len);
         let followed_by_oom = after.is_some_and(|x| x.action == TraceAction::Oom);
         // A flush followed by a new segment that would not have
