@@ -6,6 +6,7 @@
 //!   device replays its `segment_alloc`s exactly.
 //! * A recording of device 1: every out-of-memory message of its replays
 //!   (the recorded setting and the what-ifs) names `GPU 1`.
+//! * `reservoir diff --device A:B`: a different device on each side.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -135,5 +136,68 @@ fn what_if_oom_messages_name_the_device() {
     let text = stdout(&out);
     assert!(text.contains("GPU 1"), "{text}");
     assert!(!text.contains("GPU 0"), "{text}");
+    let _ = std::fs::remove_file(path);
+}
+
+/// `reservoir diff F F --device 0:1`: device 0 of the first file against
+/// device 1 of the second (here one file of two ranks); `--device N`
+/// still picks N on both sides; a bad pair is refused, naming it.
+#[test]
+fn diff_compares_a_different_device_on_each_side() {
+    let mut snap = recording(0, "");
+    // Device 1 holds 10 MiB more at its peak.
+    let one = {
+        let dev = SimDevice::new(SimConfig::default());
+        let alloc = CachingAllocator::with_device(dev, AllocatorConfig::default(), 1);
+        alloc.record_history(Some(usize::MAX));
+        for mib in [4, 30, 6, 50, 8, 10] {
+            alloc.raw_alloc(mib * MIB - 64, StreamId::DEFAULT).unwrap();
+        }
+        alloc.snapshot(None)
+    };
+    snap.segments.extend(one.segments);
+    let trace0 = snap.device_traces[0].clone();
+    snap.device_traces = vec![trace0, one.device_traces[1].clone()];
+    let path = tmp("ranks.pickle");
+    std::fs::write(&path, snap.to_pickle().unwrap()).unwrap();
+    let p = path.to_str().unwrap();
+
+    let diff = |device: &str| -> Value {
+        let out = reservoir(&["diff", p, p, "--device", device, "--json", "-"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str(&stdout(&out)).expect("the JSON parses")
+    };
+    let v = diff("0:1");
+    assert_eq!(
+        (&v["a"]["device"], &v["b"]["device"]),
+        (&0.into(), &1.into())
+    );
+    let (a, b) = (
+        v["a"]["peak_allocated"].as_u64().unwrap(),
+        v["b"]["peak_allocated"].as_u64().unwrap(),
+    );
+    assert!(b > a, "{v}");
+    assert_eq!(
+        v["peak_allocated"]["delta"].as_i64().unwrap(),
+        b as i64 - a as i64
+    );
+    for side in ["a", "b"] {
+        assert_eq!(v[side]["source"], "recording", "{side}: {v}");
+    }
+    let v = diff("1");
+    assert_eq!(
+        (&v["a"]["device"], &v["b"]["device"]),
+        (&1.into(), &1.into())
+    );
+    assert_eq!(v["peak_allocated"]["delta"], 0);
+    for bad in ["0:x", "1:2:3", "300", ":1"] {
+        let out = reservoir(&["diff", p, p, "--device", bad]);
+        assert!(!out.status.success(), "{bad}");
+        assert!(
+            stderr(&out).contains("is not a device index"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
     let _ = std::fs::remove_file(path);
 }
