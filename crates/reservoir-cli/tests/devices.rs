@@ -8,7 +8,7 @@
 //!   (the recorded setting and the what-ifs) names `GPU 1`.
 //! * `reservoir diff --device A:B`: a different device on each side.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ fn recording(index: i8, conf: &str) -> Snapshot {
 }
 
 /// `reservoir replay FILE --json ARGS...`, parsed.
-fn replay_json(path: &PathBuf, extra: &[&str]) -> Vec<Value> {
+fn replay_json(path: &Path, extra: &[&str]) -> Vec<Value> {
     let mut args = vec!["replay", path.to_str().unwrap(), "--json"];
     args.extend_from_slice(extra);
     let out = reservoir(&args);
