@@ -308,7 +308,7 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
                 .map(|unit| -> Result<Result<Vec<CompareInput>, Skipped>> {
                     match unit {
                         Unit::File { path, rel } => {
-                            let (recorded, devices, _) = match convert_file(path, None) {
+                            let (_, devices, _) = match convert_file(path, None) {
                                 Ok(v) => v,
                                 Err(e) => {
                                     let why = crate::error_chain(&e);
@@ -317,21 +317,19 @@ fn inputs(args: &CompareArgs) -> Result<(Vec<CompareInput>, Vec<Skipped>)> {
                                     return Ok(Err((rel.clone(), why)));
                                 }
                             };
-                            let settings = settings_for(&recorded)?;
-                            Ok(Ok(devices
-                                .into_iter()
-                                .map(|Converted { device, rec, .. }| {
-                                    let rec = rec.with_start(StartMode::Cold);
-                                    capacity(CompareInput {
-                                        name: format!("{rel}#{device}"),
-                                        capacity: rec.capacity.unwrap_or(DEFAULT_CAPACITY),
-                                        start: Some(rec.start),
-                                        trace: rec.trace,
-                                        settings: settings.clone(),
-                                        max_ooms: None,
-                                    })
-                                })
-                                .collect()))
+                            // Each device with its own recorded settings.
+                            let each = |c: Converted| -> Result<CompareInput> {
+                                let rec = c.rec.with_start(StartMode::Cold);
+                                Ok(capacity(CompareInput {
+                                    name: format!("{rel}#{}", c.device),
+                                    capacity: rec.capacity.unwrap_or(DEFAULT_CAPACITY),
+                                    start: Some(rec.start),
+                                    trace: rec.trace,
+                                    settings: settings_for(&c.config)?,
+                                    max_ooms: None,
+                                }))
+                            };
+                            Ok(Ok(devices.into_iter().map(each).collect::<Result<_>>()?))
                         }
                         Unit::Workload(spec) => {
                             let (w, ops) = crate::load_workload_counted(spec)?;

@@ -61,9 +61,11 @@ pub(crate) struct DiffArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_TOP)]
     top: usize,
 
-    /// The device of each file (default: the first with trace entries).
-    #[arg(long, value_name = "N")]
-    device: Option<u32>,
+    /// The device of each file: `N` for both, `A:B` for device A of the
+    /// first file and device B of the second (two ranks recorded as devices
+    /// of one machine). Default: the first device with trace entries.
+    #[arg(long, value_name = "N|A:B", value_parser = parse_devices)]
+    device: Option<(u32, u32)>,
 
     /// Simulated device capacity (as `reservoir replay --capacity`).
     /// Default: each file's inferred capacity (its OOMs reproduced), else
@@ -77,14 +79,38 @@ pub(crate) struct DiffArgs {
     torch: Option<TorchRelease>,
 }
 
-/// One file loaded and measured.
-fn measure(path: &Path, args: &DiffArgs) -> Result<(Measured, Option<String>)> {
-    let (recorded, devices, _, _) = convert_file_as(path, args.device, args.torch)?;
+/// `--device N` (both files) or `--device A:B` (device A of the first file,
+/// B of the second): each a device index of at most 255.
+fn parse_devices(s: &str) -> Result<(u32, u32), String> {
+    let one = |v: &str| -> Result<u32, String> {
+        match v.trim().parse::<u32>() {
+            Ok(n) if n <= 255 => Ok(n),
+            _ => Err(format!(
+                "{v:?} is not a device index (0 to 255): expected N, or A:B for device A of the \
+                 first file and B of the second"
+            )),
+        }
+    };
+    match s.split_once(':') {
+        Some((a, b)) => Ok((one(a)?, one(b)?)),
+        None => one(s).map(|n| (n, n)),
+    }
+}
+
+/// One file loaded and measured: device `device` of it, else the first
+/// with trace entries.
+fn measure(
+    path: &Path,
+    device: Option<u32>,
+    args: &DiffArgs,
+) -> Result<(Measured, Option<String>)> {
+    let (_, devices, _, _) = convert_file_as(path, device, args.torch)?;
     let more = devices.len() > 1;
     let Some(Converted {
         rec,
         recorder,
         device,
+        config: recorded,
         ..
     }) = devices.into_iter().next()
     else {
@@ -92,7 +118,8 @@ fn measure(path: &Path, args: &DiffArgs) -> Result<(Measured, Option<String>)> {
     };
     if more {
         eprintln!(
-            "note: {} has traces of several devices; comparing device {device} (--device N picks one)",
+            "note: {} has traces of several devices; comparing device {device} (--device N, or \
+             A:B for each file, picks one)",
             path.display()
         );
     }
@@ -121,8 +148,8 @@ pub(crate) fn cmd_diff(args: DiffArgs) -> Result<()> {
     if args.capacity == Some(0) {
         bail!("--capacity must be more than 0 bytes");
     }
-    let (a, note_a) = measure(&args.a, &args)?;
-    let (b, note_b) = measure(&args.b, &args)?;
+    let (a, note_a) = measure(&args.a, args.device.map(|d| d.0), &args)?;
+    let (b, note_b) = measure(&args.b, args.device.map(|d| d.1), &args)?;
     let d = diff::compare(a, b, args.top);
     // Who recorded each file, when not PyTorch's CUDA allocator.
     let notes: Vec<String> = if note_a.is_some() && note_a == note_b {

@@ -624,6 +624,10 @@ struct RecordedInput {
 /// One device trace of a recorded file, converted.
 struct Converted {
     device: u32,
+    /// The recorded settings string of the device (PyTorch mode): the
+    /// file's, with what a foreign recorder's device shows added
+    /// ([`Detection::recorded_config`]).
+    config: String,
     /// Recorded trace entries of the device.
     events: u64,
     rec: RecordedTrace,
@@ -636,7 +640,8 @@ struct Converted {
 type Skipped = std::collections::BTreeMap<String, u64>;
 
 /// Load `path` and convert the trace of each device with trace entries
-/// (only `device`, when given); also returns the recorded settings string
+/// (only `device`, when given), each under its own recorded settings
+/// (`Converted::config`); also returns the file's recorded settings string
 /// and the entries skipped for an unknown action, which are warned about
 /// once on standard error.
 fn convert_file(
@@ -666,23 +671,21 @@ fn convert_file_as(
     let input = loaded.to_trace_input();
     let (recorded, choice) = recorded_setting_as(&loaded, &input, torch);
     let recorder = recorder::detect(&loaded);
-    let recorded = ReplaySetting::new(
-        recorded.name.clone(),
-        recorder.recorded_config(&loaded, &recorded.config),
-    );
-    let config = recorded
-        .allocator_config()
-        .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
     let mut out = Vec::new();
     for dev in &input.devices {
         if device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
             continue;
         }
+        let dev_config = recorder.recorded_config(&loaded, &recorded.config, dev.device);
+        let config = ReplaySetting::new(recorded.name.clone(), dev_config.clone())
+            .allocator_config()
+            .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
         let mut rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
             .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
         recorder.model(&mut rec);
         out.push(Converted {
             device: dev.device,
+            config: dev_config,
             events: dev.events.len() as u64,
             rec,
             recorder: recorder.clone(),
@@ -703,16 +706,17 @@ fn convert_file_as(
 
 /// Load `path` and convert the trace of each selected device.
 fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
-    let (recorded, devices, skipped, torch) = convert_file_as(path, args.device, args.torch)?;
-    let settings = settings(args, Some(&recorded))?;
+    let (_, devices, skipped, torch) = convert_file_as(path, args.device, args.torch)?;
     let mut out = Vec::new();
     for Converted {
         events,
         rec,
         recorder,
+        config,
         ..
     } in devices
     {
+        let settings = settings(args, Some(&config))?;
         let live_at_start = rec.live_at_start_count();
         let rec = rec.with_start(args.start);
         let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
@@ -721,7 +725,7 @@ fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<Record
             live_at_start,
             events,
             rec,
-            settings: settings.clone(),
+            settings,
             capacity,
             skipped: skipped.clone(),
             torch: torch.clone(),
@@ -774,6 +778,14 @@ fn cmd_convert(args: ConvertArgs) -> Result<()> {
          compare segment events after them",
         prelude.ops, prelude.segments
     ));
+    if prelude.pool_ops_dropped > 0 {
+        header.push(format!(
+            "{} private-pool ops (p, x) left out and e <pool> written as e: oracle_replay.py \
+             has no private pools, so allocations of MemPools and graph pools run in the \
+             default pool here (`reservoir replay` keeps the pools)",
+            prelude.pool_ops_dropped
+        ));
+    }
     let trace = reservoir_replay::oracle_trace::Trace::from_ops(trace.ops, header);
     // A temporary file renamed into place: a failed write keeps what was
     // there (reservoir::outfile, issue 44 G1).

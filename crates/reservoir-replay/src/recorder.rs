@@ -184,19 +184,24 @@ pub fn detect(loaded: &LoadedInput) -> Detection {
 }
 
 impl Detection {
-    /// The settings string to replay a recording with in PyTorch mode:
-    /// `config` (the recorded settings), with `expandable_segments:True`
-    /// added for a foreign recorder whose snapshot records no settings but
-    /// shows expandable segments (`is_expandable` segments or
-    /// `segment_map` entries).
-    pub fn recorded_config(&self, loaded: &LoadedInput, config: &str) -> String {
+    /// The settings string to replay device `device` of a recording with
+    /// in PyTorch mode: `config` (the recorded settings), with
+    /// `expandable_segments:True` added for a foreign recorder whose
+    /// snapshot records no settings but shows expandable segments on that
+    /// device (`is_expandable` segments or `segment_map` entries of its
+    /// trace). Each device is judged by its own segments: a device that
+    /// mapped nothing keeps `config`.
+    pub fn recorded_config(&self, loaded: &LoadedInput, config: &str, device: u32) -> String {
         let Some(snap) = loaded.snapshot() else {
             return config.to_string();
         };
-        let expandable = snap.segments.iter().any(|s| s.is_expandable == Some(true))
+        let expandable = snap
+            .segments_of(device)
+            .any(|s| s.is_expandable == Some(true))
             || snap
                 .device_traces
-                .iter()
+                .get(device as usize)
+                .into_iter()
                 .flatten()
                 .any(|e| e.action == TraceAction::SegmentMap);
         if self.recorder.is_foreign() && snap.allocator_settings.is_none() && expandable {

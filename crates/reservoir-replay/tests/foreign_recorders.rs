@@ -38,13 +38,16 @@ fn replay(file: &str, model: bool) -> (ReplayReport, Fidelity) {
     let input = loaded.to_trace_input();
     let (setting, _) = recorded_setting_as(&loaded, &input, None);
     let d = recorder::detect(&loaded);
+    let dev = &input.devices[0];
     let setting = if model {
-        ReplaySetting::new("pytorch", d.recorded_config(&loaded, &setting.config))
+        ReplaySetting::new(
+            "pytorch",
+            d.recorded_config(&loaded, &setting.config, dev.device),
+        )
     } else {
         setting
     };
     let config = setting.allocator_config().unwrap();
-    let dev = &input.devices[0];
     let mut rec = convert(dev, &config, input.addresses == AddressKind::Synthetic).unwrap();
     if model {
         d.model(&mut rec);
@@ -83,7 +86,8 @@ fn torch_npu_recordings_are_recognised_by_their_padding() {
         } else {
             ""
         };
-        assert_eq!(d.recorded_config(&loaded, ""), expect, "{file}");
+        let device = loaded.to_trace_input().devices[0].device;
+        assert_eq!(d.recorded_config(&loaded, "", device), expect, "{file}");
     }
 }
 

@@ -626,6 +626,11 @@ fn replay(g: &Golden, trace: &Trace, check_each_op: bool) -> Result<Replay, Stri
                 dev.destroy_event(ev)
                     .map_err(|e| at(format!("destroy_event: {e}")))?;
             }
+            // Private-pool ops come from recorded snapshots, never from
+            // the oracle's traces.
+            Op::UsePool { .. } | Op::ReleasePool { .. } | Op::EmptyPool { .. } => {
+                return Err(at("a private-pool op in an oracle trace".into()));
+            }
         }
         if check_each_op {
             alloc

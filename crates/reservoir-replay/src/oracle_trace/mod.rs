@@ -18,7 +18,12 @@
 //!   | `h <stream>` / `u <stream>` | hold / release the stream |
 //!   | `y [<stream>]` | synchronize the stream, or the device |
 //!   | `w <s1> <s2>` | `s1.wait_stream(s2)` |
+//!   | `p <first> <second>` | allocations from now on go to that private pool (`torch.cuda.MemPool`, a CUDA graph's pool), created on first use; `p 0 0`: back to the default pool |
+//!   | `x <first> <second>` | the private pool's owner is gone (`releasePool`: a `MemPool` destroyed, a graph reset) |
+//!   | `e <first> <second>` | `emptyCache(pool)`: the cached memory of that released private pool |
 //!
+//!   The pool ops are Reservoir's own (recorded snapshots carry pool ids):
+//!   `oracle_replay.py` does not read them.
 //!   `#` starts a comment; blank lines are ignored. Op indices (the `op`
 //!   fields of the oracle's output) count ops only, not comments or blank lines.
 //! * [`Trace::parse`] with typed errors naming the line ([`ParseError`]), and
@@ -155,7 +160,32 @@ pub enum Op {
         /// The stream waited for (`s2`).
         waited: StreamName,
     },
+    /// `p <first> <second>`: allocations from now on go to the private pool
+    /// with this id (PyTorch's `MempoolId_t`), created on first use
+    /// (`beginAllocateToPool`); `p 0 0` ends that (`endAllocateToPool`)
+    /// and allocations go to the default pool again.
+    UsePool {
+        /// The pool; `(0, 0)` is the default pool.
+        pool: PoolPair,
+    },
+    /// `x <first> <second>`: the private pool's owner is gone
+    /// (`releasePool`: a `MemPool` destroyed, a CUDA graph reset); its
+    /// cached memory goes back to the device at the next `e`.
+    ReleasePool {
+        /// The pool.
+        pool: PoolPair,
+    },
+    /// `e <first> <second>`: `emptyCache(pool)`: the cached memory of that
+    /// private pool, once released, goes back to the device.
+    EmptyPool {
+        /// The pool.
+        pool: PoolPair,
+    },
 }
+
+/// A memory pool id as PyTorch writes it (`MempoolId_t`, the `pool_id` of
+/// a snapshot): `(0, 0)` is the default pool.
+pub type PoolPair = (u64, u64);
 
 impl Op {
     /// The op's letter in the text format.
@@ -171,6 +201,9 @@ impl Op {
             Op::Release { .. } => 'u',
             Op::Sync { .. } => 'y',
             Op::Wait { .. } => 'w',
+            Op::UsePool { .. } => 'p',
+            Op::ReleasePool { .. } => 'x',
+            Op::EmptyPool { .. } => 'e',
         }
     }
 }
@@ -205,6 +238,9 @@ impl fmt::Display for Op {
             Op::Sync { stream: None } => f.write_str("y"),
             Op::Sync { stream: Some(s) } => write!(f, "y {s}"),
             Op::Wait { waiter, waited } => write!(f, "w {waiter} {waited}"),
+            Op::UsePool { pool: (a, b) } => write!(f, "p {a} {b}"),
+            Op::ReleasePool { pool: (a, b) } => write!(f, "x {a} {b}"),
+            Op::EmptyPool { pool: (a, b) } => write!(f, "e {a} {b}"),
         }
     }
 }
@@ -229,6 +265,8 @@ pub enum ParseErrorKind {
     /// A size is not a non-negative integer, or a number with a `K/M/G/T`
     /// suffix, or does not fit in 64 bits.
     BadSize(String),
+    /// A pool id field is not a non-negative integer.
+    BadPool(String),
 }
 
 impl fmt::Display for ParseErrorKind {
@@ -244,6 +282,7 @@ impl fmt::Display for ParseErrorKind {
             }
             ParseErrorKind::BadId(w) => write!(f, "bad allocation id {w:?}"),
             ParseErrorKind::BadSize(w) => write!(f, "bad size {w:?}"),
+            ParseErrorKind::BadPool(w) => write!(f, "bad pool id {w:?}"),
         }
     }
 }
@@ -372,6 +411,9 @@ impl Trace {
                 Op::Alloc { stream: None, .. }
                 | Op::Free { .. }
                 | Op::EmptyCache
+                | Op::UsePool { .. }
+                | Op::ReleasePool { .. }
+                | Op::EmptyPool { .. }
                 | Op::Sync { stream: None } => {}
             }
         }
@@ -424,8 +466,22 @@ fn parse_line(body: &str) -> Result<Op, ParseErrorKind> {
             }
         }
         "e" => {
-            arity('e', n == 0, "no")?;
-            Op::EmptyCache
+            arity('e', n == 0 || n == 2, "0 or 2")?;
+            match n {
+                0 => Op::EmptyCache,
+                _ => Op::EmptyPool {
+                    pool: parse_pool(p[1], p[2])?,
+                },
+            }
+        }
+        "p" | "x" => {
+            let c = word.chars().next().unwrap_or('?');
+            arity(c, n == 2, "2")?;
+            let pool = parse_pool(p[1], p[2])?;
+            match c {
+                'p' => Op::UsePool { pool },
+                _ => Op::ReleasePool { pool },
+            }
         }
         "s" | "h" | "u" => {
             let c = word.chars().next().unwrap_or('?');
@@ -470,6 +526,15 @@ fn parse_line(body: &str) -> Result<Op, ParseErrorKind> {
         }
         other => return Err(ParseErrorKind::UnknownOp(other.to_string())),
     })
+}
+
+/// A pool id: two non-negative integers.
+fn parse_pool(a: &str, b: &str) -> Result<PoolPair, ParseErrorKind> {
+    let num = |s: &str| {
+        s.parse::<u64>()
+            .map_err(|_| ParseErrorKind::BadPool(s.to_string()))
+    };
+    Ok((num(a)?, num(b)?))
 }
 
 fn parse_id(s: &str) -> Result<AllocId, ParseErrorKind> {
@@ -526,9 +591,14 @@ mod tests {
                     a 1 1000\n\
                     a 2 3M side   # comment\n\
                     \n\
-                    f 1\ne\ns default\nr 2 0\nk side 2 3\nk side\nh side\nu side\ny\ny side\nw 0 side\n";
+                    f 1\ne\ns default\nr 2 0\nk side 2 3\nk side\nh side\nu side\ny\ny side\nw 0 side\n\
+                    p 0 1\np 0 0\nx 0 1\ne 0 1\n";
         let t = Trace::parse(text).unwrap();
-        assert_eq!(t.ops.len(), 13);
+        assert_eq!(t.ops.len(), 17);
+        assert_eq!(t.ops[13], Op::UsePool { pool: (0, 1) });
+        assert_eq!(t.ops[14], Op::UsePool { pool: (0, 0) });
+        assert_eq!(t.ops[15], Op::ReleasePool { pool: (0, 1) });
+        assert_eq!(t.ops[16], Op::EmptyPool { pool: (0, 1) });
         assert_eq!(t.lines[0], 2);
         assert_eq!(t.lines[2], 5);
         assert_eq!(
@@ -571,6 +641,17 @@ mod tests {
         ));
         let e = Trace::parse("f x\n").unwrap_err();
         assert_eq!(e.kind, ParseErrorKind::BadId("x".into()));
+        let e = Trace::parse("p 1 z\n").unwrap_err();
+        assert_eq!(e.kind, ParseErrorKind::BadPool("z".into()));
+        let e = Trace::parse("x 1\n").unwrap_err();
+        assert!(matches!(
+            e.kind,
+            ParseErrorKind::WrongFieldCount {
+                op: 'x',
+                found: 1,
+                ..
+            }
+        ));
         let e = Trace::parse("a 1 12Q\n").unwrap_err();
         assert_eq!(e.kind, ParseErrorKind::BadSize("12Q".into()));
         assert!(e.to_string().starts_with("line 1:"));

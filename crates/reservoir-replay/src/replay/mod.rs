@@ -24,6 +24,7 @@
 //! | `h` / `u <stream>` | [`SimDevice::hold_stream`] / [`SimDevice::release_stream`] |
 //! | `y [<stream>]` | [`SimDevice::synchronize_stream`] / [`SimDevice::synchronize_all`] |
 //! | `w <s1> <s2>` | an event recorded on `s2`, waited for by `s1` (`wait_stream`) |
+//! | `p <pool>` / `x <pool>` / `e <pool>` | [`CachingAllocator::begin_allocate_to_pool`] (every allocation) and [`CachingAllocator::end_allocate_to_pool`] around each run of allocations in a private pool / [`CachingAllocator::release_pool`] / [`CachingAllocator::empty_cache_pool`] (see `pools.rs`) |
 //!
 //! Streams are named in traces; [`StreamTable::resolve`] maps names to
 //! [`StreamId`]s: `0`/`default` is [`StreamId::DEFAULT`], other names are
@@ -62,6 +63,7 @@ pub mod explain;
 pub mod lints;
 mod live;
 mod measure;
+mod pools;
 pub mod recorded;
 mod report;
 mod run;
@@ -123,6 +125,10 @@ pub struct Replay<'t, T: ReplayTarget = CachingAllocator<SimDevice>> {
     scan_credit_per_op: u64,
     last_scan_cost: u64,
     sampler: Sampler,
+    /// The private pool allocations are routed to now.
+    routing: pools::PoolRouting,
+    /// The private pools created and not released.
+    pools: std::collections::BTreeSet<reservoir::ids::MempoolId>,
 }
 
 impl<T: ReplayTarget> std::fmt::Debug for Replay<'_, T> {
@@ -207,7 +213,9 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             address_policy,
             ..SimConfig::default()
         });
-        let alloc = T::on_device(device, config);
+        // The recorded device's index (PyTorch's `DeviceIndex` is an i8).
+        let index = start.map_or(0, |s| i8::try_from(s.device).unwrap_or(i8::MAX));
+        let alloc = T::on_device_index(device, config, index);
         let seeded = start.map_or(0, |st| {
             let ids = |v: &[AllocId]| v.len() as u64;
             st.segments.iter().map(|s| ids(&s.2)).sum::<u64>()
@@ -220,6 +228,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             StreamTable::new()
         };
         let mut seed_driver_time_ns = 0;
+        let mut pools = std::collections::BTreeSet::new();
         if let Some(st) = start {
             alloc.rank_segments_by_address(st.address_order);
             // Name each segment's stream once per run of segments on it.
@@ -232,9 +241,14 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             };
             for (k, (_, seg, ids)) in st.segments.iter().enumerate() {
                 name_stream(&mut streams, seg.stream);
-                let ptrs = alloc
-                    .seed_segment_blocks(seg)
-                    .map_err(|source| ReplayError::Seed { segment: k, source })?;
+                let ptrs = match st.segment_pools.get(&k) {
+                    Some(&(a, b)) => {
+                        pools.insert(reservoir::ids::MempoolId(a, b));
+                        alloc.seed_segment_blocks_in_pool(seg, reservoir::ids::MempoolId(a, b))
+                    }
+                    None => alloc.seed_segment_blocks(seg),
+                }
+                .map_err(|source| ReplayError::Seed { segment: k, source })?;
                 for (&id, ptr) in ids.iter().zip(ptrs) {
                     live.set(id, IdState::Live(ptr));
                 }
@@ -291,6 +305,8 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             scan_credit_per_op: SCAN_CREDIT_PER_OP,
             last_scan_cost: 0,
             sampler: Sampler::new(trace.ops.len(), options.max_samples.max(2)),
+            routing: pools::PoolRouting::default(),
+            pools,
         })
     }
 
@@ -448,6 +464,9 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
                     .map_err(|e| self.device_error(i, e))
             }
             Op::Wait { waiter, waited } => self.op_wait(i, waiter, waited),
+            Op::UsePool { pool } => self.op_use_pool(i, *pool),
+            Op::ReleasePool { pool } => self.op_release_pool(i, *pool),
+            Op::EmptyPool { pool } => self.op_empty_pool(i, *pool),
         }
     }
 

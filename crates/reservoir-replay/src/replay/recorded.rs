@@ -45,6 +45,11 @@
 //! | first `segment_free` / `segment_unmap` of a run not followed by an `oom`, nor (when the capacity is known) by a `segment_alloc` / `segment_map` that would not fit on the device without the run | `e` (a user's `empty_cache()`, trap 5; the other runs are the allocator's free-and-retry) |
 //! | `segment_alloc` | its address is scripted for the device |
 //! | `segment_map` / `segment_unmap` | nothing (the allocator maps and unmaps by itself); the first map of a reservation not reserved at that time scripts its base |
+//! | an allocation (`alloc`, `oom`) in another pool than the one before it (`pool_id`, torch 2.15+; else the pool of its segment) | `p <pool>` before it: allocations go to that private pool (`torch.cuda.MemPool`, a CUDA graph's pool), or back to the default pool |
+//! | the first `segment_free` / `segment_unmap` of a private pool in use | `x <pool>` before it (a private pool's memory is freed only once released); a run of them all of one private pool that is the user's `empty_cache()` is `e <pool>` (`emptyCache(pool)`, as `~MemPool` calls it) rather than `e` |
+//!
+//! Segments of private pools (`segment_pool_id`) in the start state are
+//! seeded into their pools (each created with one use, its owner's).
 //!
 //! Every inconsistency (freeing an address that is not allocated, an
 //! allocation inside no segment, overlapping blocks...) is a
@@ -491,6 +496,10 @@ pub struct Prelude {
     /// Segments it allocates (their `segment_alloc` events come first in
     /// the oracle's output).
     pub segments: usize,
+    /// Private-pool ops of the recorded trace left out (`p`, `x`; an
+    /// `e <pool>` becomes `e`): `oracle_replay.py` has no private pools,
+    /// so there those allocations run in the default pool.
+    pub pool_ops_dropped: usize,
 }
 
 /// The recorded trace in the oracle's text format, for PyTorch's real
@@ -501,7 +510,8 @@ pub struct Prelude {
 /// and per free gap in address order, so each lands at its offset (gaps of
 /// small-pool segments are allocated in pieces of at most 1 MiB); when
 /// every segment is laid out, the gap allocations are freed. The trace's
-/// own ops follow, with the same ids.
+/// own ops follow, with the same ids, less its private-pool ops
+/// ([`Prelude::pool_ops_dropped`]).
 pub fn oracle_trace(rec: &RecordedTrace) -> (Trace, Prelude) {
     let max_id = rec
         .trace
@@ -570,10 +580,17 @@ pub fn oracle_trace(rec: &RecordedTrace) -> (Trace, Prelude) {
         }
     }
     ops.extend(gaps.into_iter().map(|id| Op::Free { id }));
-    let prelude = Prelude {
+    let mut prelude = Prelude {
         ops: ops.len(),
         segments: rec.start.segments.len(),
+        pool_ops_dropped: 0,
     };
-    ops.extend(rec.trace.ops.iter().cloned());
+    for op in &rec.trace.ops {
+        match op {
+            Op::UsePool { .. } | Op::ReleasePool { .. } => prelude.pool_ops_dropped += 1,
+            Op::EmptyPool { .. } => ops.push(Op::EmptyCache),
+            op => ops.push(op.clone()),
+        }
+    }
     (Trace::from_ops(ops, Vec::new()), prelude)
 }

@@ -1,9 +1,11 @@
 //! What a replay starts from: the allocator state of a trace that starts
 //! mid-run ([`StartState`]) and the names of its streams ([`StreamTable`]).
 
+use std::collections::BTreeMap;
+
 use rustc_hash::FxHashMap;
 
-use crate::oracle_trace::{AllocId, StreamName};
+use crate::oracle_trace::{AllocId, PoolPair, StreamName};
 use reservoir::backend::StreamId;
 use reservoir::caching::{SeededBlock, SeededExpandable, SeededSegment};
 
@@ -37,6 +39,15 @@ pub struct StartState {
     /// recorded traces show (see
     /// [`Seeder::rank_segments_by_address`](reservoir::caching::Seeder::rank_segments_by_address)).
     pub address_order: bool,
+    /// The private pool (a recorded `segment_pool_id` other than `(0, 0)`:
+    /// a `torch.cuda.MemPool`, a CUDA graph's pool) of each segment of
+    /// `segments` that has one, by index in `segments`; the others are in
+    /// the default pool. Such a pool exists at the start with one use (its
+    /// owner), as [`Seeder::seed_segment_in_pool`](reservoir::caching::Seeder::seed_segment_in_pool) makes it.
+    pub segment_pools: BTreeMap<usize, PoolPair>,
+    /// The recorded device's index: the allocator serves it, so its
+    /// messages name it (`GPU 1` in an out-of-memory message of device 1).
+    pub device: u32,
 }
 
 impl StartState {

@@ -14,12 +14,13 @@
 
 use reservoir::backend::{DevicePtr, StreamId};
 use reservoir::caching::{
-    CachingAllocator, SeedError, SeededExpandable, SeededSegment, StreamShards,
+    CachingAllocator, PoolFilter, SeedError, SeededExpandable, SeededSegment, StreamShards,
 };
 use reservoir::config::heap::HeapSettings;
 use reservoir::config::AllocatorConfig;
 use reservoir::error::AllocError;
 use reservoir::heap::{HeapAllocator, UsageFlags};
+use reservoir::ids::MempoolId;
 use reservoir::observe::snapshot::{LayoutSummary, Segment};
 use reservoir::sim::SimDevice;
 use reservoir::stats::DeviceStats;
@@ -32,6 +33,17 @@ pub trait ReplayTarget {
     fn on_device(device: SimDevice, config: AllocatorConfig) -> Self
     where
         Self: Sized;
+
+    /// A fresh allocator with `config` over `device`, serving device index
+    /// `index` (the `n` of "GPU n" in its messages). By default
+    /// [`on_device`](Self::on_device), whose index is 0.
+    fn on_device_index(device: SimDevice, config: AllocatorConfig, index: i8) -> Self
+    where
+        Self: Sized,
+    {
+        let _ = index;
+        Self::on_device(device, config)
+    }
 
     /// The simulated device it allocates from (the trace's stream ops run on
     /// it, and the reports read its counters).
@@ -48,6 +60,41 @@ pub trait ReplayTarget {
 
     /// Mark an allocation as used on `stream` (`record_stream`).
     fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError>;
+
+    /// Route every allocation from now on to the private pool `pool`,
+    /// creating it or adding a use (`beginAllocateToPool`). An allocator
+    /// without private pools (the default) allocates to its one pool.
+    fn begin_allocate_to_pool(&self, _pool: MempoolId) -> Result<(), AllocError> {
+        Ok(())
+    }
+
+    /// Stop routing allocations to `pool` (`endAllocateToPool`).
+    fn end_allocate_to_pool(&self, _pool: MempoolId) -> Result<(), AllocError> {
+        Ok(())
+    }
+
+    /// Drop one use of `pool` (`releasePool`).
+    fn release_pool(&self, _pool: MempoolId) -> Result<(), AllocError> {
+        Ok(())
+    }
+
+    /// Release the cached memory of the released private pool `pool`
+    /// (`emptyCache(pool)`); an allocator without private pools empties its
+    /// whole cache.
+    fn empty_cache_pool(&self, _pool: MempoolId) -> Result<(), AllocError> {
+        self.empty_cache()
+    }
+
+    /// [`seed_segment_blocks`](Self::seed_segment_blocks) into the private
+    /// pool `pool` (created with one use when new); an allocator without
+    /// private pools seeds it into its one pool.
+    fn seed_segment_blocks_in_pool(
+        &self,
+        seg: &SeededSegment,
+        _pool: MempoolId,
+    ) -> Result<Vec<DevicePtr>, SeedError> {
+        self.seed_segment_blocks(seg)
+    }
 
     /// The statistics (`memory_stats`).
     fn stats(&self) -> DeviceStats;
@@ -110,6 +157,10 @@ impl ReplayTarget for CachingAllocator<SimDevice> {
         CachingAllocator::new(device, config)
     }
 
+    fn on_device_index(device: SimDevice, config: AllocatorConfig, index: i8) -> Self {
+        CachingAllocator::with_device(device, config, index)
+    }
+
     #[inline]
     fn device(&self) -> &SimDevice {
         self.backend()
@@ -131,6 +182,33 @@ impl ReplayTarget for CachingAllocator<SimDevice> {
 
     fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
         CachingAllocator::record_stream(self, ptr, stream)
+    }
+
+    /// Every allocation goes to the pool (a replay runs on one thread).
+    fn begin_allocate_to_pool(&self, pool: MempoolId) -> Result<(), AllocError> {
+        let all = PoolFilter::Custom(std::sync::Arc::new(|_| true));
+        CachingAllocator::begin_allocate_to_pool(self, pool, all)
+    }
+
+    fn end_allocate_to_pool(&self, pool: MempoolId) -> Result<(), AllocError> {
+        CachingAllocator::end_allocate_to_pool(self, pool)
+    }
+
+    fn release_pool(&self, pool: MempoolId) -> Result<(), AllocError> {
+        CachingAllocator::release_pool(self, pool)
+    }
+
+    fn empty_cache_pool(&self, pool: MempoolId) -> Result<(), AllocError> {
+        CachingAllocator::empty_cache_pool(self, pool)
+    }
+
+    fn seed_segment_blocks_in_pool(
+        &self,
+        seg: &SeededSegment,
+        pool: MempoolId,
+    ) -> Result<Vec<DevicePtr>, SeedError> {
+        let base = self.seeder().seed_segment_in_pool(seg, pool)?;
+        Ok(at_offsets(base, &seg.blocks))
     }
 
     fn stats(&self) -> DeviceStats {

@@ -122,6 +122,22 @@ impl DeviceState {
         }
     }
 
+    /// The small or large pool slot of the private pool `id`, which is
+    /// created (one use) when it does not exist.
+    pub(crate) fn private_pool_slot(&mut self, id: MempoolId, small: bool) -> PoolId {
+        if self.private.get(id).is_none() {
+            let s = self.new_pool_slot(true, id);
+            let l = self.new_pool_slot(false, id);
+            self.private.create(id, s, l);
+        }
+        let p = self.private.get(id).expect("created above");
+        if small {
+            p.small()
+        } else {
+            p.large()
+        }
+    }
+
     pub(crate) fn erase_private_pool(&mut self, id: MempoolId) {
         for slot in self.private.erase(id).into_iter().flatten() {
             self.pools[slot as usize].disown();

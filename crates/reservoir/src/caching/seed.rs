@@ -20,6 +20,7 @@ use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
+use crate::ids::MempoolId;
 use crate::observe::snapshot::LayoutSummary;
 use crate::observe::trace::{Context, Frame, RecordContext};
 use crate::stats::StatType;
@@ -138,6 +139,27 @@ impl<B: Backend> Seeder<'_, B> {
     /// order keep PyTorch's tie-break among equal free blocks (lowest
     /// address first). Nothing changes when an error is returned.
     pub fn seed_segment(&self, seg: &SeededSegment) -> Result<DevicePtr, SeedError> {
+        self.seed_segment_in_pool(seg, MempoolId::DEFAULT)
+    }
+
+    /// [`seed_segment`](Self::seed_segment) into the private pool `owner`
+    /// (a recorded `segment_pool_id`; `MempoolId::DEFAULT` is the default
+    /// pool), creating that pool with one use when it does not exist, as
+    /// `torch.cuda.MemPool()` does: its blocks serve only allocations
+    /// routed to it ([`begin_allocate_to_pool`](CachingAllocator::begin_allocate_to_pool)),
+    /// and its memory goes back to the device only once it is released
+    /// ([`release_pool`](CachingAllocator::release_pool)). A pool released
+    /// and waiting to be freed is [`SeedError::Layout`].
+    pub fn seed_segment_in_pool(
+        &self,
+        seg: &SeededSegment,
+        owner: MempoolId,
+    ) -> Result<DevicePtr, SeedError> {
+        if !owner.is_default() && self.alloc.state.lock().private.is_freeable(owner) {
+            return Err(SeedError::Layout(format!(
+                "private pool {owner:?} was released; a segment cannot be seeded into it"
+            )));
+        }
         // Recorded segments list their blocks in address order already.
         let blocks: std::borrow::Cow<'_, [SeededBlock]> =
             if seg.blocks.windows(2).all(|w| w[0].offset <= w[1].offset) {
@@ -158,7 +180,11 @@ impl<B: Backend> Seeder<'_, B> {
             })?;
         let base = ptr.0;
         let mut st = self.alloc.state.lock();
-        let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
+        let pool = match (owner.is_default(), seg.small) {
+            (true, true) => POOL_SMALL,
+            (true, false) => POOL_LARGE,
+            (false, small) => st.private_pool_slot(owner, small),
+        };
         let stat = StatType::for_pool(seg.small);
         st.segment_seq += 1;
         let seq = st.segment_rank(base);
@@ -173,6 +199,7 @@ impl<B: Backend> Seeder<'_, B> {
             live: true,
         });
         st.note_segment_allocated(seg.size, pool);
+        st.count_private_malloc(pool, true);
 
         // The tiling, in address order: (offset, size, Some(requested) if
         // allocated). The segment is split unless one tile covers it.

@@ -16,7 +16,7 @@
 use std::str::FromStr;
 
 use super::RecordedTrace;
-use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
+use crate::oracle_trace::{AllocId, Op, PoolPair, StreamName, Trace};
 use crate::replay::StartState;
 use reservoir::backend::StreamId;
 
@@ -75,6 +75,8 @@ struct LiveBlock {
     id: AllocId,
     stream: StreamId,
     requested: u64,
+    /// Its segment's private pool, `(0, 0)` for the default pool.
+    pool: PoolPair,
 }
 
 impl RecordedTrace {
@@ -89,14 +91,27 @@ impl RecordedTrace {
     /// or, when a segment's address is unknown (recorded as 0), in the
     /// order the source listed them (their ids).
     fn live_at_start(&self) -> Vec<LiveBlock> {
+        // The blocks of plain segments come first, in segment order.
+        let plain_pools = self
+            .start
+            .segments
+            .iter()
+            .enumerate()
+            .flat_map(|(k, (_, s, _))| {
+                let pool = self.start.segment_pools.get(&k).copied();
+                std::iter::repeat(pool.unwrap_or((0, 0))).take(s.blocks.len())
+            });
+        let pools = plain_pools.chain(std::iter::repeat((0, 0)));
         let mut out: Vec<LiveBlock> = self
             .start
             .live_blocks()
-            .map(|(base, stream, b, id)| LiveBlock {
+            .zip(pools)
+            .map(|((base, stream, b, id), pool)| LiveBlock {
                 addr: if base == 0 { 0 } else { base + b.offset },
                 id,
                 stream,
                 requested: b.requested_size,
+                pool,
             })
             .collect();
         if out.iter().all(|b| b.addr != 0) {
@@ -122,12 +137,33 @@ impl RecordedTrace {
         let live = self.live_at_start();
         let mut ops = Vec::with_capacity(live.len() + self.trace.ops.len());
         let mut lines = Vec::with_capacity(live.len() + self.trace.ops.len());
+        // Blocks of a private pool's segments are allocated in that pool;
+        // every private pool of the start state exists before the trace
+        // (it may release it), then allocations go to the default pool.
+        let mut routed = (0, 0);
+        let mut unused: std::collections::BTreeSet<PoolPair> =
+            self.start.segment_pools.values().copied().collect();
         for b in &live {
+            if b.pool != routed {
+                routed = b.pool;
+                unused.remove(&routed);
+                ops.push(Op::UsePool { pool: routed });
+                lines.push(0);
+            }
             ops.push(Op::Alloc {
                 id: b.id,
                 bytes: b.requested,
                 stream: Some(StreamName::new(b.stream.0.to_string())),
             });
+            lines.push(0);
+        }
+        for pool in unused {
+            routed = pool;
+            ops.push(Op::UsePool { pool });
+            lines.push(0);
+        }
+        if routed != (0, 0) {
+            ops.push(Op::UsePool { pool: (0, 0) });
             lines.push(0);
         }
         ops.extend(self.trace.ops);
@@ -143,6 +179,7 @@ impl RecordedTrace {
             device: self.device,
             trace,
             start: StartState {
+                device: self.start.device,
                 literal_streams: true,
                 address_order: self.start.address_order,
                 ..StartState::default()

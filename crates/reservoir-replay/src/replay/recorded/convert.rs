@@ -2,6 +2,7 @@
 //! oracle [`Trace`] with the [`StartState`] to seed before it, see
 //! [`convert`].
 
+mod pools;
 mod undo;
 
 use std::collections::BTreeMap;
@@ -10,8 +11,9 @@ use rustc_hash::FxHashMap;
 
 use super::{err, ConvertError, RecordedTrace, SegmentEvent};
 use crate::input::DeviceEvents;
-use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
+use crate::oracle_trace::{AllocId, Op, PoolPair, StreamName, Trace};
 use crate::replay::StartState;
+use pools::{PoolTracker, DEFAULT_POOL};
 use reservoir::backend::StreamId;
 use reservoir::caching::rules;
 use reservoir::caching::{SeededBlock, SeededExpandable, SeededSegment};
@@ -27,6 +29,8 @@ struct RSeg {
     size: u64,
     stream: StreamId,
     small: bool,
+    /// The recorded pool (`segment_pool_id`; `(0, 0)`: the default pool).
+    pool: PoolPair,
     /// Allocated (or pending) blocks: addr -> (size, requested).
     blocks: BTreeMap<u64, (u64, u64)>,
 }
@@ -309,6 +313,7 @@ impl<'a> Converter<'a> {
                         size: seg_size,
                         stream: b.stream,
                         small,
+                        pool: DEFAULT_POOL,
                         blocks,
                     },
                 );
@@ -341,6 +346,7 @@ impl<'a> Converter<'a> {
                         size: s.total_size,
                         stream: s.stream,
                         small: s.segment_type == SegmentType::Small,
+                        pool: pools::pair(s.segment_pool_id),
                         blocks,
                     },
                 );
@@ -436,6 +442,7 @@ impl<'a> Converter<'a> {
         let mut next_id: AllocId = 0;
         let mut live: FxHashMap<u64, (AllocId, u64)> = FxHashMap::default();
         let mut start = StartState {
+            device: dev.device,
             literal_streams: true,
             record_placements: true,
             address_order: true,
@@ -447,6 +454,9 @@ impl<'a> Converter<'a> {
             let (blocks, ids) =
                 seed_blocks(base, &s.blocks, &mut next_id, &mut live, &mut allocated);
             reserved += s.size;
+            if s.pool != DEFAULT_POOL {
+                start.segment_pools.insert(start.segments.len(), s.pool);
+            }
             start.segments.push((
                 base,
                 SeededSegment {
@@ -522,6 +532,10 @@ impl<'a> Converter<'a> {
     /// and inferred `empty_cache`, with the recorded segment events,
     /// placements and peaks to compare a replay with.
     fn forward(self, begin: Begin) -> Result<RecordedTrace, ConvertError> {
+        let pools = PoolTracker::new(
+            self.segs.iter().map(|(&b, s)| (b, s.size, s.pool)),
+            self.dev,
+        );
         let Converter {
             dev,
             config,
@@ -546,13 +560,17 @@ impl<'a> Converter<'a> {
             peak_reserved: begin.reserved,
             peak_allocated: begin.allocated,
             begin,
+            pools,
         };
         for (i, e) in events.iter().enumerate() {
             match e.action {
                 TraceAction::Alloc => f.alloc(i, e)?,
                 TraceAction::FreeCompleted => f.free(i, e)?,
                 TraceAction::Oom => f.oom(i, e),
-                TraceAction::SegmentAlloc => f.segment_alloc(e),
+                TraceAction::SegmentAlloc => {
+                    f.pools.segment_alloc(e);
+                    f.segment_alloc(e)
+                }
                 TraceAction::SegmentMap => f.segment_map(&xsegs, e),
                 TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
                     f.segment_release(&xsegs, events, i)
@@ -604,6 +622,8 @@ struct Forward<'a> {
     empty_caches: u64,
     peak_reserved: u64,
     peak_allocated: u64,
+    /// The recorded pools (`p`, `x`, `e <pool>` ops).
+    pools: PoolTracker,
 }
 
 impl Forward<'_> {
@@ -619,6 +639,9 @@ impl Forward<'_> {
         self.begin.next_id += 1;
         let id = self.begin.next_id;
         self.sites.record(id, &e.frames);
+        if let Some(op) = self.pools.route(e) {
+            self.push(op, i);
+        }
         if e.stream != self.current {
             self.current = e.stream;
             let stream = StreamName::new(e.stream.0.to_string());
@@ -725,9 +748,11 @@ impl Forward<'_> {
             |a: TraceAction| matches!(a, TraceAction::SegmentFree | TraceAction::SegmentUnmap);
         let run_start = i == 0 || !release(events[i - 1].action);
         if !run_start {
+            self.pools.segment_free(e);
             return;
         }
-        let after = events[i..].iter().find(|x| !release(x.action));
+        let run_len = events[i..].iter().take_while(|x| release(x.action)).count();
+        let after = events.get(i + run_len);
         let followed_by_oom = after.is_some_and(|x| x.action == TraceAction::Oom);
         // A flush followed by a new segment that would not have
         // fit on the device without it is the allocator's own
@@ -740,8 +765,12 @@ impl Forward<'_> {
                 TraceAction::SegmentAlloc | TraceAction::SegmentMap
             ) && known_capacity.is_some_and(|c| reserved_before.saturating_add(x.size) > c)
         });
-        if !followed_by_oom && !retry {
-            self.push(Op::EmptyCache, i);
+        let user = !followed_by_oom && !retry;
+        for op in self.pools.release_run(&events[i..i + run_len], user) {
+            self.push(op, i);
+        }
+        self.pools.segment_free(e);
+        if user {
             self.empty_caches += 1;
         }
     }

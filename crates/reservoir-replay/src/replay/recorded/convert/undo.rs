@@ -195,6 +195,7 @@ pub(super) fn undo_segment_free(
             size: e.size,
             stream: e.stream,
             small: e.size == SMALL_BUFFER,
+            pool: super::pools::pair(e.pool_id),
             blocks: BTreeMap::new(),
         },
     );
