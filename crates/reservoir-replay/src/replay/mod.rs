@@ -180,6 +180,28 @@ impl<'t> Replay<'t> {
     }
 }
 
+/// The simulated device a replay runs on: `capacity` bytes, and from a
+/// recorded start, the recorded segment addresses handed out in order.
+fn replay_device(start: Option<&StartState>, capacity: u64) -> SimDevice {
+    let address_policy = match start {
+        Some(st) => AddressPolicy::Scripted(
+            st.segments
+                .iter()
+                .map(|s| s.0)
+                .chain(st.expandable.iter().map(|s| s.0))
+                .chain(st.scripted_addresses.iter().copied())
+                .collect(),
+        ),
+        None => AddressPolicy::default(),
+    };
+    SimDevice::new(SimConfig {
+        capacity,
+        hold_semantics: HoldSemantics::EnqueuedWork,
+        address_policy,
+        ..SimConfig::default()
+    })
+}
+
 impl<'t, T: ReplayTarget> Replay<'t, T> {
     /// Prepare to replay `trace` through the target `T` (a fresh one on a
     /// fresh simulated device), from `start` when given (see
@@ -196,23 +218,7 @@ impl<'t, T: ReplayTarget> Replay<'t, T> {
             });
         }
         let config = setting.allocator_config()?;
-        let address_policy = match start {
-            Some(st) => AddressPolicy::Scripted(
-                st.segments
-                    .iter()
-                    .map(|s| s.0)
-                    .chain(st.expandable.iter().map(|s| s.0))
-                    .chain(st.scripted_addresses.iter().copied())
-                    .collect(),
-            ),
-            None => AddressPolicy::default(),
-        };
-        let device = SimDevice::new(SimConfig {
-            capacity: options.capacity,
-            hold_semantics: HoldSemantics::EnqueuedWork,
-            address_policy,
-            ..SimConfig::default()
-        });
+        let device = replay_device(start, options.capacity);
         // The recorded device's index (PyTorch's `DeviceIndex` is an i8).
         let index = start.map_or(0, |s| i8::try_from(s.device).unwrap_or(i8::MAX));
         let alloc = T::on_device_index(device, config, index);
