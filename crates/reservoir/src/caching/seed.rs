@@ -325,8 +325,7 @@ pub struct SeededExpandable {
 
 impl<B: Backend> Seeder<'_, B> {
     /// Reserve an expandable segment (of the size the allocator would
-    /// reserve under its policy: the policy's
-    /// [`expandable_address_space`](super::DeviceState::expandable_address_space),
+    /// reserve under its policy, `DeviceState::expandable_address_space`:
     /// 9/8 of the device in PyTorch mode), map `seg.mapped` and lay
     /// out `seg.blocks`; returns its base. Stats move as if the pages had
     /// been mapped by allocations (`reserved_bytes` and `num_device_alloc`
