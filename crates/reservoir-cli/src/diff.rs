@@ -33,11 +33,13 @@ pub(crate) struct DiffArgs {
     /// `config`, `capacity`, `source`, `source_note`, `exact`,
     /// `recorded_by`, `peak_allocated`, `peak_allocated_op`,
     /// `peak_reserved`, `peak_reserved_op`, `fragmentation_bytes`,
-    /// `fragmentation_percent`, `ooms`, `first_oom`, `sites_live_at_peak`),
-    /// `peak_allocated`, `peak_reserved`, `fragmentation`, `ooms` (each `a`,
-    /// `b`, `delta`, `percent`), `sites` (`site`, `change`, `a_bytes`,
-    /// `b_bytes`, `delta`, `a_count`, `b_count`), `sites_total`, `changes`
-    /// (`grew`, `shrank`, `new`, `gone`, `same`), `top`.
+    /// `fragmentation_percent`, `fragmentation_op`, `ooms`, `first_oom`,
+    /// `sites_live_at_peak`), `peak_allocated`, `peak_reserved`,
+    /// `fragmentation` (at the allocated peak), `ooms` (each `a`, `b`,
+    /// `delta`, `percent`), `sites` (`site`, `change`, `a_bytes`, `b_bytes`,
+    /// `delta`, `a_count`, `b_count`, `a_site`: A's name of a site that
+    /// moved to another line), `sites_total`, `changes` (`grew`, `shrank`,
+    /// `new`, `gone`, `same`, `moved`), `top`.
     #[arg(long, value_name = "OUT")]
     json: Option<PathBuf>,
 
@@ -248,7 +250,7 @@ fn render_text(d: &Diff, notes: &[String]) -> String {
             percent(&d.peak_reserved),
         ],
         [
-            "fragmentation at reserved peak".into(),
+            "fragmentation at allocated peak".into(),
             frag(&d.a),
             frag(&d.b),
             signed_size(d.fragmentation.delta),
@@ -289,7 +291,7 @@ fn render_text(d: &Diff, notes: &[String]) -> String {
     let _ = writeln!(
         out,
         "\nlive bytes by site at each one's allocated peak: {} site{} ({} grew, {} shrank, {} new, \
-         {} gone, {} same){}",
+         {} gone, {} same{}){}",
         d.sites_total,
         if d.sites_total == 1 { "" } else { "s" },
         c.grew,
@@ -297,6 +299,7 @@ fn render_text(d: &Diff, notes: &[String]) -> String {
         c.new,
         c.gone,
         c.same,
+        moved_words(c.moved),
         if d.sites.len() < d.sites_total as usize {
             format!("; the {} largest changes:", d.sites.len())
         } else {
@@ -313,10 +316,27 @@ fn render_text(d: &Diff, notes: &[String]) -> String {
             signed_size(s.delta),
             s.a_count,
             s.b_count,
-            s.site
+            site_words(s)
         );
     }
     out
+}
+
+/// ", N moved" when sites were matched across a move.
+fn moved_words(moved: u64) -> String {
+    if moved == 0 {
+        String::new()
+    } else {
+        format!("; {moved} of them moved to another line")
+    }
+}
+
+/// A listed site, with A's name when it moved.
+fn site_words(s: &reservoir_replay::diff::SiteDelta) -> String {
+    match &s.a_site {
+        Some(a) => format!("{} (moved from {a})", s.site),
+        None => s.site.clone(),
+    }
 }
 
 /// A path's file name (pages carry no directory of the machine they were
@@ -384,7 +404,7 @@ p.source {{ font-size: 13px; }}
             &d.peak_reserved,
         ),
         (
-            "fragmentation at reserved peak",
+            "fragmentation at allocated peak",
             frag(&d.a),
             frag(&d.b),
             &d.fragmentation,
@@ -438,7 +458,7 @@ p.source {{ font-size: 13px; }}
             signed_size(s.delta),
             s.a_count,
             s.b_count,
-            esc(&s.site)
+            esc(&site_words(s))
         );
     }
     out.push_str("</table>\n</body></html>\n");

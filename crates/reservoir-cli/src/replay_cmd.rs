@@ -19,6 +19,7 @@ use reservoir::sim::DEFAULT_CAPACITY;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::placement::Limit;
 use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
+use reservoir_replay::replay::diagnose::recording_ends_at;
 use reservoir_replay::replay::explain::Explanation;
 use reservoir_replay::replay::lints::SettingLints;
 use reservoir_replay::replay::recorded::{
@@ -524,7 +525,21 @@ impl Analysed<'_> {
             limit::add_json(json, &l, &taxes);
             (l, taxes)
         });
-        let mut text = render_table(reports, mins.as_deref(), limit.as_ref());
+        // The recording ends at an OOM (the program crashed there): the
+        // minimum capacities cover the run only up to it.
+        let ends = reports
+            .iter()
+            .filter_map(|r| r.first_oom.as_ref())
+            .map(|o| o.op)
+            .find(|&op| recording_ends_at(self.trace, op));
+        if let (Some(op), Some(_)) = (ends, mins.as_ref()) {
+            for v in json.iter_mut() {
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("recording_ends_at_oom".into(), serde_json::json!(op));
+                }
+            }
+        }
+        let mut text = render_table(reports, mins.as_deref(), limit.as_ref(), ends);
         text.push_str(&explain::render_text(&explanations));
         let lints = lints::lint_all(
             self.trace,
@@ -647,6 +662,7 @@ fn render_table(
     reports: &[ReplayReport],
     mins: Option<&[MinCapacity]>,
     limit: Option<&(Limit, Vec<Option<limit::Tax>>)>,
+    ends_at_oom: Option<u64>,
 ) -> String {
     let Some(mins) = mins else {
         return table::render(reports);
@@ -667,6 +683,12 @@ fn render_table(
             "
 {h}"
         );
+        if let Some(op) = ends_at_oom {
+            let _ = writeln!(
+                out,
+                "(up to op {op} only: the recording ends at its OOM there, so what the program does after the failure was never recorded and is not covered)"
+            );
+        }
     }
     if let Some((l, taxes)) = limit {
         let named: Vec<_> = mins

@@ -1279,3 +1279,48 @@ fn workloads_past_the_size_limit_are_refused_up_front() {
         stderr(&o)
     );
 }
+
+/// Issue 41 item 5: a recording that ends at its OOM (the program crashed
+/// there) has no future: every "no OOM" claim covers the run only up to
+/// the failure, and the output says so (the diagnosis' verdict, the
+/// `--min-capacity` headline, `recording_ends_at_oom` in the JSON).
+#[test]
+fn a_recording_that_ends_at_its_oom_says_so() {
+    use reservoir::backend::StreamId;
+    use reservoir::caching::CachingAllocator;
+    use reservoir::config::AllocatorConfig;
+    use reservoir::sim::{SimConfig, SimDevice};
+    const MIB: u64 = 1 << 20;
+    let dev = SimDevice::new(SimConfig {
+        capacity: 64 * MIB,
+        ..SimConfig::default()
+    });
+    let alloc = CachingAllocator::new(dev, AllocatorConfig::default());
+    alloc.record_history(Some(usize::MAX));
+    let _a = alloc.raw_alloc(30 * MIB, StreamId::DEFAULT).unwrap();
+    let _b = alloc.raw_alloc(20 * MIB, StreamId::DEFAULT).unwrap();
+    assert!(alloc.raw_alloc(20 * MIB, StreamId::DEFAULT).is_err());
+    let file =
+        std::env::temp_dir().join(format!("reservoir-cli-ends-{}.pickle", std::process::id()));
+    std::fs::write(&file, alloc.snapshot(None).to_pickle().unwrap()).unwrap();
+    let f = file.to_str().unwrap();
+    let o = reservoir(&["replay", f, "-p", "pytorch", "--min-capacity"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("(up to op 2 only: the recording ends at its OOM there"),
+        "{out}"
+    );
+    assert!(
+        out.contains("(the recording ends at this OOM (op 2): the replay proves the run only up to the failure"),
+        "{out}"
+    );
+    let o = reservoir(&["replay", f, "-p", "pytorch", "--min-capacity", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["recording_ends_at_oom"], 2);
+    assert_eq!(
+        v[0]["explain"]["oom"]["diagnosis"]["recording_ends_at_failure"],
+        true
+    );
+    let _ = std::fs::remove_file(file);
+}

@@ -78,6 +78,7 @@ fn check_shape(v: &Value) {
                 "file",
                 "first_oom",
                 "fragmentation_bytes",
+                "fragmentation_op",
                 "fragmentation_percent",
                 "ooms",
                 "peak_allocated",
@@ -116,7 +117,7 @@ fn check_shape(v: &Value) {
     for s in sites {
         assert_eq!(
             keys(s),
-            ["a_bytes", "a_count", "b_bytes", "b_count", "change", "delta", "site"]
+            ["a_bytes", "a_count", "a_site", "b_bytes", "b_count", "change", "delta", "site"]
         );
         assert_eq!(
             i(&s["delta"]),
@@ -124,7 +125,7 @@ fn check_shape(v: &Value) {
         );
     }
     let c = &v["changes"];
-    assert_eq!(keys(c), ["gone", "grew", "new", "same", "shrank"]);
+    assert_eq!(keys(c), ["gone", "grew", "moved", "new", "same", "shrank"]);
     let total: u64 = ["gone", "grew", "new", "same", "shrank"]
         .iter()
         .map(|k| u(&c[k]))
@@ -165,7 +166,7 @@ fn two_real_snapshots_of_one_program() {
         "{text}"
     );
     assert!(text.contains("peak allocated (live)"), "{text}");
-    assert!(text.contains("fragmentation at reserved peak"), "{text}");
+    assert!(text.contains("fragmentation at allocated peak"), "{text}");
     assert!(
         text.contains("19 sites (19 grew, 0 shrank, 0 new, 0 gone, 0 same)"),
         "{text}"
@@ -249,11 +250,24 @@ fn frame(site: &str) -> Arc<[Frame]> {
 /// allocations (site, bytes) made and kept, then `temp` ones made and
 /// freed; each allocation entry gets a stack naming its site.
 fn synthetic_snapshot(held: &[(&str, u64)], temp: &[(&str, u64)]) -> Vec<u8> {
+    synthetic_snapshot_after(&[], held, temp)
+}
+
+/// [`synthetic_snapshot`] of an allocator that first made and freed `pre`
+/// allocations before recording: the snapshot starts with a full cache.
+fn synthetic_snapshot_after(pre: &[u64], held: &[(&str, u64)], temp: &[(&str, u64)]) -> Vec<u8> {
     let dev = SimDevice::new(SimConfig {
         capacity: 1 << 34,
         ..SimConfig::default()
     });
     let alloc = CachingAllocator::new(dev, AllocatorConfig::default());
+    let early: Vec<_> = pre
+        .iter()
+        .map(|&b| alloc.raw_alloc(b, StreamId::DEFAULT).unwrap())
+        .collect();
+    for p in early {
+        alloc.raw_free(p).unwrap();
+    }
     alloc.record_history(Some(usize::MAX));
     let mut sites = Vec::new();
     for &(site, bytes) in held {
@@ -351,7 +365,7 @@ fn a_synthetic_pair_with_a_known_site_growth() {
     );
     assert_eq!(
         v["changes"],
-        serde_json::json!({"grew": 1, "shrank": 0, "new": 1, "gone": 1, "same": 1})
+        serde_json::json!({"grew": 1, "shrank": 0, "new": 1, "gone": 1, "same": 1, "moved": 0})
     );
     // --top keeps the largest changes; the counts stay those of every site.
     let top = diff_json(&pa, &pb, &["--top", "1"]);
@@ -401,6 +415,68 @@ fn a_synthetic_pair_with_a_known_site_growth() {
     assert!(text.contains("+6.00 MiB"), "{text}");
     let _ = std::fs::remove_file(pa);
     let _ = std::fs::remove_file(pb);
+}
+
+/// Issue 41 item 5: a site that moved three lines between the runs (code
+/// added above it) is one site that grew, not a gone and a new one.
+#[test]
+fn a_site_that_moved_is_matched_by_its_call_path() {
+    let a = synthetic_snapshot(
+        &[("weights:10", 2 * MIB)],
+        &[("act:20", 4 * MIB), ("act:20", 4 * MIB)],
+    );
+    let b = synthetic_snapshot(
+        &[("weights:10", 2 * MIB)],
+        &[("act:23", 6 * MIB), ("act:23", 6 * MIB)],
+    );
+    let (pa, pb) = (tmp("moved-a.pickle"), tmp("moved-b.pickle"));
+    std::fs::write(&pa, a).unwrap();
+    std::fs::write(&pb, b).unwrap();
+    let v = diff_json(&pa, &pb, &[]);
+    check_shape(&v);
+    assert_eq!(v["sites"][0]["site"], "model.py:23:act");
+    assert_eq!(v["sites"][0]["a_site"], "model.py:20:act");
+    assert_eq!(v["sites"][0]["change"], "grew");
+    assert_eq!(i(&v["sites"][0]["delta"]), (4 * MIB) as i64);
+    assert_eq!(v["sites"][1]["a_site"], Value::Null);
+    assert_eq!(
+        v["changes"],
+        serde_json::json!({"grew": 1, "shrank": 0, "new": 0, "gone": 0, "same": 1, "moved": 1})
+    );
+    let out = reservoir(&["diff", pa.to_str().unwrap(), pb.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("model.py:23:act (moved from model.py:20:act)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "2 sites (1 grew, 0 shrank, 0 new, 0 gone, 1 same; 1 of them moved to another line)"
+        ),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(pa);
+    let _ = std::fs::remove_file(pb);
+}
+
+/// Issue 41 item 5: a snapshot that starts with a full cache peaks in
+/// reserved bytes at its first op, where the cache is free but nothing is
+/// fragmented; fragmentation is taken at the allocated peak instead.
+#[test]
+fn fragmentation_is_taken_at_the_allocated_peak() {
+    // 20 MiB made and freed before recording: one cached 20 MiB segment.
+    // Then 3 x 6 MiB live at once in it: 18 of 20 MiB allocated at the peak.
+    let a = synthetic_snapshot_after(&[20 * MIB], &[], &[("act:20", 6 * MIB); 3]);
+    let pa = tmp("full-cache.pickle");
+    std::fs::write(&pa, a).unwrap();
+    let v = diff_json(&pa, &pa, &[]);
+    check_shape(&v);
+    assert_eq!(u(&v["a"]["peak_reserved"]), 20 * MIB);
+    assert_eq!(u(&v["a"]["peak_allocated"]), 18 * MIB);
+    assert_eq!(u(&v["a"]["fragmentation_bytes"]), 2 * MIB);
+    assert_eq!(v["a"]["fragmentation_op"], v["a"]["peak_allocated_op"]);
+    assert!((v["a"]["fragmentation_percent"].as_f64().unwrap() - 10.0).abs() < 1e-9);
+    let _ = std::fs::remove_file(pa);
 }
 
 /// Bad inputs: a clear error naming the file, nothing written.

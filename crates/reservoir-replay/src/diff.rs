@@ -10,7 +10,10 @@
 //!
 //! Per side: peak allocated ("peak live": bytes of allocated blocks) and
 //! peak reserved; fragmentation, the reserved bytes not allocated when
-//! reserved bytes first peaked (and that as a percentage of them); the OOMs
+//! allocated bytes first peaked, the moment of greatest demand (and that as
+//! a percentage of the reserved bytes then; not at the reserved peak: a
+//! snapshot that starts with a full cache peaks in reserved bytes at its
+//! first op, where the whole cache is free but nothing is fragmented); the OOMs
 //! (count, the first one's request and site); and the live bytes by site
 //! (the innermost user frame, see [`sites`](crate::replay::sites)) when
 //! allocated bytes first reached their peak. [`compare`] then puts the two
@@ -18,13 +21,20 @@
 //! and every site's [`SiteDelta`] classed as grown, shrunk, new (live at
 //! B's peak only), gone (at A's only) or the same, sorted by the absolute
 //! change (then by name), the first `top` kept, with the counts of each
-//! class over all sites.
+//! class over all sites. A site of A and one of B that differ only by their
+//! line are one site that moved (code edited above it): a site live at one
+//! peak only is matched to one live at the other's only by its call path
+//! (the user frames' files and functions, [`call_path_of`]), or, without
+//! stacks, by its file and function; among several, by the nearest line.
+//! A moved site is classed by its bytes and names A's site (`a_site`).
+//!
+//! [`call_path_of`]: crate::replay::sites::call_path_of
 //!
 //! JSON keys (stable): [`Diff`]: `a`, `b` ([`Side`]), `peak_allocated`,
 //! `peak_reserved`, `fragmentation`, `ooms` ([`Delta`]: `a`, `b`, `delta`,
 //! `percent`), `sites` ([`SiteDelta`]: `site`, `change`, `a_bytes`,
-//! `b_bytes`, `delta`, `a_count`, `b_count`), `sites_total`, `changes`
-//! ([`ChangeCounts`]: `grew`, `shrank`, `new`, `gone`, `same`), `top`.
+//! `b_bytes`, `delta`, `a_count`, `b_count`, `a_site`), `sites_total`, `changes`
+//! ([`ChangeCounts`]: `grew`, `shrank`, `new`, `gone`, `same`, `moved`), `top`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -63,8 +73,8 @@ pub struct FirstOom {
 /// JSON keys (stable): `file`, `device`, `setting`, `config`, `capacity`, `source`,
 /// `source_note`, `exact`, `recorded_by`, `peak_allocated`,
 /// `peak_allocated_op`, `peak_reserved`, `peak_reserved_op`,
-/// `fragmentation_bytes`, `fragmentation_percent`, `ooms`, `first_oom`,
-/// `sites_live_at_peak`.
+/// `fragmentation_bytes`, `fragmentation_percent`, `fragmentation_op`, `ooms`,
+/// `first_oom`, `sites_live_at_peak`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Side {
     /// The input file, as named.
@@ -99,11 +109,14 @@ pub struct Side {
     pub peak_reserved: u64,
     /// The op after which reserved bytes first reached it.
     pub peak_reserved_op: Option<u64>,
-    /// Reserved bytes not allocated at the reserved peak.
+    /// Reserved bytes not allocated when allocated bytes first peaked (see
+    /// the module documentation).
     pub fragmentation_bytes: u64,
     /// That, in percent of the reserved bytes then (0 when nothing was
     /// reserved).
     pub fragmentation_percent: f64,
+    /// The op it was taken after: [`Side::peak_allocated_op`].
+    pub fragmentation_op: Option<u64>,
     /// Allocations that failed with out of memory.
     pub ooms: u64,
     /// The first of them.
@@ -119,6 +132,35 @@ pub struct Measured {
     pub side: Side,
     /// Live block bytes and allocations by site at the allocated peak.
     pub sites: SiteBytes,
+    /// What matches each of those sites to a moved one of the other side
+    /// ([`moved_key`]).
+    pub keys: SiteKeys,
+}
+
+/// The key matching a site to its moved self in another run, by site.
+pub type SiteKeys = BTreeMap<String, String>;
+
+/// The key matching `site` (`FILE:LINE:FUNCTION`) to its moved self: its
+/// call path when one was recorded, else its file and function; `None`
+/// for a placeholder.
+pub fn moved_key(site: &str, call_path: &str) -> Option<String> {
+    if site.starts_with('(') {
+        return None;
+    }
+    if !call_path.is_empty() {
+        return Some(call_path.to_string());
+    }
+    let (file, rest) = site.split_once(':')?;
+    let (_, function) = rest.split_once(':')?;
+    Some(format!("{file}:{function}"))
+}
+
+/// The line of `FILE:LINE:FUNCTION` (0 when it has none).
+fn site_line(site: &str) -> u64 {
+    site.split(':')
+        .nth(1)
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0)
 }
 
 /// One number of both sides.
@@ -193,6 +235,9 @@ pub struct SiteDelta {
     pub a_count: u64,
     /// Live allocations at B's peak.
     pub b_count: u64,
+    /// A's name of the site when it moved (another line, the same call
+    /// path; `site` is B's), else `null`.
+    pub a_site: Option<String>,
 }
 
 /// Sites of each change, over all sites.
@@ -208,6 +253,8 @@ pub struct ChangeCounts {
     pub gone: u64,
     /// Sites unchanged.
     pub same: u64,
+    /// Sites matched across a move (each also counted by its bytes).
+    pub moved: u64,
 }
 
 /// Two sides compared (see the module documentation for the keys).
@@ -221,7 +268,7 @@ pub struct Diff {
     pub peak_allocated: Delta,
     /// Peak reserved bytes.
     pub peak_reserved: Delta,
-    /// Reserved bytes not allocated at the reserved peak.
+    /// Reserved bytes not allocated at the allocated peak.
     pub fragmentation: Delta,
     /// OOMs.
     pub ooms: Delta,
@@ -261,12 +308,13 @@ fn live_by_site<T: ReplayTarget>(
 }
 
 /// Replay `rec` to the first moment its allocated bytes reach `peak` and
-/// take the live bytes by site there (at the end when never reached).
+/// take the op, the reserved bytes and the live bytes by site there (at the
+/// end when never reached).
 fn sites_at_peak<T: ReplayTarget>(
     mut r: Replay<'_, T>,
     rec: &RecordedTrace,
     peak: u64,
-) -> Result<(Option<u64>, SiteBytes), ReplayError> {
+) -> Result<(Option<u64>, u64, SiteBytes), ReplayError> {
     let mut live: BTreeSet<AllocId> = rec.start.live_blocks().map(|(.., id)| id).collect();
     let mut at = None;
     if r.allocator().allocated_and_reserved().0 < peak {
@@ -290,7 +338,8 @@ fn sites_at_peak<T: ReplayTarget>(
             }
         }
     }
-    Ok((at, live_by_site(&r, &live, rec)))
+    let reserved = r.allocator().allocated_and_reserved().1;
+    Ok((at, reserved, live_by_site(&r, &live, rec)))
 }
 
 /// One side as the allocator of `setting` ran it: `rec` replayed from its
@@ -309,7 +358,7 @@ pub fn measure(
         ..rec.start.clone()
     };
     let peak = report.peak_allocated;
-    let (peak_op, sites) = match setting.allocator {
+    let (peak_op, reserved_at_peak, sites) = match setting.allocator {
         AllocatorKind::Caching => sites_at_peak(
             Replay::<CachingAllocator<SimDevice>>::build(
                 &rec.trace,
@@ -326,6 +375,10 @@ pub fn measure(
             peak,
         )?,
     };
+    let keys = sites
+        .keys()
+        .filter_map(|site| Some((site.clone(), moved_key(site, rec.sites.call_path(site))?)))
+        .collect();
     Ok(Measured {
         side: side(
             file,
@@ -334,10 +387,11 @@ pub fn measure(
             &report,
             fid.as_ref(),
             pytorch_mode,
-            peak_op,
+            (peak_op, reserved_at_peak),
             &sites,
         ),
         sites,
+        keys,
     })
 }
 
@@ -349,7 +403,7 @@ fn side(
     report: &ReplayReport,
     fid: Option<&Fidelity>,
     pytorch_mode: bool,
-    peak_allocated_op: Option<u64>,
+    (peak_allocated_op, reserved_at_peak): (Option<u64>, u64),
     sites: &SiteBytes,
 ) -> Side {
     let exact = fid.map(|f| f.is_exact(report));
@@ -396,13 +450,12 @@ fn side(
             )
         }),
     };
-    let (fragmentation_bytes, fragmentation_percent, peak_reserved_op) = match &report.peak {
-        Some(p) if p.reserved > 0 => {
-            let f = p.reserved.saturating_sub(p.allocated);
-            (f, f as f64 / p.reserved as f64 * 100.0, Some(p.op))
-        }
-        Some(p) => (0, 0.0, Some(p.op)),
-        None => (0, 0.0, None),
+    let peak_reserved_op = report.peak.as_ref().map(|p| p.op);
+    let fragmentation_bytes = reserved_at_peak.saturating_sub(report.peak_allocated);
+    let fragmentation_percent = if reserved_at_peak > 0 {
+        fragmentation_bytes as f64 / reserved_at_peak as f64 * 100.0
+    } else {
+        0.0
     };
     Side {
         file: file.to_string(),
@@ -420,6 +473,7 @@ fn side(
         peak_reserved_op,
         fragmentation_bytes,
         fragmentation_percent,
+        fragmentation_op: peak_allocated_op,
         ooms: report.ooms,
         first_oom: report.first_oom.as_ref().map(|o| FirstOom {
             op: o.op,
@@ -431,15 +485,52 @@ fn side(
 }
 
 /// The live bytes by site of `a` and `b` compared: every site's change,
-/// sorted by its absolute size, largest first (then by name).
+/// sorted by its absolute size, largest first (then by name). No site is
+/// matched across a move: see [`site_deltas_moved`].
 pub fn site_deltas(a: &SiteBytes, b: &SiteBytes) -> Vec<SiteDelta> {
-    let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    site_deltas_moved(a, &SiteKeys::new(), b, &SiteKeys::new())
+}
+
+/// [`site_deltas`], a site live at one peak only matched to one live at
+/// the other's only when their keys ([`moved_key`]: `ka` of A's sites, `kb`
+/// of B's) are equal, the nearest lines first.
+pub fn site_deltas_moved(
+    a: &SiteBytes,
+    ka: &SiteKeys,
+    b: &SiteBytes,
+    kb: &SiteKeys,
+) -> Vec<SiteDelta> {
+    // A's sites gone from B, by key, to match B's new ones.
+    let mut gone: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+    for site in a.keys().filter(|s| !b.contains_key(*s)) {
+        if let Some(k) = ka.get(site) {
+            gone.entry(k.as_str()).or_default().push(site);
+        }
+    }
+    let mut moved: BTreeMap<&String, &String> = BTreeMap::new();
+    for site in b.keys().filter(|s| !a.contains_key(*s)) {
+        let Some(cands) = kb.get(site).and_then(|k| gone.get_mut(k.as_str())) else {
+            continue;
+        };
+        let line = site_line(site);
+        if let Some(i) = (0..cands.len()).min_by_key(|&i| (site_line(cands[i]).abs_diff(line), i)) {
+            moved.insert(site, cands.remove(i));
+        }
+    }
+    let matched: BTreeSet<&String> = moved.values().copied().collect();
+    let names: BTreeSet<&String> = a
+        .keys()
+        .filter(|s| !matched.contains(s))
+        .chain(b.keys())
+        .collect();
     let mut out: Vec<SiteDelta> = names
         .into_iter()
         .map(|site| {
-            let (a_bytes, a_count) = a.get(site).copied().unwrap_or_default();
+            let a_site = moved.get(site).copied();
+            let a_name = a_site.unwrap_or(site);
+            let (a_bytes, a_count) = a.get(a_name).copied().unwrap_or_default();
             let (b_bytes, b_count) = b.get(site).copied().unwrap_or_default();
-            let change = match (a.contains_key(site), b.contains_key(site)) {
+            let change = match (a.contains_key(a_name), b.contains_key(site)) {
                 (false, _) => Change::New,
                 (_, false) => Change::Gone,
                 _ if b_bytes > a_bytes => Change::Grew,
@@ -454,6 +545,7 @@ pub fn site_deltas(a: &SiteBytes, b: &SiteBytes) -> Vec<SiteDelta> {
                 delta: Delta::new(a_bytes, b_bytes).delta,
                 a_count,
                 b_count,
+                a_site: a_site.cloned(),
             }
         })
         .collect();
@@ -468,9 +560,10 @@ pub fn site_deltas(a: &SiteBytes, b: &SiteBytes) -> Vec<SiteDelta> {
 
 /// `a` and `b` compared, the `top` sites of largest change listed.
 pub fn compare(a: Measured, b: Measured, top: usize) -> Diff {
-    let all = site_deltas(&a.sites, &b.sites);
+    let all = site_deltas_moved(&a.sites, &a.keys, &b.sites, &b.keys);
     let mut changes = ChangeCounts::default();
     for s in &all {
+        changes.moved += u64::from(s.a_site.is_some());
         *match s.change {
             Change::Grew => &mut changes.grew,
             Change::Shrank => &mut changes.shrank,
@@ -535,6 +628,67 @@ mod tests {
             ]
         );
         assert_eq!((d[2].a_count, d[2].b_count), (0, 3));
+    }
+
+    #[test]
+    fn a_site_that_moved_a_few_lines_is_one_site() {
+        // Issue 41 item 5: "model.py:40:forward" in A is "model.py:42:forward"
+        // in B (two lines added above it): one site that grew, not a gone
+        // and a new one. Matched by call path; the nearest line first.
+        let a = sites(&[
+            ("model.py:40:forward", 100, 1),
+            ("model.py:90:forward", 5, 1),
+            ("x.py:1:f", 9, 1),
+        ]);
+        let b = sites(&[
+            ("model.py:42:forward", 300, 2),
+            ("model.py:93:forward", 5, 1),
+            ("y.py:1:g", 9, 1),
+        ]);
+        let key = |s: &SiteBytes| -> SiteKeys {
+            s.keys()
+                .map(|k| (k.clone(), moved_key(k, "").unwrap()))
+                .collect()
+        };
+        let d = site_deltas_moved(&a, &key(&a), &b, &key(&b));
+        let got: Vec<(&str, Option<&str>, Change, i64)> = d
+            .iter()
+            .map(|s| (s.site.as_str(), s.a_site.as_deref(), s.change, s.delta))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "model.py:42:forward",
+                    Some("model.py:40:forward"),
+                    Change::Grew,
+                    200
+                ),
+                ("x.py:1:f", None, Change::Gone, -9),
+                ("y.py:1:g", None, Change::New, 9),
+                (
+                    "model.py:93:forward",
+                    Some("model.py:90:forward"),
+                    Change::Same,
+                    0
+                ),
+            ]
+        );
+        // A recorded call path wins over file and function; placeholders
+        // never match.
+        assert_eq!(
+            moved_key("m.py:3:f", "m.py:f < t.py:main").as_deref(),
+            Some("m.py:f < t.py:main")
+        );
+        assert_eq!(moved_key("(no stack recorded)", ""), None);
+        // Without keys nothing moves.
+        assert_eq!(
+            site_deltas(&a, &b)
+                .iter()
+                .filter(|s| s.a_site.is_some())
+                .count(),
+            0
+        );
     }
 
     #[test]

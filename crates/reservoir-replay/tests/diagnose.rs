@@ -75,7 +75,9 @@ fn first(d: &Diagnosis) -> (CauseClass, Option<Rule>, u64) {
 fn fix(d: &Diagnosis) -> (FixKind, &str, u64) {
     let f = d.fix.as_ref().expect("a proven fix");
     assert!(
-        d.verdict.contains("proven by replay: no OOM"),
+        d.verdict.contains("proven by replay: no OOM")
+            || (f.kind == FixKind::FreeSites
+                && d.verdict.contains("proven by replaying the trace without")),
         "{}",
         d.verdict
     );
@@ -118,6 +120,77 @@ fn capacity_is_the_excess_and_the_lightest_site_that_covers_it_is_freed() {
             "free weights",
             "free activations"
         ]
+    );
+}
+
+#[test]
+fn free_x_says_what_was_replayed_and_that_the_recording_ends_at_the_oom() {
+    // Issue 41 item 5: "free X at the failure, 1 allocation" was proven by
+    // dropping every allocation of the site from the whole trace; the text
+    // must say so. Site "acts" makes 3 allocations, 1 live at the failure.
+    let mut sites = Sites::new();
+    for (id, name) in [
+        (1, "weights"),
+        (2, "acts"),
+        (3, "acts"),
+        (4, "acts"),
+        (5, "grads"),
+    ] {
+        sites.name(id, name);
+    }
+    let text = format!(
+        "a 1 {}\na 2 {}\nf 2\na 3 {}\nf 3\na 4 {}\na 5 {}\n",
+        mib(30),
+        mib(24),
+        mib(24),
+        mib(24),
+        mib(20)
+    );
+    let d = diagnose(&text, "", 64 * M, None, &sites);
+    assert_eq!(first(&d).0, CauseClass::Capacity);
+    let f = d.fix.as_ref().expect("a proven fix");
+    assert_eq!(
+        (f.kind, f.change.as_str()),
+        (FixKind::FreeSites, "free acts")
+    );
+    assert_eq!(f.dropped_allocations, 3);
+    assert!(
+        f.sentence.contains(
+            "proven by replaying the trace without all 3 allocations these sites make \
+             (the 1 live at the failure and 2 earlier or later ones)"
+        ),
+        "{}",
+        f.sentence
+    );
+    // The trace ends at the failed request (op 6): the verdict says the
+    // proof covers the run only up to it.
+    assert!(d.recording_ends_at_failure);
+    assert!(
+        d.verdict
+            .ends_with("(the recording ends at this OOM (op 6): the replay proves the run only up to the failure; what the program does after it was never recorded)"),
+        "{}",
+        d.verdict
+    );
+    // An allocation after the failure: the recording goes on, no clause.
+    let d = diagnose(
+        &format!("{text}f 1\na 6 {}\n", mib(1)),
+        "",
+        64 * M,
+        None,
+        &sites,
+    );
+    assert!(!d.recording_ends_at_failure);
+    assert!(!d.verdict.contains("recording ends"), "{}", d.verdict);
+    // Only the live allocation made by the site: "without this allocation".
+    let one = format!("a 1 {}\na 4 {}\na 5 {}\n", mib(30), mib(24), mib(20));
+    let d = diagnose(&one, "", 64 * M, None, &sites);
+    let f = d.fix.as_ref().expect("a proven fix");
+    assert_eq!(f.dropped_allocations, 1);
+    assert!(
+        f.sentence
+            .contains("proven by replaying the trace without this allocation: no OOM"),
+        "{}",
+        f.sentence
     );
 }
 

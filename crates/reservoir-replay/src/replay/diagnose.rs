@@ -160,6 +160,11 @@ pub struct ProvenFix {
     /// For [`FixKind::FreeSites`], the groups dropped with their live bytes
     /// at the failure.
     pub sites: Vec<SiteUsage>,
+    /// For [`FixKind::FreeSites`], how many allocations the proving replay
+    /// ran without: every allocation of the groups in the whole trace (and
+    /// its start state), which may be more than the live ones at the
+    /// failure; 0 for other kinds.
+    pub dropped_allocations: u64,
     /// The peak reserved bytes of the replay with the change.
     pub peak_reserved: u64,
     /// One plain-English sentence.
@@ -190,6 +195,28 @@ pub struct Diagnosis {
     pub summary: String,
     /// The fix's sentence, or why none was found.
     pub verdict: String,
+    /// No allocation follows the failed op in the trace: the recording ends
+    /// at the OOM (the program crashed, or the snapshot was taken there), so
+    /// a replay without an OOM proves the run only up to the failure; what
+    /// the program would have done after it was never recorded.
+    pub recording_ends_at_failure: bool,
+}
+
+/// The clause a claim of "no OOM" carries when the recording ends at the
+/// failed op `op` ([`Diagnosis::recording_ends_at_failure`]).
+pub fn ends_at_failure_clause(op: u64) -> String {
+    format!(
+        "the recording ends at this OOM (op {op}): the replay proves the run only up to the failure; what the program does after it was never recorded"
+    )
+}
+
+/// Does no allocation follow op `op` of `trace` (the recording ends at it)?
+pub fn recording_ends_at(trace: &Trace, op: u64) -> bool {
+    !trace
+        .ops
+        .iter()
+        .skip(op as usize + 1)
+        .any(|o| matches!(o, Op::Alloc { .. }))
 }
 
 /// The state at a failed allocation, as [`classify`] reads it.
@@ -766,6 +793,7 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
                 kind,
                 change,
                 sites: Vec::new(),
+                dropped_allocations: 0,
                 peak_reserved: peak,
                 sentence: format!(
                     "{what}: proven by replay: no OOM, peak reserved {}",
@@ -789,7 +817,9 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
         ),
         None => format!("{} short", format_size(short)),
     };
+    let ends = recording_ends_at(input.trace, input.op);
     let verdict = match &fix {
+        Some(f) if ends => format!("{} ({})", f.sentence, ends_at_failure_clause(input.op)),
         Some(f) => f.sentence.clone(),
         None => format!(
             "none found: no change tried ({}) runs the whole trace without an OOM within {} replays",
@@ -811,6 +841,7 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
         replays,
         summary,
         verdict,
+        recording_ends_at_failure: ends,
     }
 }
 

@@ -68,10 +68,30 @@ pub fn site_of(frames: &[Frame]) -> String {
     }
 }
 
-/// The site of each allocation of a recorded trace, interned.
+/// The call path of a stack (innermost frame first) without line numbers:
+/// its user frames as `FILE:FUNCTION`, innermost first, joined by ` < `
+/// (empty when it has none). Two runs of one program whose code moved by a
+/// few lines give an allocation the same call path but another site.
+pub fn call_path_of(frames: &[Frame]) -> String {
+    frames
+        .iter()
+        .filter(|f| !is_internal(f))
+        .map(|f| {
+            let file = f.filename.rsplit(['/', '\\']).next().unwrap_or("");
+            format!("{file}:{}", f.name)
+        })
+        .collect::<Vec<_>>()
+        .join(" < ")
+}
+
+/// The site of each allocation of a recorded trace, interned, with the call
+/// path of the first stack recorded for each site.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sites {
     names: Vec<String>,
+    /// The call path ([`call_path_of`]) of each name (empty when named
+    /// without a stack).
+    paths: Vec<String>,
     index: FxHashMap<String, u32>,
     of: FxHashMap<AllocId, u32>,
 }
@@ -84,7 +104,22 @@ impl Sites {
 
     /// Note the stack of allocation `id`.
     pub fn record(&mut self, id: AllocId, frames: &[Frame]) {
-        self.name(id, &site_of(frames));
+        let site = site_of(frames);
+        let fresh = !self.index.contains_key(&site);
+        self.name(id, &site);
+        if fresh {
+            if let Some(p) = self.paths.last_mut() {
+                *p = call_path_of(frames);
+            }
+        }
+    }
+
+    /// The call path recorded for `site` ([`call_path_of`]); empty when the
+    /// site was named without a stack or is unknown.
+    pub fn call_path(&self, site: &str) -> &str {
+        self.index
+            .get(site)
+            .map_or("", |&k| self.paths[k as usize].as_str())
     }
 
     /// Note that allocation `id` comes from `site` (a source that names
@@ -95,6 +130,7 @@ impl Sites {
             None => {
                 let k = self.names.len() as u32;
                 self.names.push(site.to_string());
+                self.paths.push(String::new());
                 self.index.insert(site.to_string(), k);
                 k
             }
@@ -149,5 +185,14 @@ mod tests {
         assert_eq!(s.site(6), "model.py:42:forward");
         assert_eq!(s.names.len(), 1);
         assert_eq!(s.site(1), BEFORE_TRACE);
+        // The call path: user frames' files and functions, no lines.
+        assert_eq!(call_path_of(&stack), "model.py:forward < train.py:main");
+        assert_eq!(
+            s.call_path("model.py:42:forward"),
+            "model.py:forward < train.py:main"
+        );
+        s.name(7, "KV cache");
+        assert_eq!(s.call_path("KV cache"), "");
+        assert_eq!(s.call_path("unknown.py:1:f"), "");
     }
 }

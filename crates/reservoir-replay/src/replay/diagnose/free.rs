@@ -179,13 +179,54 @@ pub(super) fn free_sites(
         }
     }
     let sites: Vec<SiteUsage> = best.0.iter().map(|&i| top[i].clone()).collect();
-    Some(free_fix(sites, best.1))
+    let keys: FxHashSet<&str> = sites.iter().map(|s| s.site.as_str()).collect();
+    let dropped = dropped_count(input, &|id, n| keys.contains(groups.key(id, n).as_str()));
+    Some(free_fix(sites, dropped, best.1))
 }
 
-/// The proven "free X" fix: freeing `sites` at the failure lets the trace
-/// run with no OOM, peaking at `peak_reserved`.
-fn free_fix(sites: Vec<SiteUsage>, peak_reserved: u64) -> ProvenFix {
+/// How many allocations of the whole trace (and of its start state) `drop`
+/// selects: what the proving replay ran without.
+fn dropped_count(input: &DiagnoseInput<'_, '_>, drop: &dyn Fn(AllocId, u64) -> bool) -> u64 {
+    let mut ids: FxHashSet<AllocId> = FxHashSet::default();
+    if let Some(st) = input.start {
+        for (_, _, b, id) in st.live_blocks() {
+            if drop(id, b.requested_size) {
+                ids.insert(id);
+            }
+        }
+    }
+    for op in &input.trace.ops {
+        if let Op::Alloc { id, bytes, .. } = op {
+            if drop(*id, *bytes) {
+                ids.insert(*id);
+            }
+        }
+    }
+    ids.len() as u64
+}
+
+/// The proven "free X" fix: the trace without the `dropped` allocations of
+/// `sites` (those live at the failure and every other the same code makes)
+/// runs with no OOM, peaking at `peak_reserved`. The sentence says what
+/// was replayed: all of the sites' allocations, not only the live ones.
+fn free_fix(sites: Vec<SiteUsage>, dropped: u64, peak_reserved: u64) -> ProvenFix {
     let freed: u64 = sites.iter().map(|s| s.bytes).sum();
+    let live: u64 = sites.iter().map(|s| s.count).sum();
+    let plural = |n: u64| if n == 1 { "" } else { "s" };
+    let replayed = if dropped > live {
+        format!(
+            "proven by replaying the trace without all {dropped} allocations these sites make \
+             (the {live} live at the failure and {} earlier or later one{})",
+            dropped - live,
+            plural(dropped - live)
+        )
+    } else {
+        format!(
+            "proven by replaying the trace without {} allocation{}",
+            if live == 1 { "this" } else { "these" },
+            plural(live)
+        )
+    };
     let names = sites
         .iter()
         .map(|s| {
@@ -201,13 +242,21 @@ fn free_fix(sites: Vec<SiteUsage>, peak_reserved: u64) -> ProvenFix {
         .join(", ");
     ProvenFix {
         kind: FixKind::FreeSites,
-        change: format!("free {}", sites.iter().map(|s| s.site.as_str()).collect::<Vec<_>>().join(" + ")),
+        change: format!(
+            "free {}",
+            sites
+                .iter()
+                .map(|s| s.site.as_str())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        ),
         peak_reserved,
         sentence: format!(
-            "free {} at the failure: {names}; dropped from the trace: proven by replay: no OOM, peak reserved {}",
+            "free {} at the failure: {names}; {replayed}: no OOM, peak reserved {}",
             format_size(freed),
             format_size(peak_reserved)
         ),
         sites,
+        dropped_allocations: dropped,
     }
 }
