@@ -45,11 +45,13 @@ def pool(n: int = 2) -> cf.ProcessPoolExecutor:
 
 class Inline:
     """An executor that runs each task at submit, here; ``fail(args,
-    attempt)`` says whether attempt 1 or 2 of a task raises."""
+    attempt)`` says whether attempt 1 or 2 of a task raises (the attempt is
+    the task's last argument: a retry is another task, as Dask, which names
+    a task by its arguments, needs)."""
 
     def __init__(self, fail=lambda args, attempt: False, refuse_after: int | None = None):
         self.fail = fail
-        self.attempts: dict = {}
+        self.keys: set = set()
         self.submitted = 0
         self.refuse_after = refuse_after
 
@@ -57,11 +59,16 @@ class Inline:
         self.submitted += 1
         if self.refuse_after is not None and self.submitted > self.refuse_after:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        key = repr(args)
-        self.attempts[key] = self.attempts.get(key, 0) + 1
         f: cf.Future = cf.Future()
-        if self.fail(args, self.attempts[key]):
-            f.set_exception(OSError(f"worker lost (attempt {self.attempts[key]})"))
+        if repr(args) in self.keys:
+            # As Dask does: the same function and arguments are the same
+            # task, and its future is the failed one.
+            f.set_exception(OSError("the same task as before: its result is its failure"))
+            return f
+        self.keys.add(repr(args))
+        attempt = args[-1]
+        if self.fail(args, attempt):
+            f.set_exception(OSError(f"worker lost (attempt {attempt})"))
         else:
             try:
                 f.set_result(fn(*args))

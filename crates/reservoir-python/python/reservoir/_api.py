@@ -762,8 +762,9 @@ def replay(
     return Replay(_join_arrays([t for t in texts if t is not None]), None, _executor.failures(names, failed))
 
 
-def _replay_task(sources: List[Source], opts: List[bytes]) -> str:
-    """One task of :func:`replay` on an executor: the engine's JSON."""
+def _replay_task(sources: List[Source], opts: List[bytes], attempt: int = 1) -> str:
+    """One task of :func:`replay` on an executor: the engine's JSON
+    (``attempt``: 1, or 2 for the retry)."""
     return _replay_run(sources, opts, False)[0]
 
 
@@ -892,9 +893,10 @@ def compare(
     return Compare(text)
 
 
-def _compare_task(opts: List[bytes], shard: str) -> str:
+def _compare_task(opts: List[bytes], shard: str, attempt: int = 1) -> str:
     """One task of :func:`compare` on an executor: ``reservoir compare OPTS
-    --shard K/N`` (one input), the engine's JSON."""
+    --shard K/N`` (one input), the engine's JSON (``attempt``: 1, or 2 for
+    the retry)."""
     return _run("compare", [*opts, _opt("--shard", shard)], [])[0]
 
 

@@ -110,7 +110,7 @@ def run(
     progress: bool = True,
     desc: str = "reservoir",
 ) -> Dict[int, str]:
-    """Run ``fn(*tasks[i])`` for each ``i`` on ``executor``; hand each result
+    """Run ``fn(*tasks[i], attempt)`` for each ``i`` on ``executor``; hand each result
     to ``on_result(i, result)`` as it comes (in completion order, kept no
     longer than that call). A task that fails is submitted once more (or,
     when the executor refuses new work, run once more here). Returns the
@@ -120,8 +120,11 @@ def run(
     index: Dict["cf.Future[Any]", int] = {}
     retries: Dict["cf.Future[Any]", int] = {}
     try:
+        # The attempt is the task's last argument: a retry is a new task
+        # (Dask names a task by its function and arguments, and would hand
+        # back the failed one).
         for i, args in enumerate(tasks):
-            index[_submit(executor, fn, args, local_ok=False)] = i
+            index[_submit(executor, fn, (*args, 1), local_ok=False)] = i
 
         def settle(f: "cf.Future[Any]", i: int, again: bool) -> None:
             try:
@@ -129,7 +132,7 @@ def run(
             except (Exception, cf.CancelledError) as e:
                 if again:
                     stats["retried"] += 1
-                    retries[_submit(executor, fn, tasks[i], local_ok=True)] = i
+                    retries[_submit(executor, fn, (*tasks[i], 2), local_ok=True)] = i
                     return
                 failed[i] = _reason(e)
             else:
