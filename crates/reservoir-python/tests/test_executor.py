@@ -252,3 +252,21 @@ def test_progress_is_a_tqdm_bar_when_tqdm_is_importable(folder, monkeypatch):
     # No tqdm: no bar, no error.
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
     reservoir.compare(folder, POLICIES, executor=Inline())
+
+
+def test_the_longest_inputs_are_submitted_first(folder):
+    """Workloads, then files by size, largest first (the engine's own
+    longest-first order): a long input does not start last."""
+    shards = []
+
+    class Recording(Inline):
+        def submit(self, fn, *args):
+            shards.append(args[1])
+            return super().submit(fn, *args)
+
+    reservoir.compare(folder, POLICIES, workloads=["gpt-train:layers=1,steps=2"], executor=Recording())
+    names = _api._compare_units(folder, ["gpt-train:layers=1,steps=2"])
+    order = [names[int(s.split("/")[0]) - 1] for s in shards]
+    sizes = [os.stat(folder / n).st_size for n in order[1:]]
+    assert order[0] == "workload gpt-train:layers=1,steps=2"
+    assert sizes == sorted(sizes, reverse=True) and len(order) == len(names) == 6

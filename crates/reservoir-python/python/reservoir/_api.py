@@ -882,7 +882,7 @@ def compare(
             )
         names = _compare_units(folder, workloads)
         if names:
-            return _compare_on(executor, opts, names, progress)
+            return _compare_on(executor, folder, opts, names, progress)
     if url is None:
         text, _ = _run("compare", opts, [])
         return Compare(text)
@@ -900,7 +900,9 @@ def _compare_task(opts: List[bytes], shard: str, attempt: int = 1) -> str:
     return _run("compare", [*opts, _opt("--shard", shard)], [])[0]
 
 
-def _compare_on(executor: Any, opts: List[bytes], names: List[str], progress: bool) -> Compare:
+def _compare_on(
+    executor: Any, folder: Optional[PathLike], opts: List[bytes], names: List[str], progress: bool
+) -> Compare:
     """:func:`compare` on ``executor``: part ``K`` of ``len(names)`` per
     task, each part's JSON written to a temporary file as it comes, the
     parts merged by ``reservoir compare --merge`` (which checks that every
@@ -915,7 +917,10 @@ def _compare_on(executor: Any, opts: List[bytes], names: List[str], progress: bo
             with open(part(i), "w", encoding="utf-8") as f:
                 f.write(text)
 
-        failed = _executor.run(executor, _compare_task, tasks, keep, progress=progress, desc="reservoir compare")
+        failed = _executor.run(
+            executor, _compare_task, tasks, keep, progress=progress, desc="reservoir compare",
+            order=_longest_first(folder, names),
+        )
         err = _executor.all_failed("compare", names, failed)
         if err is not None:
             raise err
@@ -933,6 +938,22 @@ def _compare_on(executor: Any, opts: List[bytes], names: List[str], progress: bo
         merge = [_opt("--merge", os.fsencode(part(i))) for i in range(n)]
         text, _ = _run("compare", [b"--json", *merge], [])
     return Compare(text, report)
+
+
+def _longest_first(folder: Optional[PathLike], names: List[str]) -> List[int]:
+    """The order to submit :func:`compare`'s inputs in: the workloads (the
+    large presets are the longest inputs), then the files by size, largest
+    first (a file that cannot be read last: its task fails fast)."""
+
+    def size(i: int) -> int:
+        if names[i].startswith("workload ") or folder is None:
+            return 1 << 62
+        try:
+            return os.stat(os.path.join(os.fsencode(folder), os.fsencode(names[i]))).st_size
+        except OSError:
+            return -1
+
+    return sorted(range(len(names)), key=lambda i: -size(i))
 
 
 def _compare_units(folder: Optional[PathLike], workloads: Union[bool, str, Sequence[str]]) -> List[str]:

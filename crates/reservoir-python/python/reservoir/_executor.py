@@ -109,12 +109,15 @@ def run(
     *,
     progress: bool = True,
     desc: str = "reservoir",
+    order: Optional[Sequence[int]] = None,
 ) -> Dict[int, str]:
     """Run ``fn(*tasks[i], attempt)`` for each ``i`` on ``executor``; hand each result
     to ``on_result(i, result)`` as it comes (in completion order, kept no
-    longer than that call). A task that fails is submitted once more (or,
-    when the executor refuses new work, run once more here). Returns the
-    tasks that failed twice: ``{i: reason}``."""
+    longer than that call), submitted in ``order`` (default: task order;
+    the longest first keeps a long task from starting last). A task that
+    fails is submitted once more (or, when the executor refuses new work,
+    run once more here). Returns the tasks that failed twice: ``{i:
+    reason}``."""
     bar = _bar(len(tasks), desc, progress)
     failed: Dict[int, str] = {}
     index: Dict["cf.Future[Any]", int] = {}
@@ -123,8 +126,8 @@ def run(
         # The attempt is the task's last argument: a retry is a new task
         # (Dask names a task by its function and arguments, and would hand
         # back the failed one).
-        for i, args in enumerate(tasks):
-            index[_submit(executor, fn, (*args, 1), local_ok=False)] = i
+        for i in range(len(tasks)) if order is None else order:
+            index[_submit(executor, fn, (*tasks[i], 1), local_ok=False)] = i
 
         def settle(f: "cf.Future[Any]", i: int, again: bool) -> None:
             try:
