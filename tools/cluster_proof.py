@@ -13,7 +13,8 @@ workload gpt-train` trace, a different seed per rank). Then:
    and runs reservoir.compare(folder, executor=client.get_executor()):
    equal to the one-process run (reservoir.compare(folder), in a child
    process) field for field, measured times aside;
-2. runs it again with Dask's allowed-failures at 0 (a task on a killed
+2. replay([40 ranks], executor=...) equal to the one-process replay; runs
+   compare again with Dask's allowed-failures at 0 (a task on a killed
    worker fails at once, so reservoir's own retry is what saves it) and
    SIGKILLs one worker mid-run: the result is complete and equal, no input
    failed, and the worker was killed before the run ended;
@@ -199,6 +200,17 @@ def main() -> int:
             rows.append(("one process (the engine's threads on both cores)", load_one, n_inputs, one["seconds"],
                          one["maxrss_kib"]))
             rows.append(("Dask LocalCluster, 2 worker processes x 1 thread", load_cluster, n_inputs, dt, rss1))
+
+            # replay([...]) on the cluster: 40 ranks, reports in input order.
+            files = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "ranks")) for f in fs)[:40]
+            if files:
+                r_one = reservoir.replay(files, policies=["pytorch", "expandable"], min_capacity=True)
+                r_ex = reservoir.replay(files, policies=["pytorch", "expandable"], min_capacity=True,
+                                        executor=ex, progress=False)
+                if untimed(json.loads(r_ex.to_json())) == untimed(json.loads(r_one.to_json())) and not r_ex.failed:
+                    ok(f"replay({len(files)} ranks, executor=Dask): {len(r_ex)} reports equal to the one-process run's")
+                else:
+                    bad(f"replay({len(files)} ranks) on Dask differs from the one-process run (failed {r_ex.failed[:2]})")
 
             # 2. a worker killed mid-run; Dask does not reschedule it
             # (allowed-failures 0): reservoir's retry does.
