@@ -16,7 +16,9 @@
 #    - crates/reservoir-python/tests/test_api.py and test_args.py (the API's
 #      argument handling, with a hypothesis property test) and test_remote.py
 #      (snapshots by URL through fsspec: memory:// and file://, installed
-#      here) (pytest);
+#      here) and test_executor.py (compare/replay on a concurrent.futures
+#      executor: a ProcessPoolExecutor, a worker killed, retries, per-input
+#      failures, the tqdm bar) (pytest);
 #    - reservoir.replay(...)._repr_html_() rendered in headless Chromium
 #      (Debian's chromium, apt-installed when missing): a screenshot
 #      (target/wheel-check/report.png), DOM checks (the peak table, both
@@ -142,7 +144,7 @@ fi
 pylog=$out/pytest.log
 # hypothesis keeps its caches in target/wheel-check/hypothesis, not in the work tree.
 (cd "$root" && RESERVOIR_SHARED_TRACES=$traces HYPOTHESIS_STORAGE_DIRECTORY=$out/hypothesis python -m pytest -q -p no:cacheprovider crates/reservoir-python/tests/test_api.py \
-  crates/reservoir-python/tests/test_args.py crates/reservoir-python/tests/test_remote.py) >"$pylog" 2>&1
+  crates/reservoir-python/tests/test_args.py crates/reservoir-python/tests/test_remote.py crates/reservoir-python/tests/test_executor.py) >"$pylog" 2>&1
 pystatus=$?
 tail -n 15 "$pylog"
 p_passed=$(tail -n 1 "$pylog" | sed -nE 's/.* ([0-9]+) passed.*/\1/p; s/^([0-9]+) passed.*/\1/p' | head -n 1)

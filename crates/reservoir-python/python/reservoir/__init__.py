@@ -8,6 +8,8 @@ This distribution holds
   built-in workload, replayed under each policy: peaks, driver calls, OOMs
   and their explanation, fidelity, per-site live bytes; ``_repr_html_`` shows
   the HTML report in Jupyter) and :func:`compare` (a folder of snapshots);
+  both take ``executor=``, a cluster engine's ``concurrent.futures``
+  executor (Dask, Ray, MPI), and run one input per task there;
 * :mod:`reservoir.torch`, which serves PyTorch's CUDA allocations from
   Reservoir (import it explicitly; torch is imported only then).
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _native, _remote
+from . import _executor, _native, _remote
 from ._native import ReservoirError
 from ._outfile import write_file as _write_file
 
@@ -423,12 +423,22 @@ class Replay:
     setting); iterate over the reports.
     """
 
-    __slots__ = ("_json", "_reports", "_html")
+    __slots__ = ("_json", "_reports", "_html", "_failed")
 
-    def __init__(self, json_text: str, html: Optional[str]) -> None:
+    def __init__(
+        self, json_text: str, html: Optional[str], failed: Optional[List[Dict[str, str]]] = None
+    ) -> None:
         self._json = json_text
         self._reports = [Report(d) for d in json.loads(json_text)]
         self._html = html
+        self._failed = list(failed or [])
+
+    @property
+    def failed(self) -> List[Dict[str, str]]:
+        """The inputs whose task failed twice on the executor (``{"input",
+        "reason"}``, in input order; their reports are missing); empty
+        without an executor."""
+        return [dict(f) for f in self._failed]
 
     @property
     def reports(self) -> List[Report]:
@@ -442,7 +452,8 @@ class Replay:
 
     @property
     def html(self) -> str:
-        """The self-contained HTML report (what ``replay --html`` writes)."""
+        """The self-contained HTML report (what ``replay --html`` writes);
+        empty for a replay on an executor."""
         return self._html or ""
 
     def __len__(self) -> int:
@@ -478,8 +489,9 @@ class Replay:
         ``/dev/stdout`` is written straight; docs/limits.md, "Output files")."""
         _write_file(path, self.html.encode("utf-8"))
 
-    def _repr_html_(self) -> str:
-        return self.html
+    def _repr_html_(self) -> Optional[str]:
+        # None (no page: a replay on an executor) shows the text repr.
+        return self._html or None
 
     def __repr__(self) -> str:
         return f"Replay({len(self._reports)} reports: {', '.join(self.settings)})"
@@ -513,11 +525,19 @@ class Compare:
     """What :func:`compare` returns: one :class:`CompareRow` per input, the
     per-policy summary and the skipped files (``reservoir compare --json``)."""
 
-    __slots__ = ("_json", "_d")
+    __slots__ = ("_json", "_d", "_failed")
 
-    def __init__(self, json_text: str) -> None:
+    def __init__(self, json_text: str, failed: Optional[List[Dict[str, str]]] = None) -> None:
         self._json = json_text
         self._d = json.loads(json_text)
+        self._failed = list(failed or [])
+
+    @property
+    def failed(self) -> List[Dict[str, str]]:
+        """The inputs whose task failed twice on the executor (``{"input",
+        "reason"}``, in input order; also in :attr:`skipped`, with the
+        reason); empty without an executor."""
+        return [dict(f) for f in self._failed]
 
     @property
     def rows(self) -> List[CompareRow]:
@@ -631,7 +651,7 @@ def _run(command: str, options: List[bytes], positionals: List[bytes]) -> "tuple
 
 
 def replay(
-    source: Source = None,
+    source: Union[Source, Sequence[Source]] = None,
     policies: Union[str, Sequence[str], None] = None,
     capacity: Union[int, str, None] = None,
     start: Optional[str] = None,
@@ -643,6 +663,8 @@ def replay(
     device: Optional[int] = None,
     device_total: Union[int, str, None] = None,
     torch: Optional[str] = None,
+    executor: Any = None,
+    progress: bool = True,
 ) -> Replay:
     """Replay a memory snapshot (or a built-in workload) under each policy.
 
@@ -652,7 +674,9 @@ def replay(
       pickles, ``_memory_viz`` JSON, allocatorSim logs), a URL ``fsspec``
       opens (``s3://``, ``gs://``, ``memory://``, ``file://``...: streamed
       into a temporary file under the input size limit; the reports name the
-      URL) or its bytes; ``None`` replays ``workload`` (default ``gpt-train``);
+      URL) or its bytes; a list of them (``reservoir replay A B ...``: the
+      reports in input order); ``None`` replays ``workload`` (default
+      ``gpt-train``);
     * ``policies``: policy names (``pytorch``, ``expandable``, ``reservoir``,
       ``max-split-N``, ``roundup-N``, ``gc-T``, ``large-segment-N``,
       ``mps-heap``, ``pytorch-2.11`` ... ``pytorch-2.15``); default: all;
@@ -662,23 +686,37 @@ def replay(
     * ``min_capacity``: also find each policy's smallest device without OOM;
     * ``settings`` (``{name: PYTORCH_CUDA_ALLOC_CONF}``), ``configs``,
       ``device``, ``device_total``, ``torch`` (a release, e.g. ``"2.13"``):
-      as the command's options.
+      as the command's options;
+    * ``executor``: a ``concurrent.futures.Executor`` (Dask's
+      ``Client.get_executor()``, ``ProcessPoolExecutor``, mpi4py's
+      ``MPIPoolExecutor``, Ray's adapter): each input (path or URL: the
+      workers read it; not bytes) and the workload is one task; the reports
+      are those of the one-process run, in input order (measured times
+      aside), without the HTML page. A task that fails is tried once more,
+      then named in :attr:`Replay.failed` (see ``reservoir._executor``);
+    * ``progress``: with an executor, a tqdm bar when tqdm is importable.
 
     Raises :class:`reservoir.ReservoirError` with the command's message.
     """
+    many = isinstance(source, (list, tuple))
+    sources: List[Source] = list(source) if many else ([] if source is None else [source])  # type: ignore[arg-type]
+    if many and not sources:
+        raise ReservoirError("source=[]: no input (give paths, or None to replay the workload)")
+    for k, s in enumerate(sources):
+        name = f"source[{k}]" if many else "source"
+        if _remote.is_url(s):
+            _text(name, s)
+        elif isinstance(s, (bytes, bytearray, memoryview)):
+            if executor is not None:
+                raise ReservoirError(
+                    f"{name}: a snapshot's bytes; with an executor give its path or URL "
+                    "(a task carries paths, which the workers read, not bytes)"
+                )
+        elif isinstance(s, (str, os.PathLike)):
+            _path(name, s)
+        else:
+            raise ReservoirError(f"{name}={s!r}: expected a path, the snapshot's bytes or None")
     opts: List[bytes] = []
-    files: List[bytes] = []
-    url = source if _remote.is_url(source) else None
-    if source is not None and url is None and not isinstance(source, (bytes, bytearray, memoryview)):
-        if not isinstance(source, (str, os.PathLike)):
-            raise ReservoirError(
-                f"source={source!r}: expected a path, the snapshot's bytes or None"
-            )
-        files.append(_path("source", source))
-    if url is not None:
-        _text("source", url)
-    if workload is not None:
-        opts.append(_opt("--workload", _text("workload", workload)))
     for p in _strs("policies", policies):
         opts.append(_opt("--policy", p))
     for name, conf in (settings or {}).items():
@@ -702,21 +740,74 @@ def replay(
         opts.append(_opt("--torch", _text("torch", str(torch))))
     if min_capacity:
         opts.append(b"--min-capacity")
+    wopts = [] if workload is None else [_opt("--workload", _text("workload", workload))]
+    if executor is None:
+        text, html = _replay_run(sources, wopts + opts, True)
+        return Replay(text, html)
+    _executor.check_executor(executor)
+    tasks: List[Tuple[Any, ...]] = [([s], opts) for s in sources]
+    names = [s if _remote.is_url(s) else os.fsdecode(s) for s in sources]  # type: ignore[arg-type]
+    if workload is not None or not sources:
+        tasks.append(([], wopts + opts))
+        names.append(f"workload {workload or 'gpt-train'}")
+    texts: List[Optional[str]] = [None] * len(tasks)
+
+    def keep(i: int, text: str) -> None:
+        texts[i] = text
+
+    failed = _executor.run(executor, _replay_task, tasks, keep, progress=progress, desc="reservoir replay")
+    err = _executor.all_failed("replay", names, failed)
+    if err is not None:
+        raise err
+    return Replay(_join_arrays([t for t in texts if t is not None]), None, _executor.failures(names, failed))
+
+
+def _replay_task(sources: List[Source], opts: List[bytes], attempt: int = 1) -> str:
+    """One task of :func:`replay` on an executor: the engine's JSON
+    (``attempt``: 1, or 2 for the retry)."""
+    return _replay_run(sources, opts, False)[0]
+
+
+def _join_arrays(texts: List[str]) -> str:
+    """The JSON arrays ``texts`` (as ``reservoir replay --json`` prints them)
+    as one, as the command prints it for all their inputs at once."""
+    items = []
+    for t in texts:
+        body = t.strip()
+        if not (body.startswith("[") and body.endswith("]")):
+            raise ReservoirError(f"a task returned no JSON array: {body[:80]!r}")
+        body = body[1:-1].strip("\n")
+        if body.strip():
+            items.append(body)
+    return "[\n" + ",\n".join(items) + "\n]\n" if items else "[]\n"
+
+
+def _replay_run(sources: List[Source], opts: List[bytes], want_html: bool) -> "tuple[str, Optional[str]]":
+    """``reservoir replay OPTS --json [--html] -- SOURCES`` in memory: bytes
+    written to, and URLs streamed into, a temporary folder (the reports then
+    name the URL)."""
     with tempfile.TemporaryDirectory(prefix="reservoir-") as tmp:
-        local = None
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            path = os.path.join(tmp, "snapshot.pickle")
-            with open(path, "wb") as f:
-                f.write(bytes(source))
-            files.append(os.fsencode(path))
-        elif url is not None:
-            local = _remote.fetch(url, os.path.join(tmp, "input"))
-            files.append(os.fsencode(local))
-        opts += [b"--json", _opt("--html", os.fsencode(os.path.join(tmp, "report.html")))]
+        files: List[bytes] = []
+        renames = []
+        for k, s in enumerate(sources):
+            if isinstance(s, (bytes, bytearray, memoryview)):
+                path = os.path.join(tmp, "snapshot.pickle" if k == 0 else f"snapshot-{k}.pickle")
+                with open(path, "wb") as f:
+                    f.write(bytes(s))
+                files.append(os.fsencode(path))
+            elif _remote.is_url(s):
+                local = _remote.fetch(s, os.path.join(tmp, "input" if k == 0 else f"input-{k}"))  # type: ignore[arg-type]
+                files.append(os.fsencode(local))
+                renames.append((local, s))
+            else:
+                files.append(_path("source", s))
+        opts = [*opts, b"--json"]
+        if want_html:
+            opts.append(_opt("--html", os.fsencode(os.path.join(tmp, "report.html"))))
         text, html = _run("replay", opts, files)
-        if local is not None:
-            text, html = _renamed(text, html, local, url)
-    return Replay(text, html)
+        for local, url in renames:
+            text, html = _renamed(text, html, local, url)  # type: ignore[arg-type]
+    return text, html
 
 
 def _renamed(text: str, html: Optional[str], local: str, url: str) -> "tuple[str, Optional[str]]":
@@ -737,6 +828,8 @@ def compare(
     *,
     workloads: Union[bool, str, Sequence[str]] = False,
     capacity: Union[int, str, None] = None,
+    executor: Any = None,
+    progress: bool = True,
 ) -> Compare:
     """Compare policies on every snapshot of ``folder`` (recursively, from a
     cold start): ``reservoir compare --traces FOLDER --json``. ``folder``
@@ -749,6 +842,18 @@ def compare(
     adds the built-in workloads (``True``: every preset, or names);
     ``folder=None`` compares the workloads alone; ``capacity``: bytes, a size
     or ``"bound"``. Raises :class:`reservoir.ReservoirError`.
+
+    ``executor``: a ``concurrent.futures.Executor`` (Dask's
+    ``Client.get_executor()``, ``ProcessPoolExecutor``, mpi4py's
+    ``MPIPoolExecutor``, Ray's adapter): each input (a file of ``folder``,
+    a workload) is one task, ``reservoir compare --shard K/N`` with N the
+    number of inputs, which reads the file where the worker runs (a local
+    ``folder`` path the workers see, e.g. on a shared file system; not a
+    URL); the results are merged as they come by ``reservoir compare
+    --merge``: the JSON is the one-process run's, measured times aside. A
+    task that fails is tried once more, then named in :attr:`Compare.failed`
+    and :attr:`Compare.skipped`. ``progress``: a tqdm bar when tqdm is
+    importable (with an executor).
     """
     opts: List[bytes] = [b"--json"]
     url = folder if _remote.is_url(folder) else None
@@ -768,6 +873,16 @@ def compare(
         opts.append(_opt("--capacity", str(cap)))
     if folder is None and workloads is False:
         raise ReservoirError("compare: nothing to compare (no folder and workloads=False)")
+    if executor is not None:
+        _executor.check_executor(executor)
+        if url is not None:
+            raise ReservoirError(
+                f"folder={url!r}: with an executor, give a folder the workers read "
+                "(a path on a shared file system), not a URL"
+            )
+        names = _compare_units(folder, workloads)
+        if names:
+            return _compare_on(executor, folder, opts, names, progress)
     if url is None:
         text, _ = _run("compare", opts, [])
         return Compare(text)
@@ -776,3 +891,117 @@ def compare(
         text, _ = _run("compare", [_opt("--traces", os.fsencode(local)), *opts], [])
         text, _ = _renamed(text, None, local, url.rstrip("/"))
     return Compare(text)
+
+
+def _compare_task(opts: List[bytes], shard: str, attempt: int = 1) -> str:
+    """One task of :func:`compare` on an executor: ``reservoir compare OPTS
+    --shard K/N`` (one input), the engine's JSON (``attempt``: 1, or 2 for
+    the retry)."""
+    return _run("compare", [*opts, _opt("--shard", shard)], [])[0]
+
+
+def _compare_on(
+    executor: Any, folder: Optional[PathLike], opts: List[bytes], names: List[str], progress: bool
+) -> Compare:
+    """:func:`compare` on ``executor``: part ``K`` of ``len(names)`` per
+    task, each part's JSON written to a temporary file as it comes, the
+    parts merged by ``reservoir compare --merge`` (which checks that every
+    part is there once). A part whose task failed twice is a part with no
+    row and the input in its skipped files."""
+    n = len(names)
+    tasks = [(opts, f"{k + 1}/{n}") for k in range(n)]
+    with tempfile.TemporaryDirectory(prefix="reservoir-compare-") as tmp:
+        part = lambda i: os.path.join(tmp, f"part-{i + 1}.json")  # noqa: E731
+
+        def keep(i: int, text: str) -> None:
+            with open(part(i), "w", encoding="utf-8") as f:
+                f.write(text)
+
+        failed = _executor.run(
+            executor, _compare_task, tasks, keep, progress=progress, desc="reservoir compare",
+            order=_longest_first(folder, names),
+        )
+        err = _executor.all_failed("compare", names, failed)
+        if err is not None:
+            raise err
+        report = _executor.failures(names, failed)
+        for i, f in zip(sorted(failed), report):
+            with open(part(i), "w", encoding="utf-8") as out:
+                json.dump(
+                    {
+                        "rows": [],
+                        "skipped": [{"file": f["input"], "reason": f["reason"]}],
+                        "shard": {"index": i + 1, "count": n},
+                    },
+                    out,
+                )
+        merge = [_opt("--merge", os.fsencode(part(i))) for i in range(n)]
+        text, _ = _run("compare", [b"--json", *merge], [])
+    return Compare(text, report)
+
+
+def _longest_first(folder: Optional[PathLike], names: List[str]) -> List[int]:
+    """The order to submit :func:`compare`'s inputs in: the workloads (the
+    large presets are the longest inputs), then the files by size, largest
+    first (a file that cannot be read last: its task fails fast)."""
+
+    def size(i: int) -> int:
+        if names[i].startswith("workload ") or folder is None:
+            return 1 << 62
+        try:
+            return os.stat(os.path.join(os.fsencode(folder), os.fsencode(names[i]))).st_size
+        except OSError:
+            return -1
+
+    return sorted(range(len(names)), key=lambda i: -size(i))
+
+
+def _compare_units(folder: Optional[PathLike], workloads: Union[bool, str, Sequence[str]]) -> List[str]:
+    """The names of what ``reservoir compare`` compares, in its order: each
+    file under ``folder`` as the command lists it (recursively, ``.md``
+    files and symbolic links to folders left out, sorted by path
+    components), then each workload. Its length makes the ``--shard K/N``
+    of one input per task (a different count would still cover every input
+    once: the parts of any split do; only the failure names rely on it)."""
+    names: List[str] = []
+    if folder is not None:
+        root = os.fsencode(folder)
+        found: List[Tuple[bytes, ...]] = []
+        stack: List[Tuple[bytes, ...]] = [()]
+        while stack:
+            rel = stack.pop()
+            d = os.path.join(root, *rel) if rel else root
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError as e:
+                raise ReservoirError(f"cannot read {os.fsdecode(d)}: {e.strerror or e}") from None
+            for e in entries:
+                r = rel + (e.name,)
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(r)
+                elif e.is_symlink() and os.path.isdir(e.path):
+                    continue
+                elif not (e.name.endswith(b".md") and len(e.name) > 3):
+                    found.append(r)
+        found.sort()
+        names += [os.fsdecode(b"/".join(r)) for r in found]
+    if workloads is True:
+        names += [f"workload {w}" for w in _presets()]
+    elif workloads is not False:
+        names += [f"workload {w}" for w in _strs("workloads", workloads)]  # type: ignore[arg-type]
+    return names
+
+
+def _presets() -> List[str]:
+    """The built-in workloads' preset names (``reservoir workloads``)."""
+    out, _ = _native.run_captured(["reservoir", "workloads"])
+    names = []
+    for line in out.decode("utf-8").splitlines()[1:]:
+        if not line.strip():
+            if names:
+                break
+            continue
+        if line.startswith("  ") and not line.startswith("   "):
+            names.append(line.split()[0])
+    return names
