@@ -818,19 +818,7 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
         None => format!("{} short", format_size(short)),
     };
     let ends = recording_ends_at(input.trace, input.op);
-    let verdict = match &fix {
-        Some(f) if ends => format!("{} ({})", f.sentence, ends_at_failure_clause(input.op)),
-        Some(f) => f.sentence.clone(),
-        None => format!(
-            "none found: no change tried ({}) runs the whole trace without an OOM within {} replays",
-            if tried.is_empty() {
-                "none".to_string()
-            } else {
-                tried.join("; ")
-            },
-            MAX_REPLAYS
-        ),
-    };
+    let verdict = verdict(fix.as_ref(), &tried, ends.then_some(input.op));
     Diagnosis {
         shortfall: short,
         limit: lim,
@@ -842,6 +830,24 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
         summary,
         verdict,
         recording_ends_at_failure: ends,
+    }
+}
+
+/// The fix's sentence (with [`ends_at_failure_clause`] when the recording
+/// ends at the failed op `ends_at`), or why none was found.
+fn verdict(fix: Option<&ProvenFix>, tried: &[String], ends_at: Option<u64>) -> String {
+    match (fix, ends_at) {
+        (Some(f), Some(op)) => format!("{} ({})", f.sentence, ends_at_failure_clause(op)),
+        (Some(f), None) => f.sentence.clone(),
+        (None, _) => format!(
+            "none found: no change tried ({}) runs the whole trace without an OOM within {} replays",
+            if tried.is_empty() {
+                "none".to_string()
+            } else {
+                tried.join("; ")
+            },
+            MAX_REPLAYS
+        ),
     }
 }
 
