@@ -288,14 +288,9 @@ impl DeviceState {
         })
     }
 
-    /// spec 1.15 `setCheckpointPoolState`: free every allocated block of the
-    /// pool, then re-create the checkpoint's blocks segment by segment. The
-    /// checkpoint is validated first: a bad one changes nothing.
-    pub(crate) fn restore_checkpoint<B: Backend + ?Sized>(
-        &mut self,
-        backend: &B,
-        state: &PoolCheckpoint,
-    ) -> Result<RestoreResult, AllocError> {
+    /// spec 1.15: the checks of `setCheckpointPoolState` before anything
+    /// changes; the pool's segment heads.
+    fn validate_checkpoint(&self, state: &PoolCheckpoint) -> Result<Vec<BlockId>, AllocError> {
         self.checkpointable(state.owner)?;
         // Validate: each checkpointed segment is a live segment of the pool
         // with the same extent, its blocks tile it, and nothing is pending.
@@ -364,6 +359,18 @@ impl DeviceState {
                 }
             }
         }
+        Ok(heads)
+    }
+
+    /// spec 1.15 `setCheckpointPoolState`: free every allocated block of the
+    /// pool, then re-create the checkpoint's blocks segment by segment. The
+    /// checkpoint is validated first: a bad one changes nothing.
+    pub(crate) fn restore_checkpoint<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        state: &PoolCheckpoint,
+    ) -> Result<RestoreResult, AllocError> {
+        let heads = self.validate_checkpoint(state)?;
 
         let mut rr = RestoreResult::default();
         // Free everything allocated in the pool.
