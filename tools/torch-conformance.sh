@@ -3,6 +3,8 @@
 # natively and on Reservoir in three modes (tools/torch_conformance.py says
 # how). Needs the venv and wheel of tools/torch-proof.sh (run it first, or
 # pass --build to build and install the wheel here).
+# CUDA graph capture comes from tools/fakegraph (built here, preloaded ahead
+# of the fake runtime).
 # Usage: tools/torch-conformance.sh [--build] [torch_conformance.py args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +26,16 @@ fi
 export PYTORCH_ORACLE_VENV=$oracle_venv
 # shellcheck disable=SC1091
 . ../shared/oracle/env.sh
+# CUDA stream capture on the fake device (tools/fakegraph): ahead of the fake
+# libcudart.so.13, for the native runs and the Reservoir runs alike, so that
+# torch's CUDA-graph memory tests run instead of being refused.
+# RESERVOIR_CONFORMANCE_NO_FAKEGRAPH=1 leaves it out (to see the difference).
+if [ "${RESERVOIR_CONFORMANCE_NO_FAKEGRAPH:-0}" != 1 ]; then
+  fakegraph=$(tools/fakegraph/build.sh)
+  export LD_PRELOAD="$fakegraph $LD_PRELOAD"
+  echo "torch-conformance: graph capture by $fakegraph (tools/fakegraph)"
+else
+  echo "torch-conformance: no graph capture layer (RESERVOIR_CONFORMANCE_NO_FAKEGRAPH=1)"
+fi
 export PYTHONUNBUFFERED=1
 exec "$venv/bin/python" tools/torch_conformance.py --python "$venv/bin/python" "$@"

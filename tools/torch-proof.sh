@@ -16,6 +16,8 @@
 #    expandable segments and under the reservoir policy) and
 #    crates/reservoir-python/tests/test_face_modes.py (multi-stream
 #    programs and the rest of torch's memory API in all three modes) and
+#    crates/reservoir-python/tests/test_graphs.py (CUDA graphs in all three
+#    modes, with the capture layer tools/fakegraph preloaded) and
 #    crates/reservoir-python/tests/test_face_prebuilt.py (the wheel's
 #    prebuilt C++ face: its fallbacks, and enable() in a fresh venv with no
 #    compiler on PATH).
@@ -128,5 +130,15 @@ run native-api "$py" crates/reservoir-python/tests/test_native_api.py
 # race sanitizer, GPU trace hooks, torch.accelerator, run-time settings, the
 # CUDA Sanitizer; "modes: N passed, M failed".
 run modes "$py" crates/reservoir-python/tests/test_face_modes.py
+# CUDA graphs inside torch (issue 40, item 3), with the project's capture
+# layer (tools/fakegraph) ahead of the fake runtime, for this run only:
+# private pools, pool sharing, make_graphed_callables, checkPoolLiveAllocations,
+# checkpoint/restore, OOM during capture; "graphs: N passed, M failed".
+graphs() {
+  local lib
+  lib=$(tools/fakegraph/build.sh) || return 1
+  LD_PRELOAD="$lib $LD_PRELOAD" "$py" crates/reservoir-python/tests/test_graphs.py
+}
+run graphs graphs
 echo "torch-proof: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

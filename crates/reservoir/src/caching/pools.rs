@@ -288,14 +288,9 @@ impl DeviceState {
         })
     }
 
-    /// spec 1.15 `setCheckpointPoolState`: free every allocated block of the
-    /// pool, then re-create the checkpoint's blocks segment by segment. The
-    /// checkpoint is validated first: a bad one changes nothing.
-    pub(crate) fn restore_checkpoint<B: Backend + ?Sized>(
-        &mut self,
-        backend: &B,
-        state: &PoolCheckpoint,
-    ) -> Result<RestoreResult, AllocError> {
+    /// spec 1.15: the checks of `setCheckpointPoolState` before anything
+    /// changes; the pool's segment heads.
+    fn validate_checkpoint(&self, state: &PoolCheckpoint) -> Result<Vec<BlockId>, AllocError> {
         self.checkpointable(state.owner)?;
         // Validate: each checkpointed segment is a live segment of the pool
         // with the same extent, its blocks tile it, and nothing is pending.
@@ -321,12 +316,29 @@ impl DeviceState {
                 }
                 at += b.size;
             }
+            // An expandable segment's checkpoint holds every block, the
+            // unmapped ones too (PyTorch's PrivatePoolState walks the whole
+            // block list). Unmapped blocks are never allocated and freeing
+            // does not change them: each must be in the checkpoint as it is
+            // now, free, and is left alone on restore.
             let covered = if s.expandable.is_some() {
-                self.store
-                    .segment_blocks(self.store.blocks[head].segment)
-                    .take_while(|&b| self.store.blocks[b].mapped)
-                    .map(|b| self.store.blocks[b].size)
-                    .sum::<u64>()
+                let mut total = 0;
+                for b in self.store.segment_blocks(self.store.blocks[head].segment) {
+                    let blk = &self.store.blocks[b];
+                    total += blk.size;
+                    if !blk.mapped
+                        && !seg
+                            .blocks
+                            .iter()
+                            .any(|c| c.ptr.0 == blk.addr && c.size == blk.size && !c.allocated)
+                    {
+                        return Err(err(format!(
+                            "checkpoint segment at {} does not hold its unmapped block at {:#x} ({} bytes) as it is",
+                            first.ptr, blk.addr, blk.size
+                        )));
+                    }
+                }
+                total
             } else {
                 s.size
             };
@@ -347,6 +359,18 @@ impl DeviceState {
                 }
             }
         }
+        Ok(heads)
+    }
+
+    /// spec 1.15 `setCheckpointPoolState`: free every allocated block of the
+    /// pool, then re-create the checkpoint's blocks segment by segment. The
+    /// checkpoint is validated first: a bad one changes nothing.
+    pub(crate) fn restore_checkpoint<B: Backend + ?Sized>(
+        &mut self,
+        backend: &B,
+        state: &PoolCheckpoint,
+    ) -> Result<RestoreResult, AllocError> {
+        let heads = self.validate_checkpoint(state)?;
 
         let mut rr = RestoreResult::default();
         // Free everything allocated in the pool.
@@ -375,7 +399,16 @@ impl DeviceState {
             let mut cur = self.store.segments[segment].head;
             let mut created = Vec::new();
             for b in &seg.blocks {
-                debug_assert!(self.store.blocks[cur].mapped && !self.store.blocks[cur].allocated);
+                if !self.store.blocks[cur].mapped {
+                    // An unmapped block of an expandable segment (validated
+                    // above: the checkpoint's, free): left as it is, as
+                    // PyTorch skips it.
+                    debug_assert_eq!(self.store.blocks[cur].addr, b.ptr.0);
+                    debug_assert_eq!(self.store.blocks[cur].size, b.size);
+                    cur = self.store.blocks[cur].next;
+                    continue;
+                }
+                debug_assert!(!self.store.blocks[cur].allocated);
                 self.remove_from_pool(cur);
                 let split = self.store.blocks[cur].size > b.size;
                 let id = self.alloc_found_block_for_restore(cur, b.size, b.stream, split);

@@ -438,3 +438,53 @@ fn no_split_pools_hand_blocks_out_whole() {
         c.check();
     }
 }
+
+#[test]
+fn checkpoint_restore_expandable_segment() {
+    // spec 1.15 with expandable segments: the checkpoint holds every block of
+    // the segment, the trailing unmapped one too; restoring skips that one
+    // (PyTorch's setSegmentStateToCheckpoint) instead of refusing the
+    // checkpoint (torch's TestBlockStateAbsorption, issue 40).
+    let c = Checked::new("expandable_segments:True", 80 * GIB);
+    c.a.backend().register_stream(S1);
+    c.a.begin_allocate_to_pool(P, PoolFilter::Stream(S1))
+        .unwrap();
+    let a = c.alloc_on(4 * MIB, S1);
+    let b = c.alloc_on(6 * MIB, S1);
+    let d = c.alloc_on(2 * MIB, S1);
+    c.free(b);
+    let cp = c.a.checkpoint_pool(P).unwrap();
+    let at_checkpoint = c.a.pool_segments(P);
+    assert!(at_checkpoint.iter().any(|s| s.expandable()));
+    // diverge
+    c.free(a);
+    let e = c.alloc_on(7 * MIB, S1);
+    assert_ne!(c.a.pool_segments(P), at_checkpoint);
+    let rr = c.a.restore_pool_checkpoint(&cp).unwrap();
+    c.check();
+    let mut freed = rr.allocations_freed.clone();
+    freed.sort();
+    let mut want = vec![d, e];
+    want.sort();
+    assert_eq!(freed, want);
+    let mut created = rr.allocations_created.clone();
+    created.sort();
+    let mut want = vec![a, d];
+    want.sort();
+    assert_eq!(created, want);
+    let shape = |segs: &[Segment]| -> Vec<Vec<(Option<u64>, u64, BlockState)>> {
+        segs.iter()
+            .map(|s| {
+                s.blocks
+                    .iter()
+                    .map(|b| (b.address, b.size, b.state))
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(shape(&c.a.pool_segments(P)), shape(&at_checkpoint));
+    for p in rr.allocations_created {
+        c.free(p);
+    }
+    c.a.end_allocate_to_pool(P).unwrap();
+}
