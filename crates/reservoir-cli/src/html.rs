@@ -584,7 +584,7 @@ table.numbers td:first-child { text-align: left; }
 .swatch, .legend span { display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 10px; vertical-align: middle; }
 p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
 div.summary { border: 2px solid #444; padding: 4px 12px; max-width: 1176px; font-size: 14px; background: #fafafa; }
-div.summary dt { font-weight: bold; float: left; width: 110px; clear: left; } div.summary dd { margin: 0 0 4px 120px; }
+div.summary dt { font-weight: bold; float: left; width: 130px; clear: left; } div.summary dd { margin: 0 0 4px 140px; }
 div.summary dd.oom { color: #b00; font-weight: bold; } div.summary ul { margin: 0; padding-left: 16px; }
 </style></head><body>
 <h1>Reservoir replay report</h1>
