@@ -48,6 +48,8 @@ pub struct Section {
     /// The limit and each setting's fragmentation tax (`--min-capacity`),
     /// as HTML; empty when not measured.
     limit: String,
+    /// What happened, why, what to do and what fits (shown first).
+    summary: Option<crate::summary::Summary>,
 }
 
 impl Section {
@@ -128,6 +130,7 @@ impl Section {
             skipped: String::new(),
             recorder_note: String::new(),
             limit: String::new(),
+            summary: None,
         })
     }
 
@@ -150,6 +153,12 @@ impl Section {
     /// [`crate::limit::html`]).
     pub fn with_limit(mut self, limit: Option<String>) -> Section {
         self.limit = limit.unwrap_or_default();
+        self
+    }
+
+    /// The section with its summary, shown first.
+    pub fn with_summary(mut self, summary: Option<crate::summary::Summary>) -> Section {
+        self.summary = summary;
         self
     }
 
@@ -182,20 +191,61 @@ fn sites_html(out: &mut String, sites: &[SiteUsage]) {
     out.push_str("</table>\n");
 }
 
-/// Each setting's reserved peak and first OOM, explained.
+/// The settings in one table, one row each: the reserved peak, where, the
+/// largest site at it, and the first OOM; then the live allocations by site
+/// at the first setting's peak (the other settings' are in `--json`).
+fn settings_table(out: &mut String, s: &Section) {
+    out.push_str("<h3>Settings: reserved peak and first OOM</h3>\n<table class=\"numbers settings\"><tr><th>setting</th><th>reserved peak</th><th>at op</th><th>allocated there</th><th>largest site at the peak</th><th>first OOM</th></tr>\n");
+    for (i, e) in s.explanations.iter().enumerate() {
+        let _ = write!(
+            out,
+            r#"<tr><td><span class="swatch" style="background:{}"></span>{}</td>"#,
+            COLORS[i % COLORS.len()],
+            esc(&e.setting)
+        );
+        match &e.peak {
+            Some(p) => {
+                let top = p.top_sites.first().map_or("-".to_string(), |t| {
+                    format!("{} ({})", esc(&t.site), format_size(t.bytes))
+                });
+                let _ = write!(
+                    out,
+                    "<td>{}</td><td>{}</td><td>{}</td><td>{top}</td>",
+                    format_size(p.reserved),
+                    p.op,
+                    format_size(p.allocated)
+                );
+            }
+            None => out.push_str("<td>-</td><td>-</td><td>-</td><td>-</td>"),
+        }
+        let oom = e.oom.as_ref().map_or("none".to_string(), |o| {
+            format!(
+                "op {}: short by {}",
+                o.op,
+                format_size(o.diagnosis.shortfall)
+            )
+        });
+        let _ = writeln!(out, "<td>{oom}</td></tr>");
+    }
+    out.push_str("</table>\n");
+    if let Some((e, p)) = s
+        .explanations
+        .first()
+        .and_then(|e| e.peak.as_ref().map(|p| (e, p)))
+    {
+        let _ = writeln!(
+            out,
+            "<h3>{}: live allocations by site at its reserved peak (op {})</h3>",
+            esc(&e.setting),
+            p.op
+        );
+        sites_html(out, &p.top_sites);
+    }
+}
+
+/// Each setting's first OOM, explained.
 fn explanations(out: &mut String, s: &Section) {
     for e in &s.explanations {
-        if let Some(p) = &e.peak {
-            let _ = writeln!(
-                out,
-                "<h3>{}: reserved peak {} at op {} ({} allocated): live allocations by site</h3>",
-                esc(&e.setting),
-                format_size(p.reserved),
-                p.op,
-                format_size(p.allocated)
-            );
-            sites_html(out, &p.top_sites);
-        }
         if let Some(o) = &e.oom {
             let _ = writeln!(
                 out,
@@ -318,7 +368,32 @@ fn timeline(out: &mut String, k: usize, s: &Section, which: &str, label: &str) {
             COLORS[i % COLORS.len()]
         );
     }
+    oom_markers(out, s, &x, ph);
     out.push_str("</svg>\n");
+}
+
+/// A dashed vertical line at each setting's first OOM, with a `<title>`
+/// naming the setting, the op and the request (`class="oom-marker"`,
+/// `data-setting`, `data-op`).
+fn oom_markers(out: &mut String, s: &Section, x: &dyn Fn(u64) -> f64, ph: f64) {
+    for (i, r) in s.reports.iter().enumerate() {
+        let Some(o) = &r.first_oom else { continue };
+        let xx = x(o.op);
+        let _ = writeln!(
+            out,
+            r##"<g class="oom-marker" data-setting="{}" data-op="{}"><title>OOM with {} at op {}: {}</title><line x1="{xx:.1}" x2="{xx:.1}" y1="{TOP}" y2="{:.1}" stroke="{}" stroke-width="2" stroke-dasharray="5,3"/><text x="{:.1}" y="{:.1}" font-size="11" fill="#b00">OOM ({})</text></g>"##,
+            esc(&r.setting),
+            o.op,
+            esc(&r.setting),
+            o.op,
+            esc(&o.message),
+            TOP + ph,
+            COLORS[i % COLORS.len()],
+            xx + 3.0,
+            TOP + 10.0 + 12.0 * i as f64,
+            esc(&r.setting)
+        );
+    }
 }
 
 /// The segment map: segments in address order laid along rows, each row
@@ -508,12 +583,22 @@ table.numbers td, table.numbers th { border: 1px solid #ccc; padding: 3px 8px; t
 table.numbers td:first-child { text-align: left; }
 .swatch, .legend span { display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 10px; vertical-align: middle; }
 p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
+div.summary { border: 2px solid #444; padding: 4px 12px; max-width: 1176px; font-size: 14px; background: #fafafa; }
+div.summary dt { font-weight: bold; float: left; width: 130px; clear: left; } div.summary dd { margin: 0 0 4px 140px; }
+div.summary dd.oom { color: #b00; font-weight: bold; } div.summary ul { margin: 0; padding-left: 16px; }
 </style></head><body>
 <h1>Reservoir replay report</h1>
 "#,
     );
     for (k, s) in sections.iter().enumerate() {
         let _ = writeln!(out, "<section id=\"input-{k}\"><h2>{}</h2>", esc(&s.title));
+        // What a reader needs first: the summary, the settings, the OOM
+        // explained; then the timelines and the numbers.
+        if let Some(summary) = &s.summary {
+            summary.html(&mut out);
+        }
+        settings_table(&mut out, s);
+        explanations(&mut out, s);
         out.push_str("<p class=\"legend\">");
         for (i, r) in s.reports.iter().enumerate() {
             let _ = write!(
@@ -529,7 +614,6 @@ p.fidelity { font-size: 13px; } p.legend { font-size: 12px; }
         segment_map(&mut out, k, s);
         numbers(&mut out, s);
         out.push_str(&s.limit);
-        explanations(&mut out, s);
         crate::lints::render_html(&mut out, &s.lints);
         out.push_str("</section>\n");
     }

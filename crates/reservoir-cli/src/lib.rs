@@ -29,6 +29,7 @@ mod par;
 mod ranks;
 mod replay_cmd;
 mod size;
+mod summary;
 mod table;
 
 use std::collections::HashSet;

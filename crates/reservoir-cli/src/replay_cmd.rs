@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use crate::{
     check_work, explain, html, limit, lints, load_recorded, load_workload_counted, max_replay_ooms,
-    par, replays_per_setting, settings, table, RecordedInput, ReplayArgs,
+    par, replays_per_setting, settings, summary::Summary, table, RecordedInput, ReplayArgs,
 };
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
@@ -201,7 +201,7 @@ impl Run<'_> {
             reports.push(rr.report);
         }
         let title = format!("{} (device {})", input.file, input.rec.device);
-        let (explanations, lints, analysis, limit_html) = Analysed {
+        let (explanations, lints, analysis, limit_html, summary) = Analysed {
             label: &title,
             trace: &input.rec.trace,
             start: Some(&input.rec.start),
@@ -242,6 +242,7 @@ impl Run<'_> {
                 ""
             }
         );
+        push_summary(&mut text, summary.as_ref());
         text.push_str(&analysis);
         fidelity_text(&mut text, input, args.start, &fids, &reports);
         text.push('\n');
@@ -259,7 +260,8 @@ impl Run<'_> {
                 .with_lints(lints)
                 .with_skipped(describe_skipped(&input.skipped))
                 .with_recorder_note(input.recorder.note())
-                .with_limit(limit_html),
+                .with_limit(limit_html)
+                .with_summary(summary),
             )
         } else {
             None
@@ -304,7 +306,7 @@ impl Run<'_> {
             json.push(serde_json::to_value(r).context("serializing a report")?);
         }
         let title = format!("workload {}", w.spec());
-        let (explanations, lints, analysis, limit_html) = Analysed {
+        let (explanations, lints, analysis, limit_html, summary) = Analysed {
             label: &title,
             trace,
             start: None,
@@ -325,13 +327,15 @@ impl Run<'_> {
             settings.len(),
             self.start.elapsed().as_secs_f64()
         );
+        push_summary(&mut text, summary.as_ref());
         text.push_str(&analysis);
         let section = if self.args.html.is_some() {
             Some(
                 html::Section::workload(title, trace, settings, options.capacity, &reports)?
                     .with_explanations(explanations)
                     .with_lints(lints)
-                    .with_limit(limit_html),
+                    .with_limit(limit_html)
+                    .with_summary(summary),
             )
         } else {
             None
@@ -481,8 +485,23 @@ struct Analysed<'a> {
 }
 
 /// What [`Analysed::analyse`] returns: the explanations, the lints, the
-/// text, and the HTML of the limit (with `--min-capacity`).
-type Analysis = (Vec<Explanation>, Vec<SettingLints>, String, Option<String>);
+/// text, the HTML of the limit (with `--min-capacity`) and the summary of
+/// the first setting.
+type Analysis = (
+    Vec<Explanation>,
+    Vec<SettingLints>,
+    String,
+    Option<String>,
+    Option<Summary>,
+);
+
+/// The summary block at the top of an input's text (after its header).
+fn push_summary(text: &mut String, summary: Option<&Summary>) {
+    if let Some(s) = summary {
+        text.push_str(&s.text());
+        text.push('\n');
+    }
+}
 
 impl Analysed<'_> {
     /// Explain each setting's reserved peak and first OOM, lint it and,
@@ -539,7 +558,20 @@ impl Analysed<'_> {
                 }
             }
         }
-        let mut text = render_table(reports, mins.as_deref(), limit.as_ref(), ends);
+        let headline = mins.as_deref().and_then(min_capacity_headline);
+        let ends = ends.filter(|_| mins.is_some());
+        let summary = reports
+            .first()
+            .map(|r| Summary::new(r, explanations.first(), headline.as_deref(), ends));
+        if let Some(s) = &summary {
+            let value = serde_json::to_value(s).context("serializing the summary")?;
+            for v in json.iter_mut() {
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("summary".into(), value.clone());
+                }
+            }
+        }
+        let mut text = render_table(reports, mins.as_deref(), headline, limit.as_ref(), ends);
         text.push_str(&explain::render_text(&explanations));
         let lints = lints::lint_all(
             self.trace,
@@ -558,7 +590,7 @@ impl Analysed<'_> {
                 .collect();
             limit::html(l, &named, taxes)
         });
-        Ok((explanations, lints, text, html))
+        Ok((explanations, lints, text, html, summary))
     }
 }
 
@@ -661,6 +693,7 @@ fn min_capacity_headline(mins: &[MinCapacity]) -> Option<String> {
 fn render_table(
     reports: &[ReplayReport],
     mins: Option<&[MinCapacity]>,
+    headline: Option<String>,
     limit: Option<&(Limit, Vec<Option<limit::Tax>>)>,
     ends_at_oom: Option<u64>,
 ) -> String {
@@ -677,7 +710,7 @@ fn render_table(
         extra.push(("fragmentation tax (vs best placement)", cells));
     }
     let mut out = table::render_with(reports, extra);
-    if let Some(h) = min_capacity_headline(mins) {
+    if let Some(h) = headline {
         let _ = writeln!(
             out,
             "

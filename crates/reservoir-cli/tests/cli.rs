@@ -1324,3 +1324,172 @@ fn a_recording_that_ends_at_its_oom_says_so() {
     );
     let _ = std::fs::remove_file(file);
 }
+
+/// The summary (issue 41 item 4) of `page`: what comes before the first
+/// timeline, from the `<body>` on.
+fn before_timelines(page: &str) -> &str {
+    let body = page.find("<body>").expect("a body");
+    let end = page.find("<svg class=\"timeline\"").unwrap_or(page.len());
+    &page[body..end]
+}
+
+#[test]
+fn the_summary_comes_first_in_text_html_and_json() {
+    // gpt-train on 860 MiB: PyTorch mode runs out of memory, 30 MiB short;
+    // expandable segments fit.
+    let html = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("summary.html");
+    let args = [
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "-p",
+        "expandable",
+        "--capacity",
+        "860MiB",
+        "--min-capacity",
+        "--html",
+        html.to_str().unwrap(),
+    ];
+    let o = reservoir(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    // The text: the summary, before the table.
+    let summary = out.find("summary (pytorch):").expect(&out);
+    let table = out.find("\npeak reserved ").expect(&out);
+    assert!(
+        summary < table,
+        "the summary is not above the table:\n{out}"
+    );
+    let block = &out[summary..table];
+    for needle in [
+        "  what happened: OOM at op ",
+        ": short by 30.00 MiB (",
+        "  why:           fragmentation (scattered) 47.00 MiB: ",
+        "  what to do:    set `expandable_segments:True` in the settings: proven by replay: no OOM",
+        "  what fits:     this run fits on a ",
+    ] {
+        assert!(block.contains(needle), "missing {needle:?} in\n{block}");
+    }
+    let (what, why, todo, fits) = (
+        block.find("what happened").unwrap(),
+        block.find("why:").unwrap(),
+        block.find("what to do").unwrap(),
+        block.find("what fits").unwrap(),
+    );
+    assert!(what < why && why < todo && todo < fits, "{block}");
+
+    // The JSON: a `summary` object per report, the same for each setting
+    // of the input, made of the explanation's numbers.
+    let o = reservoir(&[&args[..10], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let s = &v[0]["summary"];
+    assert_eq!(s, &v[1]["summary"]);
+    assert_eq!(s["setting"], "pytorch");
+    let op = v[0]["explain"]["oom"]["op"].as_u64().unwrap();
+    assert_eq!(s["oom_op"], op);
+    assert_eq!(s["shortfall"], 30 << 20);
+    assert_eq!(s["peak_reserved"], v[0]["peak_reserved"]);
+    assert_eq!(
+        s["happened"],
+        format!("OOM at op {op}: short by 30.00 MiB (1 OOM in all)")
+    );
+    assert_eq!(s["why"][0]["cause"], "fragmentation (scattered)");
+    assert_eq!(s["why"][0]["bytes"], 47 << 20);
+    assert_eq!(s["fix"], v[0]["explain"]["oom"]["diagnosis"]["verdict"]);
+    assert!(
+        s["fits"]
+            .as_str()
+            .unwrap()
+            .starts_with("this run fits on a "),
+        "{s}"
+    );
+
+    // The HTML: the summary and the diagnosis before the timelines, within
+    // the first screen (the first 4,000 bytes of the body); one table of
+    // settings; an OOM marker on each timeline for PyTorch mode only.
+    let page = std::fs::read_to_string(&html).unwrap();
+    let first = before_timelines(&page);
+    let body = &page[page.find("<body>").unwrap()..];
+    let at = body.find("<div class=\"summary\">").expect("a summary");
+    let short = body.find(": short by 30.00 MiB").expect("the shortfall");
+    let fix = body
+        .find("<dt>What to do</dt><dd>set `expandable_segments:True`")
+        .expect("the fix");
+    assert!(
+        at < short && short < fix && fix < 4_000,
+        "{}",
+        &body[..fix.min(6_000)]
+    );
+    assert!(first.contains("<table class=\"numbers settings\">"));
+    assert!(first.contains("Diagnosis: <b>30.00 MiB short</b>"));
+    assert_eq!(
+        page.matches("<table class=\"numbers settings\">").count(),
+        1
+    );
+    assert_eq!(
+        page.matches("live allocations by site at its reserved peak")
+            .count(),
+        1
+    );
+    assert!(
+        !page.contains("expandable: reserved peak"),
+        "a per-setting peak table"
+    );
+    let marker = format!("<g class=\"oom-marker\" data-setting=\"pytorch\" data-op=\"{op}\"><title>OOM with pytorch at op {op}: ");
+    assert_eq!(page.matches(&marker).count(), 2, "one marker per timeline");
+    assert_eq!(
+        page.matches("class=\"oom-marker\"").count(),
+        2,
+        "no marker without an OOM"
+    );
+}
+
+#[test]
+fn a_real_snapshot_has_its_summary_first() {
+    let Some(file) = shared_trace("select_n-bert-llama/ec5be110_snapshot.pickle") else {
+        eprintln!("skipped: ../shared/traces not found");
+        return;
+    };
+    let html = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("summary-real.html");
+    let file = file.to_str().unwrap();
+    // As recorded: no OOM.
+    let o = reservoir(&["replay", file, "-p", "pytorch", "-p", "expandable"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let summary = out
+        .find("summary (pytorch):\n  what happened: no OOM, peak reserved 20.97 GiB\n")
+        .expect(&out);
+    assert!(summary < out.find("\npeak reserved ").expect(&out), "{out}");
+    // On 19 GiB: an OOM, diagnosed first and marked on the timelines.
+    let o = reservoir(&[
+        "replay",
+        file,
+        "-p",
+        "pytorch",
+        "-p",
+        "expandable",
+        "--capacity",
+        "19GiB",
+        "--html",
+        html.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let op = v[0]["summary"]["oom_op"]
+        .as_u64()
+        .expect("an OOM on 19 GiB");
+    assert!(v[0]["summary"]["shortfall"].as_u64().unwrap() > 0);
+    assert!(!v[0]["summary"]["why"].as_array().unwrap().is_empty());
+    let page = std::fs::read_to_string(&html).unwrap();
+    let first = before_timelines(&page);
+    assert!(
+        first.contains(&format!("OOM at op {op}: short by ")),
+        "{first}"
+    );
+    assert!(first.contains("<dt>What to do</dt>"));
+    assert!(page.contains(&format!("data-setting=\"pytorch\" data-op=\"{op}\"")));
+}

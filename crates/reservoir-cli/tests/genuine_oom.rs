@@ -175,4 +175,32 @@ fn a_genuine_pytorch_oom_is_reproduced_and_explained() {
     ] {
         assert!(out.contains(needle), "missing {needle:?} in\n{out}");
     }
+    // The summary (issue 41 item 4), first: the OOM PyTorch had, its
+    // shortfall, the fragmentation, the proven fix.
+    let s = &pytorch["summary"];
+    assert_eq!(s["oom_op"], first["op"]);
+    assert_eq!(s["shortfall"], d["shortfall"]);
+    assert_eq!(
+        s["why"][0]["cause"]
+            .as_str()
+            .map(|c| c.starts_with("fragmentation")),
+        Some(true),
+        "{s}"
+    );
+    assert_eq!(s["fix"], d["verdict"]);
+    let summary = out.find("summary (pytorch):").expect(&out);
+    assert!(summary < out.find("\npeak reserved ").expect(&out), "{out}");
+    let happened = format!(
+        "  what happened: OOM at op {}: short by {} (1 OOM in all)\n",
+        first["op"],
+        mib(d["shortfall"].as_u64().unwrap())
+    );
+    assert!(
+        out[summary..].contains(&happened),
+        "missing {happened:?} in\n{out}"
+    );
+    assert!(
+        out[summary..].contains("  what to do:    set `expandable_segments:True` in the settings"),
+        "{out}"
+    );
 }

@@ -384,6 +384,14 @@ class Report(_JsonObject):
         """What the allocator did that wasted memory or time (see the text report)."""
         return list(self._d.get("lints") or [])
 
+    @property
+    def summary(self) -> Optional[Dict[str, Any]]:
+        """What the report says first, for the input's first setting:
+        ``happened``, ``why``, ``fix``, ``fits`` (and ``oom_op``,
+        ``shortfall``, ``peak_reserved``); docs/replay.md, ``summary``."""
+        s = self._d.get("summary")
+        return dict(s) if s is not None else None
+
     def row(self) -> Dict[str, Any]:
         """The scalar numbers of the report, for a table."""
         return {
