@@ -13,6 +13,7 @@
 //! reservoir workloads
 //! reservoir compare [--traces DIR] [--policy NAME]... [--no-workloads] [--no-traces] [--json]
 //! reservoir diff A B [--json OUT] [--html OUT] [--policy NAME | --setting NAME=CONF] [--top N]
+//! reservoir predict FILE@SIZE [FILE@SIZE]... --at SIZE [--capacity SIZE] [--json]
 //! ```
 
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ mod limit;
 mod lints;
 pub mod output;
 mod par;
+mod predict;
 mod ranks;
 mod replay_cmd;
 mod size;
@@ -85,6 +87,12 @@ enum Command {
     /// fragmentation, as the allocator ran each (the recording, replayed in
     /// PyTorch mode).
     Diff(diff::DiffArgs),
+    /// Predict a program's peak memory at another batch or context size
+    /// from recordings of it at other sizes (`FILE@SIZE`): the recorded
+    /// trace is scaled (each allocation by its own law, fitted across the
+    /// recordings) and replayed with each setting; with `--capacity`, also
+    /// the largest size that fits.
+    Predict(predict::PredictArgs),
 }
 
 #[derive(Debug, Args)]
@@ -307,6 +315,7 @@ fn execute(command: Command) -> Result<()> {
         Command::Workloads => cmd_workloads(),
         Command::Compare(args) => compare::cmd_compare(args),
         Command::Diff(args) => diff::cmd_diff(args),
+        Command::Predict(args) => predict::cmd_predict(args),
     }
 }
 
@@ -634,6 +643,9 @@ struct Converted {
     /// The allocator that recorded the file (its padding is modelled in
     /// `rec`).
     recorder: Detection,
+    /// The device's recorded entries (their stacks key `reservoir
+    /// predict`'s matching).
+    entries: Vec<reservoir::observe::trace::TraceEntry>,
 }
 
 /// The trace entries a reader skipped for an unknown action, by action.
@@ -672,7 +684,8 @@ fn convert_file_as(
     let (recorded, choice) = recorded_setting_as(&loaded, &input, torch);
     let recorder = recorder::detect(&loaded);
     let mut out = Vec::new();
-    for dev in &input.devices {
+    let synthetic = input.addresses == AddressKind::Synthetic;
+    for dev in input.devices {
         if device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
             continue;
         }
@@ -680,7 +693,7 @@ fn convert_file_as(
         let config = ReplaySetting::new(recorded.name.clone(), dev_config.clone())
             .allocator_config()
             .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
-        let mut rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
+        let mut rec = convert(&dev, &config, synthetic)
             .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
         recorder.model(&mut rec);
         out.push(Converted {
@@ -689,6 +702,7 @@ fn convert_file_as(
             events: dev.events.len() as u64,
             rec,
             recorder: recorder.clone(),
+            entries: dev.events,
         });
     }
     if out.is_empty() {
