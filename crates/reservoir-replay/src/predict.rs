@@ -273,7 +273,7 @@ impl Sample {
     /// This recording with every allocation the rule scales multiplied by
     /// `factor` (`reservoir replay --scale`), and how many were scaled.
     pub fn scaled(&self, factor: f64) -> Result<Synthesis, PredictError> {
-        if !(factor > 0.0 && factor <= MAX_EXTRAPOLATION as f64) {
+        if factor.is_nan() || factor <= 0.0 || factor > MAX_EXTRAPOLATION as f64 {
             return Err(PredictError::BadFactor { factor });
         }
         let at = self.size as f64 * factor;
@@ -349,7 +349,7 @@ impl Synthesis {
     }
 
     fn set_in(&mut self, a: &Alloc, bytes: f64, g: u64, how: &str) -> Result<(), PredictError> {
-        if !(bytes <= MAX_CAPACITY as f64) {
+        if bytes.is_nan() || bytes > MAX_CAPACITY as f64 {
             return Err(PredictError::TooLarge {
                 at: self.at,
                 op: a.op,

@@ -151,11 +151,12 @@ fn solve(kind: LawKind, points: &[(f64, f64)], unit: f64) -> Option<Law> {
             return None;
         }
         m.swap(col, pivot);
-        for row in 0..n {
+        let pivot_row = m[col];
+        for (row, r) in m.iter_mut().enumerate().take(n) {
             if row != col {
-                let f = m[row][col] / m[col][col];
-                for k in col..=n {
-                    m[row][k] -= f * m[col][k];
+                let f = r[col] / pivot_row[col];
+                for (x, p) in r.iter_mut().zip(pivot_row).skip(col).take(n + 1 - col) {
+                    *x -= f * p;
                 }
             }
         }
