@@ -161,6 +161,15 @@ struct ReplayArgs {
     #[arg(long, value_name = "MODE", default_value = "recorded")]
     start: StartMode,
 
+    /// Replay the recording at another batch or context size, F times
+    /// the recorded one (a one-recording what-if, as `reservoir predict`
+    /// with one recording): every allocation made and freed within the
+    /// trace (activations, temporaries) asks for F times its bytes; those
+    /// made before the trace, never freed in it, or by the optimizer keep
+    /// their size. A number above 0, at most 64; needs `--start cold`.
+    #[arg(long, value_name = "F")]
+    scale: Option<f64>,
+
     /// Also find, for each setting, the smallest device capacity (to 2 MiB)
     /// on which the trace runs without an out-of-memory error, by bisection
     /// over the deterministic replay; prints the headline "fits on a X GPU
@@ -721,17 +730,32 @@ fn convert_file_as(
 /// Load `path` and convert the trace of each selected device.
 fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
     let (_, devices, skipped, torch) = convert_file_as(path, args.device, args.torch)?;
+    if args.scale.is_some() && args.start != StartMode::Cold {
+        bail!(
+            "--scale replays from a cold start (the recorded segments hold the recorded sizes): \
+             add --start cold"
+        );
+    }
     let mut out = Vec::new();
     for Converted {
         events,
         rec,
         recorder,
         config,
+        entries,
         ..
     } in devices
     {
         let settings = settings(args, Some(&config))?;
         let live_at_start = rec.live_at_start_count();
+        let rec = match args.scale {
+            Some(f) => {
+                let label = path.display().to_string();
+                let sample = reservoir_replay::predict::Sample::new(label, 1, rec, &entries)?;
+                sample.scaled(f)?.trace
+            }
+            None => rec,
+        };
         let rec = rec.with_start(args.start);
         let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
         out.push(RecordedInput {

@@ -313,3 +313,32 @@ fn real_cs336_context_512_from_128_and_256() {
     let cold = replay_peaks(&paths[1], &["--start", "cold"]);
     assert_eq!(settings_peaks(&v), cold);
 }
+
+/// `reservoir replay FILE --scale F --start cold` is the one-recording
+/// prediction at F times the size; a bad factor, or the recorded start,
+/// is refused.
+#[test]
+fn replay_scale_is_the_one_recording_prediction() {
+    let x4 = at(4);
+    let v = predict_json(&[arg(&x4, 4)], &["--at", "8"]);
+    let scaled = replay_peaks(&x4, &["--scale", "2", "--start", "cold"]);
+    assert_eq!(settings_peaks(&v), scaled);
+    let half = replay_peaks(&x4, &["--scale", "0.5", "--start", "cold"]);
+    assert!(half[0].1 < scaled[0].1);
+    let f = x4.to_str().unwrap();
+    for (args, want) in [
+        (vec!["--scale", "0", "--start", "cold"], "scale factor 0"),
+        (vec!["--scale", "65", "--start", "cold"], "scale factor 65"),
+        (
+            vec!["--scale", "NaN", "--start", "cold"],
+            "scale factor NaN",
+        ),
+        (vec!["--scale", "2"], "add --start cold"),
+    ] {
+        let mut all = vec!["replay", f];
+        all.extend(args.iter().copied());
+        let out = reservoir(&all);
+        assert!(!out.status.success(), "{all:?} should fail");
+        assert!(stderr(&out).contains(want), "{all:?}: {}", stderr(&out));
+    }
+}
