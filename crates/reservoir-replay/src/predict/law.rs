@@ -183,7 +183,7 @@ mod tests {
             (&|_| 4096.0, LawKind::Constant),
             (&|x| 8.0 * 768.0 * x * 4.0, LawKind::Linear),
             (&|x| 8.0 * 12.0 * x * x * 4.0, LawKind::Quadratic),
-            (&|x| 512.0 + 1024.0 * x, LawKind::Affine),
+            (&|x| 1048576.0 + 1024.0 * x, LawKind::Affine),
         ];
         for (f, kind) in cases {
             let law = Law::fit(&pts(f, &two), 512.0);
