@@ -13,6 +13,7 @@
 //! reservoir workloads
 //! reservoir compare [--traces DIR] [--policy NAME]... [--no-workloads] [--no-traces] [--json]
 //! reservoir diff A B [--json OUT] [--html OUT] [--policy NAME | --setting NAME=CONF] [--top N]
+//! reservoir predict FILE@SIZE [FILE@SIZE]... --at SIZE [--capacity SIZE] [--json]
 //! ```
 
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ mod limit;
 mod lints;
 pub mod output;
 mod par;
+mod predict;
 mod ranks;
 mod replay_cmd;
 mod size;
@@ -86,6 +88,12 @@ enum Command {
     /// fragmentation, as the allocator ran each (the recording, replayed in
     /// PyTorch mode).
     Diff(diff::DiffArgs),
+    /// Predict a program's peak memory at another batch or context size
+    /// from recordings of it at other sizes (`FILE@SIZE`): the recorded
+    /// trace is scaled (each allocation by its own law, fitted across the
+    /// recordings) and replayed with each setting; with `--capacity`, also
+    /// the largest size that fits.
+    Predict(predict::PredictArgs),
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +161,15 @@ struct ReplayArgs {
     /// compared on this).
     #[arg(long, value_name = "MODE", default_value = "recorded")]
     start: StartMode,
+
+    /// Replay the recording at another batch or context size, F times
+    /// the recorded one (a one-recording what-if, as `reservoir predict`
+    /// with one recording): every allocation made and freed within the
+    /// trace (activations, temporaries) asks for F times its bytes; those
+    /// made before the trace, never freed in it, or by the optimizer keep
+    /// their size. A number above 0, at most 64; needs `--start cold`.
+    #[arg(long, value_name = "F")]
+    scale: Option<f64>,
 
     /// Also find, for each setting, the smallest device capacity (to 2 MiB)
     /// on which the trace runs without an out-of-memory error, by bisection
@@ -308,6 +325,7 @@ fn execute(command: Command) -> Result<()> {
         Command::Workloads => cmd_workloads(),
         Command::Compare(args) => compare::cmd_compare(args),
         Command::Diff(args) => diff::cmd_diff(args),
+        Command::Predict(args) => predict::cmd_predict(args),
     }
 }
 
@@ -635,6 +653,9 @@ struct Converted {
     /// The allocator that recorded the file (its padding is modelled in
     /// `rec`).
     recorder: Detection,
+    /// The device's recorded entries (their stacks key `reservoir
+    /// predict`'s matching).
+    entries: Vec<reservoir::observe::trace::TraceEntry>,
 }
 
 /// The trace entries a reader skipped for an unknown action, by action.
@@ -673,7 +694,8 @@ fn convert_file_as(
     let (recorded, choice) = recorded_setting_as(&loaded, &input, torch);
     let recorder = recorder::detect(&loaded);
     let mut out = Vec::new();
-    for dev in &input.devices {
+    let synthetic = input.addresses == AddressKind::Synthetic;
+    for dev in input.devices {
         if device.is_some_and(|d| d != dev.device) || dev.events.is_empty() {
             continue;
         }
@@ -681,7 +703,7 @@ fn convert_file_as(
         let config = ReplaySetting::new(recorded.name.clone(), dev_config.clone())
             .allocator_config()
             .with_context(|| format!("{}: recorded allocator settings", path.display()))?;
-        let mut rec = convert(dev, &config, input.addresses == AddressKind::Synthetic)
+        let mut rec = convert(&dev, &config, synthetic)
             .with_context(|| format!("{}, device {}", path.display(), dev.device))?;
         recorder.model(&mut rec);
         out.push(Converted {
@@ -690,6 +712,7 @@ fn convert_file_as(
             events: dev.events.len() as u64,
             rec,
             recorder: recorder.clone(),
+            entries: dev.events,
         });
     }
     if out.is_empty() {
@@ -708,17 +731,32 @@ fn convert_file_as(
 /// Load `path` and convert the trace of each selected device.
 fn load_recorded(path: &std::path::Path, args: &ReplayArgs) -> Result<Vec<RecordedInput>> {
     let (_, devices, skipped, torch) = convert_file_as(path, args.device, args.torch)?;
+    if args.scale.is_some() && args.start != StartMode::Cold {
+        bail!(
+            "--scale replays from a cold start (the recorded segments hold the recorded sizes): \
+             add --start cold"
+        );
+    }
     let mut out = Vec::new();
     for Converted {
         events,
         rec,
         recorder,
         config,
+        entries,
         ..
     } in devices
     {
         let settings = settings(args, Some(&config))?;
         let live_at_start = rec.live_at_start_count();
+        let rec = match args.scale {
+            Some(f) => {
+                let label = path.display().to_string();
+                let sample = reservoir_replay::predict::Sample::new(label, 1, rec, &entries)?;
+                sample.scaled(f)?.trace
+            }
+            None => rec,
+        };
         let rec = rec.with_start(args.start);
         let capacity = args.capacity.or(rec.capacity).unwrap_or(DEFAULT_CAPACITY);
         out.push(RecordedInput {

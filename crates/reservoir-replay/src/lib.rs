@@ -38,6 +38,7 @@ pub mod input;
 pub mod oracle_trace;
 pub mod pickle;
 pub mod placement;
+pub mod predict;
 pub mod recorder;
 pub mod replay;
 pub mod torch_release;
