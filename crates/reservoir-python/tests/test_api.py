@@ -392,3 +392,36 @@ def test_ctrl_c_interrupts_the_api():
     # Interrupted at sent_at (plus start-up); the whole run took run_s.
     assert float(at_s) < (sent_at + float(run_s)) / 2, (
         f"KeyboardInterrupt came only after the run: at {at_s} s of a {run_s} s run")
+
+
+CS336 = TRACES / "cs336-kkaitlyn111"
+
+
+def test_predict_is_the_commands():
+    """reservoir.predict({path: size}, at=) is `reservoir predict FILE@SIZE
+    ... --at SIZE --json` (issue 41 item 3): the real cs336 forward pass at
+    context 512 predicted from 128 and 256, and the recorded size itself."""
+    a = CS336 / "a97ea92b_memory_ctx128_forward_.pickle"
+    b = CS336 / "019e70b3_memory_ctx256_forward_.pickle"
+    got = reservoir.predict({a: 128, b: 256}, at=512)
+    p = cli("predict", f"{a}@128", f"{b}@256", "--at", "512", "--json")
+    assert untimed(got) == untimed(json.loads(p.stdout))
+    assert got["at"] == 512
+    assert got["predicted"]["peak_allocated"] > 0
+    assert got["predicted"]["peak_reserved"] >= got["predicted"]["peak_allocated"]
+    assert [r["size"] for r in got["recordings"]] == [128, 256]
+    # A list of pairs, with a capacity: the largest size that fits.
+    fit = reservoir.predict([(a, 128), (b, 256)], at=512, capacity="80GiB")
+    assert fit["predicted"]["largest_fitting"]["kind"] == "size"
+    assert fit["predicted"]["largest_fitting"]["size"] > 512
+
+
+def test_predict_refuses_bad_input(capfd, tmp_path):
+    a = CS336 / "a97ea92b_memory_ctx128_forward_.pickle"
+    assert "recordings: none given" in api_error(capfd, lambda: reservoir.predict({}, at=512))
+    assert "at=0" in api_error(capfd, lambda: reservoir.predict({a: 128}, at=0))
+    assert "at=True" in api_error(capfd, lambda: reservoir.predict({a: 128}, at=True))
+    assert "size -1" in api_error(capfd, lambda: reservoir.predict({a: -1}, at=512))
+    assert "expected (source, size)" in api_error(capfd, lambda: reservoir.predict([a], at=512))
+    missing = tmp_path / "none.pickle"
+    assert "none.pickle" in api_error(capfd, lambda: reservoir.predict({missing: 128}, at=512))

@@ -159,6 +159,26 @@ def test_console_script_memory_urls(mem, capfd):
     assert capfd.readouterr().err == "error: memory://runs/none.pickle: No such file or directory\n"
 
 
+def test_predict_reads_urls(mem, capfd):
+    """reservoir.predict and `reservoir predict URL@SIZE` read snapshots by
+    URL, and say the same as for the local files (the reports name the URL
+    in the API)."""
+    cs = TRACES / "cs336-kkaitlyn111"
+    a, b = cs / "a97ea92b_memory_ctx128_forward_.pickle", cs / "019e70b3_memory_ctx256_forward_.pickle"
+    mem.pipe("/runs/c/ctx128.pickle", a.read_bytes())
+    mem.pipe("/runs/c/ctx256.pickle", b.read_bytes())
+    urls = {"memory://runs/c/ctx128.pickle": 128, "memory://runs/c/ctx256.pickle": 256}
+    remote = reservoir.predict(urls, at=512)
+    local = reservoir.predict({a: 128, b: 256}, at=512)
+    assert [r["file"] for r in remote["recordings"]] == list(urls)
+    assert untimed(remote, ("file", "base")) == untimed(local, ("file", "base"))
+    capfd.readouterr()
+    args = ["predict", "memory://runs/c/ctx128.pickle@128", "memory://runs/c/ctx256.pickle@256", "--at", "512", "--json"]
+    assert console.main(args) == 0
+    out = json.loads(capfd.readouterr().out)
+    assert out["predicted"] == local["predicted"]
+
+
 def test_console_script_file_url():
     """`reservoir replay file://...` as a user runs it (a child process)."""
     run = [sys.executable, "-m", "reservoir", "replay", "-p", "pytorch", "--json"]

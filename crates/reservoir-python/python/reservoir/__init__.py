@@ -30,6 +30,7 @@ from ._api import (
     Report,
     Site,
     compare,
+    predict,
     replay,
 )
 
@@ -45,5 +46,6 @@ __all__ = [
     "Site",
     "__version__",
     "compare",
+    "predict",
     "replay",
 ]

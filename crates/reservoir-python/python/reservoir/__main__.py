@@ -86,6 +86,13 @@ def _localize(args: List[str], tmp: str) -> List[str]:
         if not _remote.is_url(value):
             out.append(a)
             continue
+        # `reservoir predict URL@SIZE`: the URL is the part before the last
+        # `@` when a whole number follows it.
+        url, at, size = value.rpartition("@")
+        if command == "predict" and name is None and at and size.isdigit():
+            local = _remote.fetch(url, os.path.join(tmp, str(n)))
+            out.append(f"{local}@{size}")
+            continue
         if name in outputs:
             raise _native_error(f"{name} {value}: the command writes local files only, not a URL")
         fetch = _remote.fetch_tree if name == "--traces" else _remote.fetch

@@ -830,6 +830,74 @@ def _renamed(text: str, html: Optional[str], local: str, url: str) -> "tuple[str
     return text, html
 
 
+def predict(
+    recordings: Union[Dict[Any, int], Sequence[Tuple[Any, int]]],
+    at: int,
+    capacity: Union[int, str, None] = None,
+    *,
+    device: Optional[int] = None,
+    torch: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Predict the peak memory of another batch or context size from the
+    program's own snapshots (``reservoir predict FILE@SIZE ... --at SIZE
+    --json``).
+
+    * ``recordings``: ``{source: size}`` or ``[(source, size), ...]``: each
+      snapshot (a path, or a URL ``fsspec`` opens: streamed into a temporary
+      file under the input size limit) with the batch or context size it ran
+      at. One recording: activations and temporaries scale linearly with the
+      size; several: each allocation gets its own law (constant, linear,
+      quadratic), fitted across them (docs/replay.md, "Another batch or
+      context size");
+    * ``at``: the size to predict;
+    * ``capacity``: the device (bytes or ``"80GiB"``): also find the largest
+      size that fits it, per setting;
+    * ``device``, ``torch``: as the command's options.
+
+    Returns the command's JSON: ``predicted`` (``peak_allocated``,
+    ``peak_reserved``, ``ooms``, ``fits``, ``largest_fitting``: PyTorch
+    mode), ``settings`` (one per setting), ``recordings``, ``base``,
+    ``sized_by``, ``at``, ``capacity``. A prediction is one fit over its
+    recordings, replayed on every core; it takes no executor. Raises
+    :class:`reservoir.ReservoirError` with the command's message.
+    """
+    pairs = list(recordings.items()) if isinstance(recordings, dict) else list(recordings)
+    if not pairs:
+        raise ReservoirError("recordings: none given (give {path: size}, at least one)")
+    if isinstance(at, bool) or not isinstance(at, int) or at <= 0:
+        raise ReservoirError(f"at={at!r}: expected a batch or context size, a whole number above 0")
+    opts: List[bytes] = [_opt("--at", str(at))]
+    cap = _size("capacity", capacity)
+    if cap is not None:
+        opts.append(_opt("--capacity", cap))
+    if device is not None:
+        opts.append(_opt("--device", _text("device", str(device))))
+    if torch is not None:
+        opts.append(_opt("--torch", _text("torch", str(torch))))
+    opts.append(b"--json")
+    with tempfile.TemporaryDirectory(prefix="reservoir-") as tmp:
+        files: List[bytes] = []
+        renames = []
+        for k, pair in enumerate(pairs):
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ReservoirError(f"recordings[{k}]={pair!r}: expected (source, size)")
+            src, size = pair
+            name = f"recordings[{k}]"
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise ReservoirError(f"{name}: size {size!r}: expected a whole number above 0")
+            if _remote.is_url(src):
+                local = _remote.fetch(_text(name, src), os.path.join(tmp, f"input-{k}"))
+                renames.append((local, src))
+                path = os.fsencode(local)
+            else:
+                path = _path(name, src)
+            files.append(path + b"@" + str(size).encode("ascii"))
+        text, _ = _run("predict", opts, files)
+        for local, url in renames:
+            text, _ = _renamed(text, None, local, url)
+    return json.loads(text)
+
+
 def compare(
     folder: Optional[PathLike] = None,
     policies: Union[str, Sequence[str], None] = None,
