@@ -348,8 +348,9 @@ fn error_chain(e: &anyhow::Error) -> String {
     out
 }
 
-/// The what-if policies replayed on a recorded trace when none is named.
-const DEFAULT_POLICIES: [&str; 6] = [
+/// The what-if policies replayed on a recorded trace when none is named
+/// (and every `reservoir predict`).
+pub(crate) const DEFAULT_POLICIES: [&str; 6] = [
     "pytorch",
     "expandable",
     "reservoir",

@@ -18,16 +18,6 @@ use reservoir_replay::predict::{
 };
 use reservoir_replay::replay::{ReplayReport, ReplaySetting};
 
-/// The settings every prediction is replayed with (as `reservoir replay`).
-const POLICIES: [&str; 6] = [
-    "pytorch",
-    "expandable",
-    "reservoir",
-    "max-split-128",
-    "roundup-4",
-    "gc-0.8",
-];
-
 #[derive(Debug, Args)]
 pub struct PredictArgs {
     /// Recordings of one program, each with the batch or context size it
@@ -162,7 +152,8 @@ fn predict(args: &PredictArgs) -> Result<()> {
     let predictor = Predictor::new(samples)?;
     let syn = predictor.synthesize(args.at)?;
     let base_config = &configs[syn.base];
-    let settings: Vec<ReplaySetting> = POLICIES
+    // Every prediction is replayed with `reservoir replay`'s settings.
+    let settings: Vec<ReplaySetting> = crate::DEFAULT_POLICIES
         .iter()
         .map(|p| policy_setting(p, base_config))
         .collect::<Result<_>>()?;
