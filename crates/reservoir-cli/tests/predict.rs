@@ -97,23 +97,18 @@ fn predict_json(inputs: &[String], extra: &[&str]) -> Value {
 fn replay_peaks(file: &std::path::Path, extra: &[&str]) -> Vec<(String, u64, u64)> {
     let mut args = vec!["replay", file.to_str().unwrap(), "--json"];
     args.extend_from_slice(extra);
-    let v = json_of(&reservoir(&args));
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["setting"].as_str().unwrap().to_string(),
-                r["peak_allocated"].as_u64().unwrap(),
-                r["peak_reserved"].as_u64().unwrap(),
-            )
-        })
-        .collect()
+    peaks(&json_of(&reservoir(&args)))
 }
 
+/// A prediction's `settings`: setting -> (peak allocated, peak reserved).
 fn settings_peaks(v: &Value) -> Vec<(String, u64, u64)> {
-    v["settings"]
-        .as_array()
+    peaks(&v["settings"])
+}
+
+/// A JSON array of per-setting reports: setting -> (peak allocated, peak
+/// reserved).
+fn peaks(rows: &Value) -> Vec<(String, u64, u64)> {
+    rows.as_array()
         .unwrap()
         .iter()
         .map(|r| {

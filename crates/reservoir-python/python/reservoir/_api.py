@@ -803,12 +803,10 @@ def _replay_run(sources: List[Source], opts: List[bytes], want_html: bool) -> "t
                 with open(path, "wb") as f:
                     f.write(bytes(s))
                 files.append(os.fsencode(path))
-            elif _remote.is_url(s):
-                local = _remote.fetch(s, os.path.join(tmp, "input" if k == 0 else f"input-{k}"))  # type: ignore[arg-type]
-                files.append(os.fsencode(local))
-                renames.append((local, s))
             else:
-                files.append(_path("source", s))
+                path, renamed = _local("source", s, tmp, k)
+                files.append(path)
+                renames += renamed
         opts = [*opts, b"--json"]
         if want_html:
             opts.append(_opt("--html", os.fsencode(os.path.join(tmp, "report.html"))))
@@ -816,6 +814,16 @@ def _replay_run(sources: List[Source], opts: List[bytes], want_html: bool) -> "t
         for local, url in renames:
             text, html = _renamed(text, html, local, url)  # type: ignore[arg-type]
     return text, html
+
+
+def _local(name: str, s: Any, tmp: str, k: int) -> "tuple[bytes, List[Tuple[str, str]]]":
+    """The file the command reads for input ``k``, argument ``name``: a URL
+    streamed into ``tmp`` (with ``[(local, url)]``, the copy to rename in
+    the output), else the path's own bytes (and ``[]``)."""
+    if _remote.is_url(s):
+        local = _remote.fetch(_text(name, s), os.path.join(tmp, "input" if k == 0 else f"input-{k}"))
+        return os.fsencode(local), [(local, s)]
+    return _path(name, s), []
 
 
 def _renamed(text: str, html: Optional[str], local: str, url: str) -> "tuple[str, Optional[str]]":
@@ -885,12 +893,8 @@ def predict(
             name = f"recordings[{k}]"
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
                 raise ReservoirError(f"{name}: size {size!r}: expected a whole number above 0")
-            if _remote.is_url(src):
-                local = _remote.fetch(_text(name, src), os.path.join(tmp, f"input-{k}"))
-                renames.append((local, src))
-                path = os.fsencode(local)
-            else:
-                path = _path(name, src)
+            path, renamed = _local(name, src, tmp, k)
+            renames += renamed
             files.append(path + b"@" + str(size).encode("ascii"))
         text, _ = _run("predict", opts, files)
         for local, url in renames:
