@@ -336,6 +336,20 @@ def test_broken_pipe_ends_quietly():
     assert err == b""
 
 
+def test_main_in_process_keeps_the_callers_signal_handlers():
+    """main() called in a process that goes on (a notebook, pytest) puts the
+    caller's SIGPIPE and SIGINT handlers back: left at SIGPIPE's default,
+    this test process died at its next write to a closed pipe (CI, exit
+    141, in a later test that killed a worker)."""
+    import reservoir.__main__ as console
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGPIPE, signal.SIGINT)}
+    assert before[signal.SIGPIPE] != signal.SIG_DFL  # Python ignores SIGPIPE
+    assert console.main(["workloads"]) == 0
+    assert console.main(["replay", "--bogus-option"]) != 0
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_ctrl_c_stops_the_command():
     p = subprocess.Popen([sys.executable, "-m", "reservoir", "replay", "--workload",
                           "gpt-train:layers=48,steps=40", "--min-capacity"],

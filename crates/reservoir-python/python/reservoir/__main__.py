@@ -18,16 +18,50 @@ def main(argv: Optional[List[str]] = None) -> int:
     its exit status.
 
     Ctrl-C and a closed standard output behave as for the Rust binary: the
-    default actions of SIGINT and SIGPIPE are restored first, so Ctrl-C stops
-    the run at once and ``reservoir ... | head`` ends quietly.
+    default actions of SIGINT and SIGPIPE are restored for the run, so Ctrl-C
+    stops it at once and ``reservoir ... | head`` ends quietly. Called with
+    ``argv`` (in a process that goes on: a notebook, a test), it puts the
+    caller's handlers back when it returns.
     """
-    from . import _native
+    if argv is None:  # the process's entry point: the defaults stay to its end
+        _default_signals()
+        return _run(sys.argv[1:])
+    saved = _default_signals()
+    try:
+        return _run(list(argv))
+    finally:
+        # Called in a process that goes on (a notebook, a test), main() puts
+        # the caller's handlers back: a SIGPIPE left at its default kills
+        # that process at its next write to a closed pipe.
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
-    args = sys.argv[1:] if argv is None else list(argv)
+
+def _default_signals() -> dict:
+    """Restore the default actions of SIGINT and SIGPIPE and return the
+    handlers they replaced (only in the main thread, where Python allows it;
+    a handler not set from Python is left alone)."""
+    import threading
+
+    saved = {}
+    if threading.current_thread() is not threading.main_thread():
+        return saved
     for name in ("SIGINT", "SIGPIPE"):
         sig = getattr(signal, name, None)
-        if sig is not None:
-            signal.signal(sig, signal.SIG_DFL)
+        if sig is None:
+            continue
+        previous = signal.getsignal(sig)
+        if previous is None:
+            continue
+        signal.signal(sig, signal.SIG_DFL)
+        saved[sig] = previous
+    return saved
+
+
+def _run(args: List[str]) -> int:
+    """``main``'s body: the Rust command on ``args``, input URLs copied first."""
+    from . import _native
+
     sys.stdout.flush()
     sys.stderr.flush()
     from . import _remote
