@@ -1,52 +1,52 @@
 //! The locks, once-cells and thread-locals of the caching allocator and its
 //! stream shards, as `parking_lot`/`std` normally and as `loom`'s models
-//! under `--cfg loom` (loom sees only its own primitives, so the models in
+//! under the `loom` feature (loom sees only its own primitives, so the models in
 //! `tests/loom.rs` explore every interleaving of these hand-off points).
 //!
 //! The API is the subset the allocator uses: `Mutex::lock`/`get_mut`,
 //! `RwLock::read`/`write`, [`OnceSlot::get`]/[`OnceSlot::get_or_init`] and
 //! `thread_local!`.
 
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) use parking_lot::{Mutex, RwLock};
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) use std::thread_local;
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub(crate) use loom::thread_local;
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub(crate) use loom_shim::{Mutex, RwLock};
 
 /// A cell written once and then read without a lock: `std`'s `OnceLock`
 /// (one acquire load per read, no shared write); under loom a loom mutex
 /// around the value, so the models see the publication as a hand-off.
 pub(crate) struct OnceSlot<T> {
-    #[cfg(not(loom))]
+    #[cfg(not(feature = "loom"))]
     cell: std::sync::OnceLock<T>,
-    #[cfg(loom)]
+    #[cfg(feature = "loom")]
     cell: loom::sync::Mutex<Option<std::sync::Arc<T>>>,
 }
 
 /// What [`OnceSlot::get`] returns: a reference, or under loom a shared handle.
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) type SlotRef<'a, T> = &'a T;
 /// What [`OnceSlot::get`] returns: a reference, or under loom a shared handle.
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub(crate) type SlotRef<'a, T> = std::sync::Arc<T>;
 
 impl<T> OnceSlot<T> {
     /// An empty slot.
     pub(crate) fn new() -> Self {
         OnceSlot {
-            #[cfg(not(loom))]
+            #[cfg(not(feature = "loom"))]
             cell: std::sync::OnceLock::new(),
-            #[cfg(loom)]
+            #[cfg(feature = "loom")]
             cell: loom::sync::Mutex::new(None),
         }
     }
 
     /// The value, once set.
-    #[cfg(not(loom))]
+    #[cfg(not(feature = "loom"))]
     #[inline]
     pub(crate) fn get(&self) -> Option<SlotRef<'_, T>> {
         self.cell.get()
@@ -54,13 +54,13 @@ impl<T> OnceSlot<T> {
 
     /// The value, setting it with `init` if the slot is empty (one caller
     /// initialises; the others wait and see its value).
-    #[cfg(not(loom))]
+    #[cfg(not(feature = "loom"))]
     pub(crate) fn get_or_init(&self, init: impl FnOnce() -> T) -> SlotRef<'_, T> {
         self.cell.get_or_init(init)
     }
 
     /// The value, once set.
-    #[cfg(loom)]
+    #[cfg(feature = "loom")]
     pub(crate) fn get(&self) -> Option<SlotRef<'_, T>> {
         self.cell.lock().unwrap().clone()
     }
@@ -68,7 +68,7 @@ impl<T> OnceSlot<T> {
     /// The value, setting it with `init` if the slot is empty. `init` runs
     /// outside the slot's lock (as `OnceLock`'s `get` never waits for an
     /// initialiser); of racing initialisers the first to finish wins.
-    #[cfg(loom)]
+    #[cfg(feature = "loom")]
     pub(crate) fn get_or_init(&self, init: impl FnOnce() -> T) -> SlotRef<'_, T> {
         if let Some(value) = self.get() {
             return value;
@@ -79,7 +79,7 @@ impl<T> OnceSlot<T> {
     }
 }
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 mod loom_shim {
     /// loom's mutex with `parking_lot`'s API (no poisoning).
     pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);

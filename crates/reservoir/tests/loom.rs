@@ -6,8 +6,8 @@
 //! every interleaving of the shards' locks and slots (see `src/sync.rs`);
 //! each model ends by checking every shard's invariants and the counters.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test -p reservoir --test loom --release`.
-#![cfg(loom)]
+//! Run with `cargo test -p reservoir --features loom --test loom --release`.
+#![cfg(feature = "loom")]
 
 use std::sync::Arc;
 

@@ -47,13 +47,13 @@ struct Shard<B: Backend> {
 /// A shard as its slot gives it out.
 type ShardRef<'a, B> = SlotRef<'a, Box<Shard<B>>>;
 
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 thread_local! {
     /// The slot this thread allocated from last: where its frees look first.
     static LAST_SHARD: Cell<usize> = const { Cell::new(0) };
 }
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 thread_local! {
     /// The slot this thread allocated from last (loom's macro takes no `const`).
     static LAST_SHARD: Cell<usize> = Cell::new(0);
