@@ -1,7 +1,8 @@
 //! Why a replay peaked where it did and why it ran out of memory
 //! ([`explain`]): at the reserved peak and at the first out-of-memory error
 //! of a setting, the live allocations grouped by their site (the innermost
-//! user frame of the recorded stack, see [`sites`](super::sites)), the free
+//! user frame of the recorded stack, see [`sites`](super::sites)) and by
+//! role (parameters, gradients, ..., see [`roles`](super::roles)), the free
 //! blocks that could not serve the failed request and why, and the OOM's
 //! [`Diagnosis`]: its shortfall, its causes with their bytes, and the
 //! cheapest change that avoids it, proven by replay (see
