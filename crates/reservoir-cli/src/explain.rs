@@ -1,6 +1,7 @@
 //! The explanation of each setting's reserved peak and first OOM in the
 //! outputs of `reservoir replay` (see [`reservoir_replay::replay::explain`]).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
@@ -10,6 +11,7 @@ use reservoir::format::format_size;
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{explain_on_device, Explanation, SiteUsage, Unusable};
 use reservoir_replay::replay::recorded::overlay_config;
+use reservoir_replay::replay::roles::{basis_words, largest, RoleBytes};
 use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::{ReplayOptions, ReplayReport, ReplaySetting, StartState};
 
@@ -90,6 +92,26 @@ fn sites_text(out: &mut String, sites: &[SiteUsage]) {
     }
 }
 
+/// The live bytes by role, one line: each role holding bytes, largest
+/// first, with how it was mostly decided.
+pub fn roles_text(
+    roles: &BTreeMap<&'static str, u64>,
+    basis: &BTreeMap<&'static str, RoleBytes>,
+) -> String {
+    let parts: Vec<String> = largest(roles)
+        .into_iter()
+        .map(|(r, b)| {
+            let how = basis.get(r.key()).map_or("", basis_words);
+            format!("{} {} ({how})", r.words(), format_size(b))
+        })
+        .collect();
+    if parts.is_empty() {
+        "nothing live".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// The reason's words.
 pub fn reason(r: Unusable) -> &'static str {
     match r {
@@ -114,6 +136,11 @@ pub fn render_text(ex: &[Explanation]) -> String {
                 format_size(p.allocated)
             );
             sites_text(&mut out, &p.top_sites);
+            let _ = writeln!(
+                out,
+                "  live bytes by role: {}",
+                roles_text(&p.roles, &p.role_basis)
+            );
         }
         if let Some(o) = &e.oom {
             let _ = writeln!(
@@ -145,6 +172,11 @@ pub fn render_text(ex: &[Explanation]) -> String {
             }
             out.push_str("  live allocations by site:\n");
             sites_text(&mut out, &o.top_sites);
+            let _ = writeln!(
+                out,
+                "  live bytes by role: {}",
+                roles_text(&o.roles, &o.role_basis)
+            );
             crate::diagnose::render_text(&mut out, &o.diagnosis);
         }
     }

@@ -21,6 +21,7 @@ use reservoir::observe::snapshot::{BlockState, Segment};
 use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{Explanation, SiteUsage};
 use reservoir_replay::replay::recorded::{Fidelity, RecordedTrace};
+use reservoir_replay::replay::roles::{basis_words, largest, RoleBytes};
 use reservoir_replay::replay::{segments_at, ReplayOptions, ReplayReport, ReplaySetting};
 
 use crate::table::format_ns;
@@ -191,6 +192,26 @@ fn sites_html(out: &mut String, sites: &[SiteUsage]) {
     out.push_str("</table>\n");
 }
 
+/// The live bytes by role: one row per role holding bytes, largest first,
+/// with how its bytes were mostly decided.
+fn roles_html(
+    out: &mut String,
+    roles: &std::collections::BTreeMap<&'static str, u64>,
+    basis: &std::collections::BTreeMap<&'static str, RoleBytes>,
+) {
+    out.push_str("<table class=\"numbers roles\"><tr><th>role</th><th>bytes</th><th>decided from</th></tr>\n");
+    for (r, b) in largest(roles) {
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(r.words()),
+            format_size(b),
+            basis.get(r.key()).map_or("", basis_words)
+        );
+    }
+    out.push_str("</table>\n");
+}
+
 /// The settings in one table, one row each: the reserved peak, where, the
 /// largest site at it, and the first OOM; then the live allocations by site
 /// at the first setting's peak (the other settings' are in `--json`).
@@ -240,6 +261,7 @@ fn settings_table(out: &mut String, s: &Section) {
             p.op
         );
         sites_html(out, &p.top_sites);
+        roles_html(out, &p.roles, &p.role_basis);
     }
 }
 
@@ -270,6 +292,7 @@ fn explanations(out: &mut String, s: &Section) {
             }
             out.push_str("</table>\n");
             sites_html(out, &o.top_sites);
+            roles_html(out, &o.roles, &o.role_basis);
             crate::diagnose::render_html(out, &o.diagnosis);
         }
     }

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use reservoir::format::format_size;
 use reservoir_replay::replay::explain::Explanation;
+use reservoir_replay::replay::roles::{largest, Role};
 use reservoir_replay::replay::ReplayReport;
 
 use crate::diagnose::cause_name;
@@ -36,6 +37,15 @@ pub struct SummaryCause {
     pub sentence: String,
 }
 
+/// One role of the live bytes in the summary.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SummaryRole {
+    /// The role's key (`activations`, `parameters`, ...).
+    pub role: &'static str,
+    /// Its live bytes.
+    pub bytes: u64,
+}
+
 /// The summary of one input (the JSON `summary` object; docs/replay.md).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Summary {
@@ -53,6 +63,12 @@ pub struct Summary {
     pub happened: String,
     /// Why: the diagnosis's first causes by bytes (empty without an OOM).
     pub why: Vec<SummaryCause>,
+    /// Why, by role: the largest roles of the live bytes (at most three,
+    /// largest first) at the OOM, else at the reserved peak (see
+    /// `reservoir_replay::replay::roles`); empty without an explanation.
+    pub roles: Vec<SummaryRole>,
+    /// Where `roles` were taken: `oom` or `peak` (`null` when empty).
+    pub roles_at: Option<&'static str>,
     /// What to do: the diagnosis's verdict (the cheapest proven fix's
     /// sentence, or why none was found); `null` without an OOM.
     pub fix: Option<String>,
@@ -87,6 +103,24 @@ impl Summary {
                 format_size(report.peak_reserved)
             ),
         };
+        let (role_map, roles_at) = match (oom, explanation.and_then(|e| e.peak.as_ref())) {
+            (Some(o), _) => (Some(&o.roles), Some("oom")),
+            (None, Some(p)) => (Some(&p.roles), Some("peak")),
+            (None, None) => (None, None),
+        };
+        let roles: Vec<SummaryRole> = role_map
+            .map(|m| {
+                largest(m)
+                    .into_iter()
+                    .take(CAUSES)
+                    .map(|(r, bytes)| SummaryRole {
+                        role: r.key(),
+                        bytes,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let roles_at = roles_at.filter(|_| !roles.is_empty());
         let fits = headline.map(|h| match ends_at_oom {
             Some(op) => format!("{h} (up to op {op} only: the recording ends at its OOM there)"),
             None => h.to_string(),
@@ -111,9 +145,27 @@ impl Summary {
                         .collect()
                 })
                 .unwrap_or_default(),
+            roles,
+            roles_at,
             fix: oom.map(|o| o.diagnosis.verdict.clone()),
             fits,
         }
+    }
+
+    /// The largest roles in words: `memory by role at the OOM: activations
+    /// saved for backward 3 GiB, parameters 1 GiB`.
+    fn roles_line(&self) -> Option<String> {
+        let at = self.roles_at?;
+        let parts: Vec<String> = self
+            .roles
+            .iter()
+            .map(|r| {
+                let words = Role::from_key(r.role).map_or(r.role, Role::words);
+                format!("{words} {}", format_size(r.bytes))
+            })
+            .collect();
+        let at = if at == "oom" { "the OOM" } else { "the peak" };
+        Some(format!("memory by role at {at}: {}", parts.join(", ")))
     }
 
     /// The summary as text: a block of labelled lines.
@@ -133,6 +185,17 @@ impl Summary {
                 c.cause,
                 format_size(c.bytes),
                 c.sentence
+            );
+        }
+        if let Some(line) = self.roles_line() {
+            let _ = writeln!(
+                out,
+                "  {}{line}",
+                if self.why.is_empty() {
+                    "why:           "
+                } else {
+                    "               "
+                }
             );
         }
         if let Some(f) = &self.fix {
@@ -164,7 +227,7 @@ impl Summary {
             "<dt>What happened</dt><dd{class}>{}</dd>",
             esc(&self.happened)
         );
-        if !self.why.is_empty() {
+        if !self.why.is_empty() || !self.roles.is_empty() {
             out.push_str("<dt>Why</dt><dd><ul>");
             for c in &self.why {
                 let _ = write!(
@@ -174,6 +237,9 @@ impl Summary {
                     format_size(c.bytes),
                     esc(&c.sentence)
                 );
+            }
+            if let Some(line) = self.roles_line() {
+                let _ = write!(out, "<li class=\"roles\">{}</li>", esc(&line));
             }
             out.push_str("</ul></dd>\n");
         }

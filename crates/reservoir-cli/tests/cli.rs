@@ -1334,6 +1334,91 @@ fn before_timelines(page: &str) -> &str {
 }
 
 #[test]
+fn memory_by_role_in_text_json_and_html() {
+    // gpt-train on 860 MiB (issue 41 item 1): PyTorch mode's reserved peak
+    // is the optimizer step, its OOM in the next step's forward.
+    let html = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("roles.html");
+    let args = [
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "--capacity",
+        "860MiB",
+        "--html",
+        html.to_str().unwrap(),
+    ];
+    let o = reservoir(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "  live bytes by role: ",
+        "parameters ",
+        " (frames)",
+        "memory by role at the OOM: ",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    let o = reservoir(&[&args[..7], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ex = &v[0]["explain"];
+    let keys = [
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "temporaries",
+        "inputs",
+        "other",
+    ];
+    for at in ["peak", "oom"] {
+        let roles = ex[at]["roles"].as_object().expect(at);
+        assert_eq!(roles.len(), keys.len(), "{at}: {roles:?}");
+        let sum: u64 = keys.iter().map(|k| roles[*k].as_u64().unwrap()).sum();
+        // Every live byte has one role.
+        assert_eq!(sum, ex[at]["allocated"].as_u64().unwrap(), "{at}");
+        assert!(roles["parameters"].as_u64().unwrap() > 0, "{at}");
+        assert!(
+            ex[at]["role_basis"]["parameters"]["frames"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+    }
+    // At the optimizer step: the AdamW state and the gradients; of the
+    // activations only the loss (one 512-byte block, freed by
+    // `loss.item()` after the step); at the OOM (a forward): activations,
+    // no gradients (set to None by `zero_grad`).
+    let peak = &ex["peak"]["roles"];
+    assert!(peak["optimizer_state"].as_u64().unwrap() > 0, "{peak}");
+    assert!(peak["gradients"].as_u64().unwrap() > 0, "{peak}");
+    assert_eq!(peak["activations"], 512, "{peak}");
+    let oom = &ex["oom"]["roles"];
+    assert!(oom["activations"].as_u64().unwrap() > 0, "{oom}");
+    assert_eq!(oom["gradients"], 0, "{oom}");
+    // The summary names the largest roles at the OOM.
+    let s = &v[0]["summary"];
+    assert_eq!(s["roles_at"], "oom");
+    let first = s["roles"][0]["role"].as_str().unwrap();
+    let max = keys
+        .iter()
+        .map(|k| oom[*k].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(oom[first].as_u64().unwrap(), max, "{s}");
+    // The HTML: the roles in the summary's "why" and beside the sites.
+    let page = std::fs::read_to_string(&html).unwrap();
+    let first_screen = before_timelines(&page);
+    assert!(
+        first_screen.contains("<li class=\"roles\">memory by role at the OOM: "),
+        "{first_screen}"
+    );
+    assert_eq!(page.matches("<table class=\"numbers roles\">").count(), 2);
+}
+
+#[test]
 fn the_summary_comes_first_in_text_html_and_json() {
     // gpt-train on 860 MiB: PyTorch mode runs out of memory, 30 MiB short;
     // expandable segments fit.

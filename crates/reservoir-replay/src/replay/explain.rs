@@ -1,7 +1,8 @@
 //! Why a replay peaked where it did and why it ran out of memory
 //! ([`explain`]): at the reserved peak and at the first out-of-memory error
 //! of a setting, the live allocations grouped by their site (the innermost
-//! user frame of the recorded stack, see [`sites`](super::sites)), the free
+//! user frame of the recorded stack, see [`sites`](super::sites)) and by
+//! role (parameters, gradients, ..., see [`roles`](super::roles)), the free
 //! blocks that could not serve the failed request and why, and the OOM's
 //! [`Diagnosis`]: its shortfall, its causes with their bytes, and the
 //! cheapest change that avoids it, proven by replay (see
@@ -20,7 +21,11 @@
 //! than the request (`too_small`), or the oversize rules of
 //! `max_split_size` forbid it (`split_limit`, spec 1.6).
 
+use std::collections::BTreeMap;
+
 use rustc_hash::FxHashMap;
+
+use super::roles::{RoleBytes, RoleUsage, Roles};
 
 use super::diagnose::{diagnose, DiagnoseInput, Diagnosis, FixKind, OomState};
 use super::sites::Sites;
@@ -45,6 +50,12 @@ pub struct PeakExplanation {
     pub allocated: u64,
     /// The largest sites by bytes (at most [`TOP_SITES`]).
     pub top_sites: Vec<SiteUsage>,
+    /// The live bytes by role (role -> bytes, every role listed; see
+    /// [`roles`](super::roles)).
+    pub roles: BTreeMap<&'static str, u64>,
+    /// The same bytes by how sure each role is (role -> `frames`,
+    /// `phase_and_lifetime`, `lifetime`).
+    pub role_basis: BTreeMap<&'static str, RoleBytes>,
 }
 
 /// Why a free block could not serve the failed request.
@@ -93,6 +104,11 @@ pub struct OomExplanation {
     pub allocated: u64,
     /// The largest sites of the live allocations by bytes.
     pub top_sites: Vec<SiteUsage>,
+    /// The live bytes by role (role -> bytes, every role listed; see
+    /// [`roles`](super::roles)).
+    pub roles: BTreeMap<&'static str, u64>,
+    /// The same bytes by how sure each role is.
+    pub role_basis: BTreeMap<&'static str, RoleBytes>,
     /// The free blocks left, by reason they could not serve the request.
     pub unusable_free: Vec<UnusableFree>,
     /// The proven fix's change when it is a settings change or the
@@ -114,8 +130,8 @@ pub struct Explanation {
     pub oom: Option<OomExplanation>,
 }
 
-/// The live allocations of `r` grouped by site, largest first.
-fn top_sites(r: &Replay<'_>, sites: &Sites) -> Vec<SiteUsage> {
+/// The block size at each address of a live block of `r`.
+fn block_sizes(r: &Replay<'_>) -> FxHashMap<u64, u64> {
     let mut size_at: FxHashMap<u64, u64> = FxHashMap::default();
     for seg in r.alloc.segments() {
         for (addr, b) in seg.blocks_with_addresses() {
@@ -124,6 +140,24 @@ fn top_sites(r: &Replay<'_>, sites: &Sites) -> Vec<SiteUsage> {
             }
         }
     }
+    size_at
+}
+
+/// The live bytes of `r` by role.
+pub fn role_usage(r: &Replay<'_>, roles: &Roles) -> RoleUsage {
+    let size_at = block_sizes(r);
+    let mut usage = RoleUsage::default();
+    for (id, ptr) in r.live.live() {
+        let bytes = size_at.get(&ptr.0).copied().unwrap_or(0);
+        let (role, basis) = roles.role(id);
+        usage.add(role, basis, bytes);
+    }
+    usage
+}
+
+/// The live allocations of `r` grouped by site, largest first.
+fn top_sites(r: &Replay<'_>, sites: &Sites) -> Vec<SiteUsage> {
+    let size_at = block_sizes(r);
     let mut by_site: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
     for (id, ptr) in r.live.live() {
         let bytes = size_at.get(&ptr.0).copied().unwrap_or(0);
@@ -240,14 +274,18 @@ pub fn explain_on_device(
         ..s.clone()
     });
     let start = quiet.as_ref();
+    let roles = Roles::classify(trace, sites);
     let peak = match &report.peak {
         Some(p) => {
             let r = replay_through(trace, start, setting, options, p.op)?;
+            let usage = role_usage(&r, &roles);
             Some(PeakExplanation {
                 op: p.op,
                 reserved: p.reserved,
                 allocated: p.allocated,
                 top_sites: top_sites(&r, sites),
+                roles: usage.bytes_by_key(),
+                role_basis: usage.basis_by_key(),
             })
         }
         None => None,
@@ -279,6 +317,7 @@ pub fn explain_on_device(
                 at_failure: &r,
             };
             let diagnosis = diagnose(&input, &state);
+            let usage = role_usage(&r, &roles);
             let avoided_by = diagnosis
                 .fix
                 .as_ref()
@@ -293,6 +332,8 @@ pub fn explain_on_device(
                 reserved,
                 allocated,
                 top_sites: top_sites(&r, sites),
+                roles: usage.bytes_by_key(),
+                role_basis: usage.basis_by_key(),
                 unusable_free: unusable_free(&r, rounded, o.stream, setting),
                 avoided_by,
                 diagnosis,

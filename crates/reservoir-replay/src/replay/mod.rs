@@ -66,6 +66,7 @@ mod measure;
 mod pools;
 pub mod recorded;
 mod report;
+pub mod roles;
 mod run;
 mod setting;
 pub mod sites;

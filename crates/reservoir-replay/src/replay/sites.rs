@@ -11,6 +11,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::roles::{hint_of, Hint};
 use crate::oracle_trace::AllocId;
 use reservoir::observe::trace::Frame;
 
@@ -94,6 +95,9 @@ pub struct Sites {
     paths: Vec<String>,
     index: FxHashMap<String, u32>,
     of: FxHashMap<AllocId, u32>,
+    /// What the frames of each allocation say about its role
+    /// ([`roles`](super::roles)); absent when they say nothing.
+    hints: FxHashMap<AllocId, Hint>,
 }
 
 impl Sites {
@@ -105,6 +109,7 @@ impl Sites {
     /// Note the stack of allocation `id`.
     pub fn record(&mut self, id: AllocId, frames: &[Frame]) {
         let site = site_of(frames);
+        self.set_hint(id, hint_of(frames));
         let fresh = !self.index.contains_key(&site);
         self.name(id, &site);
         if fresh {
@@ -136,6 +141,22 @@ impl Sites {
             }
         };
         self.of.insert(id, k);
+    }
+
+    /// Note what the frames of allocation `id` say about its role (a
+    /// recorded stack's [`hint_of`], or a built-in workload's stand-in).
+    pub fn set_hint(&mut self, id: AllocId, hint: Hint) {
+        if hint == Hint::default() {
+            self.hints.remove(&id);
+        } else {
+            self.hints.insert(id, hint);
+        }
+    }
+
+    /// What the frames of `id` say about its role (nothing when no stack
+    /// was recorded).
+    pub fn hint(&self, id: AllocId) -> Hint {
+        self.hints.get(&id).copied().unwrap_or_default()
     }
 
     /// The site of `id`: [`BEFORE_TRACE`] when none was recorded (a block of

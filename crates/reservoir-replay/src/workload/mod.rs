@@ -71,6 +71,7 @@ pub use llm_infer::LlmInfer;
 use std::fmt;
 
 use crate::oracle_trace::{AllocId, Op, StreamName, Trace};
+use crate::replay::roles::{Hint, Phase, Role};
 use crate::replay::sites::Sites;
 
 /// Which generator a preset uses.
@@ -410,6 +411,7 @@ impl Workload {
         let mut sites = Sites::new();
         for (id, site) in b.sites.iter().enumerate() {
             sites.name(id as AllocId, site);
+            sites.set_hint(id as AllocId, site_hint(site));
         }
         (Trace::from_ops(b.ops, self.header()), sites)
     }
@@ -420,6 +422,37 @@ impl Workload {
             format!("reservoir workload {}", self.preset),
             format!("spec {}", self.spec()),
         ]
+    }
+}
+
+/// What the frames of a recorded trace would say of an allocation made
+/// at a workload's `site` ([`roles`](crate::replay::roles)): the phase for
+/// every site (a module's forward, the autograd engine, `torch/optim`),
+/// and the role only where frames name it too (module construction, a
+/// data batch, a KV cache). Weight gradients, optimizer state, activations
+/// and temporaries are left to the lifetime, as they are in a recording
+/// without `AccumulateGrad` frames.
+pub fn site_hint(site: &str) -> Hint {
+    match site {
+        "parameters" | "weights" => Hint::role(Phase::Outside, Role::Parameters),
+        "input batch" | "generated tokens" => Hint::role(Phase::Outside, Role::Inputs),
+        "KV cache" => Hint::role(Phase::Forward, Role::Inputs),
+        "weight gradients"
+        | "DDP gradient bucket"
+        | "layer backward"
+        | "embedding backward"
+        | "logits and loss backward" => Hint::phase(Phase::Backward),
+        "optimizer state (AdamW)" | "optimizer step" => Hint::phase(Phase::Optimizer),
+        "cuBLAS workspace"
+        | "embedding forward"
+        | "logits and loss"
+        | "attention"
+        | "prefill activations"
+        | "decode activations"
+        | "paged attention metadata"
+        | "logits and sampling" => Hint::phase(Phase::Forward),
+        s if s.starts_with("layer forward") => Hint::phase(Phase::Forward),
+        _ => Hint::phase(Phase::Outside),
     }
 }
 
