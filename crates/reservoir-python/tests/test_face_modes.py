@@ -292,6 +292,7 @@ class Program:
         # 2 MiB segment, a second 1 MiB needs another), other allocations
         # never reach it, and ~MemPool gives the segments back to it.
         import ctypes
+        import shutil
         import tempfile
 
         torch = self.torch
@@ -304,6 +305,7 @@ class Program:
         lib = ctypes.CDLL(so)
         count = {n: ctypes.c_int.in_dll(lib, n) for n in ("allocs", "frees")}
         alloc = torch.cuda.memory.CUDAPluggableAllocator(so, "pool_alloc", "pool_free")
+        shutil.rmtree(d)  # loaded: the files are not needed any more
         pool = torch.cuda.MemPool(alloc.allocator())
         r = {"use_count": pool.use_count()}
         self.out["pool_allocator"] = r
