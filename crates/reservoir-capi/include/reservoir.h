@@ -119,6 +119,15 @@ typedef bool (*ReservoirStreamFilter)(void *ctx, void *stream);
 // Drops a filter's context (nullable).
 typedef void (*ReservoirFilterDrop)(void *ctx);
 
+// A pool allocator's `alloc(ctx, size, device, stream)`
+// (`CUDAPluggableAllocator`'s, for `MemPool(allocator=...)`): a new
+// segment of `size` bytes, or null for out of memory. Must not unwind.
+typedef void *(*ReservoirPoolAlloc)(void *ctx, uint64_t size, int32_t device, void *stream);
+
+// A pool allocator's `free(ctx, ptr, size, device, stream)`, called with
+// the values `ptr` was allocated with. Must not unwind.
+typedef void (*ReservoirPoolFree)(void *ctx, void *ptr, uint64_t size, int32_t device, void *stream);
+
 // A C function returning a context id for the current call's stack (0:
 // none), the recorder of [`reservoir_torch_record_history`] (nullable).
 typedef uint64_t (*ReservoirContextRecorder)(void);
@@ -496,10 +505,43 @@ enum ReservoirStatus reservoir_torch_create_or_incref_pool(int32_t device,
                                                            uint64_t p0,
                                                            uint64_t p1);
 
+// torch's `createOrIncrefPool(device, mempool_id, allocator)` with another
+// allocator (`MemPool(allocator=CUDAPluggableAllocator(...))`): create the
+// private pool `(p0, p1)` (use count 1) whose segments come from
+// `alloc(ctx, ...)` and go back through `free(ctx, ...)`, its blocks cached
+// by Reservoir (never expandable segments; a null from `alloc` is out of
+// memory), or add a use to the existing pool with an allocator (which keeps
+// its first one). `drop_ctx` (may be null) is called once on `ctx` when
+// the pool no longer needs the allocator (the pool is gone, or this call
+// failed or only added a use). Null `alloc` or `free`, the default pool
+// and an existing pool without an allocator are refused, changing nothing.
+//
+// # Safety
+// `alloc`, `free` and `drop_ctx` may be called with `ctx` from any thread
+// until `drop_ctx` is; none may unwind or call back into Reservoir.
+enum ReservoirStatus reservoir_torch_create_or_incref_pool_with_allocator(int32_t device,
+                                                                          uint64_t p0,
+                                                                          uint64_t p1,
+                                                                          ReservoirPoolAlloc alloc,
+                                                                          ReservoirPoolFree free,
+                                                                          void *ctx,
+                                                                          ReservoirFilterDrop drop_ctx);
+
 // torch's `setNoSplit(device, mempool_id)` (`MemPool(no_split=True)`):
 // the pool's blocks are handed out whole, never split (spec 1.7). An
 // unknown pool is `RESERVOIR_ERR_INVALID_STATE` and changes nothing.
 enum ReservoirStatus reservoir_torch_set_no_split(int32_t device, uint64_t p0, uint64_t p1);
+
+// torch's `setUseOnOOM(device, mempool_id, use_on_oom)`
+// (`MemPool(use_on_oom=True)`): when an allocation outside every private
+// pool would run out of memory, the free blocks of this pool may serve it
+// (nonzero `on`), or no longer (0). Marking an unknown pool is
+// `RESERVOIR_ERR_INVALID_STATE` and changes nothing; unmarking any pool is
+// accepted (torch's `~MemPool` unmarks every pool).
+enum ReservoirStatus reservoir_torch_set_use_on_oom(int32_t device,
+                                                    uint64_t p0,
+                                                    uint64_t p1,
+                                                    int32_t on);
 
 // torch's `getPoolUseCount(device, mempool_id)` into `*out` (0 for a pool
 // Reservoir does not know).

@@ -108,14 +108,15 @@ pub use torch::{
 pub use torch_face::{
     device_stats_flat, reservoir_torch_base_allocation, reservoir_torch_begin_allocate_to_pool,
     reservoir_torch_cache_info, reservoir_torch_check_pool_live_allocations,
-    reservoir_torch_create_or_incref_pool, reservoir_torch_delete, reservoir_torch_device_stats,
-    reservoir_torch_empty_cache_pool, reservoir_torch_end_allocate_to_pool, reservoir_torch_malloc,
-    reservoir_torch_memory_fraction, reservoir_torch_pool_use_count,
-    reservoir_torch_private_pool_stats, reservoir_torch_release_pool,
-    reservoir_torch_reset_accumulated_stats, reservoir_torch_reset_peak_stats,
-    reservoir_torch_set_memory_fraction, reservoir_torch_set_no_split, ReservoirFilterDrop,
-    ReservoirStreamFilter, ReservoirTorchOom, RESERVOIR_TORCH_DEVICE_STATS_LEN,
-    RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN,
+    reservoir_torch_create_or_incref_pool, reservoir_torch_create_or_incref_pool_with_allocator,
+    reservoir_torch_delete, reservoir_torch_device_stats, reservoir_torch_empty_cache_pool,
+    reservoir_torch_end_allocate_to_pool, reservoir_torch_malloc, reservoir_torch_memory_fraction,
+    reservoir_torch_pool_use_count, reservoir_torch_private_pool_stats,
+    reservoir_torch_release_pool, reservoir_torch_reset_accumulated_stats,
+    reservoir_torch_reset_peak_stats, reservoir_torch_set_memory_fraction,
+    reservoir_torch_set_no_split, reservoir_torch_set_use_on_oom, ReservoirFilterDrop,
+    ReservoirPoolAlloc, ReservoirPoolFree, ReservoirStreamFilter, ReservoirTorchOom,
+    RESERVOIR_TORCH_DEVICE_STATS_LEN, RESERVOIR_TORCH_PRIVATE_POOL_STATS_LEN,
 };
 pub use torch_state::{
     reservoir_torch_attach_trace_tracker, reservoir_torch_buffer_free,

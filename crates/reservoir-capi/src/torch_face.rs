@@ -534,6 +534,121 @@ pub extern "C" fn reservoir_torch_create_or_incref_pool(
     })
 }
 
+/// A pool allocator's `alloc(ctx, size, device, stream)`
+/// (`CUDAPluggableAllocator`'s, for `MemPool(allocator=...)`): a new
+/// segment of `size` bytes, or null for out of memory. Must not unwind.
+pub type ReservoirPoolAlloc = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        size: u64,
+        device: i32,
+        stream: *mut c_void,
+    ) -> *mut c_void,
+>;
+/// A pool allocator's `free(ctx, ptr, size, device, stream)`, called with
+/// the values `ptr` was allocated with. Must not unwind.
+pub type ReservoirPoolFree = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        ptr: *mut c_void,
+        size: u64,
+        device: i32,
+        stream: *mut c_void,
+    ),
+>;
+
+/// Owns a C pool allocator's context; dropped (calling `drop`) with the
+/// pool's allocator.
+struct CPoolAllocator {
+    drop: ReservoirFilterDrop,
+    ctx: *mut c_void,
+}
+
+// SAFETY: the caller of reservoir_torch_create_or_incref_pool_with_allocator
+// promises the allocator functions and `drop` may be called with the
+// context from any thread.
+unsafe impl Send for CPoolAllocator {}
+// SAFETY: as above, calls from several threads at once included.
+unsafe impl Sync for CPoolAllocator {}
+
+impl Drop for CPoolAllocator {
+    fn drop(&mut self) {
+        if let Some(d) = self.drop {
+            // SAFETY: the context is dropped once, when the allocator goes.
+            unsafe { d(self.ctx) }
+        }
+    }
+}
+
+/// torch's `createOrIncrefPool(device, mempool_id, allocator)` with another
+/// allocator (`MemPool(allocator=CUDAPluggableAllocator(...))`): create the
+/// private pool `(p0, p1)` (use count 1) whose segments come from
+/// `alloc(ctx, ...)` and go back through `free(ctx, ...)`, its blocks cached
+/// by Reservoir (never expandable segments; a null from `alloc` is out of
+/// memory), or add a use to the existing pool with an allocator (which keeps
+/// its first one). `drop_ctx` (may be null) is called once on `ctx` when
+/// the pool no longer needs the allocator (the pool is gone, or this call
+/// failed or only added a use). Null `alloc` or `free`, the default pool
+/// and an existing pool without an allocator are refused, changing nothing.
+///
+/// # Safety
+/// `alloc`, `free` and `drop_ctx` may be called with `ctx` from any thread
+/// until `drop_ctx` is; none may unwind or call back into Reservoir.
+#[no_mangle]
+pub unsafe extern "C" fn reservoir_torch_create_or_incref_pool_with_allocator(
+    device: i32,
+    p0: u64,
+    p1: u64,
+    alloc: ReservoirPoolAlloc,
+    free: ReservoirPoolFree,
+    ctx: *mut c_void,
+    drop_ctx: ReservoirFilterDrop,
+) -> ReservoirStatus {
+    let owned = Arc::new(CPoolAllocator {
+        drop: drop_ctx,
+        ctx,
+    });
+    torch_guard(
+        "reservoir_torch_create_or_incref_pool_with_allocator",
+        move || {
+            let (Some(alloc_fn), Some(free_fn)) = (alloc, free) else {
+                return Err(Failure::invalid(
+                    "a pool allocator needs both alloc and free (one is null)",
+                ));
+            };
+            let id = private_pool(p0, p1)?;
+            let a = allocator(device)?;
+            let (c_alloc, c_free) = (owned.clone(), owned);
+            let alloc: reservoir::pluggable::AllocFn = Arc::new(move |size, device, stream| {
+                // SAFETY: callable from any thread with its context (caller's contract).
+                let p = unsafe {
+                    alloc_fn(
+                        c_alloc.ctx,
+                        size,
+                        i32::from(device),
+                        stream.0 as usize as *mut c_void,
+                    )
+                };
+                (!p.is_null()).then_some(DevicePtr(p as u64))
+            });
+            let free: reservoir::pluggable::FreeFn = Arc::new(move |ptr, size, device, stream| {
+                // SAFETY: as above; `ptr` came from `alloc` with these values.
+                unsafe {
+                    free_fn(
+                        c_free.ctx,
+                        ptr.0 as usize as *mut c_void,
+                        size,
+                        i32::from(device),
+                        stream.0 as usize as *mut c_void,
+                    )
+                }
+            });
+            let pool_allocator = reservoir::pluggable::PluggableAllocator::new(alloc, free);
+            Ok(a.create_or_incref_pool_with_allocator(id, Arc::new(pool_allocator))?)
+        },
+    )
+}
+
 /// torch's `setNoSplit(device, mempool_id)` (`MemPool(no_split=True)`):
 /// the pool's blocks are handed out whole, never split (spec 1.7). An
 /// unknown pool is `RESERVOIR_ERR_INVALID_STATE` and changes nothing.
@@ -542,6 +657,25 @@ pub extern "C" fn reservoir_torch_set_no_split(device: i32, p0: u64, p1: u64) ->
     torch_guard("reservoir_torch_set_no_split", || {
         let id = private_pool(p0, p1)?;
         Ok(allocator(device)?.set_no_split(id)?)
+    })
+}
+
+/// torch's `setUseOnOOM(device, mempool_id, use_on_oom)`
+/// (`MemPool(use_on_oom=True)`): when an allocation outside every private
+/// pool would run out of memory, the free blocks of this pool may serve it
+/// (nonzero `on`), or no longer (0). Marking an unknown pool is
+/// `RESERVOIR_ERR_INVALID_STATE` and changes nothing; unmarking any pool is
+/// accepted (torch's `~MemPool` unmarks every pool).
+#[no_mangle]
+pub extern "C" fn reservoir_torch_set_use_on_oom(
+    device: i32,
+    p0: u64,
+    p1: u64,
+    on: i32,
+) -> ReservoirStatus {
+    torch_guard("reservoir_torch_set_use_on_oom", || {
+        let id = private_pool(p0, p1)?;
+        Ok(allocator(device)?.set_use_on_oom(id, on != 0)?)
     })
 }
 

@@ -9,6 +9,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use reservoir_capi::*;
 
@@ -498,5 +499,169 @@ fn torch_face_entry_points_on_the_cuda_driver() {
         ReservoirStatus::RESERVOIR_OK
     );
     assert_eq!(stats()[2], 0, "allocation.all.allocated reset");
+    invariants();
+    use_on_oom_and_pool_allocators();
+}
+
+static POOL_ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static POOL_FREES: AtomicUsize = AtomicUsize::new(0);
+static POOL_DROPS: AtomicUsize = AtomicUsize::new(0);
+
+fn pool_layout(size: u64) -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(size as usize, 512).expect("a layout")
+}
+
+/// A `MemPool(allocator=...)` allocator of host memory (Reservoir never
+/// touches a segment's bytes).
+unsafe extern "C" fn pool_alloc(
+    _ctx: *mut c_void,
+    size: u64,
+    _dev: i32,
+    _s: *mut c_void,
+) -> *mut c_void {
+    POOL_ALLOCS.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: a nonzero size (a segment).
+    unsafe { std::alloc::alloc(pool_layout(size)).cast() }
+}
+
+unsafe extern "C" fn pool_free(
+    _ctx: *mut c_void,
+    ptr: *mut c_void,
+    size: u64,
+    _dev: i32,
+    _s: *mut c_void,
+) {
+    POOL_FREES.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: allocated by pool_alloc with this size.
+    unsafe { std::alloc::dealloc(ptr.cast(), pool_layout(size)) }
+}
+
+unsafe extern "C" fn pool_drop(_ctx: *mut c_void) {
+    POOL_DROPS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// setUseOnOOM and createOrIncrefPool with another allocator
+/// (`MemPool(use_on_oom=True)`, `MemPool(allocator=...)`).
+fn use_on_oom_and_pool_allocators() {
+    // setUseOnOOM: a known pool, an unknown one (refused, changes nothing,
+    // named), unmarking any pool (what ~MemPool does). Pool (5, 6) is a
+    // plain MemPool.
+    assert_eq!(
+        reservoir_torch_create_or_incref_pool(0, 5, 6),
+        ReservoirStatus::RESERVOIR_OK
+    );
+    assert_eq!(
+        reservoir_torch_set_use_on_oom(0, 5, 6, 1),
+        ReservoirStatus::RESERVOIR_OK,
+        "{}",
+        last_error()
+    );
+    let before = stats();
+    assert_eq!(
+        reservoir_torch_set_use_on_oom(0, 7, 7, 1),
+        ReservoirStatus::RESERVOIR_ERR_INVALID_STATE
+    );
+    assert!(
+        last_error().contains("unknown private pool"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(stats(), before);
+    for (p0, p1) in [(7, 7), (5, 6)] {
+        assert_eq!(
+            reservoir_torch_set_use_on_oom(0, p0, p1, 0),
+            ReservoirStatus::RESERVOIR_OK
+        );
+    }
+    assert_eq!(
+        reservoir_torch_set_use_on_oom(0, 0, 0, 1),
+        ReservoirStatus::RESERVOIR_ERR_INVALID_ARGUMENT
+    );
+    invariants();
+
+    let create = |p0: u64, p1: u64, alloc: ReservoirPoolAlloc, free: ReservoirPoolFree| {
+        // SAFETY: the functions above, callable from any thread; no context.
+        unsafe {
+            reservoir_torch_create_or_incref_pool_with_allocator(
+                0,
+                p0,
+                p1,
+                alloc,
+                free,
+                std::ptr::null_mut(),
+                Some(pool_drop),
+            )
+        }
+    };
+    // Refused, the context dropped at once: a null function, the default
+    // pool, an existing pool without an allocator.
+    let drops = POOL_DROPS.load(Ordering::SeqCst);
+    assert_eq!(
+        create(3, 4, None, Some(pool_free)),
+        ReservoirStatus::RESERVOIR_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        create(0, 0, Some(pool_alloc), Some(pool_free)),
+        ReservoirStatus::RESERVOIR_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        create(5, 6, Some(pool_alloc), Some(pool_free)),
+        ReservoirStatus::RESERVOIR_ERR_INVALID_STATE
+    );
+    assert!(
+        last_error().contains("without an allocator"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(POOL_DROPS.load(Ordering::SeqCst), drops + 3);
+    // The pool's segments come from its allocator; blocks are cached.
+    assert_eq!(
+        create(3, 4, Some(pool_alloc), Some(pool_free)),
+        ReservoirStatus::RESERVOIR_OK,
+        "{}",
+        last_error()
+    );
+    // SAFETY: no filter, no context.
+    let s = unsafe {
+        reservoir_torch_begin_allocate_to_pool(0, 3, 4, None, std::ptr::null_mut(), None)
+    };
+    assert_eq!(s, ReservoirStatus::RESERVOIR_OK);
+    let allocs = POOL_ALLOCS.load(Ordering::SeqCst);
+    let (s, x, _) = malloc(MIB);
+    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
+    let (s, y, _) = malloc(MIB / 2);
+    assert_eq!(s, ReservoirStatus::RESERVOIR_OK, "{}", last_error());
+    assert_eq!(
+        POOL_ALLOCS.load(Ordering::SeqCst),
+        allocs + 1,
+        "one 2 MiB segment"
+    );
+    assert_eq!(
+        reservoir_torch_end_allocate_to_pool(0, 3, 4),
+        ReservoirStatus::RESERVOIR_OK
+    );
+    invariants();
+    // Released (use_mem_pool's use, then the MemPool's) and emptied: the
+    // segment goes back to the allocator, whose context is dropped.
+    assert_eq!(reservoir_torch_delete(x), ReservoirStatus::RESERVOIR_OK);
+    assert_eq!(reservoir_torch_delete(y), ReservoirStatus::RESERVOIR_OK);
+    for _ in 0..2 {
+        assert_eq!(
+            reservoir_torch_release_pool(0, 3, 4),
+            ReservoirStatus::RESERVOIR_OK
+        );
+    }
+    let (frees, drops) = (
+        POOL_FREES.load(Ordering::SeqCst),
+        POOL_DROPS.load(Ordering::SeqCst),
+    );
+    assert_eq!(
+        reservoir_torch_empty_cache_pool(0, 0),
+        ReservoirStatus::RESERVOIR_OK,
+        "{}",
+        last_error()
+    );
+    assert_eq!(POOL_FREES.load(Ordering::SeqCst), frees + 1);
+    assert_eq!(POOL_DROPS.load(Ordering::SeqCst), drops + 1);
     invariants();
 }

@@ -25,6 +25,11 @@ Each (allocator, mode) runs in a fresh process, the same program:
   settings   torch.cuda.memory._set_allocator_settings at run time:
              roundup_power2_divisions:4 (an 84 MiB request is a 96 MiB
              block), then expandable_segments flipped
+  use_on_oom MemPool(use_on_oom=True) under a memory fraction: an
+             allocation that would run out of memory borrows a free block of
+             that pool (never of another pool), which goes back to its pool
+  pool_allocator  MemPool(allocator=CUDAPluggableAllocator(...)) with a C
+             allocator compiled here: its segments, cached blocks, give-back
   stats      torch.cuda.memory_stats() at the end
 
 and, in a process of its own under TORCH_CUDA_SANITIZER=1 (torch's CUDA
@@ -236,16 +241,123 @@ class Program:
             torch.cuda.empty_cache()
         st["expandable_segment_when"] = kinds
 
+    def s_use_on_oom(self):
+        # MemPool(use_on_oom=True) (upstream's test_mempool_limited_memory_with_allocator
+        # without the allocator): under an 80 MiB budget, an allocation outside
+        # every pool that would run out of memory takes a free block of the
+        # use_on_oom pool, never of another pool; the block goes back to its pool.
+        torch = self.torch
+        u8 = torch.uint8
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        init = torch.cuda.get_per_process_memory_fraction()
+        _, total = torch.cuda.mem_get_info()
+        torch.cuda.set_per_process_memory_fraction((80 * MIB + torch.cuda.memory_reserved()) / total)
+        r = {}
+        self.out["use_on_oom"] = r
+
+        def ooms(n):
+            try:
+                torch.empty(n, dtype=u8, device="cuda")
+            except torch.OutOfMemoryError:
+                return True
+            return False
+
+        try:
+            other, use = torch.cuda.MemPool(), torch.cuda.MemPool(use_on_oom=True)
+            with torch.cuda.use_mem_pool(other):
+                a = torch.empty(40 * MIB, dtype=u8, device="cuda")
+            with torch.cuda.use_mem_pool(use):
+                b = torch.empty(40 * MIB, dtype=u8, device="cuda")
+            b_ptr = b.data_ptr()
+            r["full_ooms"] = ooms(40 * MIB)
+            del a, b
+            c = torch.empty(30 * MIB, dtype=u8, device="cuda")
+            r["borrowed"] = c.data_ptr() == b_ptr
+            r["other_pool_not_borrowed"] = ooms(30 * MIB)
+            del c
+            with torch.cuda.use_mem_pool(use):
+                e = torch.empty(20 * MIB, dtype=u8, device="cuda")
+            r["back_in_its_pool"] = e.data_ptr() == b_ptr
+            del e, other, use
+        finally:
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(init)
+
+    def s_pool_allocator(self):
+        # MemPool(allocator=CUDAPluggableAllocator(...)) (upstream's
+        # test_mempool_with_allocator with a C allocator compiled here: the
+        # CUDA runtime's cudaMalloc/cudaFree, counted): the pool's segments
+        # come from it, its blocks are cached (1 MiB and 512 KiB share a
+        # 2 MiB segment, a second 1 MiB needs another), other allocations
+        # never reach it, and ~MemPool gives the segments back to it.
+        import ctypes
+        import shutil
+        import tempfile
+
+        torch = self.torch
+        u8 = torch.uint8
+        d = tempfile.mkdtemp(prefix="reservoir-pool-alloc-")
+        with open(os.path.join(d, "a.c"), "w") as f:
+            f.write(POOL_ALLOCATOR_C)
+        so = os.path.join(d, "libpoolalloc.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", os.path.join(d, "a.c"), "-o", so, "-ldl"], check=True)
+        lib = ctypes.CDLL(so)
+        count = {n: ctypes.c_int.in_dll(lib, n) for n in ("allocs", "frees")}
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(so, "pool_alloc", "pool_free")
+        shutil.rmtree(d)  # loaded: the files are not needed any more
+        pool = torch.cuda.MemPool(alloc.allocator())
+        r = {"use_count": pool.use_count()}
+        self.out["pool_allocator"] = r
+        with torch.cuda.use_mem_pool(pool):
+            x0 = torch.empty(MIB, dtype=u8, device="cuda")
+            x1 = torch.empty(MIB // 2, dtype=u8, device="cuda")
+            r["segments_1"] = len(pool.snapshot())
+            x2 = torch.empty(MIB, dtype=u8, device="cuda")
+            r["segments_2"] = len(pool.snapshot())
+        r["allocs"] = count["allocs"].value
+        outside = torch.empty(MIB, dtype=u8, device="cuda")
+        r["allocs_after_outside"] = count["allocs"].value
+        del x0, x1, x2, outside
+        r["frees_while_pool_lives"] = count["frees"].value
+        del pool
+        r["frees_after_del_pool"] = count["frees"].value
+
     def run(self):
         self.guarded("streams", self.s_streams)
         self.guarded("backward", self.s_backward)
         self.guarded("trace", self.s_trace)
         self.guarded("accel", self.s_accel)
         self.guarded("settings", self.s_settings)
+        self.guarded("use_on_oom", self.s_use_on_oom)
+        self.guarded("pool_allocator", self.s_pool_allocator)
         self.torch.cuda.synchronize()
         self.out["stats"] = dict(self.torch.cuda.memory_stats())
         print("RESULT " + json.dumps(self.out), flush=True)
 
+
+# A CUDAPluggableAllocator library: the CUDA runtime torch loaded, counted.
+POOL_ALLOCATOR_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+int allocs = 0, frees = 0;
+static void* rt(const char* name) {
+  void* h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD);
+  return h ? dlsym(h, name) : NULL;
+}
+void* pool_alloc(size_t size, int device, void* stream) {
+  int (*f)(void**, size_t) = (int (*)(void**, size_t))rt("cudaMalloc");
+  void* p = NULL;
+  if (!f || f(&p, size) != 0) return NULL;
+  allocs++;
+  return p;
+}
+void pool_free(void* ptr, size_t size, int device, void* stream) {
+  int (*f)(void*) = (int (*)(void*))rt("cudaFree");
+  if (f) f(ptr);
+  frees++;
+}
+"""
 
 CSAN_PROGRAM = r"""
 import os, sys, torch
@@ -362,6 +474,17 @@ def main():
         claim(se.get("expandable_segment_when") == nse.get("expandable_segment_when") == {"True": True, "False": False},
               f"_set_allocator_settings('expandable_segments:...'): expandable segment when True/False "
               f"{se.get('expandable_segment_when')} (native {nse.get('expandable_segment_when')})")
+        uo, nuo = res.get("use_on_oom"), nat.get("use_on_oom")
+        want = {"full_ooms": True, "borrowed": True, "other_pool_not_borrowed": True, "back_in_its_pool": True}
+        claim(uo == nuo == want,
+              f"MemPool(use_on_oom=True): an allocation that would run out of memory takes the pool's free "
+              f"block, never another pool's, and the block goes back to its pool: {uo} (native {nuo})")
+        pa, npa = res.get("pool_allocator"), nat.get("pool_allocator")
+        want = {"use_count": 1, "segments_1": 1, "segments_2": 2, "allocs": 2, "allocs_after_outside": 2,
+                "frees_while_pool_lives": 0, "frees_after_del_pool": 2}
+        claim(pa == npa == want,
+              f"MemPool(allocator=CUDAPluggableAllocator(...)): the pool's segments come from its allocator, "
+              f"its blocks are cached, ~MemPool gives them back: {pa} (native {npa})")
         if exact:
             d = diff_stats(nat.get("stats", {}), res.get("stats", {}))
             claim(bool(res.get("stats")) and not d,

@@ -77,8 +77,17 @@ impl DeviceState {
         }
 
         // spec 1.7: never split in a `MemPool(no_split=True)` pool.
+        // Expandable segments are inactive for a pool with its own allocator
+        // and for a block borrowed from a `use_on_oom` pool (torch 2.15).
+        let block_size = self.store.blocks[p.block].size;
         let split = !self.pools[p.pool as usize].no_split()
-            && rules::should_split(self.store.blocks[p.block].size, p.size, small, &self.config);
+            && if self.config.expandable_segments
+                && (p.pool != pool || self.pool_allocator(p.pool).is_some())
+            {
+                rules::should_split_plain(block_size, p.size, small, &self.config)
+            } else {
+                rules::should_split(block_size, p.size, small, &self.config)
+            };
         let id = self.alloc_found_block(&p, orig_size, split);
         if p.stream != stream {
             self.record_stream(id, stream);
@@ -111,14 +120,19 @@ impl DeviceState {
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks(backend)?;
             }
-            found = self.alloc_block(backend, p, false)?
+            found = self.alloc_block(backend, p, false)?;
+            // torch 2.8+: the free blocks of `use_on_oom` pools before
+            // any cached memory is released (none in most programs).
+            let borrowed = !found && self.try_mempool_fallback(p);
+            found = found
+                || borrowed
                 || (self.release_available_cached_blocks(backend, p)?
                     && self.alloc_block(backend, p, false)?)
                 || (!self.private.any_capture_underway()
                     && self.release_cached_blocks(backend, MempoolId::DEFAULT)?
                     && self.alloc_block(backend, p, true)?);
             // The block comes from the device (for callbacks and debug output).
-            self.obs.set_fresh(found);
+            self.obs.set_fresh(found && !borrowed);
         }
 
         if !found {
@@ -246,7 +260,11 @@ impl DeviceState {
         if self.acct.passes_limit(size) {
             return Ok(false);
         }
-        if self.config.expandable_segments && !p.own_segment {
+        // `MemPool(allocator=...)`: the pool's segments come from its own
+        // allocator, never expandable (torch: "expandable segments are only
+        // active on the default pool", i.e. off in a pool with an allocator).
+        let own = self.pool_allocator(p.pool);
+        if self.config.expandable_segments && !p.own_segment && own.is_none() {
             return match self.try_allocate_expandable_block(backend, p.stream, p.pool, p.size)? {
                 Some(id) => {
                     p.block = id;
@@ -256,10 +274,18 @@ impl DeviceState {
                 None => Ok(false),
             };
         }
-        let ptr = match backend.allocate(size, p.stream) {
-            Ok(ptr) => ptr,
-            Err(e) if e.is_retryable() => return Ok(false),
-            Err(e) => return Err(e.into()),
+        let ptr = match own {
+            // A null from the pool's allocator is out of memory (torch 2.15).
+            Some(a) => match a.malloc(size, self.device, p.stream) {
+                Ok(ptr) => ptr,
+                Err(AllocError::Backend(e)) if e.is_retryable() => return Ok(false),
+                Err(e) => return Err(MallocError::Other(e)),
+            },
+            None => match backend.allocate(size, p.stream) {
+                Ok(ptr) => ptr,
+                Err(e) if e.is_retryable() => return Ok(false),
+                Err(e) => return Err(e.into()),
+            },
         };
         self.count_private_malloc(p.pool, true);
         self.segment_seq += 1;

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use super::request::AllocParams;
 use super::rules;
 use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
@@ -12,6 +13,7 @@ use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::FreeBlockOrder;
 use crate::error::AllocError;
 use crate::ids::MempoolId;
+use crate::pluggable::PluggableAllocator;
 use crate::store::{BlockId, PoolId, NIL};
 
 /// Which allocations go to a private pool while it is being allocated to.
@@ -183,6 +185,96 @@ impl DeviceState {
         self.pools[small as usize].set_no_split();
         self.pools[large as usize].set_no_split();
         Ok(())
+    }
+
+    /// spec 1.5 / 1.14 `setUseOnOOM` (`MemPool(use_on_oom=True)`): when an
+    /// allocation outside every private pool would run out of memory, the
+    /// free blocks of private pool `id` may serve it (`on`), or no longer
+    /// (`!on`). Marking an unknown pool is refused and changes nothing;
+    /// unmarking one is a no-op (torch's `~MemPool` unmarks every pool).
+    pub(crate) fn set_use_on_oom(&mut self, id: MempoolId, on: bool) -> Result<(), AllocError> {
+        if on && self.private.get(id).is_none() {
+            return Err(err(format!("setUseOnOOM: unknown private pool {id:?}")));
+        }
+        self.private.set_use_on_oom(id, on);
+        Ok(())
+    }
+
+    /// spec 1.14 `createOrIncrefPool(id, allocator)` (`MemPool(allocator=...)`):
+    /// create private pool `id` (one use) whose segments come from
+    /// `allocator` (its `malloc` for a new segment, its `raw_delete` to give
+    /// one back) and are cached by Reservoir, or add a use to the existing
+    /// pool `id` that has an allocator (which it keeps). An existing pool
+    /// without one is refused and nothing changes.
+    pub(crate) fn create_or_incref_pool_with_allocator(
+        &mut self,
+        id: MempoolId,
+        allocator: Arc<PluggableAllocator>,
+    ) -> Result<(), AllocError> {
+        if id.is_default() {
+            return Err(AllocError::InvalidArgument(
+                "the default pool (0, 0) cannot be a private pool".into(),
+            ));
+        }
+        if let Some(p) = self.private.get(id) {
+            if p.allocator().is_none() {
+                return Err(err(format!(
+                    "createOrIncrefPool: private pool {id:?} exists without an allocator; \
+                     it cannot take one"
+                )));
+            }
+            if self.private.is_freeable(id) {
+                return Err(err(format!(
+                    "private pool {id:?} was released and waits for empty_cache to free it; \
+                     it cannot be used again"
+                )));
+            }
+            self.private.add_use(id);
+            return Ok(());
+        }
+        let small = self.new_pool_slot(true, id);
+        let large = self.new_pool_slot(false, id);
+        self.private.create(id, small, large);
+        self.private.set_allocator(id, allocator);
+        Ok(())
+    }
+
+    /// The own segment allocator of the pool `pool` belongs to, if any
+    /// (`MemPool(allocator=...)`).
+    pub(crate) fn pool_allocator(&self, pool: PoolId) -> Option<Arc<PluggableAllocator>> {
+        let id = self.owner(pool)?;
+        self.private.get(id)?.allocator().cloned()
+    }
+
+    /// spec 1.5 `try_mempool_fallback` (torch 2.8+): an allocation outside
+    /// every private pool for which no new segment could be had takes the
+    /// best-fitting free block of the first use-on-OOM pool that has one
+    /// (on its stream, of its size class), before any cached memory is
+    /// released. Sets `p.pool` and `p.block`; false if no pool has a fit
+    /// (then nothing changed). Pools released by all their users or being
+    /// allocated to are skipped (PyTorch would assert there).
+    pub(crate) fn try_mempool_fallback(&mut self, p: &mut AllocParams) -> bool {
+        if self.owner(p.pool).is_some() || self.private.use_on_oom().is_empty() {
+            return false;
+        }
+        let small = rules::is_small(p.size);
+        for id in self.private.use_on_oom().to_vec() {
+            if self.private.is_freeable(id) || self.private.is_capturing_to(id) {
+                continue;
+            }
+            let Some(pool) = self.private.get(id) else {
+                continue;
+            };
+            let mut q = AllocParams {
+                pool: if small { pool.small() } else { pool.large() },
+                ..*p
+            };
+            if self.get_free_block(&mut q) {
+                *p = q;
+                return true;
+            }
+        }
+        false
     }
 
     /// spec 1.14 `endAllocateToPool`.

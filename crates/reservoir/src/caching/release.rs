@@ -278,7 +278,13 @@ impl DeviceState {
             debug_assert!(!b.is_split() && !b.allocated);
             (b.addr, b.size, b.stream, b.pool, b.segment)
         };
-        backend.free(DevicePtr(addr), size)?;
+        match self.pool_allocator(pool) {
+            // `MemPool(allocator=...)`: the segment goes back to the pool's allocator.
+            Some(a) => a
+                .raw_delete(DevicePtr(addr))
+                .map_err(|e| BackendError::InvalidValue(format!("{}: {e}", DevicePtr(addr))))?,
+            None => backend.free(DevicePtr(addr), size)?,
+        }
         self.acct.device_free();
         self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
         self.count_private_malloc(pool, false);

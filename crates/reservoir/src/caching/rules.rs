@@ -90,8 +90,25 @@ pub fn should_split(
     small_pool: bool,
     config: &AllocatorConfig,
 ) -> bool {
+    if config.expandable_segments {
+        block_size - size >= MIN_BLOCK_SIZE
+    } else {
+        should_split_plain(block_size, size, small_pool, config)
+    }
+}
+
+/// [`should_split`] with expandable segments inactive whatever the
+/// configuration says: torch's `should_split(..., is_expandable_segments_active
+/// = false)`, for a block of a pool with its own allocator
+/// (`MemPool(allocator=...)`) and a block borrowed from a `use_on_oom` pool.
+pub fn should_split_plain(
+    block_size: u64,
+    size: u64,
+    small_pool: bool,
+    config: &AllocatorConfig,
+) -> bool {
     let remaining = block_size - size;
-    if small_pool || config.expandable_segments {
+    if small_pool {
         remaining >= MIN_BLOCK_SIZE
     } else {
         size < config.max_split_size && remaining > SMALL_SIZE

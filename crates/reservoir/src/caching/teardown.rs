@@ -84,9 +84,14 @@ impl DeviceState {
                 continue;
             }
             let released = match &seg.expandable {
-                None => backend
-                    .free(DevicePtr(seg.addr), seg.size)
-                    .map(|()| seg.size),
+                // `MemPool(allocator=...)`: back to the pool's allocator.
+                None => match self.pool_allocator(seg.pool) {
+                    Some(a) => a.raw_delete(DevicePtr(seg.addr)).map_err(|e| {
+                        BackendError::InvalidValue(format!("{}: {e}", DevicePtr(seg.addr)))
+                    }),
+                    None => backend.free(DevicePtr(seg.addr), seg.size),
+                }
+                .map(|()| seg.size),
                 Some(e) => release_expandable(backend, e),
             };
             match released {

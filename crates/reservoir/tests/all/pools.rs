@@ -488,3 +488,199 @@ fn checkpoint_restore_expandable_segment() {
     }
     c.a.end_allocate_to_pool(P).unwrap();
 }
+
+#[test]
+fn use_on_oom_pools_serve_allocations_that_would_oom() {
+    // spec 1.5 try_mempool_fallback (MemPool(use_on_oom=True), setUseOnOOM):
+    // upstream's test_mempool_limited_memory_with_allocator without the
+    // allocator. An allocation outside every pool that finds no new memory
+    // takes a free block of a use-on-OOM pool (never of another pool), the
+    // block goes back to that pool when freed, and the pool still serves
+    // its own allocations. In every mode a user can turn on.
+    for conf in ["", "expandable_segments:True", "policy:reservoir"] {
+        let c = Checked::new(conf, 80 * MIB);
+        let (other, oom) = (MempoolId(2, 0), P);
+        for pool in [other, oom] {
+            c.a.begin_allocate_to_pool(pool, PoolFilter::current_thread())
+                .unwrap();
+            c.a.end_allocate_to_pool(pool).unwrap();
+        }
+        c.a.set_use_on_oom(oom, true).unwrap();
+        let in_pool = |pool: MempoolId, size: u64| {
+            c.a.begin_allocate_to_pool(pool, PoolFilter::current_thread())
+                .unwrap();
+            let p = c.alloc(size);
+            c.a.end_allocate_to_pool(pool).unwrap();
+            p
+        };
+        let a = in_pool(other, 40 * MIB);
+        let b = in_pool(oom, 40 * MIB);
+        assert!(
+            c.try_alloc(40 * MIB).is_err(),
+            "{conf:?}: the device is full"
+        );
+        c.free(a);
+        c.free(b);
+        let ooms = c.stats().num_ooms;
+        let c1 = c
+            .try_alloc(30 * MIB)
+            .unwrap_or_else(|e| panic!("{conf:?}: {e}"));
+        assert_eq!(c1, b, "{conf:?}: the use-on-OOM pool's block serves it");
+        assert_eq!(c.stats().num_ooms, ooms, "{conf:?}: no OOM counted");
+        assert_eq!(c.a.pool_segments(oom).len(), 1, "{conf:?}");
+        assert!(
+            c.try_alloc(30 * MIB).is_err(),
+            "{conf:?}: the other pool's free block is never borrowed"
+        );
+        c.check();
+        c.free(c1);
+        // The block went back to its pool, which still serves its own.
+        let e = in_pool(oom, 20 * MIB);
+        assert_eq!(e, c1, "{conf:?}");
+        c.free(e);
+        // Unmarked: out of memory again; marking an unknown pool is refused
+        // and changes nothing, unmarking one is accepted.
+        c.a.set_use_on_oom(oom, false).unwrap();
+        assert!(c.try_alloc(30 * MIB).is_err(), "{conf:?}: unmarked");
+        let before = c.flat();
+        let e = c.a.set_use_on_oom(MempoolId(7, 7), true).unwrap_err();
+        assert!(e.to_string().contains("unknown private pool"), "{e}");
+        assert_eq!(c.flat(), before);
+        c.a.set_use_on_oom(MempoolId(7, 7), false).unwrap();
+        // A pool allocating to itself never borrows (torch: "if already
+        // trying to use a mempool, then just oom").
+        c.a.set_use_on_oom(oom, true).unwrap();
+        let third = MempoolId(3, 0);
+        c.a.begin_allocate_to_pool(third, PoolFilter::current_thread())
+            .unwrap();
+        assert!(c.try_alloc(30 * MIB).is_err(), "{conf:?}: inside a pool");
+        c.a.end_allocate_to_pool(third).unwrap();
+        c.check();
+    }
+}
+
+/// A pool allocator (`CUDAPluggableAllocator`'s alloc/free) over a range of
+/// addresses of its own: counts its calls, refuses when `full`.
+struct PoolSource {
+    next: std::sync::atomic::AtomicU64,
+    allocs: std::sync::atomic::AtomicU64,
+    frees: std::sync::atomic::AtomicU64,
+    full: std::sync::atomic::AtomicBool,
+}
+
+fn pool_source() -> (
+    std::sync::Arc<PoolSource>,
+    std::sync::Arc<reservoir::pluggable::PluggableAllocator>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::Arc;
+    let src = Arc::new(PoolSource {
+        next: 0x7f00_0000_0000.into(),
+        allocs: 0.into(),
+        frees: 0.into(),
+        full: false.into(),
+    });
+    let (a, f) = (src.clone(), src.clone());
+    let alloc: reservoir::pluggable::AllocFn = Arc::new(move |size, _device, _stream| {
+        if a.full.load(SeqCst) {
+            return None; // a null: out of memory
+        }
+        a.allocs.fetch_add(1, SeqCst);
+        Some(reservoir::DevicePtr(a.next.fetch_add(size, SeqCst)))
+    });
+    let free: reservoir::pluggable::FreeFn = Arc::new(move |_ptr, _size, _device, _stream| {
+        f.frees.fetch_add(1, SeqCst);
+    });
+    (
+        src,
+        Arc::new(reservoir::pluggable::PluggableAllocator::new(alloc, free)),
+    )
+}
+
+#[test]
+fn a_pool_with_its_own_allocator_caches_its_segments() {
+    // spec 1.14 createOrIncrefPool(id, allocator) (MemPool(allocator=...)),
+    // upstream's test_mempool_with_allocator: the pool's segments come from
+    // its allocator (never expandable), Reservoir caches its blocks (two
+    // 1 MiB tensors share one 2 MiB segment, a third needs another), other
+    // allocations never reach it, and its segments go back to it once the
+    // pool is released and emptied. In every mode a user can turn on.
+    use std::sync::atomic::Ordering::SeqCst;
+    for conf in ["", "expandable_segments:True", "policy:reservoir"] {
+        let c = Checked::new(conf, 80 * GIB);
+        let (src, alloc) = pool_source();
+        c.a.create_or_incref_pool_with_allocator(P, alloc.clone())
+            .unwrap();
+        assert_eq!(c.a.pool_use_count(P), 1);
+        assert_eq!(
+            src.allocs.load(SeqCst),
+            0,
+            "{conf:?}: nothing allocated yet"
+        );
+        c.a.begin_allocate_to_pool(P, PoolFilter::current_thread())
+            .unwrap();
+        let x0 = c.alloc(MIB);
+        assert_eq!(src.allocs.load(SeqCst), 1, "{conf:?}");
+        assert!(x0.0 >= 0x7f00_0000_0000, "{conf:?}: {x0}");
+        let x1 = c.alloc(MIB / 2);
+        assert_eq!(c.a.pool_segments(P).len(), 1, "{conf:?}: cached");
+        let x2 = c.alloc(MIB);
+        assert_eq!(c.a.pool_segments(P).len(), 2, "{conf:?}");
+        let big = c.alloc(30 * MIB);
+        assert_eq!(src.allocs.load(SeqCst), 3, "{conf:?}");
+        assert!(
+            c.a.pool_segments(P)
+                .iter()
+                .all(|s| s.is_expandable != Some(true)),
+            "{conf:?}: never an expandable segment"
+        );
+        // A null from the allocator is out of memory, and changes nothing.
+        src.full.store(true, SeqCst);
+        let before = c.flat();
+        assert!(c.try_alloc(50 * MIB).is_err(), "{conf:?}");
+        assert_eq!(c.flat().get("num_ooms"), Some(&(before["num_ooms"] + 1)));
+        src.full.store(false, SeqCst);
+        c.a.end_allocate_to_pool(P).unwrap();
+        c.a.release_pool(P).unwrap(); // use_mem_pool's use
+        let outside = c.alloc(MIB);
+        assert!(
+            outside.0 < 0x7f00_0000_0000,
+            "{conf:?}: not the pool's allocator"
+        );
+        assert_eq!(src.allocs.load(SeqCst), 3, "{conf:?}");
+        c.check();
+        // A second use keeps the first allocator; a pool without one cannot take one.
+        let (_, other) = pool_source();
+        c.a.create_or_incref_pool_with_allocator(P, other.clone())
+            .unwrap();
+        assert_eq!(c.a.pool_use_count(P), 2);
+        c.a.release_pool(P).unwrap();
+        let plain = MempoolId(2, 0);
+        c.a.begin_allocate_to_pool(plain, PoolFilter::current_thread())
+            .unwrap();
+        c.a.end_allocate_to_pool(plain).unwrap();
+        let before = c.flat();
+        let e =
+            c.a.create_or_incref_pool_with_allocator(plain, other)
+                .unwrap_err();
+        assert!(e.to_string().contains("without an allocator"), "{e}");
+        assert_eq!((c.flat(), c.a.pool_use_count(plain)), (before, 1));
+        // Released and emptied: every segment back to the allocator, which
+        // the pool held alive until then.
+        for p in [x0, x1, x2, big, outside] {
+            c.free(p);
+        }
+        c.a.release_pool(P).unwrap();
+        let live = std::sync::Arc::strong_count(&alloc);
+        assert!(live > 1, "{conf:?}: the pool holds its allocator");
+        c.empty_cache();
+        assert_eq!(src.frees.load(SeqCst), 3, "{conf:?}");
+        assert_eq!(alloc.live(), 0, "{conf:?}");
+        assert_eq!(
+            std::sync::Arc::strong_count(&alloc),
+            1,
+            "{conf:?}: dropped with the pool"
+        );
+        c.check();
+    }
+}

@@ -5,6 +5,8 @@ use crate::backend::Backend;
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::observe::snapshot::Segment;
+use crate::pluggable::PluggableAllocator;
+use std::sync::Arc;
 
 /// Private memory pools (CUDA graphs, `torch.cuda.MemPool`): routing
 /// allocations to a pool, releasing it, its segments, and checkpoints of
@@ -41,6 +43,38 @@ impl<B: Backend> CachingAllocator<B> {
     /// unknown pool is [`AllocError::InvalidState`] and changes nothing.
     pub fn set_no_split(&self, pool: MempoolId) -> Result<(), AllocError> {
         self.state.lock().set_no_split(pool)
+    }
+
+    /// Create private pool `pool` (one use) whose segments come from its
+    /// own `allocator` and whose blocks Reservoir caches, or add a use to
+    /// the existing pool with an allocator, which keeps its first one
+    /// (PyTorch's `createOrIncrefPool(id, allocator)`,
+    /// `MemPool(allocator=CUDAPluggableAllocator(...))`). A new segment of
+    /// the pool is the allocator's `malloc` (a null is out of memory; never
+    /// an expandable segment), a released one its `raw_delete`; the pool,
+    /// and with it the allocator, lives until its last segment is released.
+    /// An existing pool without an allocator is refused
+    /// ([`AllocError::InvalidState`]) and nothing changes.
+    pub fn create_or_incref_pool_with_allocator(
+        &self,
+        pool: MempoolId,
+        allocator: Arc<PluggableAllocator>,
+    ) -> Result<(), AllocError> {
+        self.state
+            .lock()
+            .create_or_incref_pool_with_allocator(pool, allocator)
+    }
+
+    /// Let the free blocks of private pool `pool` serve allocations outside
+    /// every private pool that would otherwise run out of memory (`on`), or
+    /// stop (PyTorch's `setUseOnOOM`, `MemPool(use_on_oom=True)`; spec
+    /// 1.5): such an allocation takes the best fit of the first marked pool
+    /// that has one before any cached memory is released, and the block
+    /// returns to that pool when freed. Marking an unknown pool is
+    /// [`AllocError::InvalidState`] and changes nothing; unmarking is
+    /// always accepted.
+    pub fn set_use_on_oom(&self, pool: MempoolId, on: bool) -> Result<(), AllocError> {
+        self.state.lock().set_use_on_oom(pool, on)
     }
 
     /// Current use count of a private pool (0 if unknown or released).

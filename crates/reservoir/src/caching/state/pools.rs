@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::backend::StreamId;
 use crate::caching::stream_order::MempoolSet;
 use crate::ids::MempoolId;
+use crate::pluggable::PluggableAllocator;
 use crate::store::{
     Block, BlockId, Cursor, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed, Slot,
 };
@@ -330,6 +331,10 @@ pub(crate) struct PrivatePool {
     large: PoolId,
     /// The pool's small-block pool.
     small: PoolId,
+    /// Where the pool's segments come from when not from the backend
+    /// (`MemPool(allocator=...)`, PyTorch's `PrivatePool::allocator_`): its
+    /// `alloc` for a new segment, its `free` to give one back.
+    allocator: Option<Arc<PluggableAllocator>>,
 }
 
 impl PrivatePool {
@@ -356,6 +361,12 @@ impl PrivatePool {
     pub fn small(&self) -> PoolId {
         self.small
     }
+
+    /// The pool's own segment allocator, if it has one.
+    #[inline]
+    pub fn allocator(&self) -> Option<&Arc<PluggableAllocator>> {
+        self.allocator.as_ref()
+    }
 }
 
 /// The private pools of one device (PyTorch's `graph_pools` and friends).
@@ -373,6 +384,11 @@ pub(crate) struct PrivatePools {
     captures_underway: Vec<(MempoolId, FilterFn)>,
     /// Pool slots of erased private pools, for reuse (their `owner` is None).
     free_pool_slots: Vec<PoolId>,
+    /// Pools whose free blocks an allocation outside every private pool
+    /// may take before it runs out of memory (PyTorch's `use_on_oom_pools`,
+    /// `MemPool(use_on_oom=True)`), in the order they were marked.
+    /// Invariant: distinct keys of `graph_pools`.
+    use_on_oom: Vec<MempoolId>,
 }
 
 impl PrivatePools {
@@ -429,6 +445,7 @@ impl PrivatePools {
                 cuda_malloc_count: 0,
                 large,
                 small,
+                allocator: None,
             },
         );
         debug_assert!(old.is_none(), "private pool {id:?} created twice");
@@ -485,11 +502,33 @@ impl PrivatePools {
         }
     }
 
+    /// Give the existing pool `id` its own segment allocator.
+    pub fn set_allocator(&mut self, id: MempoolId, allocator: Arc<PluggableAllocator>) {
+        let p = self.graph_pools.get_mut(&id).expect("a private pool");
+        p.allocator = Some(allocator);
+    }
+
+    /// Mark (`on`) or unmark the existing pool `id` as one whose free
+    /// blocks serve allocations that would otherwise run out of memory.
+    pub fn set_use_on_oom(&mut self, id: MempoolId, on: bool) {
+        self.use_on_oom.retain(|p| *p != id);
+        if on {
+            debug_assert!(self.graph_pools.contains_key(&id));
+            self.use_on_oom.push(id);
+        }
+    }
+
+    /// The pools marked use-on-OOM, in the order they were marked.
+    pub fn use_on_oom(&self) -> &[MempoolId] {
+        &self.use_on_oom
+    }
+
     /// Erase the pool `id`, if it exists; its two slots wait for reuse.
     /// Returns them: the caller disowns them
     /// ([`BlockPool::disown`]).
     pub fn erase(&mut self, id: MempoolId) -> Option<[PoolId; 2]> {
         self.graph_pools_freeable.remove(&id);
+        self.use_on_oom.retain(|p| *p != id);
         let p = self.graph_pools.remove(&id)?;
         let slots = [p.small, p.large];
         self.free_pool_slots.extend(slots);

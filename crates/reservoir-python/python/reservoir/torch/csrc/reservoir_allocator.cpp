@@ -80,6 +80,8 @@ constexpr size_t kPrivatePoolStatsLen = 14;
 
 using StreamFilter = bool (*)(void*, void*);
 using FilterDrop = void (*)(void*);
+using PoolAllocFn = void* (*)(void*, uint64_t, int32_t, void*);
+using PoolFreeFn = void (*)(void*, void*, uint64_t, int32_t, void*);
 using ContextRecorderFn = uint64_t (*)();
 using TraceTrackerFn = void (*)(void*, int32_t, int32_t, uint64_t, uint64_t, void*, uint64_t, uint64_t, int64_t);
 
@@ -106,6 +108,7 @@ struct Api {
   int (*end_pool)(int32_t, uint64_t, uint64_t);
   int (*release_pool)(int32_t, uint64_t, uint64_t);
   int (*create_or_incref_pool)(int32_t, uint64_t, uint64_t);
+  int (*create_pool_with_allocator)(int32_t, uint64_t, uint64_t, PoolAllocFn, PoolFreeFn, void*, FilterDrop);
   int (*pool_use_count)(int32_t, uint64_t, uint64_t, uint32_t*);
   int (*check_pool_live)(int32_t, uint64_t, uint64_t, const uint64_t*, size_t, bool*);
   int (*record_history)(bool, bool, ContextRecorderFn, size_t, int32_t, bool);
@@ -120,6 +123,7 @@ struct Api {
   void (*u64s_free)(uint64_t*, size_t);
   int (*set_allocator_settings)(const char*);
   int (*set_no_split)(int32_t, uint64_t, uint64_t);
+  int (*set_use_on_oom)(int32_t, uint64_t, uint64_t, int32_t);
   const char* (*last_error)();
   const char* (*status_name)(int);
 };
@@ -156,6 +160,7 @@ void load_api(const std::string& path) {
   resolve(lib, "reservoir_torch_end_allocate_to_pool", api.end_pool);
   resolve(lib, "reservoir_torch_release_pool", api.release_pool);
   resolve(lib, "reservoir_torch_create_or_incref_pool", api.create_or_incref_pool);
+  resolve(lib, "reservoir_torch_create_or_incref_pool_with_allocator", api.create_pool_with_allocator);
   resolve(lib, "reservoir_torch_pool_use_count", api.pool_use_count);
   resolve(lib, "reservoir_torch_check_pool_live_allocations", api.check_pool_live);
   resolve(lib, "reservoir_torch_record_history", api.record_history);
@@ -170,6 +175,7 @@ void load_api(const std::string& path) {
   resolve(lib, "reservoir_torch_u64s_free", api.u64s_free);
   resolve(lib, "reservoir_torch_set_allocator_settings", api.set_allocator_settings);
   resolve(lib, "reservoir_torch_set_no_split", api.set_no_split);
+  resolve(lib, "reservoir_torch_set_use_on_oom", api.set_use_on_oom);
   resolve(lib, "reservoir_last_error", api.last_error);
   resolve(lib, "reservoir_status_name", api.status_name);
   api_loaded = true;
@@ -438,19 +444,43 @@ class ReservoirAllocator final : public CUDAAllocator {
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
                           std::shared_ptr<CUDAAllocator> allocator) override {
     if (allocator && allocator.get() != this) {
-      unsupported("createOrIncrefPool with another allocator",
-                  "a MemPool's allocator must be Reservoir itself while Reservoir is torch's allocator");
+      // MemPool(allocator=CUDAPluggableAllocator(...)): the pool's segments
+      // come from that allocator (raw_alloc_with_stream / raw_delete, which
+      // call its alloc and free functions), its blocks are cached by
+      // Reservoir. The pool holds the allocator until its last segment is
+      // given back (as torch's PrivatePool does).
+      using Owned = std::shared_ptr<CUDAAllocator>;
+      auto* owned = new Owned(std::move(allocator));
+      check(api.create_pool_with_allocator(
+          device, id.first, id.second,
+          [](void* ctx, uint64_t size, int32_t dev, void* stream) -> void* {
+            try {
+              c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(dev));
+              return (*static_cast<Owned*>(ctx))
+                  ->raw_alloc_with_stream(static_cast<size_t>(size), static_cast<cudaStream_t>(stream));
+            } catch (...) {
+              return nullptr;  // out of memory for Reservoir (never unwinds into Rust)
+            }
+          },
+          [](void* ctx, void* ptr, uint64_t, int32_t dev, void*) {
+            try {
+              c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(dev));
+              (*static_cast<Owned*>(ctx))->raw_delete(ptr);
+            } catch (...) {
+            }
+          },
+          owned, [](void* ctx) { delete static_cast<Owned*>(ctx); }));
+      return;
     }
     check(api.create_or_incref_pool(device, id.first, id.second));
   }
 
-  // `false` is what Reservoir does anyway (a pool's memory is never lent on
-  // out of memory), and torch's ~MemPool calls it while unwinding a pool:
-  // raising there would end the process (std::terminate). `true` is refused.
-  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
-    if (use_on_oom) {
-      unsupported("setUseOnOOM", "Reservoir does not borrow private-pool memory on out of memory");
-    }
+  // MemPool(use_on_oom=True): an allocation outside every pool that would
+  // run out of memory takes a free block of this pool first (spec 1.5).
+  // torch's ~MemPool unmarks the pool while unwinding it: unmarking never
+  // fails in Reservoir (raising there would end the process).
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) override {
+    check(api.set_use_on_oom(device, id.first, id.second, use_on_oom ? 1 : 0));
   }
 
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) override {
