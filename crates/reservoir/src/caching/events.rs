@@ -91,7 +91,7 @@ impl DeviceState {
     /// The second half of `insert_events`: the block's stream uses become
     /// the recorded `events`, queued per stream. Cannot fail.
     pub(super) fn queue_block_events(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
-        self.store.take_uses(id);
+        self.store.forget_uses(id);
         let n = self.events.record(id, events);
         self.store.await_events(id, n);
     }

@@ -45,7 +45,7 @@ impl DeviceState {
             return Err(AllocError::InvalidPointer { ptr });
         };
         if !self.private.any_capture_underway() {
-            self.store.take_uses(id);
+            self.store.forget_uses(id);
             self.events.forget_capture_uses(id);
         }
         self.free_ptr(backend, ptr)
@@ -107,8 +107,7 @@ impl DeviceState {
     /// allocated (counters, the backend's notification, the trace).
     #[inline(always)]
     fn mark_freed<B: Backend + ?Sized>(&mut self, backend: &B, id: BlockId) {
-        self.store.give_back(id);
-        let b = self.store.block(id);
+        let b = self.store.give_back(id);
         let (addr, size, requested, stream, pool) =
             (b.addr(), b.size(), b.requested_size(), b.stream(), b.pool());
         let st = self.stat_type(pool);

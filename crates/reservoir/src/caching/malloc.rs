@@ -328,8 +328,7 @@ impl DeviceState {
             self.acct.inactive_split_changed(st, -1, -(size as i64));
         }
 
-        self.store.hand_out(id, orig_size);
-        let b = self.store.block(id);
+        let b = self.store.hand_out(id, orig_size);
         let (addr, size, stream) = (b.addr(), b.size(), b.stream());
         self.record_trace(TraceAction::Alloc, addr, orig_size, stream, p.pool, id);
         self.note_allocated(id, addr, size, orig_size, st);

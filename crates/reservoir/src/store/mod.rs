@@ -235,18 +235,23 @@ impl BlockStore {
 
     // -- Handing out and giving back
 
-    /// The block is handed out to a caller who asked for `requested` bytes.
+    /// The block is handed out to a caller who asked for `requested` bytes;
+    /// returns it, to read.
     #[inline]
-    pub fn hand_out(&mut self, id: BlockId, requested: u64) {
+    pub fn hand_out(&mut self, id: BlockId, requested: u64) -> &Block {
         let b = &mut self.blocks[id];
         b.allocated = true;
         b.requested_size = requested;
+        b
     }
 
-    /// The caller gave the block back (its `requested_size` stays, stale).
+    /// The caller gave the block back (its `requested_size` stays, stale);
+    /// returns it, to read.
     #[inline]
-    pub fn give_back(&mut self, id: BlockId) {
-        self.blocks[id].allocated = false;
+    pub fn give_back(&mut self, id: BlockId) -> &Block {
+        let b = &mut self.blocks[id];
+        b.allocated = false;
+        b
     }
 
     /// A whole (unsplit) segment and its one block move to `stream` for good.
@@ -267,6 +272,12 @@ impl BlockStore {
         if stream != b.stream && !b.stream_uses.contains(&stream) {
             b.stream_uses.push(stream);
         }
+    }
+
+    /// Forget the block's stream uses (keeping the list's capacity).
+    #[inline]
+    pub fn forget_uses(&mut self, id: BlockId) {
+        self.blocks[id].stream_uses.clear();
     }
 
     /// Take the block's stream uses, leaving none.
