@@ -373,3 +373,50 @@ fn seeded_expandable_segment_reserves_the_policys_address_space() {
     assert!(b.segments().is_empty());
     b.check_invariants().unwrap();
 }
+
+/// The address space a seeded expandable segment reserves is the one a
+/// segment grown by an allocation reserves, under each policy (issue 42:
+/// the seeder hard-coded PyTorch's 9/8 of the device, so under
+/// `policy:reservoir`, which reserves twice the device, the two differed).
+#[test]
+fn seeded_and_grown_expandable_segments_reserve_the_same_space() {
+    use reservoir::caching::SeededExpandable;
+    use reservoir::sim::CallKind;
+    let capacity = 1u64 << 30;
+    let reserved = |dev: &SimDevice| -> Vec<u64> {
+        let log = dev.take_call_log();
+        log.iter()
+            .filter(|c| c.kind == CallKind::Reserve)
+            .map(|c| c.size)
+            .collect()
+    };
+    for conf in ["policy:reservoir", "expandable_segments:True"] {
+        let make = || {
+            let dev = SimDevice::new(SimConfig {
+                capacity,
+                ..SimConfig::default()
+            });
+            dev.set_call_log(true);
+            CachingAllocator::new(dev, AllocatorConfig::parse_with_policy(conf).unwrap())
+        };
+        let grown = make();
+        grown.raw_alloc(4 * MIB, StreamId::DEFAULT).unwrap();
+        let seeded = make();
+        let seg = SeededExpandable {
+            stream: StreamId::DEFAULT,
+            small: false,
+            mapped: vec![(0, 20 * MIB)],
+            blocks: vec![SeededBlock {
+                offset: 0,
+                size: 4 * MIB,
+                requested_size: 4 * MIB,
+            }],
+        };
+        seeded.seeder().seed_expandable(&seg).unwrap();
+        seeded.check_invariants().unwrap();
+        let (g, s) = (reserved(grown.backend()), reserved(seeded.backend()));
+        assert_eq!(g.len(), 1, "{conf}: one reservation grown: {g:?}");
+        assert_eq!(s, g, "{conf}: seeded vs grown address space");
+        assert!(g[0] > capacity, "{conf}: more than the device: {g:?}");
+    }
+}

@@ -49,10 +49,10 @@ fn check_stat_array(
 
 impl DeviceState {
     pub(crate) fn block_state(&self, id: BlockId) -> BlockState {
-        let b = &self.store.blocks[id];
-        if b.allocated {
+        let b = self.store.block(id);
+        if b.allocated() {
             BlockState::ActiveAllocated
-        } else if b.event_count > 0 || !b.stream_uses.is_empty() {
+        } else if b.event_count() > 0 || !b.stream_uses().is_empty() {
             BlockState::ActivePendingFree
         } else {
             BlockState::Inactive
@@ -66,13 +66,7 @@ impl DeviceState {
     pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.check_contexts()?;
         (self.events)
-            .check(|id| {
-                self.store
-                    .blocks
-                    .items
-                    .get(id as usize)
-                    .is_some_and(|b| b.live)
-            })
+            .check(|id| self.store.is_live_block(id))
             .map_err(InvariantViolation)?;
         self.store.check_tiling().map_err(InvariantViolation)?;
         self.check_layout_summary()?;
@@ -98,11 +92,8 @@ impl DeviceState {
     fn recount_segments(&self) -> Result<Recount, InvariantViolation> {
         let mut r = Recount::default();
         let pending = self.events.queued_per_block();
-        for (sid, seg) in self.store.segments.items.iter().enumerate() {
-            if !seg.live {
-                continue;
-            }
-            self.recount_segment(sid as u32, seg, &pending, &mut r)?;
+        for (sid, seg) in self.store.live_segments() {
+            self.recount_segment(sid, seg, &pending, &mut r)?;
         }
         Ok(r)
     }
@@ -115,51 +106,56 @@ impl DeviceState {
         pending: &HashMap<BlockId, u32>,
         r: &mut Recount,
     ) -> Result<(), InvariantViolation> {
-        let st = StatType::for_pool(self.pools[seg.pool as usize].is_small());
-        let expandable = seg.expandable.as_deref();
-        let owner = self.owner(seg.pool);
+        let st = StatType::for_pool(self.pools[seg.pool() as usize].is_small());
+        let expandable = seg.expandable();
+        let owner = self.owner(seg.pool());
         if expandable.is_none() {
             // Expandable segments never count as segments (spec 1.11).
             r.stats.segment.increase(st, 1);
-            r.stats.reserved_bytes.increase(st, seg.size);
-            r.reserved += seg.size;
+            r.stats.reserved_bytes.increase(st, seg.size());
+            r.reserved += seg.size();
             if let Some(id) = owner {
                 r.private_reserved
                     .entry(id)
                     .or_default()
-                    .increase(st, seg.size);
+                    .increase(st, seg.size());
             }
         }
         // (free, mapped) of the previous block, to find unmerged neighbours.
         let mut prev_free: Option<bool> = None;
         for id in self.store.segment_blocks(sid) {
-            let b = &self.store.blocks[id];
-            ensure!(b.size % 512 == 0, "block {:#x} has size {}", b.addr, b.size);
+            let b = self.store.block(id);
             ensure!(
-                b.expandable == expandable.is_some(),
+                b.size() % 512 == 0,
+                "block {:#x} has size {}",
+                b.addr(),
+                b.size()
+            );
+            ensure!(
+                b.expandable() == expandable.is_some(),
                 "block {:#x} disagrees with its segment about being expandable",
-                b.addr
+                b.addr()
             );
             if let Some(e) = expandable {
-                check_pages(seg.addr, e, b)?;
-                if b.mapped {
-                    r.stats.reserved_bytes.increase(st, b.size);
-                    r.reserved += b.size;
+                check_pages(seg.addr(), e, b)?;
+                if b.mapped() {
+                    r.stats.reserved_bytes.increase(st, b.size());
+                    r.reserved += b.size();
                     if let Some(id) = owner {
                         r.private_reserved
                             .entry(id)
                             .or_default()
-                            .increase(st, b.size);
+                            .increase(st, b.size());
                     }
                 }
             } else {
                 ensure!(
-                    b.mapped,
+                    b.mapped(),
                     "block {:#x} of a plain segment is unmapped",
-                    b.addr
+                    b.addr()
                 );
             }
-            if !b.mapped {
+            if !b.mapped() {
                 self.check_unmapped_block(id, prev_free)?;
                 r.unmapped_members += 1;
                 prev_free = Some(false);
@@ -169,7 +165,7 @@ impl DeviceState {
             let state = self.recount_mapped_block(id, st, events, prev_free, r)?;
             prev_free = (state == BlockState::Inactive).then_some(true);
         }
-        if expandable.is_none() && seg.size >= self.config.max_split_size {
+        if expandable.is_none() && seg.size() >= self.config.max_split_size {
             r.stats.oversize_segments.increase(1);
         }
         Ok(())
@@ -182,26 +178,26 @@ impl DeviceState {
         id: BlockId,
         prev_free: Option<bool>,
     ) -> Result<(), InvariantViolation> {
-        let b = &self.store.blocks[id];
+        let b = self.store.block(id);
         let key = UnmappedKey {
-            stream: b.stream,
-            addr: b.addr,
+            stream: b.stream(),
+            addr: b.addr(),
             id,
         };
         ensure!(
-            self.pools[b.pool as usize].contains_unmapped(&key),
+            self.pools[b.pool() as usize].contains_unmapped(&key),
             "unmapped block {:#x} missing from the unmapped set",
-            b.addr
+            b.addr()
         );
         ensure!(
-            !b.allocated && b.event_count == 0,
+            !b.allocated() && b.event_count() == 0,
             "unmapped block {:#x} in use",
-            b.addr
+            b.addr()
         );
         ensure!(
             prev_free != Some(false),
             "adjacent unmapped blocks at {:#x}",
-            b.addr
+            b.addr()
         );
         Ok(())
     }
@@ -216,15 +212,15 @@ impl DeviceState {
         prev_free: Option<bool>,
         r: &mut Recount,
     ) -> Result<BlockState, InvariantViolation> {
-        let b = &self.store.blocks[id];
-        let in_map = self.allocated.get(&b.addr) == Some(&id);
+        let b = self.store.block(id);
+        let in_map = self.allocated.get(&b.addr()) == Some(&id);
         let key = self.free_key(id);
-        let in_pool = self.pools[b.pool as usize].contains(&key);
+        let in_pool = self.pools[b.pool() as usize].contains(&key);
         ensure!(
-            events == b.event_count,
+            events == b.event_count(),
             "block {:#x}: event_count {} but {} queued events",
-            b.addr,
-            b.event_count,
+            b.addr(),
+            b.event_count(),
             events
         );
         let state = self.block_state(id);
@@ -234,42 +230,50 @@ impl DeviceState {
                 ensure!(
                     in_map,
                     "allocated block {:#x} missing from the pointer map",
-                    b.addr
+                    b.addr()
                 );
-                ensure!(!in_pool, "allocated block {:#x} is in a free list", b.addr);
+                ensure!(
+                    !in_pool,
+                    "allocated block {:#x} is in a free list",
+                    b.addr()
+                );
                 recount.allocation.increase(st, 1);
-                recount.allocated_bytes.increase(st, b.size);
-                if b.size >= self.config.max_split_size {
+                recount.allocated_bytes.increase(st, b.size());
+                if b.size() >= self.config.max_split_size {
                     recount.oversize_allocations.increase(1);
                 }
             }
             BlockState::ActivePendingFree => {
-                ensure!(!in_map, "pending block {:#x} is in the pointer map", b.addr);
-                ensure!(!in_pool, "pending block {:#x} is in a free list", b.addr);
+                ensure!(
+                    !in_map,
+                    "pending block {:#x} is in the pointer map",
+                    b.addr()
+                );
+                ensure!(!in_pool, "pending block {:#x} is in a free list", b.addr());
             }
             BlockState::Inactive => {
-                ensure!(!in_map, "free block {:#x} is in the pointer map", b.addr);
+                ensure!(!in_map, "free block {:#x} is in the pointer map", b.addr());
                 ensure!(
                     in_pool,
                     "free block {:#x} missing from its free list",
-                    b.addr
+                    b.addr()
                 );
                 ensure!(
                     prev_free != Some(true),
                     "adjacent free blocks at {:#x} were not merged",
-                    b.addr
+                    b.addr()
                 );
                 r.pool_members += 1;
-                if b.is_split() && !b.expandable {
+                if b.is_split() && !b.expandable() {
                     recount.inactive_split.increase(st, 1);
-                    recount.inactive_split_bytes.increase(st, b.size);
+                    recount.inactive_split_bytes.increase(st, b.size());
                 }
             }
         }
         if state != BlockState::Inactive {
             recount.active.increase(st, 1);
-            recount.active_bytes.increase(st, b.size);
-            recount.requested_bytes.increase(st, b.requested_size);
+            recount.active_bytes.increase(st, b.size());
+            recount.requested_bytes.increase(st, b.requested_size());
         }
         Ok(state)
     }
@@ -397,17 +401,17 @@ struct Recount {
 /// between mapped blocks.
 fn check_pages(seg_addr: u64, e: &Expandable, b: &Block) -> Result<(), InvariantViolation> {
     let page = e.page_size();
-    let first = (b.addr - seg_addr) / page;
-    let last = (b.addr + b.size - seg_addr).div_ceil(page);
+    let first = (b.addr() - seg_addr) / page;
+    let last = (b.addr() + b.size() - seg_addr).div_ceil(page);
     for pg in first..last {
         let is_mapped = e.is_mapped(pg);
         ensure!(
-            is_mapped == b.mapped,
+            is_mapped == b.mapped(),
             "page {pg} of expandable segment {:#x} is {} under a {} block at {:#x}",
             seg_addr,
             if is_mapped { "mapped" } else { "unmapped" },
-            if b.mapped { "mapped" } else { "unmapped" },
-            b.addr
+            if b.mapped() { "mapped" } else { "unmapped" },
+            b.addr()
         );
     }
     Ok(())

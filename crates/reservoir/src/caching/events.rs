@@ -24,12 +24,12 @@ impl DeviceState {
             // is captured, not run, so the streams recorded then are dropped
             // (the set is rebuilt by inserting the rest in its old order).
             if let Some(captured) = self.events.take_capture_uses(id) {
-                let uses = std::mem::take(&mut self.store.blocks[id].stream_uses);
-                self.store.blocks[id].stream_uses =
-                    stream_set_order(&uses, self.events.c10_streams())
-                        .into_iter()
-                        .filter(|s| !captured.contains(s))
-                        .collect();
+                let uses = self.store.take_uses(id);
+                let kept = stream_set_order(&uses, self.events.c10_streams())
+                    .into_iter()
+                    .filter(|s| !captured.contains(s))
+                    .collect();
+                self.store.restore_uses(id, kept);
             }
             if let Err(e) = self.insert_events(backend, id) {
                 // Nothing recorded for this block: it and the rest wait for
@@ -37,7 +37,7 @@ impl DeviceState {
                 self.events.defer_again(std::iter::once(id).chain(deferred));
                 return Err(e);
             }
-            if self.store.blocks[id].event_count == 0 {
+            if self.store.block(id).event_count() == 0 {
                 self.free_block(id);
             }
         }
@@ -69,7 +69,7 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<Vec<(StreamId, EventId)>, BackendError> {
         let order = stream_set_order(
-            &self.store.blocks[id].stream_uses,
+            self.store.block(id).stream_uses(),
             self.events.c10_streams(),
         );
         let mut events = Vec::with_capacity(order.len());
@@ -91,9 +91,9 @@ impl DeviceState {
     /// The second half of `insert_events`: the block's stream uses become
     /// the recorded `events`, queued per stream. Cannot fail.
     pub(super) fn queue_block_events(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
-        let b = &mut self.store.blocks[id];
-        b.stream_uses.clear();
-        self.events.record(id, &mut b.event_count, events);
+        self.store.forget_uses(id);
+        let n = self.events.record(id, events);
+        self.store.await_events(id, n);
     }
 
     /// spec 1.10: reap completed cross-stream events, per stream, stopping at
@@ -139,9 +139,7 @@ impl DeviceState {
 
     #[inline]
     pub(super) fn complete_event(&mut self, id: BlockId) {
-        let b = &mut self.store.blocks[id];
-        b.event_count -= 1;
-        if b.event_count == 0 {
+        if self.store.event_done(id) == 0 {
             self.free_block(id);
         }
     }
@@ -162,7 +160,7 @@ impl DeviceState {
             let queue = self.events.take_queue(at);
             let mut keep = EventQueue::new();
             for (event, id) in queue {
-                if only.is_some() && self.owner(self.store.blocks[id].pool) != only {
+                if only.is_some() && self.owner(self.store.block(id).pool()) != only {
                     keep.push_back((event, id));
                     continue;
                 }

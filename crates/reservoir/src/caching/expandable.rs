@@ -6,7 +6,7 @@ use super::request::MallocError;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
 use crate::observe::trace::TraceAction;
-use crate::store::{BlockId, Expandable, PoolId, Segment, SegmentId, NIL};
+use crate::store::{BlockId, Expandable, PoolId, SegmentId, NIL};
 
 /// The virtual-memory capability of a backend that holds an expandable
 /// segment (`find_expandable_block` checked it when creating the segment).
@@ -32,33 +32,27 @@ pub(super) struct RunBytes {
 impl DeviceState {
     /// The mapping state of the expandable segment `seg`.
     fn mapping(&self, seg: SegmentId) -> &Expandable {
-        self.store.segments[seg]
-            .expandable
-            .as_deref()
-            .expect("an expandable segment")
+        (self.store.segment(seg).expandable()).expect("an expandable segment")
     }
 
     /// The mapping state of the expandable segment `seg`, to update.
     fn mapping_mut(&mut self, seg: SegmentId) -> &mut Expandable {
-        self.store.segments[seg]
-            .expandable
-            .as_deref_mut()
-            .expect("an expandable segment")
+        (self.store.mapping_mut(seg)).expect("an expandable segment")
     }
 
     /// Free for reuse: not allocated and not waiting for other streams.
     #[inline]
     pub(super) fn allocatable(&self, id: BlockId) -> bool {
         id != NIL && {
-            let b = &self.store.blocks[id];
-            !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+            let b = self.store.block(id);
+            !b.allocated() && b.event_count() == 0 && b.stream_uses().is_empty()
         }
     }
 
     /// Where a run of free and unmapped blocks through the unmapped block
     /// `unmapped` starts: the free block before it, if any, else itself.
     pub(super) fn run_start(&self, unmapped: BlockId) -> BlockId {
-        let prev = self.store.blocks[unmapped].prev;
+        let prev = self.store.block(unmapped).prev();
         if self.allocatable(prev) {
             prev
         } else {
@@ -76,13 +70,13 @@ impl DeviceState {
         };
         let mut b = start;
         while run.bytes < size && self.allocatable(b) {
-            let block = &self.store.blocks[b];
-            if !block.mapped {
-                run.unmapped += block.size.min(size - run.bytes);
+            let block = self.store.block(b);
+            if !block.mapped() {
+                run.unmapped += block.size().min(size - run.bytes);
             }
-            run.bytes += block.size;
-            run.ends_mapped = block.mapped;
-            b = block.next;
+            run.bytes += block.size();
+            run.ends_mapped = block.mapped();
+            b = block.next();
         }
         run
     }
@@ -120,27 +114,14 @@ impl DeviceState {
         let total = backend.mem_info()?.total;
         let space = self.expandable_address_space(total, page_size);
         let reservation = vm.reserve(space)?;
-        self.segment_seq += 1;
-        let seg = self.store.segments.insert(Segment {
-            seq: self.segment_rank(reservation.base.0),
-            addr: reservation.base.0,
-            size: reservation.size,
-            expandable: Some(Box::new(Expandable::new(reservation, page_size))),
-            stream,
-            pool,
-            head: NIL,
-            live: true,
-        });
-        let id = self.store.new_block(
+        let (_, id) = self.store.new_segment(
             reservation.base.0,
             reservation.size,
             stream,
             pool,
-            seg,
+            Some(Box::new(Expandable::new(reservation, page_size))),
             false,
-            true,
         );
-        self.store.segments[seg].head = id;
         self.insert_into_unmapped(id);
         Ok(id)
     }
@@ -154,9 +135,9 @@ impl DeviceState {
         size: u64,
     ) -> Result<bool, MallocError> {
         let (addr, block_size, seg, stream, pool) = {
-            let b = &self.store.blocks[id];
-            debug_assert!(!b.mapped && size <= b.size);
-            (b.addr, b.size, b.segment, b.stream, b.pool)
+            let b = self.store.block(id);
+            debug_assert!(!b.mapped() && size <= b.size());
+            (b.addr(), b.size(), b.segment(), b.stream(), b.pool())
         };
         let mapped = match self.mapping_mut(seg).map(vm_of(backend), addr, size) {
             // Nothing to map.
@@ -167,12 +148,12 @@ impl DeviceState {
             Err(e) => return Err(e.into()),
         };
         self.remove_from_unmapped(id);
-        self.store.blocks[id].mapped = true;
+        self.store.map(id);
         if mapped < block_size {
             let rest = self.store.split_back(id, mapped, false);
             self.insert_into_unmapped(rest);
         }
-        let (prev, next) = (self.store.blocks[id].prev, self.store.blocks[id].next);
+        let (prev, next) = (self.store.block(id).prev(), self.store.block(id).next());
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_pool(id);
@@ -192,11 +173,11 @@ impl DeviceState {
         pool: PoolId,
         size: u64,
     ) -> Result<Option<BlockId>, MallocError> {
-        let segments_before = self.segment_seq;
+        let segments_before = self.store.segments_made();
         let mut candidate = self.find_expandable_block(backend, stream, pool, size)?;
-        let created = self.segment_seq != segments_before;
+        let created = self.store.segments_made() != segments_before;
         // A new segment whose whole address space is smaller than the request.
-        let oversize = created && self.store.blocks[candidate].size < size;
+        let oversize = created && self.store.block(candidate).size() < size;
         let rules = self.config.torch_release.rules();
         if oversize && rules.expandable_oversize_released_unmapped {
             // The request is larger than a whole segment's address space:
@@ -204,8 +185,8 @@ impl DeviceState {
             self.release_expandable_segment(backend, candidate)?;
             return Ok(None);
         }
-        if !self.store.blocks[candidate].mapped {
-            let len = self.store.blocks[candidate].size.min(size);
+        if !self.store.block(candidate).mapped() {
+            let len = self.store.block(candidate).size().min(size);
             if !self.map_block(backend, candidate, len)? {
                 // A segment created for this request that could not be mapped
                 // stays (fully unmapped, in `unmapped`) for later requests:
@@ -214,16 +195,16 @@ impl DeviceState {
                 return Ok(None);
             }
         }
-        if oversize && self.store.blocks[candidate].size < size {
+        if oversize && self.store.block(candidate).size() < size {
             // Before torch 2.15 the whole segment is mapped first
             // (ReleaseRules::expandable_oversize_released_unmapped); it is
             // smaller than the request all the same.
             return Ok(None);
         }
-        while self.store.blocks[candidate].size < size {
-            let remaining = size - self.store.blocks[candidate].size;
-            let next = self.store.blocks[candidate].next;
-            let len = remaining.min(self.store.blocks[next].size);
+        while self.store.block(candidate).size() < size {
+            let remaining = size - self.store.block(candidate).size();
+            let next = self.store.block(candidate).next();
+            let len = remaining.min(self.store.block(next).size());
             if !self.map_block(backend, next, len)? {
                 return Ok(None);
             }
@@ -240,8 +221,8 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), BackendError> {
-        let b = &self.store.blocks[id];
-        self.unmap_block_range(backend, id, b.addr, b.addr + b.size)
+        let b = self.store.block(id);
+        self.unmap_block_range(backend, id, b.addr(), b.addr() + b.size())
     }
 
     /// [`unmap_block`](Self::unmap_block) limited to the pages entirely
@@ -255,8 +236,8 @@ impl DeviceState {
         to: u64,
     ) -> Result<(), BackendError> {
         let (addr, size, seg, stream, pool) = {
-            let b = &self.store.blocks[id];
-            (b.addr, b.size, b.segment, b.stream, b.pool)
+            let b = self.store.block(id);
+            (b.addr(), b.size(), b.segment(), b.stream(), b.pool())
         };
         debug_assert!(addr <= from && from <= to && to <= addr + size);
         if !self.mapping(seg).holds_a_page(from, to) {
@@ -277,8 +258,8 @@ impl DeviceState {
             let a = self.store.split_back(id, unmapped_size, true);
             self.insert_into_pool(a);
         }
-        self.store.blocks[id].mapped = false;
-        let (prev, next) = (self.store.blocks[id].prev, self.store.blocks[id].next);
+        self.store.unmap(id);
+        let (prev, next) = (self.store.block(id).prev(), self.store.block(id).next());
         self.try_merge_blocks(id, prev);
         self.try_merge_blocks(id, next);
         self.insert_into_unmapped(id);
@@ -303,10 +284,10 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), BackendError> {
-        let seg = self.store.blocks[id].segment;
+        let seg = self.store.block(id).segment();
         debug_assert!(
-            !self.store.blocks[id].mapped
-                && self.store.blocks[id].size == self.mapping(seg).reservation().size
+            !self.store.block(id).mapped()
+                && self.store.block(id).size() == self.mapping(seg).reservation().size
         );
         // Nothing is mapped: only the reservation goes back.
         self.mapping(seg).release(vm_of(backend))?;

@@ -45,7 +45,7 @@ impl DeviceState {
             return Err(AllocError::InvalidPointer { ptr });
         };
         if !self.private.any_capture_underway() {
-            self.store.blocks[id].stream_uses.clear();
+            self.store.forget_uses(id);
             self.events.forget_capture_uses(id);
         }
         self.free_ptr(backend, ptr)
@@ -73,7 +73,7 @@ impl DeviceState {
         backend: &B,
         id: BlockId,
     ) -> Result<(), BackendError> {
-        if !self.store.blocks[id].stream_uses.is_empty() {
+        if !self.store.block(id).stream_uses().is_empty() {
             return self.free_used_by_other_streams(backend, id);
         }
         self.mark_freed(backend, id);
@@ -107,10 +107,9 @@ impl DeviceState {
     /// allocated (counters, the backend's notification, the trace).
     #[inline(always)]
     fn mark_freed<B: Backend + ?Sized>(&mut self, backend: &B, id: BlockId) {
-        let b = &mut self.store.blocks[id];
-        b.allocated = false;
+        let b = self.store.give_back(id);
         let (addr, size, requested, stream, pool) =
-            (b.addr, b.size, b.requested_size, b.stream, b.pool);
+            (b.addr(), b.size(), b.requested_size(), b.stream(), b.pool());
         let st = self.stat_type(pool);
         backend.on_block_freed(DevicePtr(addr), size, stream);
         self.note_freed(size, st);
@@ -128,16 +127,16 @@ impl DeviceState {
     #[inline(always)]
     pub(super) fn free_block(&mut self, id: BlockId) {
         let (addr, requested, stream, original_size, prev, next, pool) = {
-            let b = &self.store.blocks[id];
-            debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
+            let b = self.store.block(id);
+            debug_assert!(!b.allocated() && b.event_count() == 0 && b.stream_uses().is_empty());
             (
-                b.addr,
-                b.requested_size,
-                b.stream,
-                b.size,
-                b.prev,
-                b.next,
-                b.pool,
+                b.addr(),
+                b.requested_size(),
+                b.stream(),
+                b.size(),
+                b.prev(),
+                b.next(),
+                b.pool(),
             )
         };
         self.record_trace(
@@ -161,12 +160,12 @@ impl DeviceState {
             }
         }
         self.insert_into_pool(id);
-        if self.store.blocks[id].is_split() {
+        if self.store.block(id).is_split() {
             net_blocks += 1;
-            net_bytes += self.store.blocks[id].size as i64;
+            net_bytes += self.store.block(id).size() as i64;
         }
         let st = self.stat_type(pool);
-        let expandable = self.store.blocks[id].expandable;
+        let expandable = self.store.block(id).expandable();
         if !expandable {
             self.acct.inactive_split_changed(st, net_blocks, net_bytes);
         }
@@ -179,20 +178,20 @@ impl DeviceState {
             return 0;
         }
         {
-            let s = &self.store.blocks[src];
-            if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() {
+            let s = self.store.block(src);
+            if s.allocated() || s.event_count() > 0 || !s.stream_uses().is_empty() {
                 return 0;
             }
-            if s.mapped != self.store.blocks[dst].mapped {
+            if s.mapped() != self.store.block(dst).mapped() {
                 return 0;
             }
         }
-        if self.store.blocks[src].mapped {
+        if self.store.block(src).mapped() {
             self.remove_from_pool(src);
         } else {
             self.remove_from_unmapped(src);
         }
-        let src_before = self.store.blocks[dst].prev == src;
+        let src_before = self.store.block(dst).prev() == src;
         let size = self.store.merge(dst, src);
         if src_before && self.obs.is_active() {
             // PyTorch moves the segment's stack to the new head.
@@ -210,13 +209,10 @@ impl DeviceState {
 
     /// spec 1.10: `record_stream`.
     pub fn record_stream(&mut self, id: BlockId, stream: StreamId) {
-        let b = &mut self.store.blocks[id];
-        if stream == b.stream {
+        if stream == self.store.block(id).stream() {
             return;
         }
-        if !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
-        }
+        self.store.record_use(id, stream);
         if self.private.any_capture_underway() {
             self.events.note_capture_use(id, stream);
         }

@@ -30,11 +30,11 @@ impl DeviceState {
     /// path is on while any exists (so freeing drops the stack).
     pub(crate) fn check_contexts(&self) -> Result<(), super::InvariantViolation> {
         for id in self.obs.blocks_with_context() {
-            let b = &self.store.blocks[id];
-            if !b.live || !(b.allocated || b.event_count > 0 || !b.stream_uses.is_empty()) {
+            let b = self.store.block(id);
+            if !b.live() || !(b.allocated() || b.event_count() > 0 || !b.stream_uses().is_empty()) {
                 return Err(super::InvariantViolation(format!(
                     "free block {id} at {:#x} still holds an allocation stack",
-                    b.addr
+                    b.addr()
                 )));
             }
         }
@@ -50,8 +50,9 @@ impl DeviceState {
     /// The segment stack recorded for `block`, if still its own.
     pub(crate) fn segment_context(&self, block: BlockId) -> Option<&Context> {
         let c = self.obs.segment_context(block)?;
-        let b = &self.store.blocks[block];
-        (b.live && c.is_for(b.addr, self.store.segments[b.segment].seq)).then_some(c.context())
+        let b = self.store.block(block);
+        (b.live() && c.is_for(b.addr(), self.store.segment(b.segment()).seq()))
+            .then_some(c.context())
     }
 
     /// The allocation stack of `block`.
@@ -61,8 +62,8 @@ impl DeviceState {
 
     fn set_segment_context(&mut self, block: BlockId, ctx: Option<Context>) {
         let c = ctx.map(|ctx| {
-            let b = &self.store.blocks[block];
-            SegmentContext::new(b.addr, self.store.segments[b.segment].seq, ctx)
+            let b = self.store.block(block);
+            SegmentContext::new(b.addr(), self.store.segment(b.segment()).seq(), ctx)
         });
         self.obs.set_segment_context(block, c);
     }
@@ -71,8 +72,8 @@ impl DeviceState {
     /// address) takes `src`'s segment stack, or none (PyTorch's move).
     pub(crate) fn move_segment_context(&mut self, src: BlockId, dst: BlockId) {
         let ctx = self.obs.take_segment_context(src).and_then(|c| {
-            let b = &self.store.blocks[src];
-            (b.live && self.store.segments[b.segment].seq == c.seq()).then(|| c.into_context())
+            let b = self.store.block(src);
+            (b.live() && self.store.segment(b.segment()).seq() == c.seq()).then(|| c.into_context())
         });
         self.set_segment_context(dst, ctx);
     }
@@ -132,7 +133,7 @@ impl DeviceState {
                 cur
             }
             TraceAction::SegmentMap => {
-                if self.store.blocks[block].prev == NIL && self.segment_context(block).is_none() {
+                if self.store.block(block).prev() == NIL && self.segment_context(block).is_none() {
                     self.set_segment_context(block, cur.clone());
                 }
                 cur
@@ -170,7 +171,7 @@ impl DeviceState {
         let event = match action {
             TraceAction::Alloc => {
                 let fresh = self.obs.take_fresh();
-                let block_size = self.store.blocks[block].size;
+                let block_size = self.store.block(block).size();
                 if fresh && v.logs(DebugVerbosity::ALLOCATIONS, small) {
                     tracing::info!(
                         target: TARGET,
@@ -199,7 +200,7 @@ impl DeviceState {
                 Some((kind, block_size))
             }
             TraceAction::FreeCompleted => {
-                let block_size = self.store.blocks[block].size;
+                let block_size = self.store.block(block).size();
                 if v.logs(DebugVerbosity::RELEASES, small) {
                     tracing::info!(
                         target: TARGET,

@@ -11,7 +11,7 @@ use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::observe::trace::TraceAction;
 use crate::stats::StatType;
-use crate::store::{BlockId, Segment, NIL};
+use crate::store::{BlockId, NIL};
 
 impl DeviceState {
     /// spec 1.5: malloc. Returns the allocated block.
@@ -79,7 +79,7 @@ impl DeviceState {
         // spec 1.7: never split in a `MemPool(no_split=True)` pool.
         // Expandable segments are inactive for a pool with its own allocator
         // and for a block borrowed from a `use_on_oom` pool (torch 2.15).
-        let block_size = self.store.blocks[p.block].size;
+        let block_size = self.store.block(p.block).size();
         let split = !self.pools[p.pool as usize].no_split()
             && if self.config.expandable_segments
                 && (p.pool != pool || self.pool_allocator(p.pool).is_some())
@@ -92,8 +92,8 @@ impl DeviceState {
         if p.stream != stream {
             self.record_stream(id, stream);
         }
-        let b = &self.store.blocks[id];
-        backend.on_block_handed_out(DevicePtr(b.addr), b.size, stream);
+        let b = self.store.block(id);
+        backend.on_block_handed_out(DevicePtr(b.addr()), b.size(), stream);
         Ok(id)
     }
 
@@ -157,7 +157,7 @@ impl DeviceState {
         let Some((mut it, slot)) = pool.lower_bound(p.stream, p.size, gc) else {
             return false;
         };
-        if self.store.blocks[it.id].expandable {
+        if self.store.block(it.id).expandable() {
             match self.expandable_best_fit(it, p, false) {
                 Some(k) => it = k,
                 None => return false,
@@ -194,23 +194,23 @@ impl DeviceState {
         if !self.config.expandable_segments {
             // Expandable segments were turned off: skip their blocks.
             return next
-                .find(|k| !self.store.blocks[k.id].expandable || k.stream != p.stream)
+                .find(|k| !self.store.block(k.id).expandable() || k.stream != p.stream)
                 .filter(|k| k.stream == p.stream);
         }
-        let blocks = &self.store.blocks;
+        let store = &self.store;
         let expandable_size = |k: &FreeKey| {
-            let b = &blocks[k.id];
-            b.size
-                + if b.next != NIL && !blocks[b.next].mapped {
-                    blocks[b.next].size
+            let b = store.block(k.id);
+            b.size()
+                + if b.next() != NIL && !store.block(b.next()).mapped() {
+                    store.block(b.next()).size()
                 } else {
                     0
                 }
         };
         for next in next {
-            if !blocks[it.id].expandable
+            if !store.block(it.id).expandable()
                 || next.stream != p.stream
-                || (keeps_whole && !blocks[next.id].expandable)
+                || (keeps_whole && !store.block(next.id).expandable())
                 || expandable_size(&next) >= expandable_size(&it)
             {
                 break;
@@ -288,21 +288,7 @@ impl DeviceState {
             },
         };
         self.count_private_malloc(p.pool, true);
-        self.segment_seq += 1;
-        let seg = self.store.segments.insert(Segment {
-            seq: self.segment_rank(ptr.0),
-            addr: ptr.0,
-            size,
-            expandable: None,
-            stream: p.stream,
-            pool: p.pool,
-            head: NIL,
-            live: true,
-        });
-        let id = self
-            .store
-            .new_block(ptr.0, size, p.stream, p.pool, seg, true, false);
-        self.store.segments[seg].head = id;
+        let (_, id) = (self.store).new_segment(ptr.0, size, p.stream, p.pool, None, true);
         p.block = id;
         self.note_segment_allocated(size, p.pool);
         self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
@@ -318,7 +304,7 @@ impl DeviceState {
         stream: StreamId,
         split: bool,
     ) -> BlockId {
-        let pool = self.store.blocks[block].pool;
+        let pool = self.store.block(block).pool();
         let p = AllocParams {
             size,
             stream,
@@ -339,13 +325,13 @@ impl DeviceState {
     ) -> BlockId {
         let st = p.stat_type;
         let mut id = p.block;
-        let already_split = self.store.blocks[id].is_split();
-        let expandable = self.store.blocks[id].expandable;
+        let already_split = self.store.block(id).is_split();
+        let expandable = self.store.block(id).expandable();
         if split {
             let remaining = id;
             id = self.store.split_front(remaining, p.size, p.stream);
-            let r = &self.store.blocks[remaining];
-            let remaining_size = r.size;
+            let r = self.store.block(remaining);
+            let remaining_size = r.size();
             self.insert_into_pool(remaining);
             if expandable {
                 // Expandable blocks are not counted in inactive_split (spec 1.11).
@@ -359,14 +345,12 @@ impl DeviceState {
             }
         } else if already_split && !expandable {
             // An already-split block becomes active whole.
-            let size = self.store.blocks[id].size;
+            let size = self.store.block(id).size();
             self.acct.inactive_split_changed(st, -1, -(size as i64));
         }
 
-        let b = &mut self.store.blocks[id];
-        b.allocated = true;
-        b.requested_size = orig_size;
-        let (addr, size, stream) = (b.addr, b.size, b.stream);
+        let b = self.store.hand_out(id, orig_size);
+        let (addr, size, stream) = (b.addr(), b.size(), b.stream());
         self.record_trace(TraceAction::Alloc, addr, orig_size, stream, p.pool, id);
         self.note_allocated(id, addr, size, orig_size, st);
         id

@@ -78,7 +78,7 @@ impl DeviceState {
                 match self.take_from_other_stream(backend, p.pool, p.size, p.stream)? {
                     Some(id) => {
                         p.block = id;
-                        p.stream = self.store.blocks[id].stream;
+                        p.stream = self.store.block(id).stream();
                         Ok(true)
                     }
                     None => Ok(false),

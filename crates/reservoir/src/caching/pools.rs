@@ -320,11 +320,9 @@ impl DeviceState {
     fn private_pool_heads(&self, id: MempoolId) -> Vec<BlockId> {
         let mut heads: Vec<(u64, BlockId)> = self
             .store
-            .segments
-            .items
-            .iter()
-            .filter(|s| s.live && self.owner(s.pool) == Some(id))
-            .map(|s| (s.addr, s.head))
+            .live_segments()
+            .filter(|(_, s)| self.owner(s.pool()) == Some(id))
+            .map(|(_, s)| (s.addr(), s.head()))
             .collect();
         heads.sort_unstable();
         heads.into_iter().map(|(_, h)| h).collect()
@@ -353,25 +351,25 @@ impl DeviceState {
         let mut segments = Vec::new();
         for head in self.private_pool_heads(id) {
             let mut blocks = Vec::new();
-            for b in self.store.segment_blocks(self.store.blocks[head].segment) {
-                let blk = &self.store.blocks[b];
-                if blk.event_count > 0 {
+            for b in self.store.segment_blocks(self.store.block(head).segment()) {
+                let blk = self.store.block(b);
+                if blk.event_count() > 0 {
                     return Err(err(
                         "Events should have synchronized when checkpointing block",
                     ));
                 }
                 blocks.push(BlockCheckpoint {
-                    stream: blk.stream,
-                    stream_uses: blk.stream_uses.clone(),
-                    size: blk.size,
-                    ptr: DevicePtr(blk.addr),
-                    allocated: blk.allocated,
-                    gc_count_base: blk.gc_count_base,
+                    stream: blk.stream(),
+                    stream_uses: blk.stream_uses().to_vec(),
+                    size: blk.size(),
+                    ptr: DevicePtr(blk.addr()),
+                    allocated: blk.allocated(),
+                    gc_count_base: blk.gc_count_base(),
                 });
             }
             segments.push(SegmentCheckpoint {
                 blocks,
-                is_small: self.pools[self.store.blocks[head].pool as usize].is_small(),
+                is_small: self.pools[self.store.block(head).pool() as usize].is_small(),
             });
         }
         Ok(PoolCheckpoint {
@@ -395,10 +393,10 @@ impl DeviceState {
             let head = heads
                 .iter()
                 .copied()
-                .find(|&h| self.store.segments[self.store.blocks[h].segment].addr == first.ptr.0)
+                .find(|&h| self.store.segment(self.store.block(h).segment()).addr() == first.ptr.0)
                 .ok_or_else(|| err(format!(" could not find {}", first.ptr)))?;
-            let s = &self.store.segments[self.store.blocks[head].segment];
-            let mut at = s.addr;
+            let s = self.store.segment(self.store.block(head).segment());
+            let mut at = s.addr();
             for b in &seg.blocks {
                 if b.ptr.0 != at || b.size == 0 {
                     return Err(err(format!(
@@ -413,38 +411,38 @@ impl DeviceState {
             // block list). Unmapped blocks are never allocated and freeing
             // does not change them: each must be in the checkpoint as it is
             // now, free, and is left alone on restore.
-            let covered = if s.expandable.is_some() {
+            let covered = if s.expandable().is_some() {
                 let mut total = 0;
-                for b in self.store.segment_blocks(self.store.blocks[head].segment) {
-                    let blk = &self.store.blocks[b];
-                    total += blk.size;
-                    if !blk.mapped
+                for b in self.store.segment_blocks(self.store.block(head).segment()) {
+                    let blk = self.store.block(b);
+                    total += blk.size();
+                    if !blk.mapped()
                         && !seg
                             .blocks
                             .iter()
-                            .any(|c| c.ptr.0 == blk.addr && c.size == blk.size && !c.allocated)
+                            .any(|c| c.ptr.0 == blk.addr() && c.size == blk.size() && !c.allocated)
                     {
                         return Err(err(format!(
                             "checkpoint segment at {} does not hold its unmapped block at {:#x} ({} bytes) as it is",
-                            first.ptr, blk.addr, blk.size
+                            first.ptr, blk.addr(), blk.size()
                         )));
                     }
                 }
                 total
             } else {
-                s.size
+                s.size()
             };
-            if at - s.addr != covered {
+            if at - s.addr() != covered {
                 return Err(err(format!(
                     "checkpoint segment at {} covers {} bytes, the segment has {covered}",
                     first.ptr,
-                    at - s.addr
+                    at - s.addr()
                 )));
             }
         }
         for &h in &heads {
-            for b in self.store.segment_blocks(self.store.blocks[h].segment) {
-                if self.store.blocks[b].event_count > 0 {
+            for b in self.store.segment_blocks(self.store.block(h).segment()) {
+                if self.store.block(b).event_count() > 0 {
                     return Err(err(
                         "Events should have synchronized when setting checkpointed block",
                     ));
@@ -467,52 +465,51 @@ impl DeviceState {
         let mut rr = RestoreResult::default();
         // Free everything allocated in the pool.
         for &h in &heads {
-            let seg = self.store.blocks[h].segment;
-            let mut cur = self.store.segments[seg].head;
+            let seg = self.store.block(h).segment();
+            let mut cur = self.store.segment(seg).head();
             while cur != NIL {
-                if self.store.blocks[cur].allocated {
-                    let addr = self.store.blocks[cur].addr;
+                if self.store.block(cur).allocated() {
+                    let addr = self.store.block(cur).addr();
                     rr.allocations_freed.push(DevicePtr(addr));
                     // Freeing merges free neighbours into `cur`, which stays live.
                     self.free_ptr(backend, DevicePtr(addr))?;
                 }
-                cur = self.store.blocks[cur].next;
+                cur = self.store.block(cur).next();
             }
         }
         // Re-create each checkpointed segment's blocks.
         for seg in &state.segments {
             let segment = self
                 .store
-                .segments
-                .items
-                .iter()
-                .position(|s| s.live && s.addr == seg.blocks[0].ptr.0)
-                .expect("validated above") as u32;
-            let mut cur = self.store.segments[segment].head;
+                .live_segments()
+                .find(|(_, s)| s.addr() == seg.blocks[0].ptr.0)
+                .expect("validated above")
+                .0;
+            let mut cur = self.store.segment(segment).head();
             let mut created = Vec::new();
             for b in &seg.blocks {
-                if !self.store.blocks[cur].mapped {
+                if !self.store.block(cur).mapped() {
                     // An unmapped block of an expandable segment (validated
                     // above: the checkpoint's, free): left as it is, as
                     // PyTorch skips it.
-                    debug_assert_eq!(self.store.blocks[cur].addr, b.ptr.0);
-                    debug_assert_eq!(self.store.blocks[cur].size, b.size);
-                    cur = self.store.blocks[cur].next;
+                    debug_assert_eq!(self.store.block(cur).addr(), b.ptr.0);
+                    debug_assert_eq!(self.store.block(cur).size(), b.size);
+                    cur = self.store.block(cur).next();
                     continue;
                 }
-                debug_assert!(!self.store.blocks[cur].allocated);
+                debug_assert!(!self.store.block(cur).allocated());
                 self.remove_from_pool(cur);
-                let split = self.store.blocks[cur].size > b.size;
+                let split = self.store.block(cur).size() > b.size;
                 let id = self.alloc_found_block_for_restore(cur, b.size, b.stream, split);
                 created.push((id, b.allocated));
-                cur = self.store.blocks[id].next;
+                cur = self.store.block(id).next();
             }
             for (id, allocated) in created {
                 if allocated {
                     rr.allocations_created
-                        .push(DevicePtr(self.store.blocks[id].addr));
+                        .push(DevicePtr(self.store.block(id).addr()));
                 } else {
-                    let addr = self.store.blocks[id].addr;
+                    let addr = self.store.block(id).addr();
                     self.free_ptr(backend, DevicePtr(addr))?;
                 }
             }
@@ -530,19 +527,19 @@ impl DeviceState {
     /// equal size.
     #[inline]
     pub(super) fn free_key(&self, id: BlockId) -> FreeKey {
-        let b = &self.store.blocks[id];
-        let segment = &self.store.segments[b.segment];
+        let b = self.store.block(id);
+        let segment = self.store.segment(b.segment());
         let rank = match self.free_order {
             // 2.13 and later: (stream, size, the segment's counter, ptr);
             // under `rank_by_address`, `seq` is the segment's address.
-            FreeBlockOrder::SegmentCreation => segment.seq,
+            FreeBlockOrder::SegmentCreation => segment.seq(),
             // 2.11: (stream, size, ptr). Segments do not overlap, so
             // (segment address, address) is the address order.
-            FreeBlockOrder::Address => segment.addr,
+            FreeBlockOrder::Address => segment.addr(),
             // 2.12: (stream, size, registration_counter of the Block).
-            FreeBlockOrder::BlockCreation => b.registration,
+            FreeBlockOrder::BlockCreation => b.registration(),
         };
-        FreeKey::new(b.stream, b.size, rank, b.addr, id)
+        FreeKey::new(b.stream(), b.size(), rank, b.addr(), id)
     }
 
     /// Rank free blocks of equal size by the order of the release in
@@ -550,7 +547,7 @@ impl DeviceState {
     /// free blocks already cached when that order changes (a
     /// `set_config` naming another release).
     pub(super) fn set_free_order(&mut self) {
-        let order = if self.rank_by_address {
+        let order = if self.store.ranks_by_address() {
             FreeBlockOrder::SegmentCreation
         } else {
             self.config.torch_release.rules().free_block_order
@@ -568,26 +565,24 @@ impl DeviceState {
         self.free_order = order;
         for (pool, old) in cached {
             let key = self.free_key(old.id);
-            let b = &mut self.store.blocks[old.id];
             // Re-keyed, not freed again: the GC age goes on.
-            let gc_count_base = b.gc_count_base;
-            self.pools[pool].insert_into_blocks(key, b);
-            b.gc_count_base = gc_count_base;
+            self.pools[pool].insert(key);
         }
     }
 
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.
     #[inline]
     pub(crate) fn insert_into_pool(&mut self, id: BlockId) {
-        let pool = self.store.blocks[id].pool as usize;
+        let pool = self.store.block(id).pool() as usize;
         let key = self.free_key(id);
-        let inserted = self.pools[pool].insert_into_blocks(key, &mut self.store.blocks[id]);
+        let (inserted, gc_count) = self.pools[pool].insert_into_blocks(key);
+        self.store.start_gc_age(id, gc_count);
         debug_assert!(inserted, "block inserted twice into its pool");
     }
 
     #[inline]
     pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
-        let pool = self.store.blocks[id].pool as usize;
+        let pool = self.store.block(id).pool() as usize;
         let key = self.free_key(id);
         let removed = self.pools[pool].remove(&key);
         debug_assert!(removed, "block missing from its pool");
@@ -595,24 +590,24 @@ impl DeviceState {
 
     #[inline]
     pub(super) fn unmapped_key(&self, id: BlockId) -> UnmappedKey {
-        let b = &self.store.blocks[id];
+        let b = self.store.block(id);
         UnmappedKey {
-            stream: b.stream,
-            addr: b.addr,
+            stream: b.stream(),
+            addr: b.addr(),
             id,
         }
     }
 
     pub(crate) fn insert_into_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
-        let pool = self.store.blocks[id].pool as usize;
+        let pool = self.store.block(id).pool() as usize;
         let inserted = self.pools[pool].insert_unmapped(key);
         debug_assert!(inserted, "unmapped block inserted twice");
     }
 
     pub(super) fn remove_from_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
-        let pool = self.store.blocks[id].pool as usize;
+        let pool = self.store.block(id).pool() as usize;
         let removed = self.pools[pool].remove_unmapped(&key);
         debug_assert!(removed, "unmapped block missing from its set");
     }
@@ -638,10 +633,8 @@ impl DeviceState {
     /// Does any live segment belong to one of these pools?
     pub(super) fn owns_segments(&self, small: PoolId, large: PoolId) -> bool {
         self.store
-            .segments
-            .items
-            .iter()
-            .any(|s| s.live && (s.pool == small || s.pool == large))
+            .live_segments()
+            .any(|(_, s)| s.pool() == small || s.pool() == large)
     }
 
     /// The private pool that owns a pool slot, if any.

@@ -39,11 +39,11 @@ impl DeviceState {
         let target = self.acct.total_allocated_memory() - gc_threshold;
         let mut reclaimed = 0u64;
         let clock = self.pools[POOL_LARGE as usize].gc_clock();
-        let age = |b: &Block| (clock - b.gc_count_base) as i32 as i64 as u64;
+        let age = |b: &Block| (clock - b.gc_count_base()) as i32 as i64 as u64;
         let mut total_age: u64 = 0;
         let mut freeable: u64 = 0;
         for k in self.pools[POOL_LARGE as usize].iter() {
-            let b = &self.store.blocks[k.id];
+            let b = self.store.block(k.id);
             if !b.is_split() {
                 total_age += age(b);
                 freeable += 1;
@@ -60,14 +60,14 @@ impl DeviceState {
                 .iter()
                 .map(|k| k.id)
                 .filter(|&id| {
-                    let b = &self.store.blocks[id];
-                    !b.is_split() && !b.expandable && age(b) as f64 >= threshold
+                    let b = self.store.block(id);
+                    !b.is_split() && !b.expandable() && age(b) as f64 >= threshold
                 })
                 .collect();
             for id in candidates {
                 block_freed = true;
-                let b = &self.store.blocks[id];
-                reclaimed += b.size;
+                let b = self.store.block(id);
+                reclaimed += b.size();
                 total_age -= age(b);
                 freeable -= 1;
                 self.release_block(backend, id)?;
@@ -94,8 +94,8 @@ impl DeviceState {
         // is unchanged; one split by an earlier setting stays (PyTorch would
         // hand its interior address to cudaFree).
         if let Some(hit) = pool.from(&search).next() {
-            let b = &self.store.blocks[hit.id];
-            if hit.stream == p.stream && !b.is_split() && !b.expandable {
+            let b = self.store.block(hit.id);
+            if hit.stream == p.stream && !b.is_split() && !b.expandable() {
                 self.release_block(backend, hit.id)?;
                 return Ok(true);
             }
@@ -107,7 +107,7 @@ impl DeviceState {
             if released >= key_size || k.size < max_split || k.stream != p.stream {
                 break;
             }
-            if self.store.blocks[k.id].is_split() || self.store.blocks[k.id].expandable {
+            if self.store.block(k.id).is_split() || self.store.block(k.id).expandable() {
                 continue;
             }
             victims.push(k.id);
@@ -244,8 +244,8 @@ impl DeviceState {
         let mut victims = Vec::new();
         let mut to_unmap = Vec::new();
         for k in self.pools[pool as usize].iter() {
-            let b = &self.store.blocks[k.id];
-            if b.expandable {
+            let b = self.store.block(k.id);
+            if b.expandable() {
                 to_unmap.push(k.id);
             } else if !b.is_split() {
                 victims.push(k.id);
@@ -257,7 +257,7 @@ impl DeviceState {
         }
         for id in to_unmap {
             match self.unmap_block(backend, id) {
-                Ok(()) if !self.store.blocks[id].is_split() => {
+                Ok(()) if !self.store.block(id).is_split() => {
                     keep_first(&mut first, self.release_expandable_segment(backend, id));
                 }
                 Ok(()) => {}
@@ -274,9 +274,9 @@ impl DeviceState {
         id: BlockId,
     ) -> Result<(), BackendError> {
         let (addr, size, stream, pool, seg) = {
-            let b = &self.store.blocks[id];
-            debug_assert!(!b.is_split() && !b.allocated);
-            (b.addr, b.size, b.stream, b.pool, b.segment)
+            let b = self.store.block(id);
+            debug_assert!(!b.is_split() && !b.allocated());
+            (b.addr(), b.size(), b.stream(), b.pool(), b.segment())
         };
         match self.pool_allocator(pool) {
             // `MemPool(allocator=...)`: the segment goes back to the pool's allocator.

@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use super::level_u8;
 use super::state::pools::{POOL_LARGE, POOL_SMALL};
-use super::state::DeviceState;
 use super::CachingAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
@@ -24,7 +23,7 @@ use crate::ids::MempoolId;
 use crate::observe::snapshot::LayoutSummary;
 use crate::observe::trace::{Context, Frame, RecordContext};
 use crate::stats::StatType;
-use crate::store::{Expandable, Segment, NIL};
+use crate::store::Expandable;
 
 /// One allocated block of a [`SeededSegment`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,19 +68,6 @@ pub enum SeedError {
     },
 }
 
-impl DeviceState {
-    /// The rank (`Segment::seq`) of a new segment at `addr`: its creation
-    /// number, or its address under [`Seeder::rank_segments_by_address`].
-    /// Call after incrementing `segment_seq`.
-    pub(crate) fn segment_rank(&self, addr: u64) -> u64 {
-        if self.rank_by_address {
-            addr
-        } else {
-            self.segment_seq
-        }
-    }
-}
-
 /// Replay-only operations on a [`CachingAllocator`], kept off its own
 /// (PyTorch's) surface: laying a recorded start state into a fresh
 /// allocator, replaying operations with the recorded stacks and c10 stream
@@ -111,7 +97,7 @@ impl<B: Backend> Seeder<'_, B> {
     /// Replays of recorded traces turn it on.
     pub fn rank_segments_by_address(&self, on: bool) {
         let mut st = self.alloc.state.lock();
-        st.rank_by_address = on;
+        st.store.rank_segments_by_address(on);
         st.set_free_order();
     }
 
@@ -186,18 +172,7 @@ impl<B: Backend> Seeder<'_, B> {
             (false, small) => st.private_pool_slot(owner, small),
         };
         let stat = StatType::for_pool(seg.small);
-        st.segment_seq += 1;
-        let seq = st.segment_rank(base);
-        let sid = st.store.segments.insert(Segment {
-            seq,
-            addr: base,
-            size: seg.size,
-            expandable: None,
-            stream: seg.stream,
-            pool,
-            head: NIL,
-            live: true,
-        });
+        let (_, head) = (st.store).new_segment(base, seg.size, seg.stream, pool, None, true);
         st.note_segment_allocated(seg.size, pool);
         st.count_private_malloc(pool, true);
 
@@ -218,24 +193,18 @@ impl<B: Backend> Seeder<'_, B> {
             )
         });
         let tail = (end < seg.size).then(|| (end, seg.size - end, None));
-        let mut prev = NIL;
-        for (offset, size, requested) in gaps_and_blocks.flatten().chain(tail) {
-            // Registered in address order, as the blocks were made.
-            let id = st
-                .store
-                .new_block(base + offset, size, seg.stream, pool, sid, true, false);
-            let b = &mut st.store.blocks[id];
-            b.requested_size = requested.unwrap_or(0);
-            b.prev = prev;
-            b.allocated = requested.is_some();
-            if prev == NIL {
-                st.store.segments[sid].head = id;
-            } else {
-                st.store.blocks[prev].next = id;
+        let tiles: Vec<_> = gaps_and_blocks.flatten().chain(tail).collect();
+        // Split off in address order, so the blocks are registered as they
+        // were made.
+        let mut rest = head;
+        for (k, &(offset, size, requested)) in tiles.iter().enumerate() {
+            let id = rest;
+            if k + 1 < tiles.len() {
+                rest = st.store.split_back(id, size, true);
             }
-            prev = id;
             match requested {
                 Some(requested) => {
+                    st.store.hand_out(id, requested);
                     st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None => {
@@ -374,44 +343,30 @@ impl<B: Backend> Seeder<'_, B> {
         let mut st = self.alloc.state.lock();
         let pool = if seg.small { POOL_SMALL } else { POOL_LARGE };
         let stat = StatType::for_pool(seg.small);
-        st.segment_seq += 1;
-        let seq = st.segment_rank(base);
-        let sid = st.store.segments.insert(Segment {
-            seq,
-            addr: base,
-            size: space,
-            expandable: Some(Box::new(Expandable::seeded(reservation, page, &mapped))),
-            stream: seg.stream,
-            pool,
-            head: NIL,
-            live: true,
-        });
+        let tiles = expandable_tiles(&mapped, &blocks, space);
+        let mapping = Box::new(Expandable::seeded(reservation, page, &mapped));
+        let head_mapped = tiles.first().is_some_and(|t| t.2);
+        let (_, head) =
+            (st.store).new_segment(base, space, seg.stream, pool, Some(mapping), head_mapped);
         let mapped_total: u64 = mapped.iter().map(|r| r.1).sum();
         let owner = st.owner(pool);
         st.acct
             .pages_mapped(stat, owner, mapped_total, mapped.len() as i64);
 
-        let tiles = expandable_tiles(&mapped, &blocks, space);
-        let mut prev = NIL;
+        // Split off in address order, so the blocks are registered as they
+        // were made.
         let mut ids = Vec::with_capacity(tiles.len());
-        for &(offset, size, is_mapped, _) in &tiles {
-            let id =
-                st.store
-                    .new_block(base + offset, size, seg.stream, pool, sid, is_mapped, true);
-            st.store.blocks[id].prev = prev;
-            if prev == NIL {
-                st.store.segments[sid].head = id;
-            } else {
-                st.store.blocks[prev].next = id;
+        let mut rest = head;
+        for (k, &(_, size, _, _)) in tiles.iter().enumerate() {
+            ids.push(rest);
+            if let Some(next) = tiles.get(k + 1) {
+                rest = st.store.split_back(rest, size, next.2);
             }
-            prev = id;
-            ids.push(id);
         }
         for (&id, &(offset, size, is_mapped, requested)) in ids.iter().zip(&tiles) {
             match requested {
                 Some(requested) => {
-                    st.store.blocks[id].allocated = true;
-                    st.store.blocks[id].requested_size = requested;
+                    st.store.hand_out(id, requested);
                     st.note_allocated(id, base + offset, size, requested, stat);
                 }
                 None if is_mapped => st.insert_into_pool(id),

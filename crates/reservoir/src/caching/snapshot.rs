@@ -74,31 +74,31 @@ impl DeviceState {
     pub(crate) fn segment_models(&self, pool: Option<MempoolId>) -> Vec<Segment> {
         let empty: Arc<[Frame]> = Arc::from([]);
         let mut segments: Vec<Segment> = Vec::new();
-        for (sid, s) in self.store.segments.items.iter().enumerate() {
-            let owner = self.owner(s.pool).unwrap_or_default();
-            if !s.live || pool.is_some_and(|p| p != owner) {
+        for (sid, s) in self.store.live_segments() {
+            let owner = self.owner(s.pool()).unwrap_or_default();
+            if pool.is_some_and(|p| p != owner) {
                 continue;
             }
-            let segment_type = if self.pools[s.pool as usize].is_small() {
+            let segment_type = if self.pools[s.pool() as usize].is_small() {
                 SegmentType::Small
             } else {
                 SegmentType::Large
             };
             let mut current: Option<Segment> = None;
-            for id in self.store.segment_blocks(sid as u32) {
-                let b = &self.store.blocks[id];
-                if !b.mapped {
+            for id in self.store.segment_blocks(sid) {
+                let b = self.store.block(id);
+                if !b.mapped() {
                     segments.extend(current.take());
                     continue;
                 }
                 let seg = current.get_or_insert_with(|| Segment {
                     device: self.device.max(0) as u32,
-                    address: b.addr,
+                    address: b.addr(),
                     requested_size: Some(0),
-                    stream: s.stream,
+                    stream: s.stream(),
                     segment_type,
                     segment_pool_id: Some(pool_id_tuple(owner)),
-                    is_expandable: Some(s.expandable.is_some()),
+                    is_expandable: Some(s.expandable().is_some()),
                     frames: Some(
                         self.segment_context(id)
                             .map_or_else(|| empty.clone(), |c| c.frames()),
@@ -106,13 +106,13 @@ impl DeviceState {
                     ..Segment::default()
                 });
                 let state = self.block_state(id);
-                seg.total_size += b.size;
+                seg.total_size += b.size();
                 if state == BlockState::ActiveAllocated {
-                    seg.allocated_size += b.size;
+                    seg.allocated_size += b.size();
                 }
                 if state.is_active() {
-                    seg.active_size += b.size;
-                    *seg.requested_size.get_or_insert(0) += b.requested_size;
+                    seg.active_size += b.size();
+                    *seg.requested_size.get_or_insert(0) += b.requested_size();
                 }
                 seg.blocks.push(self.block_model(id, state, &empty));
             }
@@ -126,14 +126,11 @@ impl DeviceState {
     /// without building the models: the replay scans it at every new peak.
     pub(crate) fn layout_summary(&self) -> LayoutSummary {
         let mut sum = LayoutSummary::default();
-        for (sid, s) in self.store.segments.items.iter().enumerate() {
-            if !s.live {
-                continue;
-            }
+        for (sid, _) in self.store.live_segments() {
             let mut in_run = false;
-            for id in self.store.segment_blocks(sid as u32) {
-                let b = &self.store.blocks[id];
-                if !b.mapped {
+            for id in self.store.segment_blocks(sid) {
+                let b = self.store.block(id);
+                if !b.mapped() {
                     in_run = false;
                     continue;
                 }
@@ -141,22 +138,22 @@ impl DeviceState {
                     sum.segments += 1;
                     in_run = true;
                 }
-                sum.add_block(self.block_state(id), b.size);
+                sum.add_block(self.block_state(id), b.size());
             }
         }
         sum
     }
 
     fn block_model(&self, id: BlockId, state: BlockState, empty: &Arc<[Frame]>) -> Block {
-        let b = &self.store.blocks[id];
+        let b = self.store.block(id);
         let frames = match (self.block_context(id), state) {
             (Some(c), s) if s.is_active() => c.frames(),
             _ => empty.clone(),
         };
         Block {
-            address: Some(b.addr),
-            size: b.size,
-            requested_size: Some(b.requested_size),
+            address: Some(b.addr()),
+            size: b.size(),
+            requested_size: Some(b.requested_size()),
             state,
             frames: Some(frames),
             ..Block::default()
@@ -169,17 +166,15 @@ impl DeviceState {
     pub(crate) fn expandable_segment_sizes(&self) -> Vec<StreamSegmentSize> {
         let mut segs: Vec<_> = self
             .store
-            .segments
-            .items
-            .iter()
-            .filter(|s| s.live && s.stream != StreamId::DEFAULT)
-            .filter_map(|s| s.expandable.as_ref().map(|e| (s, e)))
+            .live_segments()
+            .filter(|(_, s)| s.stream() != StreamId::DEFAULT)
+            .filter_map(|(_, s)| s.expandable().map(|e| (s, e)))
             .collect();
-        segs.sort_by_key(|(s, _)| s.seq);
+        segs.sort_by_key(|(s, _)| s.seq());
         segs.into_iter()
             .map(|(s, e)| StreamSegmentSize {
-                stream: s.stream,
-                is_small_pool: self.pools[s.pool as usize].is_small(),
+                stream: s.stream(),
+                is_small_pool: self.pools[s.pool() as usize].is_small(),
                 total_size: e.mapped_bytes(),
             })
             .collect()

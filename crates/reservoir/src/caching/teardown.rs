@@ -73,25 +73,22 @@ impl DeviceState {
             }
         }
         self.note_live_blocks(&mut report);
-        let live_segments = self.store.segments.items.iter().filter(|s| s.live).count();
+        let live_segments = self.store.segment_count();
         if live_segments > 0 {
             if let Err(e) = backend.synchronize_device() {
                 report.errors.push(e);
             }
         }
-        for seg in &self.store.segments.items {
-            if !seg.live {
-                continue;
-            }
-            let released = match &seg.expandable {
+        for (_, seg) in self.store.live_segments() {
+            let released = match seg.expandable() {
                 // `MemPool(allocator=...)`: back to the pool's allocator.
-                None => match self.pool_allocator(seg.pool) {
-                    Some(a) => a.raw_delete(DevicePtr(seg.addr)).map_err(|e| {
-                        BackendError::InvalidValue(format!("{}: {e}", DevicePtr(seg.addr)))
+                None => match self.pool_allocator(seg.pool()) {
+                    Some(a) => a.raw_delete(DevicePtr(seg.addr())).map_err(|e| {
+                        BackendError::InvalidValue(format!("{}: {e}", DevicePtr(seg.addr())))
                     }),
-                    None => backend.free(DevicePtr(seg.addr), seg.size),
+                    None => backend.free(DevicePtr(seg.addr()), seg.size()),
                 }
-                .map(|()| seg.size),
+                .map(|()| seg.size()),
                 Some(e) => release_expandable(backend, e),
             };
             match released {
@@ -118,7 +115,7 @@ impl DeviceState {
         report.live_bytes = self
             .allocated
             .values()
-            .map(|&id| self.store.blocks[id].size)
+            .map(|&id| self.store.block(id).size())
             .sum();
         report.live_addresses = addrs.into_iter().map(DevicePtr).collect();
     }

@@ -58,7 +58,7 @@ impl State {
         for (&h, heap) in &self.heaps {
             self.recount_heap(h, heap, &mut r)?;
         }
-        if self.heaps.len() != self.store.segments.len() {
+        if self.heaps.len() != self.store.segment_count() {
             return Err("a segment has no heap record".into());
         }
         self.check_pools(&r)?;
@@ -68,22 +68,22 @@ impl State {
     /// Recount heap `h`: its buffers into `r`, then its own buffer count,
     /// available size and pool membership.
     fn recount_heap(&self, h: SegmentId, heap: &Heap, r: &mut Recount) -> Result<(), String> {
-        let seg = &self.store.segments[h];
-        if !seg.live {
+        let seg = self.store.segment(h);
+        if !seg.live() {
             return Err(format!("heap #{} is not a live segment", heap.id));
         }
-        let pool = PoolKind::from_index(seg.pool);
+        let pool = PoolKind::from_index(seg.pool());
         let pi = pool.index();
         let st = StatType::for_pool(pool.is_small());
         let mut live = 0;
         let mut has_zombie = false;
         for b in self.store.segment_blocks(h) {
-            let block = &self.store.blocks[b];
-            if !block.allocated {
+            let block = self.store.block(b);
+            if !block.allocated() {
                 if self.bufs.contains_key(&b) {
                     return Err(format!(
                         "free space at {:#x} has a buffer record",
-                        block.addr
+                        block.addr()
                     ));
                 }
                 continue;
@@ -91,9 +91,11 @@ impl State {
             let buf = self
                 .bufs
                 .get(&b)
-                .ok_or_else(|| format!("buffer at {:#x} has no record", block.addr))?;
-            if block.size % self.alignment != 0 || (block.addr - seg.addr) % self.alignment != 0 {
-                return Err(format!("buffer at {:#x} is not aligned", block.addr));
+                .ok_or_else(|| format!("buffer at {:#x} has no record", block.addr()))?;
+            if block.size() % self.alignment != 0
+                || (block.addr() - seg.addr()) % self.alignment != 0
+            {
+                return Err(format!("buffer at {:#x} is not aligned", block.addr()));
             }
             if buf.state == BufState::Zombie {
                 has_zombie = true;
@@ -102,29 +104,29 @@ impl State {
             }
             live += 1;
             r.ptrs += 1;
-            if self.ptrs.get(&block.addr) != Some(&b) {
+            if self.ptrs.get(&block.addr()) != Some(&b) {
                 return Err(format!(
                     "buffer at {:#x} is not in the pointer map",
-                    block.addr
+                    block.addr()
                 ));
             }
-            r.allocated[pi] += block.size;
+            r.allocated[pi] += block.size();
             r.n_buffers[pi] += 1;
             match buf.state {
                 BufState::Available => {
-                    r.buffers[pi].insert((block.size, block.addr, b));
-                    r.available[pi] += block.size;
+                    r.buffers[pi].insert((block.size(), block.addr(), b));
+                    r.available[pi] += block.size();
                 }
                 BufState::InUse | BufState::PendingFree => {
-                    r.current += block.size;
+                    r.current += block.size();
                     if buf.state == BufState::InUse {
                         r.stats.allocation.increase(st, 1);
-                        r.stats.allocated_bytes.increase(st, block.size);
+                        r.stats.allocated_bytes.increase(st, block.size());
                     } else {
                         r.pending.insert(b);
                     }
                     r.stats.active.increase(st, 1);
-                    r.stats.active_bytes.increase(st, block.size);
+                    r.stats.active_bytes.increase(st, block.size());
                     r.stats.requested_bytes.increase(st, buf.requested);
                 }
                 BufState::Zombie => unreachable!(),
@@ -145,10 +147,10 @@ impl State {
             ));
         }
         if heap.attached {
-            r.heaps[pi].insert((heap.available, seg.addr, h));
-            r.total += seg.size;
+            r.heaps[pi].insert((heap.available, seg.addr(), h));
+            r.total += seg.size();
             r.stats.segment.increase(st, 1);
-            r.stats.reserved_bytes.increase(st, seg.size);
+            r.stats.reserved_bytes.increase(st, seg.size());
             if has_zombie {
                 r.pending_update[pi].insert(h);
             }
@@ -224,17 +226,17 @@ impl State {
             .filter(|(_, h)| h.attached)
             .map(|(&id, _)| id)
             .collect();
-        ids.sort_by_key(|&h| self.store.segments[h].addr);
+        ids.sort_by_key(|&h| self.store.segment(h).addr());
         let segments = ids
             .into_iter()
             .map(|h| {
-                let seg = &self.store.segments[h];
-                let pool = PoolKind::from_index(seg.pool);
+                let seg = self.store.segment(h);
+                let pool = PoolKind::from_index(seg.pool());
                 let blocks: Vec<Block> = self
                     .store
                     .segment_blocks(h)
                     .map(|b| {
-                        let block = &self.store.blocks[b];
+                        let block = self.store.block(b);
                         let (state, requested) = match self.bufs.get(&b) {
                             None => (BlockState::Inactive, None),
                             Some(buf) => (
@@ -249,8 +251,8 @@ impl State {
                             ),
                         };
                         Block {
-                            address: Some(block.addr),
-                            size: block.size,
+                            address: Some(block.addr()),
+                            size: block.size(),
                             requested_size: requested,
                             state,
                             ..Block::default()
@@ -268,12 +270,12 @@ impl State {
                     .map(|b| b.requested_size.unwrap_or(0))
                     .sum();
                 Segment {
-                    address: seg.addr,
-                    total_size: seg.size,
+                    address: seg.addr(),
+                    total_size: seg.size(),
                     allocated_size,
                     active_size,
                     requested_size: Some(requested_size),
-                    stream: seg.stream,
+                    stream: seg.stream(),
                     segment_type: if pool.is_small() {
                         SegmentType::Small
                     } else {

@@ -123,7 +123,7 @@ impl State {
             && !self
                 .store
                 .segment_blocks(h)
-                .any(|x| x != b && self.store.blocks[x].allocated);
+                .any(|x| x != b && self.store.block(x).allocated());
         if frees_heap {
             self.free_heap_device_memory(dev, h)?;
         }
@@ -178,16 +178,16 @@ impl State {
     /// neighbours.
     fn free_range(&mut self, b: BlockId) {
         self.bufs.remove(&b);
-        self.store.blocks[b].allocated = false;
+        self.store.give_back(b);
         let mut at = b;
-        let prev = self.store.blocks[at].prev;
-        if prev != NIL && !self.store.blocks[prev].allocated {
+        let prev = self.store.block(at).prev();
+        if prev != NIL && !self.store.block(prev).allocated() {
             self.store.merge(prev, at);
             self.store.free_block_slot(at);
             at = prev;
         }
-        let next = self.store.blocks[at].next;
-        if next != NIL && !self.store.blocks[next].allocated {
+        let next = self.store.block(at).next();
+        if next != NIL && !self.store.block(next).allocated() {
             self.store.merge(at, next);
             self.store.free_block_slot(next);
         }
@@ -197,8 +197,8 @@ impl State {
     /// went back to the device already (`release_buffer` freed it), or goes
     /// back once its zombies complete.
     fn release_heap(&mut self, dev: &dyn Backend, h: SegmentId) {
-        let pool = PoolKind::from_index(self.store.segments[h].pool);
-        let size = self.store.segments[h].size;
+        let pool = PoolKind::from_index(self.store.segment(h).pool());
+        let size = self.store.segment(h).size();
         self.pools[pool.index()].heaps_pending_update.remove(&h);
         let heap = self.heaps.get_mut(&h).expect("a heap");
         heap.attached = false;
@@ -210,7 +210,7 @@ impl State {
         let busy = self
             .store
             .segment_blocks(h)
-            .any(|x| self.store.blocks[x].allocated);
+            .any(|x| self.store.block(x).allocated());
         if !busy {
             self.forget_heap(h);
         }
@@ -228,16 +228,16 @@ impl State {
     /// Give a heap's memory back to the device; nothing else changes (on
     /// success the caller then [forgets](Self::forget_heap) the heap).
     fn free_heap_device_memory(&self, dev: &dyn Backend, h: SegmentId) -> Result<(), AllocError> {
-        let s = &self.store.segments[h];
-        dev.free(crate::backend::DevicePtr(s.addr), s.size)?;
+        let s = self.store.segment(h);
+        dev.free(crate::backend::DevicePtr(s.addr()), s.size())?;
         Ok(())
     }
 
     /// Forget a detached, idle heap whose memory went back to the device.
     fn forget_heap(&mut self, h: SegmentId) {
         let (addr, size, head) = {
-            let s = &self.store.segments[h];
-            (s.addr, s.size, s.head)
+            let s = self.store.segment(h);
+            (s.addr(), s.size(), s.head())
         };
         self.store.free_block_slot(head);
         self.store.remove_segment(h);
@@ -289,7 +289,7 @@ impl State {
                     && !self
                         .store
                         .segment_blocks(h)
-                        .any(|x| self.store.blocks[x].allocated)
+                        .any(|x| self.store.block(x).allocated())
             })
             .map(|(&h, _)| h)
             .collect();
@@ -300,7 +300,7 @@ impl State {
                 continue;
             }
             let key = self.heap_key(h);
-            let pool = self.store.segments[h].pool as usize;
+            let pool = self.store.segment(h).pool() as usize;
             self.pools[pool].heaps.remove(&key);
             self.release_heap(dev, h);
         }
@@ -439,7 +439,7 @@ impl State {
                 && !self
                     .store
                     .segment_blocks(h)
-                    .any(|x| x != b && self.store.blocks[x].allocated);
+                    .any(|x| x != b && self.store.block(x).allocated());
             if last {
                 self.free_heap_device_memory(dev, h)?;
             }
@@ -458,7 +458,7 @@ impl State {
                     .segment_blocks(h)
                     .any(|x| self.zombies.contains(&x));
                 if !still_busy {
-                    let pool = self.store.segments[h].pool as usize;
+                    let pool = self.store.segment(h).pool() as usize;
                     self.pools[pool].heaps_pending_update.remove(&h);
                 }
             }

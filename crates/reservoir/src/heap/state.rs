@@ -24,7 +24,7 @@ use crate::observe::callbacks::{AllocatorEvent, CallbackRegistry, EventType};
 use crate::observe::debug::{DebugVerbosity, TARGET};
 use crate::observe::trace::{RingBuffer, TraceAction, TraceEntry};
 use crate::stats::{DeviceStats, StatType};
-use crate::store::{BlockId, BlockStore, FreeList, Segment, SegmentId, NIL};
+use crate::store::{BlockId, BlockStore, FreeList, SegmentId};
 
 /// Where a buffer is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +120,6 @@ pub(crate) struct State {
     pub stats: DeviceStats,
     pub next_buffer_id: u64,
     pub next_heap_id: u64,
-    pub seq: u64,
     pub high_ratio: f64,
     pub low_ratio: f64,
     /// `m_max_total_allowed_size` (`u64::MAX` when unlimited).
@@ -164,7 +163,6 @@ impl State {
             stats: DeviceStats::default(),
             next_buffer_id: 0,
             next_heap_id: 0,
-            seq: 0,
             high_ratio: 0.0,
             low_ratio: 0.0,
             max_total_allowed: u64::MAX,
@@ -301,19 +299,19 @@ impl State {
     }
 
     pub fn addr(&self, b: BlockId) -> u64 {
-        self.store.blocks[b].addr
+        self.store.block(b).addr()
     }
 
     pub fn size(&self, b: BlockId) -> u64 {
-        self.store.blocks[b].size
+        self.store.block(b).size()
     }
 
     pub fn heap_of(&self, b: BlockId) -> SegmentId {
-        self.store.blocks[b].segment
+        self.store.block(b).segment()
     }
 
     pub fn pool_of(&self, b: BlockId) -> PoolKind {
-        PoolKind::from_index(self.store.blocks[b].pool)
+        PoolKind::from_index(self.store.block(b).pool())
     }
 
     fn buffer_key(&self, b: BlockId) -> (u64, u64, BlockId) {
@@ -321,7 +319,7 @@ impl State {
     }
 
     pub fn heap_key(&self, h: SegmentId) -> (u64, u64, SegmentId) {
-        (self.heaps[&h].available, self.store.segments[h].addr, h)
+        (self.heaps[&h].available, self.store.segment(h).addr(), h)
     }
 
     pub fn insert_available(&mut self, b: BlockId) {
@@ -362,7 +360,7 @@ impl State {
     pub fn free_range_max(&self, h: SegmentId) -> u64 {
         self.store
             .segment_blocks(h)
-            .filter(|&b| !self.store.blocks[b].allocated)
+            .filter(|&b| !self.store.block(b).allocated())
             .map(|b| self.size(b))
             .max()
             .unwrap_or(0)
@@ -371,7 +369,7 @@ impl State {
     /// Refresh a heap's available size, keeping its pool's heap set sorted.
     pub fn update_heap(&mut self, h: SegmentId) {
         let attached = self.heaps[&h].attached;
-        let pool = self.store.segments[h].pool as usize;
+        let pool = self.store.segment(h).pool() as usize;
         if attached {
             let key = self.heap_key(h);
             self.pools[pool].heaps.remove(&key);
@@ -489,21 +487,8 @@ impl State {
             Err(BackendError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        self.seq += 1;
-        let h = self.store.segments.insert(Segment {
-            addr: ptr.0,
-            seq: self.seq,
-            size,
-            expandable: None,
-            stream: StreamId::DEFAULT,
-            pool: pool as u32,
-            head: NIL,
-            live: true,
-        });
-        let space =
-            self.store
-                .new_block(ptr.0, size, StreamId::DEFAULT, pool as u32, h, true, false);
-        self.store.segments[h].head = space;
+        let (h, _) =
+            (self.store).new_segment(ptr.0, size, StreamId::DEFAULT, pool as u32, None, true);
         self.next_heap_id += 1;
         self.heaps.insert(
             h,
@@ -550,13 +535,12 @@ impl State {
         let space = self
             .store
             .segment_blocks(h)
-            .find(|&b| !self.store.blocks[b].allocated && self.size(b) >= p.size)
+            .find(|&b| !self.store.block(b).allocated() && self.size(b) >= p.size)
             .expect("a heap with enough available space has a free range that fits");
         if self.size(space) > p.size {
             self.store.split_back(space, p.size, true);
         }
-        self.store.blocks[space].allocated = true;
-        self.store.blocks[space].requested_size = p.requested;
+        self.store.hand_out(space, p.requested);
         self.next_buffer_id += 1;
         self.bufs.insert(
             space,
@@ -611,7 +595,8 @@ impl State {
         buf.state = BufState::InUse;
         buf.use_count += 1;
         buf.requested = requested;
-        self.store.blocks[b].requested_size = requested;
+        // Still handed out (a buffer's block stays allocated until freed).
+        self.store.hand_out(b, requested);
         self.current_allocated += size;
         self.stats.allocation.increase(st, 1);
         self.stats.allocated_bytes.increase(st, size);

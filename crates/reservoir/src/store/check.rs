@@ -1,19 +1,21 @@
-//! The store's invariant checker: every live segment is tiled exactly by
-//! its linked blocks, and every live block is reachable from its segment.
+//! The store's invariant checker: exactly the invariants written at the top
+//! of the store's module (numbered there, and here on each check).
 //! Allocators run it first in their own checkers (see `caching/check.rs`).
 
 use super::{BlockStore, NIL};
 
 impl BlockStore {
-    /// Check the invariants written on [`BlockStore`]'s fields; the message
-    /// says which one broke, where.
+    /// Check the store's invariants (1-6 of the module documentation); the
+    /// message says which one broke, where.
     pub fn check_tiling(&self) -> Result<(), String> {
         let mut seen = 0usize;
+        let mut registrations = std::collections::HashSet::new();
         for (sid, seg) in self.segments.items.iter().enumerate() {
             if !seg.live {
                 continue;
             }
             let sid = sid as u32;
+            // 1.
             if seg.head == NIL {
                 return Err(format!("segment {:#x} has no head block", seg.addr));
             }
@@ -25,6 +27,7 @@ impl BlockStore {
             for id in self.segment_blocks(sid) {
                 let b = &self.blocks[id];
                 seen += 1;
+                // 2, 3, 5, 6.
                 let broken = if !b.live {
                     "a dead block is linked into it"
                 } else if b.addr != expect_addr {
@@ -39,6 +42,15 @@ impl BlockStore {
                     "a block's stream differs from its segment"
                 } else if b.pool != seg.pool {
                     "a block's pool differs from its segment"
+                } else if b.expandable != seg.expandable.is_some() {
+                    "a block's expandable flag differs from its segment"
+                } else if !b.mapped && !b.expandable {
+                    "an unmapped block outside an expandable segment"
+                } else if b.registration == 0
+                    || b.registration > self.registrations
+                    || !registrations.insert(b.registration)
+                {
+                    "a block's registration is not one of its own"
                 } else {
                     ""
                 };
@@ -60,6 +72,7 @@ impl BlockStore {
                 ));
             }
         }
+        // 4.
         if seen != self.blocks.len() {
             return Err(format!(
                 "{} live blocks but {} reachable from segments",

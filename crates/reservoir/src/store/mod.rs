@@ -20,6 +20,32 @@
 //! * [`SizeClassList`]: the same sorted set for keys ordered by (group,
 //!   size, ...), indexed by size-class bitmaps: best fit in one lookup
 //!   (PyTorch's `BlockPool::blocks`).
+//!
+//! # Invariants
+//!
+//! The store is sealed: [`Block`] and [`Segment`] fields are private to this
+//! module, and they change only through [`BlockStore`]'s named events
+//! ([`new_segment`](BlockStore::new_segment),
+//! [`hand_out`](BlockStore::hand_out), [`give_back`](BlockStore::give_back),
+//! [`split_front`](BlockStore::split_front) /
+//! [`split_back`](BlockStore::split_back), [`merge`](BlockStore::merge),
+//! [`map`](BlockStore::map) / [`unmap`](BlockStore::unmap), the stream-use
+//! and event counts, and the slot releases). Between events, and as
+//! [`check_tiling`](BlockStore::check_tiling) checks:
+//!
+//! 1. Every live segment has a live `head` block whose `prev` is [`NIL`].
+//! 2. The blocks reached from a live segment's `head` by `next` are live,
+//!    non-empty, name that segment, have `prev` mirroring `next`, and tile
+//!    the segment exactly in address order (the first at the segment's
+//!    `addr`, each next at `addr + size` of the one before, the last ending
+//!    at the segment's end).
+//! 3. Every block of a segment has the segment's stream and pool.
+//! 4. Every live block is reached from a live segment (no orphan blocks).
+//! 5. A block is `expandable` exactly when its segment has a mapping state,
+//!    and only blocks of expandable segments are unmapped.
+//! 6. Live blocks' `registration`s are distinct and at most the number of
+//!    blocks made (the counters are the store's: segments are made only by
+//!    [`BlockStore::new_segment`], blocks only by it and the splits).
 
 mod block;
 mod check;
@@ -39,21 +65,78 @@ pub(crate) use slab::Slab;
 
 use crate::ids::StreamId;
 
-/// Every block and segment of one device.
+/// Every block and segment of one device. The slabs are private: read a
+/// record with [`block`](Self::block) / [`segment`](Self::segment), change
+/// one only through the events below (the invariants are in the module
+/// documentation).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BlockStore {
-    /// The blocks. Invariant: the live blocks of a live segment form one
-    /// list from its `head` by `next`, `prev` mirroring `next`, tiling the
-    /// segment exactly in address order; every live block belongs to a live
-    /// segment.
-    pub blocks: Slab<Block>,
-    /// The segments. Invariant: a live segment's `head` is a live block.
-    pub segments: Slab<Segment>,
+    /// The blocks.
+    blocks: Slab<Block>,
+    /// The segments.
+    segments: Slab<Segment>,
     /// Blocks made so far (the next block's `registration`).
-    pub registrations: u64,
+    registrations: u64,
+    /// Segments made so far (the next segment's creation number).
+    segments_made: u64,
+    /// Rank new segments by address instead of by creation number (torch
+    /// 2.11's order, what recorded traces show; set by replays).
+    rank_by_address: bool,
 }
 
 impl BlockStore {
+    // -- Reading
+
+    /// The block `id`.
+    #[inline]
+    pub fn block(&self, id: BlockId) -> &Block {
+        &self.blocks[id]
+    }
+
+    /// The segment `id`.
+    #[inline]
+    pub fn segment(&self, id: SegmentId) -> &Segment {
+        &self.segments[id]
+    }
+
+    /// True when `id` names a live block.
+    pub fn is_live_block(&self, id: BlockId) -> bool {
+        self.blocks.items.get(id as usize).is_some_and(|b| b.live)
+    }
+
+    /// Live segments.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// The live segments with their ids, in slot order.
+    pub fn live_segments(&self) -> impl Iterator<Item = (SegmentId, &Segment)> + '_ {
+        (self.segments.items.iter().enumerate())
+            .filter(|(_, s)| s.live)
+            .map(|(i, s)| (i as SegmentId, s))
+    }
+
+    /// Segments made so far (each [`new_segment`](Self::new_segment) counts one).
+    #[inline]
+    pub fn segments_made(&self) -> u64 {
+        self.segments_made
+    }
+
+    /// True when new segments are ranked by address (see
+    /// [`rank_segments_by_address`](Self::rank_segments_by_address)).
+    #[inline]
+    pub fn ranks_by_address(&self) -> bool {
+        self.rank_by_address
+    }
+
+    /// Rank segments made from now on by their address instead of their
+    /// creation number.
+    pub fn rank_segments_by_address(&mut self, on: bool) {
+        self.rank_by_address = on;
+    }
+
+    // -- Making and dropping records
+
     /// The next block's [`Block::registration`]: PyTorch 2.12's `Block`
     /// constructor takes `++registration_counter_global`.
     #[inline]
@@ -66,7 +149,7 @@ impl BlockStore {
     /// after every block made before it.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn new_block(
+    fn new_block(
         &mut self,
         addr: u64,
         size: u64,
@@ -97,9 +180,165 @@ impl BlockStore {
         })
     }
 
+    /// Make a segment: `size` bytes at `addr` for `stream` and `pool`,
+    /// expandable when `mapping` is given, tiled by one free block (mapped
+    /// as `mapped` says) that is returned with the segment. The segment
+    /// counts one more made; its rank is that count, or its address under
+    /// [`rank_segments_by_address`](Self::rank_segments_by_address).
+    pub fn new_segment(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolId,
+        mapping: Option<Box<Expandable>>,
+        mapped: bool,
+    ) -> (SegmentId, BlockId) {
+        self.segments_made += 1;
+        let seq = if self.rank_by_address {
+            addr
+        } else {
+            self.segments_made
+        };
+        let expandable = mapping.is_some();
+        let seg = self.segments.insert(Segment {
+            addr,
+            seq,
+            size,
+            expandable: mapping,
+            stream,
+            pool,
+            head: NIL,
+            live: true,
+        });
+        let head = self.new_block(addr, size, stream, pool, seg, mapped, expandable);
+        self.segments[seg].head = head;
+        (seg, head)
+    }
+
+    /// Give a dead block's slot back (dropping its stream list).
+    #[inline]
+    pub fn free_block_slot(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        b.live = false;
+        b.stream_uses = Vec::new();
+        self.blocks.remove(id);
+    }
+
+    /// Give a segment's slot back, once its last block's slot is freed.
+    pub fn remove_segment(&mut self, seg: SegmentId) {
+        let s = &mut self.segments[seg];
+        s.live = false;
+        s.expandable = None;
+        self.segments.remove(seg);
+    }
+
+    // -- Handing out and giving back
+
+    /// The block is handed out to a caller who asked for `requested` bytes;
+    /// returns it, to read.
+    #[inline]
+    pub fn hand_out(&mut self, id: BlockId, requested: u64) -> &Block {
+        let b = &mut self.blocks[id];
+        b.allocated = true;
+        b.requested_size = requested;
+        b
+    }
+
+    /// The caller gave the block back (its `requested_size` stays, stale);
+    /// returns it, to read.
+    #[inline]
+    pub fn give_back(&mut self, id: BlockId) -> &Block {
+        let b = &mut self.blocks[id];
+        b.allocated = false;
+        b
+    }
+
+    /// A whole (unsplit) segment and its one block move to `stream` for good.
+    pub fn move_to_stream(&mut self, seg: SegmentId, stream: StreamId) {
+        let head = self.segments[seg].head;
+        debug_assert!(!self.blocks[head].is_split(), "only a whole segment moves");
+        self.blocks[head].stream = stream;
+        self.segments[seg].stream = stream;
+    }
+
+    // -- Stream uses and events (`record_stream`, `insert_events`)
+
+    /// `stream` used the block (`record_stream`): remembered once, unless it
+    /// is the block's own stream.
+    #[inline]
+    pub fn record_use(&mut self, id: BlockId, stream: StreamId) {
+        let b = &mut self.blocks[id];
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+    }
+
+    /// Forget the block's stream uses (keeping the list's capacity).
+    #[inline]
+    pub fn forget_uses(&mut self, id: BlockId) {
+        self.blocks[id].stream_uses.clear();
+    }
+
+    /// Take the block's stream uses, leaving none.
+    #[inline]
+    pub fn take_uses(&mut self, id: BlockId) -> Vec<StreamId> {
+        std::mem::take(&mut self.blocks[id].stream_uses)
+    }
+
+    /// Put back stream uses taken by [`take_uses`](Self::take_uses)
+    /// (filtered or reordered).
+    #[inline]
+    pub fn restore_uses(&mut self, id: BlockId, uses: Vec<StreamId>) {
+        self.blocks[id].stream_uses = uses;
+    }
+
+    /// `n` more cross-stream events were recorded for the block.
+    #[inline]
+    pub fn await_events(&mut self, id: BlockId, n: u32) {
+        self.blocks[id].event_count += n;
+    }
+
+    /// One of the block's events completed; returns how many remain.
+    #[inline]
+    pub fn event_done(&mut self, id: BlockId) -> u32 {
+        let b = &mut self.blocks[id];
+        b.event_count -= 1;
+        b.event_count
+    }
+
+    /// The block entered its pool when the pool had counted `count`
+    /// free-block searches (its GC age starts there).
+    #[inline]
+    pub fn start_gc_age(&mut self, id: BlockId, count: i64) {
+        self.blocks[id].gc_count_base = count;
+    }
+
+    // -- Mapping (expandable segments)
+
+    /// The block's pages are now mapped.
+    #[inline]
+    pub fn map(&mut self, id: BlockId) {
+        self.blocks[id].mapped = true;
+    }
+
+    /// The block's pages are now unmapped.
+    #[inline]
+    pub fn unmap(&mut self, id: BlockId) {
+        self.blocks[id].mapped = false;
+    }
+
+    /// The mapping state of an expandable segment, to map or unmap pages.
+    #[inline]
+    pub fn mapping_mut(&mut self, seg: SegmentId) -> Option<&mut Expandable> {
+        self.segments[seg].expandable.as_deref_mut()
+    }
+
+    // -- Splitting and merging
+
     /// Link the unlinked block `new` right before `at` in `at`'s segment.
     #[inline]
-    pub fn link_before(&mut self, new: BlockId, at: BlockId) {
+    fn link_before(&mut self, new: BlockId, at: BlockId) {
         let prev = self.blocks[at].prev;
         self.blocks[new].prev = prev;
         self.blocks[new].next = at;
@@ -114,7 +353,7 @@ impl BlockStore {
 
     /// Link the unlinked block `new` right after `at`.
     #[inline]
-    pub fn link_after(&mut self, new: BlockId, at: BlockId) {
+    fn link_after(&mut self, new: BlockId, at: BlockId) {
         let next = self.blocks[at].next;
         self.blocks[new].prev = at;
         self.blocks[new].next = next;
@@ -195,23 +434,6 @@ impl BlockStore {
         size
     }
 
-    /// Give a dead block's slot back (dropping its stream list).
-    #[inline]
-    pub fn free_block_slot(&mut self, id: BlockId) {
-        let b = &mut self.blocks[id];
-        b.live = false;
-        b.stream_uses = Vec::new();
-        self.blocks.remove(id);
-    }
-
-    /// Give a segment's slot back, once its last block's slot is freed.
-    pub fn remove_segment(&mut self, seg: SegmentId) {
-        let s = &mut self.segments[seg];
-        s.live = false;
-        s.expandable = None;
-        self.segments.remove(seg);
-    }
-
     /// The ids of a segment's blocks in address order.
     pub fn segment_blocks(&self, seg: SegmentId) -> SegmentBlocks<'_> {
         SegmentBlocks {
@@ -246,18 +468,7 @@ mod tests {
     /// A store with one 4 KiB segment at 0x1000, one block covering it.
     fn one_segment() -> (BlockStore, BlockId) {
         let mut s = BlockStore::default();
-        let seg = s.segments.insert(Segment {
-            addr: 0x1000,
-            seq: 1,
-            size: 4096,
-            expandable: None,
-            stream: StreamId::DEFAULT,
-            pool: 0,
-            head: NIL,
-            live: true,
-        });
-        let id = s.new_block(0x1000, 4096, StreamId::DEFAULT, 0, seg, true, false);
-        s.segments[seg].head = id;
+        let (_, id) = s.new_segment(0x1000, 4096, StreamId::DEFAULT, 0, None, true);
         (s, id)
     }
 

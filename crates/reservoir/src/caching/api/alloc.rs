@@ -28,7 +28,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let mut state = self.state.lock();
         match state.malloc(&self.backend, size, stream) {
-            Ok(id) => Ok(DevicePtr(state.store.blocks[id].addr)),
+            Ok(id) => Ok(DevicePtr(state.store.block(id).addr())),
             Err(e) => {
                 drop(state);
                 self.malloc_failed(e)
@@ -52,7 +52,7 @@ impl<B: Backend> CachingAllocator<B> {
             state.obs.set_current_context(None);
         }
         match r {
-            Ok(id) => Ok(DevicePtr(state.store.blocks[id].addr)),
+            Ok(id) => Ok(DevicePtr(state.store.block(id).addr())),
             Err(e) => {
                 drop(state);
                 self.malloc_failed(e)
@@ -76,7 +76,7 @@ impl<B: Backend> CachingAllocator<B> {
         let r = self.with_context(ctx, |state| {
             state
                 .malloc_or_would_oom(&self.backend, size, stream)
-                .map(|id| DevicePtr(state.store.blocks[id].addr))
+                .map(|id| DevicePtr(state.store.block(id).addr()))
         });
         match r {
             Ok(ptr) => Ok(Some(ptr)),

@@ -64,13 +64,12 @@ impl DeviceState {
         }
         self.pools[pool as usize].remove(&key);
         self.cross_stream_reuses += 1;
-        let b = &self.store.blocks[key.id];
-        if b.prev == NIL && b.next == NIL {
+        let b = self.store.block(key.id);
+        if b.prev() == NIL && b.next() == NIL {
             // A whole free segment moves to the borrowing stream for good:
             // every earlier use of it is ordered before the wait above.
-            let seg = b.segment;
-            self.store.blocks[key.id].stream = stream;
-            self.store.segments[seg].stream = stream;
+            let seg = b.segment();
+            self.store.move_to_stream(seg, stream);
         }
         Ok(Some(key.id))
     }
@@ -91,7 +90,7 @@ impl DeviceState {
                 let hit = blocks
                     .from(&FreeKey::search(s, size))
                     .take_while(|k| k.stream == s)
-                    .find(|k| !self.store.blocks[k.id].expandable);
+                    .find(|k| !self.store.block(k.id).expandable());
                 if let Some(k) = hit {
                     if !rules::oversize_misfit(size, k.size, &self.config)
                         && best.map_or(true, |b| k.size < b.size)

@@ -220,15 +220,15 @@ impl DeviceState {
         }
         // The addresses of the blocks the growth uses (contiguous).
         let used = run.map(|r| {
-            let addr = self.store.blocks[r.start].addr;
+            let addr = self.store.block(r.start).addr();
             addr..addr + r.bytes
         });
         let mut free: Vec<(u64, BlockId)> = [POOL_LARGE, POOL_SMALL]
             .iter()
             .flat_map(|&pool| self.pools[pool as usize].iter())
             .filter(|k| {
-                let b = &self.store.blocks[k.id];
-                b.expandable && !used.as_ref().is_some_and(|u| u.contains(&b.addr))
+                let b = self.store.block(k.id);
+                b.expandable() && !used.as_ref().is_some_and(|u| u.contains(&b.addr()))
             })
             .map(|k| (k.size, k.id))
             .collect();
@@ -255,8 +255,8 @@ impl DeviceState {
         let mut whole: Vec<(u64, BlockId)> = self.pools[POOL_LARGE as usize]
             .iter()
             .filter(|k| {
-                let b = &self.store.blocks[k.id];
-                !b.expandable && !b.is_split()
+                let b = self.store.block(k.id);
+                !b.expandable() && !b.is_split()
             })
             .map(|k| (k.size, k.id))
             .collect();
@@ -283,7 +283,7 @@ impl DeviceState {
         for id in victims {
             // Freeing is not ordered with the stream's work: wait for it
             // first (as `unmap_block_range` does).
-            backend.synchronize_stream(self.store.blocks[id].stream)?;
+            backend.synchronize_stream(self.store.block(id).stream())?;
             self.release_block(backend, id)?;
         }
         Ok(())
@@ -293,21 +293,22 @@ impl DeviceState {
     /// back `bytes` (fewer if it has fewer): at its start if the block
     /// before it is unmapped, else at its end.
     fn pages_to_unmap(&self, id: BlockId, bytes: u64) -> (u64, u64) {
-        let b = &self.store.blocks[id];
+        let b = self.store.block(id);
         let (base, page) = {
-            let e = self.store.segments[b.segment]
-                .expandable
-                .as_deref()
+            let e = self
+                .store
+                .segment(b.segment())
+                .expandable()
                 .expect("an expandable block");
             (e.base(), e.page_size())
         };
-        let first = base + (b.addr - base).div_ceil(page) * page;
-        let last = base + (b.addr + b.size - base) / page * page;
+        let first = base + (b.addr() - base).div_ceil(page) * page;
+        let last = base + (b.addr() + b.size() - base) / page * page;
         if first >= last {
-            return (b.addr, b.addr);
+            return (b.addr(), b.addr());
         }
         let len = bytes.div_ceil(page).saturating_mul(page).min(last - first);
-        let prev_unmapped = b.prev != NIL && !self.store.blocks[b.prev].mapped;
+        let prev_unmapped = b.prev() != NIL && !self.store.block(b.prev()).mapped();
         if prev_unmapped {
             (first, first + len)
         } else {
@@ -325,7 +326,7 @@ impl DeviceState {
             .from(&FreeKey::search(p.stream, p.size))
             .find(|k| {
                 k.stream != p.stream
-                    || self.store.blocks[k.id].expandable
+                    || self.store.block(k.id).expandable()
                     || !self.skips_whole_block(p.pool, p.size, k.size)
             })
             .filter(|k| k.stream == p.stream)
@@ -345,14 +346,15 @@ impl DeviceState {
         let Some((mut hit, slot)) = pool.lower_bound(p.stream, p.size, gc) else {
             return false;
         };
-        if !self.store.blocks[hit.id].expandable && self.skips_whole_block(p.pool, p.size, hit.size)
+        if !self.store.block(hit.id).expandable()
+            && self.skips_whole_block(p.pool, p.size, hit.size)
         {
             match self.next_block_not_skipped(p) {
                 Some(k) => hit = k,
                 None => return false,
             }
         }
-        if self.store.blocks[hit.id].expandable {
+        if self.store.block(hit.id).expandable() {
             let keeps_whole = self.maps_fewest_pages();
             match self.expandable_best_fit(hit, p, keeps_whole) {
                 Some(k) => hit = k,

@@ -79,21 +79,22 @@ impl Events {
     // -- Recording (`insert_events`) --------------------------------------
 
     /// Queue the events recorded for the free of block `id`, one per
-    /// stream, adding them to its `event_count` (the count lives in the
-    /// block store). The capture-time stream uses of the block are done
-    /// with.
-    pub fn record(&mut self, id: BlockId, event_count: &mut u32, events: Vec<(StreamId, EventId)>) {
+    /// stream, and return how many, for the block store's `event_count`
+    /// ([`BlockStore::await_events`](crate::store::BlockStore::await_events)).
+    /// The capture-time stream uses of the block are done with.
+    pub fn record(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) -> u32 {
         // PyTorch keeps the capture-time uses of a block freed outside a
         // capture keyed by its Block* until a later deferred free of that
         // pointer; forgetting them here only differs when a block is reused.
         self.capture_stream_uses.remove(&id);
-        *event_count += events.len() as u32;
+        let n = events.len() as u32;
         for (s, event) in events {
             let hash = self.c10_streams.hash(s);
             self.queues
                 .get_or_insert_with(s, hash, VecDeque::new)
                 .push_back((event, id));
         }
+        n
     }
 
     // -- Walking the queues (`process_events`, `synchronize_and_free_events`)
@@ -241,10 +242,8 @@ mod tests {
     #[test]
     fn record_counts_events_and_an_emptied_queue_is_erased() {
         let mut ev = Events::new(0);
-        let mut count = 0;
-        ev.record(
+        let count = ev.record(
             7,
-            &mut count,
             vec![(StreamId(1), EventId(10)), (StreamId(2), EventId(11))],
         );
         assert_eq!(count, 2);

@@ -55,17 +55,12 @@ pub(crate) struct DeviceState {
     pub(in crate::caching) obs: Observe,
     /// Private pools and the allocations routed to them (see `pools.rs`).
     pub(in crate::caching) private: PrivatePools,
-    /// Segments created so far (the next segment's `seq`).
-    pub(in crate::caching) segment_seq: u64,
-    /// Rank segments among equal free blocks by address (torch 2.11's
-    /// order, what recorded traces show) instead of the release's order
-    /// (`ReleaseRules::free_block_order`, see `DeviceState::free_key`); set
-    /// by replays of recorded traces (see `caching::seed`).
-    pub(in crate::caching) rank_by_address: bool,
     /// What ranks free blocks of equal size in every pool (see
     /// [`DeviceState::free_key`]): the release's
     /// [`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order),
-    /// or the segment's `seq` under `rank_by_address`. Decided once (by
+    /// or the segment's `seq` when the store ranks segments by address
+    /// ([`BlockStore::ranks_by_address`]: torch 2.11's order, what recorded
+    /// traces show; set by replays, see `caching::seed`). Decided once (by
     /// [`DeviceState::set_free_order`]), not on each key.
     pub(in crate::caching) free_order: FreeBlockOrder,
     /// Run when the cache has no fitting block (see `malloc.rs`).
@@ -153,8 +148,6 @@ impl DeviceState {
             events: Events::new(device),
             obs: Observe::new(Default::default()),
             private: PrivatePools::default(),
-            segment_seq: 0,
-            rank_by_address: false,
             free_order,
             free_memory_callbacks: Vec::new(),
             oom_observers: Vec::new(),
@@ -176,8 +169,8 @@ impl DeviceState {
 
     /// spec 1.13: the segment base and total size of an allocated block.
     pub fn base_allocation(&self, id: BlockId) -> Result<(u64, u64), AllocError> {
-        let seg = &self.store.segments[self.store.blocks[id].segment];
-        if seg.expandable.is_some() {
+        let seg = self.store.segment(self.store.block(id).segment());
+        if seg.expandable().is_some() {
             return Err(AllocError::InvalidState(
                 "Tensors allocated with expandable_segments:True cannot be shared between \
                  processes. Consider using expandable_segments:False in data loading workers via \
@@ -185,6 +178,6 @@ impl DeviceState {
                     .into(),
             ));
         }
-        Ok((seg.addr, seg.size))
+        Ok((seg.addr(), seg.size()))
     }
 }

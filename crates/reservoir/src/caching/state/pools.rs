@@ -10,7 +10,7 @@ use crate::caching::stream_order::MempoolSet;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
 use crate::store::{
-    Block, BlockId, Cursor, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed, Slot,
+    BlockId, Cursor, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed, Slot,
 };
 
 /// The global large pool (free blocks above 1 MiB).
@@ -233,12 +233,19 @@ impl BlockPool {
         self.blocks.remove_at(slot, key)
     }
 
-    /// PyTorch's `insert_into_blocks`: the free block `block`, under its
-    /// current `key`, into the pool, its GC age starting now. False if it
-    /// was there already.
+    /// PyTorch's `insert_into_blocks`: a free block, under its current
+    /// `key`, into the pool, its GC age starting now: returns false if it
+    /// was there already, and the count the block's age starts from (for
+    /// [`BlockStore::start_gc_age`](crate::store::BlockStore::start_gc_age)).
     #[inline]
-    pub fn insert_into_blocks(&mut self, key: FreeKey, block: &mut Block) -> bool {
-        block.gc_count_base = self.get_free_blocks_call_count;
+    pub fn insert_into_blocks(&mut self, key: FreeKey) -> (bool, i64) {
+        (self.blocks.insert(key), self.get_free_blocks_call_count)
+    }
+
+    /// A free block back into the pool under a new key, its GC age going
+    /// on (re-keyed, not freed again). False if it was there already.
+    #[inline]
+    pub fn insert(&mut self, key: FreeKey) -> bool {
         self.blocks.insert(key)
     }
 
