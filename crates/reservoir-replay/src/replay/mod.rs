@@ -60,6 +60,7 @@
 pub mod capacity;
 pub mod diagnose;
 pub mod explain;
+pub mod frames;
 pub mod lints;
 mod live;
 mod measure;

@@ -11,7 +11,8 @@
 
 use rustc_hash::FxHashMap;
 
-use super::roles::{hint_of, Hint};
+pub use super::frames::is_internal;
+use super::frames::{hint_of, Hint};
 use crate::oracle_trace::AllocId;
 use reservoir::observe::trace::Frame;
 
@@ -36,23 +37,6 @@ pub struct SiteUsage {
     pub bytes: u64,
     /// Allocations.
     pub count: u64,
-}
-
-/// Is `f` one of PyTorch's or Python's own frames?
-pub fn is_internal(f: &Frame) -> bool {
-    let file = f.filename.as_str();
-    let native = [".c", ".cpp", ".cc", ".h", ".hpp", ".cu", ".cuh", ".so"]
-        .iter()
-        .any(|x| file.ends_with(x));
-    native
-        || file.is_empty()
-        || file == "??"
-        || file.starts_with('<')
-        || file.contains("/torch/")
-        || file.starts_with("torch/")
-        || ["c10::", "at::", "torch::", "std::"]
-            .iter()
-            .any(|p| f.name.starts_with(p))
 }
 
 /// The site of a stack (innermost frame first): its innermost user frame.
