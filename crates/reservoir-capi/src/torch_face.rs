@@ -427,23 +427,34 @@ pub type ReservoirStreamFilter =
 /// Drops a filter's context (nullable).
 pub type ReservoirFilterDrop = Option<unsafe extern "C" fn(ctx: *mut c_void)>;
 
-/// Owns a C filter's context; dropped (calling `drop`) with the filter.
-struct CFilter {
-    filter: unsafe extern "C" fn(ctx: *mut c_void, stream: *mut c_void) -> bool,
-    drop: ReservoirFilterDrop,
+/// Owns a context a C caller handed over with the functions that take it
+/// (a pool filter, a pool allocator): `drop` is called on it exactly once,
+/// when the owner goes.
+struct CContext {
     ctx: *mut c_void,
+    drop: ReservoirFilterDrop,
 }
 
-// SAFETY: the caller of reservoir_torch_begin_allocate_to_pool promises the
-// filter and its context may be called and dropped from any thread.
-unsafe impl Send for CFilter {}
+// SAFETY: the callers of reservoir_torch_begin_allocate_to_pool and
+// reservoir_torch_create_or_incref_pool_with_allocator promise that the
+// functions they pass and `drop` may be called with the context from any
+// thread.
+unsafe impl Send for CContext {}
 // SAFETY: as above, calls from several threads at once included.
-unsafe impl Sync for CFilter {}
+unsafe impl Sync for CContext {}
 
-impl Drop for CFilter {
+impl CContext {
+    /// The context, for the functions it was handed over with (a method,
+    /// so that a closure captures the owner, not the bare pointer).
+    fn get(&self) -> *mut c_void {
+        self.ctx
+    }
+}
+
+impl Drop for CContext {
     fn drop(&mut self) {
         if let Some(d) = self.drop {
-            // SAFETY: the context is dropped once, when the filter goes.
+            // SAFETY: the context is dropped once, when its owner goes.
             unsafe { d(self.ctx) }
         }
     }
@@ -468,29 +479,21 @@ pub unsafe extern "C" fn reservoir_torch_begin_allocate_to_pool(
     ctx: *mut c_void,
     drop_ctx: ReservoirFilterDrop,
 ) -> ReservoirStatus {
-    let owned = filter.map(|filter| CFilter {
-        filter,
-        drop: drop_ctx,
+    let context = CContext {
         ctx,
-    });
-    if owned.is_none() {
-        if let Some(d) = drop_ctx {
-            // SAFETY: no filter keeps the context: drop it now (caller's contract).
-            unsafe { d(ctx) }
-        }
-    }
+        drop: drop_ctx,
+    };
+    // Without a filter nothing keeps the context: it is dropped here.
+    let owned = filter.map(|filter| (filter, context));
     torch_guard("reservoir_torch_begin_allocate_to_pool", move || {
         let id = private_pool(p0, p1)?;
         let a = allocator(device)?;
         let f = match owned {
             None => PoolFilter::current_thread(),
-            Some(c) => {
-                let c = Arc::new(c);
-                PoolFilter::Custom(Arc::new(move |s: StreamId| {
-                    // SAFETY: callable from any thread (caller's contract).
-                    unsafe { (c.filter)(c.ctx, s.0 as usize as *mut c_void) }
-                }))
-            }
+            Some((filter, c)) => PoolFilter::Custom(Arc::new(move |s: StreamId| {
+                // SAFETY: callable from any thread (caller's contract).
+                unsafe { filter(c.get(), s.0 as usize as *mut c_void) }
+            })),
         };
         Ok(a.begin_allocate_to_pool(id, f)?)
     })
@@ -557,29 +560,6 @@ pub type ReservoirPoolFree = Option<
     ),
 >;
 
-/// Owns a C pool allocator's context; dropped (calling `drop`) with the
-/// pool's allocator.
-struct CPoolAllocator {
-    drop: ReservoirFilterDrop,
-    ctx: *mut c_void,
-}
-
-// SAFETY: the caller of reservoir_torch_create_or_incref_pool_with_allocator
-// promises the allocator functions and `drop` may be called with the
-// context from any thread.
-unsafe impl Send for CPoolAllocator {}
-// SAFETY: as above, calls from several threads at once included.
-unsafe impl Sync for CPoolAllocator {}
-
-impl Drop for CPoolAllocator {
-    fn drop(&mut self) {
-        if let Some(d) = self.drop {
-            // SAFETY: the context is dropped once, when the allocator goes.
-            unsafe { d(self.ctx) }
-        }
-    }
-}
-
 /// torch's `createOrIncrefPool(device, mempool_id, allocator)` with another
 /// allocator (`MemPool(allocator=CUDAPluggableAllocator(...))`): create the
 /// private pool `(p0, p1)` (use count 1) whose segments come from
@@ -604,9 +584,9 @@ pub unsafe extern "C" fn reservoir_torch_create_or_incref_pool_with_allocator(
     ctx: *mut c_void,
     drop_ctx: ReservoirFilterDrop,
 ) -> ReservoirStatus {
-    let owned = Arc::new(CPoolAllocator {
-        drop: drop_ctx,
+    let owned = Arc::new(CContext {
         ctx,
+        drop: drop_ctx,
     });
     torch_guard(
         "reservoir_torch_create_or_incref_pool_with_allocator",

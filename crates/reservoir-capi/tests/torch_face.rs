@@ -501,6 +501,7 @@ fn torch_face_entry_points_on_the_cuda_driver() {
     assert_eq!(stats()[2], 0, "allocation.all.allocated reset");
     invariants();
     use_on_oom_and_pool_allocators();
+    filter_contexts_are_dropped_once();
 }
 
 static POOL_ALLOCS: AtomicUsize = AtomicUsize::new(0);
@@ -663,5 +664,74 @@ fn use_on_oom_and_pool_allocators() {
     );
     assert_eq!(POOL_FREES.load(Ordering::SeqCst), frees + 1);
     assert_eq!(POOL_DROPS.load(Ordering::SeqCst), drops + 1);
+    invariants();
+}
+
+unsafe extern "C" fn accept_every_stream(_ctx: *mut c_void, _s: *mut c_void) -> bool {
+    true
+}
+
+/// beginAllocateToPool's filter context: dropped exactly once, at once when
+/// there is no filter or the call fails, else when the filter goes.
+fn filter_contexts_are_dropped_once() {
+    let drops = || POOL_DROPS.load(Ordering::SeqCst);
+    let before = drops();
+    // SAFETY: pool_drop and accept_every_stream take any context, from any thread.
+    let begin = |p1, filter| unsafe {
+        reservoir_torch_begin_allocate_to_pool(
+            0,
+            5,
+            p1,
+            filter,
+            std::ptr::null_mut(),
+            Some(pool_drop),
+        )
+    };
+    // No filter: nothing keeps the context.
+    assert_eq!(
+        begin(6, None),
+        ReservoirStatus::RESERVOIR_OK,
+        "{}",
+        last_error()
+    );
+    assert_eq!(drops(), before + 1);
+    assert_eq!(
+        reservoir_torch_end_allocate_to_pool(0, 5, 6),
+        ReservoirStatus::RESERVOIR_OK
+    );
+    // A filter keeps it until the pool stops taking allocations.
+    let filter: ReservoirStreamFilter = Some(accept_every_stream);
+    assert_eq!(
+        begin(7, filter),
+        ReservoirStatus::RESERVOIR_OK,
+        "{}",
+        last_error()
+    );
+    assert_eq!(drops(), before + 1);
+    assert_eq!(
+        reservoir_torch_end_allocate_to_pool(0, 5, 7),
+        ReservoirStatus::RESERVOIR_OK
+    );
+    for p1 in [6, 7] {
+        assert_eq!(
+            reservoir_torch_release_pool(0, 5, p1),
+            ReservoirStatus::RESERVOIR_OK
+        );
+    }
+    assert_eq!(drops(), before + 2);
+    // A refused call (the default pool) drops it too.
+    // SAFETY: as above.
+    let s = unsafe {
+        reservoir_torch_begin_allocate_to_pool(
+            0,
+            0,
+            0,
+            filter,
+            std::ptr::null_mut(),
+            Some(pool_drop),
+        )
+    };
+    assert_ne!(s, ReservoirStatus::RESERVOIR_OK);
+    assert_eq!(drops(), before + 3);
     invariants();
 }
