@@ -523,36 +523,29 @@ mod workload_tests {
         (v, wrong)
     }
 
-    #[test]
-    fn gpt_training_roles_match_construction() {
-        for spec in [
-            "gpt-train:layers=2,steps=3",
-            "gpt2-small-ddp-train:layers=2,steps=2",
-        ] {
-            let (by, wrong) = compare(spec);
-            assert!(
-                wrong.is_empty(),
-                "{spec}: {} wrong: {:?}",
-                wrong.len(),
-                &wrong[..wrong.len().min(20)]
-            );
-            for (role, got, want) in by {
-                assert_eq!(got, want, "{spec}: {role:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn llm_inference_roles_match_construction() {
-        let (by, wrong) = compare("llm-infer");
+    /// Every allocation of workload `spec` has the role it was built with,
+    /// and every role its bytes.
+    fn assert_roles_match_construction(spec: &str) {
+        let (by, wrong) = compare(spec);
         assert!(
             wrong.is_empty(),
-            "{} wrong: {:?}",
+            "{spec}: {} wrong: {:?}",
             wrong.len(),
             &wrong[..wrong.len().min(20)]
         );
         for (role, got, want) in by {
-            assert_eq!(got, want, "{role:?}");
+            assert_eq!(got, want, "{spec}: {role:?}");
         }
+    }
+
+    #[test]
+    fn gpt_training_roles_match_construction() {
+        assert_roles_match_construction("gpt-train:layers=2,steps=3");
+        assert_roles_match_construction("gpt2-small-ddp-train:layers=2,steps=2");
+    }
+
+    #[test]
+    fn llm_inference_roles_match_construction() {
+        assert_roles_match_construction("llm-infer");
     }
 }
