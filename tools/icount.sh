@@ -8,6 +8,11 @@
 #
 #   tools/icount.sh            check against the baseline
 #   tools/icount.sh --update   rewrite the baseline with the new counts
+#   tools/icount.sh --prebuilt check the examples already in target/release
+#                              (CI's release step built them with its own
+#                              package selection; building them here with
+#                              this one would resolve other features and
+#                              compile the graph again)
 #
 # Measurements:
 #   alloc_free_pair  instructions per 1 KiB raw_alloc + raw_free pair on a
@@ -26,10 +31,12 @@ cd "$(dirname "$0")/.."
 baseline=tools/icount-baseline.txt
 threshold=1.05
 update=0
+build=1
 case "${1:-}" in
   "") ;;
   --update) update=1 ;;
-  *) echo "usage: tools/icount.sh [--update]" >&2; exit 2 ;;
+  --prebuilt) build=0 ;;
+  *) echo "usage: tools/icount.sh [--update | --prebuilt]" >&2; exit 2 ;;
 esac
 
 command -v valgrind >/dev/null 2>&1 || { echo "icount: valgrind is not installed" >&2; exit 1; }
@@ -37,9 +44,14 @@ command -v valgrind >/dev/null 2>&1 || { echo "icount: valgrind is not installed
 pairs=100000
 replays=2
 
-cargo build --release --locked -p reservoir --example alloc_free_pair \
-  -p reservoir-replay --example replay_profile
 bin="${CARGO_TARGET_DIR:-target}/release/examples"
+if [ "$build" -eq 1 ]; then
+  cargo build --release --locked -p reservoir --example alloc_free_pair \
+    -p reservoir-replay --example replay_profile
+elif [ ! -x "$bin/alloc_free_pair" ] || [ ! -x "$bin/replay_profile" ]; then
+  echo "icount: --prebuilt, but $bin has no alloc_free_pair or replay_profile" >&2
+  exit 1
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
