@@ -10,7 +10,7 @@ use super::rules;
 use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
-use crate::config::FreeBlockOrder;
+use crate::config::{AllocatorConfig, FreeBlockOrder};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
@@ -523,11 +523,31 @@ impl DeviceState {
         free_key_under(&self.store, self.pools.order(), id)
     }
 
+    /// Replace the settings in force (PyTorch's `_set_allocator_settings`):
+    /// a changed `max_split_size` is noted for the statistics (which keep
+    /// the value from construction, as in PyTorch), and free blocks of
+    /// equal size are ranked by the new release's order at once.
+    pub(super) fn replace_config(&mut self, config: AllocatorConfig) {
+        if self.config.max_split_size != config.max_split_size {
+            self.acct.note_max_split_changed();
+        }
+        self.config = config;
+        self.set_free_order();
+    }
+
+    /// Rank segments created from now on by address (`on`) or by creation,
+    /// and free blocks of equal size by `seq` (see `set_free_order`).
+    pub(super) fn rank_segments_by_address(&mut self, on: bool) {
+        self.store.rank_segments_by_address(on);
+        self.set_free_order();
+    }
+
     /// Rank free blocks of equal size by the order of the release in
     /// `self.config` (or by `seq` under `rank_by_address`), re-keying the
     /// free blocks already cached when that order changes (a
-    /// `set_config` naming another release).
-    pub(super) fn set_free_order(&mut self) {
+    /// `set_config` naming another release). Called by the two events
+    /// above, which change what it reads.
+    fn set_free_order(&mut self) {
         let order = if self.store.ranks_by_address() {
             FreeBlockOrder::SegmentCreation
         } else {
