@@ -225,15 +225,10 @@ impl DeviceState {
         &mut self,
         backend: &B,
     ) -> Result<bool, MallocError> {
-        if self.free_memory_callbacks.is_empty() {
+        if !self.obs.has_free_memory_callbacks() {
             return Ok(false);
         }
-        let mut callbacks = std::mem::take(&mut self.free_memory_callbacks);
-        let mut to_free = Vec::new();
-        for cb in callbacks.iter_mut() {
-            to_free.extend(cb());
-        }
-        self.free_memory_callbacks = callbacks;
+        let to_free = self.obs.run_free_memory_callbacks();
         let mut freed = false;
         for ptr in to_free {
             match self.free_ptr(backend, ptr) {

@@ -81,7 +81,7 @@ impl DeviceState {
                 device_total: info.total,
                 allowed: self.acct.allowed_memory_maximum(),
             },
-            observers: self.oom_observers.clone(),
+            observers: self.obs.oom_observers(),
         })
     }
 }

@@ -10,11 +10,11 @@ use super::rules;
 use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
 use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
-use crate::config::FreeBlockOrder;
+use crate::config::{AllocatorConfig, FreeBlockOrder};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
-use crate::store::{BlockId, PoolId, NIL};
+use crate::store::{BlockId, BlockStore, PoolId, NIL};
 
 /// Which allocations go to a private pool while it is being allocated to.
 #[derive(Clone)]
@@ -117,10 +117,7 @@ impl DeviceState {
                 self.pools[slot as usize] = pool;
                 slot
             }
-            None => {
-                self.pools.push(pool);
-                (self.pools.len() - 1) as PoolId
-            }
+            None => self.pools.add_slot(pool),
         }
     }
 
@@ -519,55 +516,45 @@ impl DeviceState {
 }
 
 impl DeviceState {
-    /// The key of free block `id` in its pool: PyTorch's comparator of
-    /// `BlockPool::blocks`, which changed between releases
-    /// ([`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order);
-    /// docs/replay-fidelity.md, "PyTorch releases"). Every order is (stream,
-    /// size, rank, address); the rank is what breaks ties among blocks of
-    /// equal size.
+    /// The key of free block `id` in its pool, under the pools' order
+    /// ([`free_key_under`]).
     #[inline]
     pub(super) fn free_key(&self, id: BlockId) -> FreeKey {
-        let b = self.store.block(id);
-        let segment = self.store.segment(b.segment());
-        let rank = match self.free_order {
-            // 2.13 and later: (stream, size, the segment's counter, ptr);
-            // under `rank_by_address`, `seq` is the segment's address.
-            FreeBlockOrder::SegmentCreation => segment.seq(),
-            // 2.11: (stream, size, ptr). Segments do not overlap, so
-            // (segment address, address) is the address order.
-            FreeBlockOrder::Address => segment.addr(),
-            // 2.12: (stream, size, registration_counter of the Block).
-            FreeBlockOrder::BlockCreation => b.registration(),
-        };
-        FreeKey::new(b.stream(), b.size(), rank, b.addr(), id)
+        free_key_under(&self.store, self.pools.order(), id)
+    }
+
+    /// Replace the settings in force (PyTorch's `_set_allocator_settings`):
+    /// a changed `max_split_size` is noted for the statistics (which keep
+    /// the value from construction, as in PyTorch), and free blocks of
+    /// equal size are ranked by the new release's order at once.
+    pub(super) fn replace_config(&mut self, config: AllocatorConfig) {
+        if self.config.max_split_size != config.max_split_size {
+            self.acct.note_max_split_changed();
+        }
+        self.config = config;
+        self.set_free_order();
+    }
+
+    /// Rank segments created from now on by address (`on`) or by creation,
+    /// and free blocks of equal size by `seq` (see `set_free_order`).
+    pub(super) fn rank_segments_by_address(&mut self, on: bool) {
+        self.store.rank_segments_by_address(on);
+        self.set_free_order();
     }
 
     /// Rank free blocks of equal size by the order of the release in
     /// `self.config` (or by `seq` under `rank_by_address`), re-keying the
     /// free blocks already cached when that order changes (a
-    /// `set_config` naming another release).
-    pub(super) fn set_free_order(&mut self) {
+    /// `set_config` naming another release). Called by the two events
+    /// above, which change what it reads.
+    fn set_free_order(&mut self) {
         let order = if self.store.ranks_by_address() {
             FreeBlockOrder::SegmentCreation
         } else {
             self.config.torch_release.rules().free_block_order
         };
-        if order == self.free_order {
-            return;
-        }
-        let cached: Vec<(usize, FreeKey)> = (self.pools.iter().enumerate())
-            .flat_map(|(pool, p)| p.iter().map(move |key| (pool, key)))
-            .collect();
-        for (pool, key) in &cached {
-            let removed = self.pools[*pool].remove(key);
-            debug_assert!(removed, "block missing from its pool");
-        }
-        self.free_order = order;
-        for (pool, old) in cached {
-            let key = self.free_key(old.id);
-            // Re-keyed, not freed again: the GC age goes on.
-            self.pools[pool].insert(key);
-        }
+        let store = &self.store;
+        (self.pools).reorder(order, |id| free_key_under(store, order, id));
     }
 
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.
@@ -642,4 +629,27 @@ impl DeviceState {
     pub(crate) fn owner(&self, pool: PoolId) -> Option<MempoolId> {
         self.pools[pool as usize].owner()
     }
+}
+
+/// The key of free block `id` under `order`: PyTorch's comparator of
+/// `BlockPool::blocks`, which changed between releases
+/// ([`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order);
+/// docs/replay-fidelity.md, "PyTorch releases"). Every order is (stream,
+/// size, rank, address); the rank is what breaks ties among blocks of equal
+/// size.
+#[inline]
+fn free_key_under(store: &BlockStore, order: FreeBlockOrder, id: BlockId) -> FreeKey {
+    let b = store.block(id);
+    let segment = store.segment(b.segment());
+    let rank = match order {
+        // 2.13 and later: (stream, size, the segment's counter, ptr);
+        // under `rank_by_address`, `seq` is the segment's address.
+        FreeBlockOrder::SegmentCreation => segment.seq(),
+        // 2.11: (stream, size, ptr). Segments do not overlap, so
+        // (segment address, address) is the address order.
+        FreeBlockOrder::Address => segment.addr(),
+        // 2.12: (stream, size, registration_counter of the Block).
+        FreeBlockOrder::BlockCreation => b.registration(),
+    };
+    FreeKey::new(b.stream(), b.size(), rank, b.addr(), id)
 }

@@ -96,9 +96,7 @@ impl<B: Backend> Seeder<'_, B> {
     /// segments created from now on: set it before the first allocation.
     /// Replays of recorded traces turn it on.
     pub fn rank_segments_by_address(&self, on: bool) {
-        let mut st = self.alloc.state.lock();
-        st.store.rank_segments_by_address(on);
-        st.set_free_order();
+        self.alloc.state.lock().rank_segments_by_address(on);
     }
 
     /// Allocated and reserved bytes now (`allocated_bytes.all.current`,

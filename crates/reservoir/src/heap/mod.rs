@@ -17,7 +17,7 @@
 //! * Spec 4.1 (`types.rs`): the size constants
 //!   ([`MAX_SMALL_ALLOC`] ... [`MAX_SCALAR_ALLOC`]), [`UsageFlags`] with
 //!   their [`ResourceOptions`], the five [`PoolKind`]s.
-//! * Spec 4.2 (`state.rs`): [`HeapAllocator::malloc`] runs
+//! * Spec 4.2 (`state/mod.rs`): [`HeapAllocator::malloc`] runs
 //!   `alloc_buffer_block` step by step: "Invalid buffer size" unless
 //!   `size < max_buffer_length`; the size rounded up to the backend's
 //!   [`heap_buffer_alignment`](Backend::heap_buffer_alignment); the pool;
@@ -31,7 +31,7 @@
 //!   single-buffer heap rounded to 2 MiB; the out-of-memory text word for
 //!   word (with c10's `format_size`, "KiB"/"MiB"/"GiB": [`format_size`]; or
 //!   2.0-2.6's "KB"/"MB"/"GB", [`format_size_2_6`]).
-//! * Spec 4.3 (`release.rs`): free, `release_buffer` (heaps released when
+//! * Spec 4.3 (`state/release.rs`): free, `release_buffer` (heaps released when
 //!   empty), `release_available_cached_buffers`, `release_cached_buffers`
 //!   ([`HeapAllocator::empty_cache`], which synchronises the default stream
 //!   with the lock released), garbage collection that stops at its target.
@@ -84,7 +84,9 @@
 //! [`HeapAllocator::snapshot`] builds the caching allocator's
 //! [`Snapshot`] model: heaps as segments, buffers
 //! and free space as blocks. [`HeapAllocator::check_invariants`] checks
-//! every heap's tiling, every free list and every counter.
+//! every heap's tiling, every free list and every counter: the invariants
+//! written at the top of `state/mod.rs`, whose fields are private to it
+//! (this face reads and changes them through named methods, `state/face.rs`).
 //!
 //! ```
 //! use reservoir::config::heap::HeapSettings;
@@ -100,8 +102,6 @@
 //! assert_eq!(a.total_allocated_memory(), 0);
 //! ```
 
-mod check;
-mod release;
 mod state;
 mod types;
 
@@ -182,14 +182,14 @@ impl<B: Backend> HeapAllocator<B> {
 
     fn front_end(&self, usage: UsageFlags) -> MpsAllocator<'_, B> {
         let g = self.state.lock();
-        if !g.debug.is_zero() {
+        if !g.debug().is_zero() {
             let shared = usage.contains(UsageFlags::SHARED);
             tracing::info!(
                 target: TARGET,
                 "Initializing {} heap allocator on {} device memory of size {}",
                 if shared { "shared" } else { "private" },
-                if g.unified { "unified" } else { "discrete" },
-                g.fs(g.max_device_size)
+                if g.unified() { "unified" } else { "discrete" },
+                g.fs(g.max_device_size())
             );
         }
         MpsAllocator { heap: self, usage }
@@ -197,7 +197,7 @@ impl<B: Backend> HeapAllocator<B> {
 
     /// `isSharedStorageSupported`: true on unified memory.
     pub fn is_shared_storage_supported(&self) -> bool {
-        self.state.lock().unified
+        self.state.lock().unified()
     }
 
     /// `malloc(size, usage)`: a buffer of at least `size` bytes (spec 4.2).
@@ -229,7 +229,7 @@ impl<B: Backend> HeapAllocator<B> {
                 "a buffer of 0 bytes (the front-end allocators return null for it)".into(),
             ));
         }
-        if size >= g.max_buffer_size {
+        if size >= g.max_buffer_size() {
             return Err(AllocError::InvalidArgument(format!(
                 "Invalid buffer size: {}",
                 g.fs(size)
@@ -247,7 +247,7 @@ impl<B: Backend> HeapAllocator<B> {
         };
         let mut found = g.get_free_buffer(dev, &mut p)?;
         if !found {
-            if p.pressure && alloc_size < g.pools[pool.index()].available_size {
+            if p.pressure && alloc_size < g.pool_available_size(pool) {
                 g.garbage_collect(dev, pool)?;
             }
             found = g.alloc_buffer(dev, &mut p)?;
@@ -272,7 +272,7 @@ impl<B: Backend> HeapAllocator<B> {
                 found = g.alloc_buffer(dev, &mut p)?;
             }
             if !found {
-                g.stats.num_alloc_retries += 1;
+                g.count_alloc_retry();
                 self.release_cached_buffers(g)?;
                 found = g.alloc_buffer(dev, &mut p)?;
             }
@@ -283,14 +283,14 @@ impl<B: Backend> HeapAllocator<B> {
                 Ok(b)
             }
             None => {
-                g.stats.num_ooms += 1;
+                g.count_oom();
                 let info = dev.mem_info().unwrap_or_default();
                 g.trace(
                     crate::observe::trace::TraceAction::Oom,
                     info.free,
                     alloc_size,
                 );
-                let allowed = (g.high_ratio > 0.0).then_some(g.max_total_allowed);
+                let allowed = (g.ratios().0 > 0.0).then_some(g.max_total_allowed());
                 Err(AllocError::OutOfMemory(Box::new(OutOfMemoryError {
                     message: g.oom_message(dev, alloc_size, pool),
                     device: 0,
@@ -310,8 +310,8 @@ impl<B: Backend> HeapAllocator<B> {
     /// every available buffer of every pool (heaps freed as they empty).
     fn release_cached_buffers(&self, g: &mut MutexGuard<'_, State>) -> Result<(), AllocError> {
         let dev: &dyn Backend = &self.backend;
-        if !g.debug.is_zero() {
-            let mps = g.total_allocated;
+        if !g.debug().is_zero() {
+            let mps = g.total_allocated();
             let other = g.device_allocated(dev).saturating_sub(mps);
             tracing::info!(
                 target: TARGET,
@@ -324,7 +324,7 @@ impl<B: Backend> HeapAllocator<B> {
         // handlers of freed scalars) is committed, then waited for.
         g.commit(dev)?;
         MutexGuard::unlocked(g, || dev.synchronize_stream(StreamId::DEFAULT))?;
-        g.stats.num_sync_all_streams += 1;
+        g.count_sync_all_streams();
         g.poll(dev)?;
         // Every pool is released even after a device error; the first
         // error is returned and what failed stays cached for the next call.
@@ -387,7 +387,7 @@ impl<B: Backend> HeapAllocator<B> {
         let mut g = self.state.lock();
         let shared: Vec<BlockId> = ptrs
             .iter()
-            .filter_map(|ptr| g.ptrs.get(&ptr.0).copied())
+            .filter_map(|&ptr| g.buffer_at(ptr))
             .filter(|&b| g.pool_of(b).is_shared())
             .collect();
         // Every event first: a device error gives back those recorded, so
@@ -407,11 +407,9 @@ impl<B: Backend> HeapAllocator<B> {
         // Per buffer, the use first, then the buffer's event: waiting for
         // the event waits for the use.
         for (&b, pair) in shared.iter().zip(events.chunks_exact(2)) {
-            let buf = g.bufs.get_mut(&b).expect("a buffer");
-            if let Some(old) = buf.event.replace(pair[1]) {
+            if let Some(old) = g.record_buffer_event(b, pair[0], pair[1]) {
                 let _ = self.backend.destroy_event(old);
             }
-            buf.events.push(pair[0]);
         }
         Ok(!shared.is_empty())
     }
@@ -450,7 +448,7 @@ impl<B: Backend> HeapAllocator<B> {
             }
         }
         for (b, e) in bufs.into_iter().zip(events) {
-            g.bufs.get_mut(&b).expect("a buffer").events.push(e);
+            g.record_use(b, e);
         }
         Ok(())
     }
@@ -466,13 +464,13 @@ impl<B: Backend> HeapAllocator<B> {
         {
             let mut g = self.state.lock();
             for ptr in ptrs {
-                let Some(&b) = g.ptrs.get(&ptr.0) else {
+                let Some(b) = g.buffer_at(*ptr) else {
                     continue;
                 };
                 if !g.pool_of(b).is_shared() {
                     continue;
                 }
-                let Some(event) = g.bufs[&b].event else {
+                let Some(event) = g.buffer_event(b) else {
                     continue;
                 };
                 if g.retain_count(&self.backend, b)? > 1 {
@@ -485,8 +483,8 @@ impl<B: Backend> HeapAllocator<B> {
             // The retain count again: an earlier wait may have freed it.
             let busy = {
                 let mut g = self.state.lock();
-                g.ptrs.get(&ptr.0) == Some(&b)
-                    && g.bufs[&b].event == Some(event)
+                g.buffer_at(ptr) == Some(b)
+                    && g.buffer_event(b) == Some(event)
                     && g.retain_count(&self.backend, b)? > 1
             };
             if !busy {
@@ -495,7 +493,7 @@ impl<B: Backend> HeapAllocator<B> {
             self.backend.synchronize_event(event)?;
             self.free_inactive_buffers()?;
             let mut g = self.state.lock();
-            waited |= g.ptrs.get(&ptr.0) != Some(&b) || g.retain_count(&self.backend, b)? <= 1;
+            waited |= g.buffer_at(ptr) != Some(b) || g.retain_count(&self.backend, b)? <= 1;
         }
         Ok(waited)
     }
@@ -534,9 +532,7 @@ impl<B: Backend> HeapAllocator<B> {
     /// `isSharedBuffer`: the pointer is a live buffer of a shared pool.
     pub fn is_shared_buffer(&self, ptr: DevicePtr) -> bool {
         let g = self.state.lock();
-        g.ptrs
-            .get(&ptr.0)
-            .is_some_and(|&b| g.pool_of(b).is_shared())
+        g.buffer_at(ptr).is_some_and(|b| g.pool_of(b).is_shared())
     }
 
     /// `is_pinned_mps`: the shared allocator's `isSharedBuffer`.
@@ -555,10 +551,7 @@ impl<B: Backend> HeapAllocator<B> {
     /// address.
     pub fn shared_buffer_ptr(&self, ptr: DevicePtr) -> Result<(u64, u32), AllocError> {
         let mut g = self.state.lock();
-        let b = *g
-            .ptrs
-            .get(&ptr.0)
-            .ok_or(AllocError::InvalidPointer { ptr })?;
+        let b = g.buffer_at(ptr).ok_or(AllocError::InvalidPointer { ptr })?;
         let pool = g.pool_of(b);
         if !pool.is_shared() {
             return Err(AllocError::InvalidArgument(format!(
@@ -581,21 +574,20 @@ impl<B: Backend> HeapAllocator<B> {
     /// (PyTorch's -1 for an unknown pointer is `None`).
     pub fn unaligned_buffer_size(&self, ptr: DevicePtr) -> Option<u64> {
         let g = self.state.lock();
-        g.ptrs.get(&ptr.0).map(|b| g.bufs[b].requested)
+        g.buffer_at(ptr).map(|b| g.requested(b))
     }
 
     /// `getBufferId`: the buffer's number, 0 for an unknown pointer.
     pub fn buffer_id(&self, ptr: DevicePtr) -> u64 {
         let g = self.state.lock();
-        g.ptrs.get(&ptr.0).map_or(0, |b| g.bufs[b].id)
+        g.buffer_at(ptr).map_or(0, |b| g.buffer_id(b))
     }
 
     /// `getBufferShape`: the shape set on a live buffer (empty if none).
     pub fn buffer_shape(&self, ptr: DevicePtr) -> Vec<i64> {
         let g = self.state.lock();
-        g.ptrs
-            .get(&ptr.0)
-            .map(|b| g.bufs[b].shape.clone())
+        g.buffer_at(ptr)
+            .map(|b| g.shape(b).to_vec())
             .unwrap_or_default()
     }
 
@@ -603,23 +595,20 @@ impl<B: Backend> HeapAllocator<B> {
     /// is freed). An unknown pointer is [`AllocError::InvalidPointer`].
     pub fn set_buffer_shape(&self, ptr: DevicePtr, shape: &[i64]) -> Result<(), AllocError> {
         let mut g = self.state.lock();
-        let b = *g
-            .ptrs
-            .get(&ptr.0)
-            .ok_or(AllocError::InvalidPointer { ptr })?;
-        g.bufs.get_mut(&b).expect("a buffer").shape = shape.to_vec();
+        let b = g.buffer_at(ptr).ok_or(AllocError::InvalidPointer { ptr })?;
+        g.set_shape(b, shape.to_vec());
         Ok(())
     }
 
     /// `getTotalAllocatedMemory`: bytes of the heaps.
     pub fn total_allocated_memory(&self) -> u64 {
-        self.state.lock().total_allocated
+        self.state.lock().total_allocated()
     }
 
     /// `getCurrentAllocatedMemory`: bytes of the buffers in use (and freed
     /// buffers still pending).
     pub fn current_allocated_memory(&self) -> u64 {
-        self.state.lock().current_allocated
+        self.state.lock().current_allocated()
     }
 
     /// `getDriverAllocatedMemory`: what the device has handed out to anyone
@@ -630,7 +619,7 @@ impl<B: Backend> HeapAllocator<B> {
 
     /// `recommendedMaxWorkingSetSize`.
     pub fn recommended_max_memory(&self) -> u64 {
-        self.state.lock().max_device_size
+        self.state.lock().max_device_size()
     }
 
     /// `getLowWatermarkValue` (spec 4.4).
@@ -640,18 +629,17 @@ impl<B: Backend> HeapAllocator<B> {
 
     /// `getLowWatermarkLimit` (`u64::MAX` when disabled).
     pub fn low_watermark_limit(&self) -> u64 {
-        self.state.lock().low_limit
+        self.state.lock().low_limit()
     }
 
     /// `getHighWatermarkLimit` (`u64::MAX` when unlimited).
     pub fn high_watermark_limit(&self) -> u64 {
-        self.state.lock().max_total_allowed
+        self.state.lock().max_total_allowed()
     }
 
     /// The high and low watermark ratios.
     pub fn watermark_ratios(&self) -> (f64, f64) {
-        let g = self.state.lock();
-        (g.high_ratio, g.low_ratio)
+        self.state.lock().ratios()
     }
 
     /// `setHighWatermarkRatio` (`torch.mps.set_per_process_memory_fraction`):
@@ -666,7 +654,7 @@ impl<B: Backend> HeapAllocator<B> {
     /// 0), else an error and nothing changes.
     pub fn set_low_watermark_ratio(&self, ratio: f64) -> Result<(), AllocError> {
         let mut g = self.state.lock();
-        check_low_watermark(ratio, g.high_ratio)
+        check_low_watermark(ratio, g.ratios().0)
             .map_err(|e| AllocError::InvalidArgument(e.to_string()))?;
         g.set_low_ratio(ratio);
         Ok(())
@@ -681,22 +669,22 @@ impl<B: Backend> HeapAllocator<B> {
     /// Turn the Reservoir extension [`HeapSettings::all_callback_events`] on
     /// or off.
     pub fn set_all_callback_events(&self, on: bool) {
-        self.state.lock().all_callback_events = on;
+        self.state.lock().set_all_callback_events(on);
     }
 
     /// The debug bitmask in force.
     pub fn debug_verbosity(&self) -> DebugVerbosity {
-        self.state.lock().debug
+        self.state.lock().debug()
     }
 
     /// Change the debug bitmask.
     pub fn set_debug_verbosity(&self, v: DebugVerbosity) {
-        self.state.lock().debug = v;
+        self.state.lock().set_debug(v);
     }
 
     /// The statistics (see the [module documentation](self)).
     pub fn stats(&self) -> DeviceStats {
-        self.state.lock().stats
+        *self.state.lock().stats()
     }
 
     /// Bytes of the buffers in use and of the heaps, from the statistics
@@ -704,18 +692,21 @@ impl<B: Backend> HeapAllocator<B> {
     pub fn allocated_and_reserved(&self) -> (u64, u64) {
         let g = self.state.lock();
         let all = |s: &crate::stats::StatArray| s.all().current.max(0) as u64;
-        (all(&g.stats.allocated_bytes), all(&g.stats.reserved_bytes))
+        (
+            all(&g.stats().allocated_bytes),
+            all(&g.stats().reserved_bytes),
+        )
     }
 
     /// `resetAccumulatedStats`: zero the counts of events (allocations,
     /// frees, device calls, retries, OOMs); current values and peaks stay.
     pub fn reset_accumulated_stats(&self) {
-        self.state.lock().stats.reset_accumulated();
+        self.state.lock().reset_accumulated_stats();
     }
 
     /// `resetPeakStats`: every peak becomes the current value.
     pub fn reset_peak_stats(&self) {
-        self.state.lock().stats.reset_peak();
+        self.state.lock().reset_peak_stats();
     }
 
     /// Record the allocation history, keeping the newest `max_entries`
@@ -725,12 +716,7 @@ impl<B: Backend> HeapAllocator<B> {
     /// sizes), `segment_alloc` / `segment_free` of heaps and `oom` (the
     /// device's free bytes, the aligned size), on the default stream.
     pub fn record_history(&self, max_entries: Option<usize>) {
-        let mut g = self.state.lock();
-        match (max_entries, g.history.as_mut()) {
-            (None, _) => g.history = None,
-            (Some(n), Some(h)) => h.set_max_entries(n),
-            (Some(n), None) => g.history = Some(crate::observe::trace::RingBuffer::new(n)),
-        }
+        self.state.lock().set_history(max_entries);
     }
 
     /// The heaps and buffers as a [`Snapshot`] (heaps as segments), with
@@ -738,8 +724,8 @@ impl<B: Backend> HeapAllocator<B> {
     pub fn snapshot(&self) -> Snapshot {
         let g = self.state.lock();
         let mut snap = g.snapshot();
-        if let Some(h) = &g.history {
-            snap.device_traces = vec![h.entries().cloned().collect()];
+        if let Some(entries) = g.history_entries() {
+            snap.device_traces = vec![entries];
         }
         snap
     }
@@ -781,10 +767,8 @@ impl<B: Backend> Drop for HeapAllocator<B> {
 
 /// The buffer in use at `ptr`.
 fn in_use(g: &State, ptr: DevicePtr) -> Result<BlockId, AllocError> {
-    g.ptrs
-        .get(&ptr.0)
-        .copied()
-        .filter(|b| g.bufs[b].state == BufState::InUse)
+    g.buffer_at(ptr)
+        .filter(|&b| g.buffer_state(b) == BufState::InUse)
         .ok_or(AllocError::InvalidPointer { ptr })
 }
 

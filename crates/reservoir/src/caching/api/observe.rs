@@ -73,12 +73,12 @@ impl<B: Backend> CachingAllocator<B> {
     /// Register a callback run when the cache has no block for a request,
     /// before the driver is asked. See [`FreeMemoryCallback`].
     pub fn add_free_memory_callback(&self, callback: FreeMemoryCallback) {
-        self.state.lock().free_memory_callbacks.push(callback);
+        self.state.lock().obs.add_free_memory_callback(callback);
     }
 
     /// Register an observer called (outside the lock) on every out-of-memory error.
     pub fn attach_oom_observer(&self, observer: OomObserver) {
-        self.state.lock().oom_observers.push(observer);
+        self.state.lock().obs.add_oom_observer(observer);
     }
 
     /// Set the debug output levels (initially from `RESERVOIR_DEBUG_VERBOSITY`,

@@ -28,12 +28,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// `stats.max_split_size` keeps the value from construction, as in PyTorch.
     pub fn set_config(&self, config: AllocatorConfig) {
         let config = supported(config, &self.backend);
-        let mut state = self.state.lock();
-        if state.config.max_split_size != config.max_split_size {
-            state.acct.note_max_split_changed();
-        }
-        state.config = config;
-        state.set_free_order();
+        self.state.lock().replace_config(config);
     }
 
     /// Limit the memory this allocator may reserve to `fraction` of the

@@ -46,7 +46,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Reservoir-only cross-stream reuse policy
     /// ([`ReservoirPolicy::CrossStreamReuse`](crate::config::ReservoirPolicy::CrossStreamReuse)); always 0 in PyTorch mode.
     pub fn cross_stream_reuses(&self) -> u64 {
-        self.state.lock().cross_stream_reuses
+        self.state.lock().streams.cross_stream_reuses()
     }
 
     /// Zero lifetime totals and event counters.

@@ -63,7 +63,7 @@ impl DeviceState {
             Err(e) => return Err(e),
         }
         self.pools[pool as usize].remove(&key);
-        self.cross_stream_reuses += 1;
+        self.streams.note_cross_stream_reuse();
         let b = self.store.block(key.id);
         if b.prev() == NIL && b.next() == NIL {
             // A whole free segment moves to the borrowing stream for good:

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use crate::backend::StreamId;
+use crate::backend::{DevicePtr, StreamId};
+use crate::caching::request::{FreeMemoryCallback, OomObserver};
 use crate::ids::MempoolId;
 use crate::observe::callbacks::CallbackRegistry;
 use crate::observe::debug::DebugVerbosity;
@@ -249,6 +250,11 @@ pub(crate) struct Observe {
     /// Segment stacks (PyTorch's `context_when_segment_allocated`), by the
     /// block holding them.
     seg_ctx: FxHashMap<BlockId, SegmentContext>,
+    /// Run when the cache has no fitting block (see `malloc.rs`), in the
+    /// order registered.
+    free_memory_callbacks: Vec<FreeMemoryCallback>,
+    /// Told of every out-of-memory error, outside the lock (see `oom.rs`).
+    oom_observers: Vec<OomObserver>,
 }
 
 impl Observe {
@@ -265,6 +271,8 @@ impl Observe {
             fresh: false,
             block_ctx: FxHashMap::default(),
             seg_ctx: FxHashMap::default(),
+            free_memory_callbacks: Vec::new(),
+            oom_observers: Vec::new(),
         }
     }
 
@@ -475,5 +483,38 @@ impl Observe {
     /// The segment stack held by `block`, no longer held.
     pub fn take_segment_context(&mut self, block: BlockId) -> Option<SegmentContext> {
         self.seg_ctx.remove(&block)
+    }
+}
+
+impl Observe {
+    /// Register a callback run when the cache has no block for a request.
+    pub fn add_free_memory_callback(&mut self, callback: FreeMemoryCallback) {
+        self.free_memory_callbacks.push(callback);
+    }
+
+    /// Some free-memory callback is registered.
+    #[inline]
+    pub fn has_free_memory_callbacks(&self) -> bool {
+        !self.free_memory_callbacks.is_empty()
+    }
+
+    /// Run every free-memory callback, in the order registered: the
+    /// pointers they ask to free, in that order.
+    pub fn run_free_memory_callbacks(&mut self) -> Vec<DevicePtr> {
+        let mut to_free = Vec::new();
+        for cb in self.free_memory_callbacks.iter_mut() {
+            to_free.extend(cb());
+        }
+        to_free
+    }
+
+    /// Register an observer told of every out-of-memory error.
+    pub fn add_oom_observer(&mut self, observer: OomObserver) {
+        self.oom_observers.push(observer);
+    }
+
+    /// The out-of-memory observers, to be called after the lock is released.
+    pub fn oom_observers(&self) -> Vec<OomObserver> {
+        self.oom_observers.clone()
     }
 }

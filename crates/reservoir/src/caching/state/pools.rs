@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::StreamId;
 use crate::caching::stream_order::MempoolSet;
+use crate::config::FreeBlockOrder;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
 use crate::store::{
@@ -127,6 +128,86 @@ pub(crate) struct UnmappedKey {
     pub stream: StreamId,
     pub addr: u64,
     pub id: BlockId,
+}
+
+/// Every pool's free lists and the rule their keys are built by: PyTorch's
+/// `large_blocks`, `small_blocks` and the private pools' `BlockPool`s, as
+/// one owner.
+///
+/// Slots: [`POOL_LARGE`], [`POOL_SMALL`], then the slots of private pools
+/// (see `caching/pools.rs`); read and changed per slot (`pools[slot]`), a
+/// slot added only by [`Pools::add_slot`].
+///
+/// Invariant: every [`FreeKey`] in every slot was built under
+/// [`Pools::order`] (`DeviceState::free_key`); [`Pools::reorder`] re-keys
+/// them all when the order changes, so no key of another order is left.
+pub(crate) struct Pools {
+    slots: Vec<BlockPool>,
+    /// What ranks free blocks of equal size (see `DeviceState::free_key`):
+    /// the release's
+    /// [`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order),
+    /// or the segment's `seq` when the store ranks segments by address
+    /// (`BlockStore::ranks_by_address`: torch 2.11's order, what recorded
+    /// traces show; set by replays, see `caching::seed`). Decided once, not
+    /// on each key.
+    order: FreeBlockOrder,
+}
+
+impl Pools {
+    /// The global large and small pools, keyed by `order`.
+    pub fn new(order: FreeBlockOrder) -> Pools {
+        Pools {
+            slots: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
+            order,
+        }
+    }
+
+    /// What ranks free blocks of equal size in every pool.
+    #[inline]
+    pub fn order(&self) -> FreeBlockOrder {
+        self.order
+    }
+
+    /// A new slot at the end, for a private pool's small or large blocks.
+    pub fn add_slot(&mut self, pool: BlockPool) -> PoolId {
+        self.slots.push(pool);
+        (self.slots.len() - 1) as PoolId
+    }
+
+    /// Rank free blocks of equal size by `order` from now on: every cached
+    /// free block is taken out and put back under `key_of` (its key under
+    /// the new order). Re-keyed, not freed again: the GC age goes on.
+    pub fn reorder(&mut self, order: FreeBlockOrder, mut key_of: impl FnMut(BlockId) -> FreeKey) {
+        if order == self.order {
+            return;
+        }
+        let cached: Vec<(usize, FreeKey)> = (self.slots.iter().enumerate())
+            .flat_map(|(pool, p)| p.iter().map(move |key| (pool, key)))
+            .collect();
+        for (pool, key) in &cached {
+            let removed = self.slots[*pool].remove(key);
+            debug_assert!(removed, "block missing from its pool");
+        }
+        self.order = order;
+        for (pool, old) in cached {
+            self.slots[pool].insert(key_of(old.id));
+        }
+    }
+}
+
+impl std::ops::Deref for Pools {
+    type Target = [BlockPool];
+    #[inline]
+    fn deref(&self) -> &[BlockPool] {
+        &self.slots
+    }
+}
+
+impl std::ops::DerefMut for Pools {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [BlockPool] {
+        &mut self.slots
+    }
 }
 
 /// Free blocks of one kind (PyTorch's `BlockPool`).

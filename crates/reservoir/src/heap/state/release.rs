@@ -4,10 +4,10 @@
 //! completion handlers Metal runs when a command buffer finishes (here:
 //! polled from the backend's events at the start of every operation).
 
-use super::state::{BufState, State};
-use super::types::*;
+use super::{BufState, State};
 use crate::backend::{Backend, BackendError};
 use crate::error::AllocError;
+use crate::heap::types::*;
 use crate::observe::callbacks::EventType;
 use crate::observe::debug::{DebugVerbosity, TARGET};
 use crate::observe::trace::TraceAction;

@@ -1,6 +1,9 @@
 //! The heap allocator's state (`MPSHeapAllocatorImpl`'s fields) and the
 //! allocation path of spec 4.2 (`alloc_buffer_block`, `get_free_buffer`,
-//! `alloc_buffer`, `get_free_heap`, `HeapBlock::createHeapBlock`).
+//! `alloc_buffer`, `get_free_heap`, `HeapBlock::createHeapBlock`); the
+//! release paths of spec 4.3 are in `release.rs`, the checker in
+//! `check.rs`, the reads and events the allocator's face (`heap/mod.rs`)
+//! uses in `face.rs`.
 //!
 //! Heaps and buffers live in a [`BlockStore`]: a heap is a segment (one
 //! [`Backend::allocate`]), tiled by blocks that are either buffers
@@ -10,6 +13,53 @@
 //! (`maxAvailableSizeWithAlignment`) is its largest free range. That keeps
 //! PyTorch's assumption that a heap with `available >= size` can always
 //! hold the buffer (its `TORCH_INTERNAL_ASSERT(buffer)`).
+//!
+//! # Sealed
+//!
+//! [`State`]'s fields, and those of its records ([`Buffer`], [`Heap`],
+//! [`Pool`]), are private to this module and its children: the face reads
+//! them and changes them only through the named methods of `face.rs` and
+//! the events here and in `release.rs` (allocate a buffer, hand it out,
+//! free it, release it or its heap, collect garbage, poll completions).
+//! The limits follow the watermark ratios: they change only with them
+//! ([`State::set_high_ratio`], [`State::set_low_ratio`]).
+//!
+//! # Invariants
+//!
+//! What [`State::check`] (`check.rs`) checks, each under its number, and
+//! nothing else:
+//!
+//! 1. **Heaps.** The store's segments are tiled by their blocks (the
+//!    store's own checker); every segment is live and has a [`Heap`]
+//!    record, and every record is a segment.
+//! 2. **Buffers.** A block has a [`Buffer`] record exactly when it is
+//!    allocated in the store; free space has none. A buffer's size and its
+//!    offset in its heap are multiples of `alignment`.
+//! 3. **Pointers.** `ptrs` holds exactly the buffers that are not zombies,
+//!    each under its address; `bufs` holds those and the zombies.
+//! 4. **Waiting sets.** `pending` holds exactly the
+//!    [`BufState::PendingFree`] buffers, `zombies` exactly the
+//!    [`BufState::Zombie`] ones.
+//! 5. **A heap's counts.** `n_buffers` counts its buffers that are not
+//!    zombies; `available` is its largest free range.
+//! 6. **A heap's pool.** An attached heap is in its pool's `heaps` under
+//!    (available, address, id), and in the pool's `heaps_pending_update`
+//!    exactly when it holds a zombie; a detached heap holds a zombie (its
+//!    memory goes back once they complete) and is in no pool set.
+//! 7. **A pool's buffers.** `buffers` holds exactly the pool's
+//!    [`BufState::Available`] buffers under (size, address, id);
+//!    `available_size` is their bytes; `allocated_size` and `n_buffers` are
+//!    the bytes and count of the pool's buffers that are not zombies.
+//! 8. **Totals.** `total_allocated` is the bytes of the attached heaps;
+//!    `current_allocated` the bytes of the buffers in use or pending free.
+//! 9. **Statistics.** Every current statistic equals its recount: segments
+//!    and reserved bytes from the attached heaps; allocations and
+//!    allocated bytes from the buffers in use; active, active bytes and
+//!    requested bytes from the buffers in use or pending free.
+
+mod check;
+mod face;
+mod release;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -44,53 +94,53 @@ pub(crate) enum BufState {
 /// A buffer (`BufferBlock`); its address and size are its block's.
 #[derive(Clone, Debug)]
 pub(crate) struct Buffer {
-    pub id: u64,
-    pub state: BufState,
-    pub requested: u64,
-    pub use_count: u64,
-    pub gc_count: u64,
-    pub shape: Vec<i64>,
+    id: u64,
+    state: BufState,
+    requested: u64,
+    use_count: u64,
+    gc_count: u64,
+    shape: Vec<i64>,
     /// Events recorded for work using the buffer; the retain count is one
     /// plus the number not yet complete.
-    pub events: Vec<EventId>,
+    events: Vec<EventId>,
     /// The buffer's `MPSEvent` (`recordEvents`, shared buffers only),
     /// dropped when the buffer is freed back to its pool.
-    pub event: Option<EventId>,
+    event: Option<EventId>,
     /// A freed scalar whose completion handler waits for the default
     /// stream's current command buffer to be committed.
-    pub awaiting_commit: bool,
+    awaiting_commit: bool,
     /// A freed scalar's completion handler once committed: the buffer goes
     /// back to its pool when this event completes, whatever else uses it.
-    pub handler: Option<EventId>,
+    handler: Option<EventId>,
 }
 
 /// A heap (`HeapBlock`); its address and size are its segment's.
 #[derive(Clone, Debug)]
 pub(crate) struct Heap {
-    pub id: u64,
+    id: u64,
     /// False for single-buffer heaps ("not split", spec 4.2 step 7).
-    pub is_split: bool,
+    is_split: bool,
     /// Live buffers (not zombies) in the heap.
-    pub n_buffers: u32,
+    n_buffers: u32,
     /// The largest free range (`size.available`).
-    pub available: u64,
+    available: u64,
     /// Still owned by its pool (false: released while zombies remain; the
     /// backend memory goes back once they complete).
-    pub attached: bool,
+    attached: bool,
 }
 
 /// One `BufferPool`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Pool {
     /// Available buffers by (size, address).
-    pub buffers: FreeList<(u64, u64, BlockId)>,
+    buffers: FreeList<(u64, u64, BlockId)>,
     /// Attached heaps by (available, address).
-    pub heaps: FreeList<(u64, u64, SegmentId)>,
-    pub available_size: u64,
-    pub allocated_size: u64,
-    pub n_buffers: u32,
+    heaps: FreeList<(u64, u64, SegmentId)>,
+    available_size: u64,
+    allocated_size: u64,
+    n_buffers: u32,
     /// Heaps holding zombies.
-    pub heaps_pending_update: BTreeSet<SegmentId>,
+    heaps_pending_update: BTreeSet<SegmentId>,
 }
 
 /// One allocation request (`AllocParams`).
@@ -104,39 +154,39 @@ pub(crate) struct Params {
 
 /// Everything under the allocator's lock.
 pub(crate) struct State {
-    pub store: BlockStore,
-    pub bufs: FxHashMap<BlockId, Buffer>,
-    pub heaps: FxHashMap<SegmentId, Heap>,
+    store: BlockStore,
+    bufs: FxHashMap<BlockId, Buffer>,
+    heaps: FxHashMap<SegmentId, Heap>,
     /// `m_allocated_buffers`: every live buffer by address.
-    pub ptrs: FxHashMap<u64, BlockId>,
-    pub pools: [Pool; 5],
+    ptrs: FxHashMap<u64, BlockId>,
+    pools: [Pool; 5],
     /// `buffers_pending_free`.
-    pub pending: BTreeSet<BlockId>,
-    pub zombies: BTreeSet<BlockId>,
+    pending: BTreeSet<BlockId>,
+    zombies: BTreeSet<BlockId>,
     /// `m_total_allocated_memory`: bytes of attached heaps.
-    pub total_allocated: u64,
+    total_allocated: u64,
     /// `m_current_allocated_memory`: bytes of buffers in use or pending free.
-    pub current_allocated: u64,
-    pub stats: DeviceStats,
-    pub next_buffer_id: u64,
-    pub next_heap_id: u64,
-    pub high_ratio: f64,
-    pub low_ratio: f64,
+    current_allocated: u64,
+    stats: DeviceStats,
+    next_buffer_id: u64,
+    next_heap_id: u64,
+    high_ratio: f64,
+    low_ratio: f64,
     /// `m_max_total_allowed_size` (`u64::MAX` when unlimited).
-    pub max_total_allowed: u64,
+    max_total_allowed: u64,
     /// `m_low_watermark_limit` (`u64::MAX` when disabled).
-    pub low_limit: u64,
-    pub debug: DebugVerbosity,
-    pub unified: bool,
-    pub max_device_size: u64,
-    pub max_buffer_size: u64,
-    pub alignment: u64,
-    pub free_waits_for_events: bool,
-    pub size_format: SizeFormat,
-    pub all_callback_events: bool,
-    pub callbacks: Arc<CallbackRegistry>,
+    low_limit: u64,
+    debug: DebugVerbosity,
+    unified: bool,
+    max_device_size: u64,
+    max_buffer_size: u64,
+    alignment: u64,
+    free_waits_for_events: bool,
+    size_format: SizeFormat,
+    all_callback_events: bool,
+    callbacks: Arc<CallbackRegistry>,
     /// The allocation history when recording (`record_history`).
-    pub history: Option<RingBuffer<TraceEntry>>,
+    history: Option<RingBuffer<TraceEntry>>,
 }
 
 pub(crate) fn align_up(n: u64, a: u64) -> u64 {

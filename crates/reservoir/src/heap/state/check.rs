@@ -1,11 +1,12 @@
 //! The heap allocator's invariant checker and its views: statistics recount
 //! and the [`Snapshot`] model (heaps as segments, buffers and free space as
-//! blocks).
+//! blocks). The checker checks exactly the invariants written at the top of
+//! `state/mod.rs`, each marked with its number below.
 
 use std::collections::BTreeSet;
 
-use super::state::{BufState, Heap, State};
-use super::types::PoolKind;
+use super::{BufState, Heap, State};
+use crate::heap::types::PoolKind;
 use crate::observe::snapshot::{Block, BlockState, Segment, SegmentType, Snapshot};
 use crate::stats::{DeviceStats, StatType};
 use crate::store::{BlockId, SegmentId};
@@ -47,17 +48,19 @@ impl Default for Recount {
 }
 
 impl State {
-    /// Check: every heap tiled by buffers and free space (the store's own
-    /// checker); heap available sizes; the pools' buffer and heap sets,
-    /// byte and buffer counts exact; the pointer map, pending set and
-    /// zombies exact; the totals and every current statistic equal to a
-    /// recount.
+    /// Check the invariants of `state/mod.rs`, 1 to 9: every heap tiled by
+    /// buffers and free space (the store's own checker); heap counts and
+    /// available sizes; the pools' buffer and heap sets, byte and buffer
+    /// counts exact; the pointer map, pending set and zombies exact; the
+    /// totals and every current statistic equal to a recount.
     pub fn check(&self) -> Result<(), String> {
+        // 1: the tiling.
         self.store.check_tiling()?;
         let mut r = Recount::default();
         for (&h, heap) in &self.heaps {
             self.recount_heap(h, heap, &mut r)?;
         }
+        // 1: every record is a segment (each segment's record: above).
         if self.heaps.len() != self.store.segment_count() {
             return Err("a segment has no heap record".into());
         }
@@ -69,6 +72,7 @@ impl State {
     /// available size and pool membership.
     fn recount_heap(&self, h: SegmentId, heap: &Heap, r: &mut Recount) -> Result<(), String> {
         let seg = self.store.segment(h);
+        // 1: a live segment.
         if !seg.live() {
             return Err(format!("heap #{} is not a live segment", heap.id));
         }
@@ -79,6 +83,7 @@ impl State {
         let mut has_zombie = false;
         for b in self.store.segment_blocks(h) {
             let block = self.store.block(b);
+            // 2: a record exactly for the allocated blocks, aligned.
             if !block.allocated() {
                 if self.bufs.contains_key(&b) {
                     return Err(format!(
@@ -104,6 +109,7 @@ impl State {
             }
             live += 1;
             r.ptrs += 1;
+            // 3: in the pointer map under its address.
             if self.ptrs.get(&block.addr()) != Some(&b) {
                 return Err(format!(
                     "buffer at {:#x} is not in the pointer map",
@@ -132,6 +138,7 @@ impl State {
                 BufState::Zombie => unreachable!(),
             }
         }
+        // 5: the heap's counts.
         if heap.n_buffers != live {
             return Err(format!(
                 "heap #{} counts {} buffers, has {live}",
@@ -146,6 +153,8 @@ impl State {
                 self.free_range_max(h)
             ));
         }
+        // 6: an attached heap in its pool's sets, a detached one holds a
+        // zombie.
         if heap.attached {
             r.heaps[pi].insert((heap.available, seg.addr(), h));
             r.total += seg.size();
@@ -161,10 +170,11 @@ impl State {
     }
 
     /// Each pool's buffer and heap sets, byte and buffer counts and heaps
-    /// pending update against the recount.
+    /// pending update against the recount (invariants 6 and 7).
     fn check_pools(&self, r: &Recount) -> Result<(), String> {
         for pool in PoolKind::ALL {
             let (pi, p) = (pool.index(), &self.pools[pool.index()]);
+            // 7: the available buffers and the pool's counts.
             let listed: BTreeSet<(u64, u64, BlockId)> = p.buffers.iter().copied().collect();
             if listed != r.buffers[pi] {
                 return Err(format!(
@@ -172,6 +182,7 @@ impl State {
                 ));
             }
             let listed: BTreeSet<(u64, u64, SegmentId)> = p.heaps.iter().copied().collect();
+            // 6: the heap set.
             if listed != r.heaps[pi] {
                 return Err(format!("the {pool} pool's heap set is not its heaps"));
             }
@@ -181,6 +192,7 @@ impl State {
             if p.n_buffers != r.n_buffers[pi] {
                 return Err(format!("the {pool} pool's buffer count is wrong"));
             }
+            // 6: the heaps holding zombies.
             if p.heaps_pending_update != r.pending_update[pi] {
                 return Err(format!("the {pool} pool's heaps_pending_update is wrong"));
             }
@@ -189,20 +201,24 @@ impl State {
     }
 
     /// The pointer map, buffer records, pending set, zombies, totals and
-    /// every current statistic against the recount.
+    /// every current statistic against the recount (invariants 3, 4, 8, 9).
     fn check_totals(&self, r: &Recount) -> Result<(), String> {
+        // 3: no other pointer, no other record.
         if r.ptrs != self.ptrs.len() || self.bufs.len() != r.ptrs + r.zombies.len() {
             return Err("the pointer map or the buffer records hold dead buffers".into());
         }
+        // 4: the waiting sets.
         if r.pending != self.pending || r.zombies != self.zombies {
             return Err("the pending set or the zombies are wrong".into());
         }
+        // 8: the totals.
         if r.total != self.total_allocated || r.current != self.current_allocated {
             return Err(format!(
                 "totals: heaps {} (recount {}), current {} (recount {})",
                 self.total_allocated, r.total, self.current_allocated, r.current
             ));
         }
+        // 9: every current statistic.
         for ((name, want), (_, got)) in r.stats.arrays().into_iter().zip(self.stats.arrays()) {
             for t in StatType::ALL {
                 if want.get(t).current != got.get(t).current {
