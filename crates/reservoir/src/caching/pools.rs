@@ -7,14 +7,16 @@ use std::sync::Arc;
 
 use super::request::AllocParams;
 use super::rules;
-use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
+use super::state::pools::{
+    block_rank, BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL,
+};
 use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::FreeBlockOrder;
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
-use crate::store::{BlockId, PoolId, NIL};
+use crate::store::{Block, BlockId, PoolId, NIL};
 
 /// Which allocations go to a private pool while it is being allocated to.
 #[derive(Clone)]
@@ -527,19 +529,10 @@ impl DeviceState {
     /// equal size.
     #[inline]
     pub(super) fn free_key(&self, id: BlockId) -> FreeKey {
-        let b = self.store.block(id);
-        let segment = self.store.segment(b.segment());
-        let rank = match self.free_order {
-            // 2.13 and later: (stream, size, the segment's counter, ptr);
-            // under `rank_by_address`, `seq` is the segment's address.
-            FreeBlockOrder::SegmentCreation => segment.seq(),
-            // 2.11: (stream, size, ptr). Segments do not overlap, so
-            // (segment address, address) is the address order.
-            FreeBlockOrder::Address => segment.addr(),
-            // 2.12: (stream, size, registration_counter of the Block).
-            FreeBlockOrder::BlockCreation => b.registration(),
-        };
-        FreeKey::new(b.stream(), b.size(), rank, b.addr(), id)
+        // The rank was computed when the block was made, by the rule
+        // `set_free_order` gave the store (`block_rank`): nothing about
+        // the release is decided here.
+        free_key_of(self.store.block(id), id)
     }
 
     /// Rank free blocks of equal size by the order of the release in
@@ -563,6 +556,7 @@ impl DeviceState {
             debug_assert!(removed, "block missing from its pool");
         }
         self.free_order = order;
+        self.store.set_block_rank(block_rank(order));
         for (pool, old) in cached {
             let key = self.free_key(old.id);
             // Re-keyed, not freed again: the GC age goes on.
@@ -573,14 +567,21 @@ impl DeviceState {
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.
     #[inline]
     pub(crate) fn insert_into_pool(&mut self, id: BlockId) {
-        let pool = self.store.block(id).pool() as usize;
-        let key = self.free_key(id);
-        let (inserted, gc_count) = self.pools[pool].insert_into_blocks(key);
-        self.store.start_gc_age(id, gc_count);
+        let b = self.store.block(id);
+        self.insert_key_into_pool(b.pool(), free_key_of(b, id));
+    }
+
+    /// [`insert_into_pool`](Self::insert_into_pool) of the block `key.id`
+    /// of pool `pool`, its key already read (the hot paths read the block
+    /// once).
+    #[inline(always)]
+    pub(crate) fn insert_key_into_pool(&mut self, pool: PoolId, key: FreeKey) {
+        let (inserted, gc_count) = self.pools[pool as usize].insert_into_blocks(key);
+        self.store.start_gc_age(key.id, gc_count);
         debug_assert!(inserted, "block inserted twice into its pool");
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
         let pool = self.store.block(id).pool() as usize;
         let key = self.free_key(id);
@@ -642,4 +643,11 @@ impl DeviceState {
     pub(crate) fn owner(&self, pool: PoolId) -> Option<MempoolId> {
         self.pools[pool as usize].owner()
     }
+}
+
+/// The key of free block `id` (read as `b`) in its pool: see
+/// [`DeviceState::free_key`].
+#[inline(always)]
+pub(super) fn free_key_of(b: &Block, id: BlockId) -> FreeKey {
+    FreeKey::new(b.stream(), b.size(), b.rank(), b.addr(), id)
 }

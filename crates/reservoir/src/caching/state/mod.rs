@@ -138,10 +138,13 @@ impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
         let acct = Accounting::new(config.max_split_size);
         let free_order = config.torch_release.rules().free_block_order;
+        let mut store = BlockStore::default();
+        // The release's order, decided once: each block carries its rank.
+        store.set_block_rank(pools::block_rank(free_order));
         DeviceState {
             device,
             config,
-            store: BlockStore::default(),
+            store,
             pools: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
             allocated: PointerMap::default(),
             acct,
