@@ -1,6 +1,7 @@
 //! Freeing: PyTorch's `free`, `free_block` and `try_merge_blocks`
 //! (spec 1.10), and `recordStream`.
 
+use super::pools::free_key_of;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
@@ -159,13 +160,17 @@ impl DeviceState {
                 net_bytes -= subsumed as i64;
             }
         }
-        self.insert_into_pool(id);
-        if self.store.block(id).is_split() {
+        // One read of the merged block: its key, split state and kind.
+        let (key, split, size, expandable) = {
+            let b = self.store.block(id);
+            (free_key_of(b, id), b.is_split(), b.size(), b.expandable())
+        };
+        self.insert_key_into_pool(pool, key);
+        if split {
             net_blocks += 1;
-            net_bytes += self.store.block(id).size() as i64;
+            net_bytes += size as i64;
         }
         let st = self.stat_type(pool);
-        let expandable = self.store.block(id).expandable();
         if !expandable {
             self.acct.inactive_split_changed(st, net_blocks, net_bytes);
         }
@@ -173,25 +178,29 @@ impl DeviceState {
     }
 
     /// PyTorch's `try_merge_blocks`: absorb `src` into `dst` if it is free.
+    #[inline(always)]
     pub(super) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
         if src == NIL {
             return 0;
         }
-        {
+        // One read of each block.
+        let (mapped, src_before, key, pool) = {
             let s = self.store.block(src);
             if s.allocated() || s.event_count() > 0 || !s.stream_uses().is_empty() {
                 return 0;
             }
-            if s.mapped() != self.store.block(dst).mapped() {
+            let d = self.store.block(dst);
+            if s.mapped() != d.mapped() {
                 return 0;
             }
-        }
-        if self.store.block(src).mapped() {
-            self.remove_from_pool(src);
+            (s.mapped(), d.prev() == src, free_key_of(s, src), s.pool())
+        };
+        if mapped {
+            let removed = self.pools[pool as usize].remove(&key);
+            debug_assert!(removed, "block missing from its pool");
         } else {
             self.remove_from_unmapped(src);
         }
-        let src_before = self.store.block(dst).prev() == src;
         let size = self.store.merge(dst, src);
         if src_before && self.obs.is_active() {
             // PyTorch moves the segment's stack to the new head.

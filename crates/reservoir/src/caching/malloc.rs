@@ -2,6 +2,7 @@
 //! `get_free_block` (spec 1.6), `alloc_block` (spec 1.9) and
 //! `alloc_found_block` (spec 1.7).
 
+use super::pools::free_key_of;
 use super::request::{AllocParams, MallocError};
 use super::rules::{self, ONE_EXABYTE};
 use super::state::pools::FreeKey;
@@ -312,6 +313,8 @@ impl DeviceState {
     }
 
     /// spec 1.7: hand out the found block, splitting off the remainder.
+    /// Inlined into malloc: one call layer less on every hand-out.
+    #[inline(always)]
     pub(super) fn alloc_found_block(
         &mut self,
         p: &AllocParams,
@@ -320,14 +323,19 @@ impl DeviceState {
     ) -> BlockId {
         let st = p.stat_type;
         let mut id = p.block;
-        let already_split = self.store.block(id).is_split();
-        let expandable = self.store.block(id).expandable();
+        let (already_split, expandable) = {
+            let b = self.store.block(id);
+            (b.is_split(), b.expandable())
+        };
         if split {
             let remaining = id;
             id = self.store.split_front(remaining, p.size, p.stream);
-            let r = self.store.block(remaining);
-            let remaining_size = r.size();
-            self.insert_into_pool(remaining);
+            // One read of the remainder: its size, pool and key.
+            let (remaining_size, pool, key) = {
+                let r = self.store.block(remaining);
+                (r.size(), r.pool(), free_key_of(r, remaining))
+            };
+            self.insert_key_into_pool(pool, key);
             if expandable {
                 // Expandable blocks are not counted in inactive_split (spec 1.11).
             } else if already_split {

@@ -7,14 +7,16 @@ use std::sync::Arc;
 
 use super::request::AllocParams;
 use super::rules;
-use super::state::pools::{BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL};
+use super::state::pools::{
+    block_rank, BlockPool, FilterFn, FreeKey, UnmappedKey, POOL_LARGE, POOL_SMALL,
+};
 use super::state::DeviceState;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, FreeBlockOrder};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
-use crate::store::{BlockId, BlockStore, PoolId, NIL};
+use crate::store::{Block, BlockId, PoolId, NIL};
 
 /// Which allocations go to a private pool while it is being allocated to.
 #[derive(Clone)]
@@ -516,11 +518,17 @@ impl DeviceState {
 }
 
 impl DeviceState {
-    /// The key of free block `id` in its pool, under the pools' order
-    /// ([`free_key_under`]).
+    /// The key of free block `id` in its pool: PyTorch's comparator of
+    /// `BlockPool::blocks`, (stream, size, rank, address), the rank being
+    /// what the release orders blocks of equal size by
+    /// ([`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order)),
+    /// carried by the block ([`free_key_of`]).
     #[inline]
     pub(super) fn free_key(&self, id: BlockId) -> FreeKey {
-        free_key_under(&self.store, self.pools.order(), id)
+        // The rank was computed when the block was made, by the rule
+        // `set_free_order` gave the store (`block_rank`): nothing about
+        // the release is decided here.
+        free_key_of(self.store.block(id), id)
     }
 
     /// Replace the settings in force (PyTorch's `_set_allocator_settings`):
@@ -553,21 +561,34 @@ impl DeviceState {
         } else {
             self.config.torch_release.rules().free_block_order
         };
+        if order == self.pools.order() {
+            return;
+        }
+        // Each block carries its rank: the store re-ranks every live block
+        // by the new rule, then the cached free blocks are re-keyed.
+        self.store.set_block_rank(block_rank(order));
         let store = &self.store;
-        (self.pools).reorder(order, |id| free_key_under(store, order, id));
+        (self.pools).reorder(order, |id| free_key_of(store.block(id), id));
     }
 
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.
     #[inline]
     pub(crate) fn insert_into_pool(&mut self, id: BlockId) {
-        let pool = self.store.block(id).pool() as usize;
-        let key = self.free_key(id);
-        let (inserted, gc_count) = self.pools[pool].insert_into_blocks(key);
-        self.store.start_gc_age(id, gc_count);
+        let b = self.store.block(id);
+        self.insert_key_into_pool(b.pool(), free_key_of(b, id));
+    }
+
+    /// [`insert_into_pool`](Self::insert_into_pool) of the block `key.id`
+    /// of pool `pool`, its key already read (the hot paths read the block
+    /// once).
+    #[inline(always)]
+    pub(crate) fn insert_key_into_pool(&mut self, pool: PoolId, key: FreeKey) {
+        let (inserted, gc_count) = self.pools[pool as usize].insert_into_blocks(key);
+        self.store.start_gc_age(key.id, gc_count);
         debug_assert!(inserted, "block inserted twice into its pool");
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
         let pool = self.store.block(id).pool() as usize;
         let key = self.free_key(id);
@@ -631,25 +652,9 @@ impl DeviceState {
     }
 }
 
-/// The key of free block `id` under `order`: PyTorch's comparator of
-/// `BlockPool::blocks`, which changed between releases
-/// ([`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order);
-/// docs/replay-fidelity.md, "PyTorch releases"). Every order is (stream,
-/// size, rank, address); the rank is what breaks ties among blocks of equal
-/// size.
-#[inline]
-fn free_key_under(store: &BlockStore, order: FreeBlockOrder, id: BlockId) -> FreeKey {
-    let b = store.block(id);
-    let segment = store.segment(b.segment());
-    let rank = match order {
-        // 2.13 and later: (stream, size, the segment's counter, ptr);
-        // under `rank_by_address`, `seq` is the segment's address.
-        FreeBlockOrder::SegmentCreation => segment.seq(),
-        // 2.11: (stream, size, ptr). Segments do not overlap, so
-        // (segment address, address) is the address order.
-        FreeBlockOrder::Address => segment.addr(),
-        // 2.12: (stream, size, registration_counter of the Block).
-        FreeBlockOrder::BlockCreation => b.registration(),
-    };
-    FreeKey::new(b.stream(), b.size(), rank, b.addr(), id)
+/// The key of free block `id` (read as `b`) in its pool: see
+/// [`DeviceState::free_key`].
+#[inline(always)]
+pub(super) fn free_key_of(b: &Block, id: BlockId) -> FreeKey {
+    FreeKey::new(b.stream(), b.size(), b.rank(), b.addr(), id)
 }

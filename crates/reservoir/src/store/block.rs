@@ -54,6 +54,11 @@ pub(crate) struct Block {
     /// made (PyTorch 2.12's per-`Block` `registration_counter`; see
     /// [`BlockStore::new_block`](super::BlockStore::new_block)).
     pub(super) registration: u64,
+    /// What orders this block among free blocks of equal size, by the
+    /// store's [`BlockRank`](super::BlockRank) rule: computed when the
+    /// block is made (and for every block when the rule changes), never
+    /// per call. Invariant: equals the rule's value for this block.
+    pub(super) rank: u64,
     /// The slot holds a live block (false on the slab's free list).
     /// (Stacks recorded for blocks live in side tables, see `history.rs`.)
     pub(super) live: bool,
@@ -138,10 +143,11 @@ impl Block {
         self.gc_count_base
     }
 
-    /// When the block record was made (PyTorch 2.12's `registration_counter`).
+    /// What orders this block among free blocks of equal size (see
+    /// [`BlockStore::set_block_rank`](super::BlockStore::set_block_rank)).
     #[inline]
-    pub fn registration(&self) -> u64 {
-        self.registration
+    pub fn rank(&self) -> u64 {
+        self.rank
     }
 
     /// The slot holds a live block.

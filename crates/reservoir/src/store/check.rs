@@ -5,7 +5,7 @@
 use super::{BlockStore, NIL};
 
 impl BlockStore {
-    /// Check the store's invariants (1-6 of the module documentation); the
+    /// Check the store's invariants (1-7 of the module documentation); the
     /// message says which one broke, where.
     pub fn check_tiling(&self) -> Result<(), String> {
         let mut seen = 0usize;
@@ -27,7 +27,7 @@ impl BlockStore {
             for id in self.segment_blocks(sid) {
                 let b = &self.blocks[id];
                 seen += 1;
-                // 2, 3, 5, 6.
+                // 2, 3, 5, 6, 7.
                 let broken = if !b.live {
                     "a dead block is linked into it"
                 } else if b.addr != expect_addr {
@@ -51,6 +51,8 @@ impl BlockStore {
                     || !registrations.insert(b.registration)
                 {
                     "a block's registration is not one of its own"
+                } else if b.rank != self.rank_of(b) {
+                    "a block's rank is not its rule's"
                 } else {
                     ""
                 };

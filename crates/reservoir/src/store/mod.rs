@@ -46,6 +46,8 @@
 //! 6. Live blocks' `registration`s are distinct and at most the number of
 //!    blocks made (the counters are the store's: segments are made only by
 //!    [`BlockStore::new_segment`], blocks only by it and the splits).
+//! 7. Every live block's `rank` is the value the store's [`BlockRank`] rule
+//!    gives it (its segment's `seq` or address, or its `registration`).
 
 mod block;
 mod check;
@@ -57,6 +59,7 @@ mod size_classes;
 mod slab;
 
 pub(crate) use block::{Block, BlockId, PoolId, Segment, SegmentId, NIL};
+
 pub(crate) use expandable::Expandable;
 pub(crate) use free_list::FreeList;
 pub(crate) use ranked::RankedKey;
@@ -82,6 +85,25 @@ pub(crate) struct BlockStore {
     /// Rank new segments by address instead of by creation number (torch
     /// 2.11's order, what recorded traces show; set by replays).
     rank_by_address: bool,
+    /// What a block's `rank` is (decided once by the owner, see
+    /// [`set_block_rank`](Self::set_block_rank)).
+    block_rank: BlockRank,
+}
+
+/// What orders free blocks of equal size: the value each block carries as
+/// its [`rank`](Block::rank), computed when the block is made. The owner
+/// picks the rule once (the caching allocator: from the release's free
+/// block order), so no call decides it again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum BlockRank {
+    /// The segment's rank ([`Segment::seq`]: its creation number, or its
+    /// address under [`rank_segments_by_address`](BlockStore::rank_segments_by_address)).
+    #[default]
+    SegmentSeq,
+    /// The segment's address.
+    SegmentAddress,
+    /// The block's own [`registration`](Block::registration).
+    Registration,
 }
 
 impl BlockStore {
@@ -135,6 +157,29 @@ impl BlockStore {
         self.rank_by_address = on;
     }
 
+    /// Rank blocks by `rule` from now on, re-ranking every live block (the
+    /// owner takes its free blocks out of their lists first and puts them
+    /// back after, under their new ranks).
+    pub fn set_block_rank(&mut self, rule: BlockRank) {
+        self.block_rank = rule;
+        for i in 0..self.blocks.items.len() {
+            if self.blocks.items[i].live {
+                let rank = self.rank_of(&self.blocks.items[i]);
+                self.blocks.items[i].rank = rank;
+            }
+        }
+    }
+
+    /// The rank `block` has under the store's rule.
+    #[inline]
+    fn rank_of(&self, b: &Block) -> u64 {
+        match self.block_rank {
+            BlockRank::SegmentSeq => self.segments[b.segment].seq,
+            BlockRank::SegmentAddress => self.segments[b.segment].addr,
+            BlockRank::Registration => b.registration,
+        }
+    }
+
     // -- Making and dropping records
 
     /// The next block's [`Block::registration`]: PyTorch 2.12's `Block`
@@ -160,6 +205,11 @@ impl BlockStore {
         expandable: bool,
     ) -> BlockId {
         let registration = self.next_registration();
+        let rank = match self.block_rank {
+            BlockRank::SegmentSeq => self.segments[segment].seq,
+            BlockRank::SegmentAddress => self.segments[segment].addr,
+            BlockRank::Registration => registration,
+        };
         self.blocks.insert(Block {
             addr,
             size,
@@ -176,6 +226,7 @@ impl BlockStore {
             stream_uses: Vec::new(),
             gc_count_base: 0,
             registration,
+            rank,
             live: true,
         })
     }
@@ -476,6 +527,33 @@ mod tests {
         s.segment_blocks(0)
             .map(|b| (s.blocks[b].addr, s.blocks[b].size))
             .collect()
+    }
+
+    /// Each block carries the rank its rule gives it: made under one rule,
+    /// re-ranked when the rule changes, and a wrong rank is caught by the
+    /// checker (invariant 7).
+    #[test]
+    fn blocks_carry_the_rank_of_the_rule() {
+        let (mut s, whole) = one_segment();
+        let (seg2, other) = s.new_segment(0x9000, 4096, StreamId::DEFAULT, 0, None, true);
+        let front = s.split_front(whole, 1024, StreamId::DEFAULT);
+        let ranks = |s: &BlockStore| [whole, front, other].map(|b| s.blocks[b].rank);
+        // The default rule: the segment's creation number.
+        assert_eq!(ranks(&s), [1, 1, 2]);
+        s.set_block_rank(BlockRank::SegmentAddress);
+        assert_eq!(ranks(&s), [0x1000, 0x1000, 0x9000]);
+        s.set_block_rank(BlockRank::Registration);
+        assert_eq!(ranks(&s), [1, 3, 2]);
+        s.check_tiling().unwrap();
+        // A block made under a rule gets that rule's rank.
+        let back = s.split_back(other, 512, true);
+        assert_eq!(s.blocks[back].rank, 4);
+        s.set_block_rank(BlockRank::SegmentSeq);
+        assert_eq!(s.blocks[back].rank, s.segments[seg2].seq);
+        s.check_tiling().unwrap();
+        s.blocks[back].rank += 1;
+        let err = s.check_tiling().unwrap_err();
+        assert!(err.contains("rank"), "{err}");
     }
 
     #[test]

@@ -175,7 +175,7 @@ impl<K: RankedKey> Big<K> {
 }
 
 impl<K: RankedKey> Class<K> {
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, key: K) -> bool {
         match self {
             Class::Sorted(v) if v.is_empty() => {
@@ -196,7 +196,7 @@ impl<K: RankedKey> Class<K> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn remove(&mut self, key: &K) -> bool {
         match self {
             // The smallest key (often the only one) needs no search and moves nothing.
@@ -507,7 +507,7 @@ impl<K: SizeClassed> SizeClassList<K> {
     }
 
     /// Add a key; false if it was already there.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, key: K) -> bool {
         let gi = match self.group_index(key.group()) {
             Ok(i) => i,
@@ -524,7 +524,7 @@ impl<K: SizeClassed> SizeClassList<K> {
     }
 
     /// Remove a key; false if it was not there.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, key: &K) -> bool {
         let Ok(gi) = self.group_index(key.group()) else {
             return false;

@@ -80,10 +80,13 @@ impl DeviceState {
     pub fn new(device: i8, config: AllocatorConfig) -> DeviceState {
         let acct = Accounting::new(config.max_split_size);
         let free_order = config.torch_release.rules().free_block_order;
+        let mut store = BlockStore::default();
+        // The release's order, decided once: each block carries its rank.
+        store.set_block_rank(pools::block_rank(free_order));
         DeviceState {
             device,
             config,
-            store: BlockStore::default(),
+            store,
             pools: Pools::new(free_order),
             allocated: PointerMap::default(),
             acct,

@@ -11,7 +11,7 @@ use crate::config::FreeBlockOrder;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
 use crate::store::{
-    BlockId, Cursor, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed, Slot,
+    BlockId, BlockRank, Cursor, FreeList, PoolId, RankedKey, SizeClassList, SizeClassed, Slot,
 };
 
 /// The global large pool (free blocks above 1 MiB).
@@ -68,6 +68,20 @@ impl FreeKey {
     #[inline]
     pub fn addr(&self) -> u64 {
         self.addr
+    }
+}
+
+/// What a block's rank is under a release's free-block order (see
+/// `DeviceState::free_key`): 2.13 and later rank by the segment's counter
+/// (the segment's address under `rank_by_address`, which sets `seq` to
+/// it); 2.11 by the segment's address (segments do not overlap, so
+/// (segment address, address) is the address order); 2.12 by the block's
+/// `registration_counter`.
+pub(crate) fn block_rank(order: FreeBlockOrder) -> BlockRank {
+    match order {
+        FreeBlockOrder::SegmentCreation => BlockRank::SegmentSeq,
+        FreeBlockOrder::Address => BlockRank::SegmentAddress,
+        FreeBlockOrder::BlockCreation => BlockRank::Registration,
     }
 }
 
