@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::levers::Lever;
 use super::roles::{RoleBytes, RoleUsage, Roles};
 
 use super::diagnose::{diagnose, DiagnoseInput, Diagnosis, FixKind, OomState};
@@ -56,6 +57,11 @@ pub struct PeakExplanation {
     /// The same bytes by how sure each role is (role -> `frames`,
     /// `phase_and_lifetime`, `lifetime`).
     pub role_basis: BTreeMap<&'static str, RoleBytes>,
+    /// Program levers that cut the peak, each proven by a replay
+    /// ([`levers`](super::levers)); empty until
+    /// [`add_levers`](super::levers::add_levers) fills them, and without an
+    /// OOM only.
+    pub levers: Vec<Lever>,
 }
 
 /// Why a free block could not serve the failed request.
@@ -117,6 +123,11 @@ pub struct OomExplanation {
     /// The shortfall, the causes with their bytes and the cheapest change
     /// that avoids the OOM, proven by replay (issue 30).
     pub diagnosis: Diagnosis,
+    /// Program levers for the OOM, each proven by a replay with the
+    /// diagnosis's settings fix when it found one
+    /// ([`levers`](super::levers)); empty until
+    /// [`add_levers`](super::levers::add_levers) fills them.
+    pub levers: Vec<Lever>,
 }
 
 /// The peak and first OOM of one setting.
@@ -286,6 +297,7 @@ pub fn explain_on_device(
                 top_sites: top_sites(&r, sites),
                 roles: usage.bytes_by_key(),
                 role_basis: usage.basis_by_key(),
+                levers: Vec::new(),
             })
         }
         None => None,
@@ -337,6 +349,7 @@ pub fn explain_on_device(
                 unusable_free: unusable_free(&r, rounded, o.stream, setting),
                 avoided_by,
                 diagnosis,
+                levers: Vec::new(),
             })
         }
         None => None,
