@@ -9,8 +9,10 @@ use anyhow::{Context, Result};
 use crate::table::shown_name;
 use reservoir::format::format_size;
 use reservoir_replay::oracle_trace::Trace;
-use reservoir_replay::replay::explain::{explain_on_device, Explanation, SiteUsage, Unusable};
-use reservoir_replay::replay::levers::{add_levers, Lever};
+use reservoir_replay::replay::explain::{
+    add_levers, explain_on_device, Explanation, SiteUsage, Unusable,
+};
+use reservoir_replay::replay::levers::Lever;
 use reservoir_replay::replay::recorded::overlay_config;
 use reservoir_replay::replay::roles::{basis_words, largest, RoleBytes};
 use reservoir_replay::replay::sites::Sites;

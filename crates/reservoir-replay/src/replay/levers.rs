@@ -16,7 +16,7 @@
 //! |---|---|
 //! | `micro_batch` | every activation and temporary allocation made half its size (a micro-batch of half the size), every other allocation kept |
 //! | `optimizer_sharding` | every optimizer-state allocation made 1/N its size (the state sharded over N ranks, ZeRO stage 1): N the smallest of 2, 4, 8 that fits, else 8; not listed without optimizer state |
-//! | `activation_checkpointing` | the saved activations of the sites (innermost user frame: the line of a module's `forward`) holding the most of them at the moment explained, the largest first, 1, 2, 4 sites then all of them until one fits: each freed in forward when the next allocation of its site is made (the next layer's) or its forward ends, and made again in backward just before the allocation that precedes its free (the gradient it serves) |
+//! | `activation_checkpointing` | the saved activations of the sites (innermost user frame: the line of a module's `forward`) holding the most of them when their live bytes peak (at or before the OOM), the largest first, 1, 2, 4 sites then all of them until one fits: each freed in forward when the next allocation of its site is made (the next layer's) or its forward ends, and made again in backward just before the allocation that precedes its free (the gradient it serves) |
 //! | `lower_precision` | every activation allocation made half its size (fp32 activations kept in bf16) |
 //!
 //! Sizes are scaled and rounded to the allocation's granule (the largest
@@ -31,8 +31,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::diagnose::{ends_at_failure_clause, FixKind};
-use super::explain::Explanation;
+use super::diagnose::ends_at_failure_clause;
 use super::roles::{Role, Roles};
 use super::setting::MAX_CAPACITY;
 use super::sites::Sites;
@@ -70,8 +69,9 @@ pub struct LeverInput<'a> {
     pub options: &'a ReplayOptions,
     /// The sites of the allocations.
     pub sites: &'a Sites,
-    /// The op explained (the OOM, or the reserved peak): the saved
-    /// activations live then choose the sites to checkpoint.
+    /// The op explained (the OOM), or the last op: the sites to
+    /// checkpoint are those of the saved activations live when their bytes
+    /// peak, at or before it.
     pub moment: u64,
     /// The recording ends at this failed op (its OOM).
     pub ends_at: Option<u64>,
@@ -155,7 +155,7 @@ impl LeverInput<'_> {
             )
         } else {
             format!(
-                "does not fit in {}: needs {} reserved ({} allocated) on an unbounded device",
+                "does not fit in {} (its replay there runs out of memory); on an unbounded device it peaks at {} reserved ({} allocated)",
                 format_size(self.options.capacity),
                 format_size(o.peak_reserved),
                 format_size(o.peak_allocated)
@@ -260,33 +260,43 @@ fn optimizer_sharding(input: &LeverInput<'_>, roles: &Roles) -> Result<Option<Le
     Ok(found)
 }
 
-/// The sites holding the most saved activations live right after op
-/// `moment`, largest first, with their bytes.
+/// The sites of the saved activations live when their bytes peak, at or
+/// before op `until`, largest first, with their bytes; and that op.
 fn activation_sites<'s>(
     trace: &Trace,
     roles: &Roles,
     sites: &'s Sites,
-    moment: u64,
-) -> Vec<(&'s str, u64)> {
+    until: u64,
+) -> (Vec<(&'s str, u64)>, u64) {
     let mut live: FxHashMap<AllocId, u64> = FxHashMap::default();
-    for op in trace.ops.iter().take(moment as usize + 1) {
+    let mut by: FxHashMap<&str, u64> = FxHashMap::default();
+    let (mut now, mut peak, mut at) = (0u64, 0u64, 0u64);
+    let mut best: FxHashMap<&str, u64> = FxHashMap::default();
+    for (i, op) in trace.ops.iter().enumerate().take(until as usize + 1) {
         match op {
             Op::Alloc { id, bytes, .. } if roles.role(*id).0 == Role::Activations => {
                 live.insert(*id, *bytes);
+                *by.entry(sites.site(*id)).or_default() += bytes;
+                now += bytes;
+                if now > peak {
+                    (peak, at) = (now, i as u64);
+                    best.clone_from(&by);
+                }
             }
             Op::Free { id } => {
-                live.remove(id);
+                if let Some(b) = live.remove(id) {
+                    now -= b;
+                    if let Some(x) = by.get_mut(sites.site(*id)) {
+                        *x -= b;
+                    }
+                }
             }
             _ => {}
         }
     }
-    let mut by: FxHashMap<&str, u64> = FxHashMap::default();
-    for (id, b) in live {
-        *by.entry(sites.site(id)).or_default() += b;
-    }
-    let mut v: Vec<(&str, u64)> = by.into_iter().collect();
+    let mut v: Vec<(&str, u64)> = best.into_iter().filter(|g| g.1 > 0).collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    v
+    (v, at)
 }
 
 mod checkpoint;
@@ -301,61 +311,6 @@ pub fn levers(input: &LeverInput<'_>) -> Result<Vec<Lever>, ReplayError> {
     out.extend(checkpoint::activation_checkpointing(input, &roles)?);
     out.extend(lower_precision(input, &roles)?);
     Ok(out)
-}
-
-/// Fill in the levers of explanation `e` of a replay of `trace` from
-/// `start` with `setting` on `options`: at its first OOM (replayed with the
-/// diagnosis's settings fix when it found one) or, without an OOM, at its
-/// reserved peak.
-pub fn add_levers(
-    e: &mut Explanation,
-    trace: &Trace,
-    start: Option<&StartState>,
-    setting: &ReplaySetting,
-    options: &ReplayOptions,
-    sites: &Sites,
-) -> Result<(), ReplayError> {
-    let quiet = start.map(|s| StartState {
-        record_placements: false,
-        ..s.clone()
-    });
-    let start = quiet.as_ref();
-    if let Some(o) = &mut e.oom {
-        let fixed = o
-            .diagnosis
-            .fix
-            .as_ref()
-            .filter(|f| matches!(f.kind, FixKind::Setting | FixKind::Policy))
-            .and_then(|f| {
-                f.config.as_ref().map(|c| ReplaySetting {
-                    name: f.change.clone(),
-                    config: c.clone(),
-                    allocator: setting.allocator,
-                })
-            });
-        let input = LeverInput {
-            trace,
-            start,
-            setting: fixed.as_ref().unwrap_or(setting),
-            options,
-            sites,
-            moment: o.op,
-            ends_at: o.diagnosis.recording_ends_at_failure.then_some(o.op),
-        };
-        o.levers = levers(&input)?;
-    } else if let Some(p) = &mut e.peak {
-        let input = LeverInput {
-            trace,
-            start,
-            setting,
-            options,
-            sites,
-            moment: p.op,
-            ends_at: None,
-        };
-        p.levers = levers(&input)?;
-    }
-    Ok(())
 }
 
 /// The stream of each allocation op of `trace`: its own, else the current

@@ -169,12 +169,13 @@ fn splice(
 }
 
 /// The lever of checkpointing the sites holding the most saved activations
-/// at the moment explained: 1, 2, 4 sites, then all, until one fits.
+/// when they peak (at or before the op explained): 1, 2, 4 sites, then
+/// all, until one fits.
 pub(super) fn activation_checkpointing(
     input: &LeverInput<'_>,
     roles: &Roles,
 ) -> Result<Option<Lever>, ReplayError> {
-    let groups = activation_sites(input.trace, roles, input.sites, input.moment);
+    let (groups, at) = activation_sites(input.trace, roles, input.sites, input.moment);
     if groups.is_empty() {
         return Ok(None);
     }
@@ -210,9 +211,8 @@ pub(super) fn activation_checkpointing(
             String::new()
         };
         let what = format!(
-            "checkpointed the {k} of {n} site{} holding the most saved activations at op {}: {}{more}: their {count} activation allocations ({} in all) each freed in forward when the next allocation of its site is made or its forward ends, and made again in backward just before the allocation that precedes its free",
+            "checkpointed the {k} of {n} site{} holding the most saved activations when they peak (op {at}): {}{more}: their {count} activation allocations ({} in all) each freed in forward when the next allocation of its site is made or its forward ends, and made again in backward just before the allocation that precedes its free",
             if n == 1 { "" } else { "s" },
-            input.moment,
             named.join(", "),
             format_size(bytes)
         );

@@ -2,7 +2,7 @@
 //! construction (see `roles::workload_tests`).
 
 use super::*;
-use crate::replay::explain::explain;
+use crate::replay::explain::{add_levers, explain};
 use crate::workload::Workload;
 
 const SPEC: &str = "gpt-train:layers=2,steps=2";
@@ -55,7 +55,8 @@ fn levers_at(capacity: u64) -> (Vec<Lever>, Outcome, Trace, Roles) {
         .unwrap();
     let roles = Roles::classify(&trace, &sites);
     let mut input = input;
-    // The moment: the op of the reserved peak (levers choose sites there).
+    // The moment: the op of the requested peak (checkpointing chooses the
+    // sites of the saved activations at their peak before it).
     input.moment = peak_op(&trace, &roles);
     (levers(&input).unwrap(), base, trace, roles)
 }
@@ -165,6 +166,7 @@ fn checkpointing_frees_saved_activations_between_forward_and_backward() {
     // Every site checkpointed: each activation made twice, freed twice.
     let (_, sites) = workload();
     let all: FxHashSet<&str> = activation_sites(&trace, &roles, &sites, peak_op(&trace, &roles))
+        .0
         .into_iter()
         .map(|g| g.0)
         .collect();
@@ -236,7 +238,7 @@ fn a_capacity_oom_gets_levers_on_its_device() {
     assert!(m.peak_reserved <= capacity);
     for l in &o.levers {
         if !l.fits {
-            assert!(l.peak_reserved > 0 && l.replayed.contains("does not fit"));
+            assert!(l.peak_reserved > 0 && l.replayed.contains("does not fit in"));
         }
     }
     let json = serde_json::to_value(&e).unwrap();
