@@ -257,3 +257,33 @@ fn a_capacity_oom_gets_levers_on_its_device() {
     // its own.
     assert!(e.peak.as_ref().unwrap().levers.is_empty());
 }
+
+/// A recording that ends at its OOM: a lever that fits says that its
+/// replay proves the run only up to the failure.
+#[test]
+fn a_lever_says_when_the_recording_ends_at_the_oom() {
+    let (trace, sites) = workload();
+    let setting = defaults();
+    let options = ReplayOptions::without_timeline(80 << 30);
+    let roles = Roles::classify(&trace, &sites);
+    let mut input = LeverInput {
+        trace: &trace,
+        start: None,
+        setting: &setting,
+        options: &options,
+        sites: &sites,
+        moment: 0,
+        ends_at: Some(7),
+    };
+    let l = micro_batch(&input, &roles).unwrap().unwrap();
+    assert!(l.fits);
+    assert!(
+        l.replayed
+            .ends_with(&format!("({})", ends_at_failure_clause(7))),
+        "{}",
+        l.replayed
+    );
+    input.ends_at = None;
+    let l = micro_batch(&input, &roles).unwrap().unwrap();
+    assert!(!l.replayed.contains("the recording ends"), "{}", l.replayed);
+}
