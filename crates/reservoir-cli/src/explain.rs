@@ -116,6 +116,7 @@ pub fn lever_name(key: &str) -> &str {
         "optimizer_sharding" => "optimizer state sharded",
         "activation_checkpointing" => "activation checkpointing",
         "lower_precision" => "bf16 activations",
+        "fused_attention" => "fused attention",
         k => k,
     }
 }

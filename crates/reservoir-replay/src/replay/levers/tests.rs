@@ -287,3 +287,90 @@ fn a_lever_says_when_the_recording_ends_at_the_oom() {
     let l = micro_batch(&input, &roles).unwrap().unwrap();
     assert!(!l.replayed.contains("the recording ends"), "{}", l.replayed);
 }
+
+/// The levers of built-in workload `spec` on an 80 GiB device, and the
+/// peaks of its own replay there.
+fn levers_of(spec: &str) -> (Vec<Lever>, Outcome, Trace, Sites) {
+    let (trace, sites) = Workload::parse(spec).unwrap().trace_and_sites();
+    let setting = defaults();
+    let options = ReplayOptions::without_timeline(80 << 30);
+    let base = replay_peaks(&trace, None, &setting, &options, false)
+        .unwrap()
+        .unwrap();
+    let input = LeverInput {
+        trace: &trace,
+        start: None,
+        setting: &setting,
+        options: &options,
+        sites: &sites,
+        moment: trace.ops.len().saturating_sub(1) as u64,
+        ends_at: None,
+    };
+    let levers = levers(&input).unwrap();
+    (levers, base, trace, sites)
+}
+
+const EAGER: &str = "llm-infer:layers=2,requests=3,prompt_max=1024,flash=0";
+
+/// Eager prefill attention materialises `heads x n x n` scores, their
+/// masked copy, the fp32 softmax and its downcast (4 per layer and
+/// prefill): the lever drops exactly those, and its peak falls; fused
+/// (flash) prefill has none, and no lever.
+#[test]
+fn fused_attention_drops_the_scores_of_eager_attention() {
+    let (levers, base, trace, sites) = levers_of(EAGER);
+    let l = find(&levers, "fused_attention");
+    assert!(l.fits, "{}", l.replayed);
+    assert!(l.peak_allocated < base.peak_allocated, "{}", l.replayed);
+    let setting = defaults();
+    let options = ReplayOptions::without_timeline(80 << 30);
+    let input = LeverInput {
+        trace: &trace,
+        start: None,
+        setting: &setting,
+        options: &options,
+        sites: &sites,
+        moment: 0,
+        ends_at: None,
+    };
+    let scores = fused::score_allocations(&input);
+    let attention: Vec<u64> = trace
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Alloc { id, bytes, .. } if sites.site(*id) == "attention" => Some(*bytes),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !scores.is_empty() && scores.len() % 4 == 0,
+        "{}",
+        scores.len()
+    );
+    assert!(scores.len() < attention.len());
+    // Each is `heads x n x n` elements of 2 bytes (bf16) or 4 (the fp32
+    // softmax), 8 heads (the workload's default).
+    let square = |x: u64| (x as f64).sqrt().round() as u64 * (x as f64).sqrt().round() as u64 == x;
+    for (id, bytes) in &scores {
+        assert_eq!(sites.site(*id), "attention");
+        assert!(
+            [16, 32].iter().any(|k| bytes % k == 0 && square(bytes / k)),
+            "{bytes} is not heads x n x n"
+        );
+    }
+    assert!(
+        l.replayed.contains(&format!(
+            "the {} allocations the size of attention scores",
+            scores.len()
+        )),
+        "{}",
+        l.replayed
+    );
+    assert!(l.replayed.contains("at attention ("), "{}", l.replayed);
+    let fused = EAGER.replace("flash=0", "flash=1");
+    let (levers, ..) = levers_of(&fused);
+    assert!(levers.iter().all(|l| l.lever != "fused_attention"));
+    // The training workload names no attention site: no lever.
+    let (levers, ..) = levers_at(80 << 30);
+    assert!(levers.iter().all(|l| l.lever != "fused_attention"));
+}
