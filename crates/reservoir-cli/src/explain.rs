@@ -117,6 +117,7 @@ pub fn lever_name(key: &str) -> &str {
         "activation_checkpointing" => "activation checkpointing",
         "lower_precision" => "bf16 activations",
         "fused_attention" => "fused attention",
+        "in_place" => "in-place ops",
         k => k,
     }
 }

@@ -1639,7 +1639,8 @@ fn program_levers_follow_the_settings_fix_in_text_json_and_html() {
             "micro_batch",
             "optimizer_sharding",
             "activation_checkpointing",
-            "lower_precision"
+            "lower_precision",
+            "in_place"
         ]
     );
     assert_eq!(levers[0]["fits"], true);
@@ -1677,7 +1678,7 @@ fn program_levers_follow_the_settings_fix_in_text_json_and_html() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let peak = &v[0]["explain"]["peak"];
     let levers = peak["levers"].as_array().unwrap();
-    assert_eq!(levers.len(), 4, "{peak}");
+    assert_eq!(levers.len(), 5, "{peak}");
     for l in levers {
         assert!(
             l["peak_reserved"].as_u64().unwrap() < v[0]["peak_reserved"].as_u64().unwrap(),

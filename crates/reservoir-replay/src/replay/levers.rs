@@ -19,6 +19,7 @@
 //! | `activation_checkpointing` | the saved activations of the sites (innermost user frame: the line of a module's `forward`) holding the most of them when their live bytes peak (at or before the OOM), the largest first, 1, 2, 4 sites then all of them until one fits: each freed in forward when the next allocation of its site is made (the next layer's) or its forward ends, and made again in backward just before the allocation that precedes its free (the gradient it serves) |
 //! | `lower_precision` | every activation allocation made half its size (fp32 activations kept in bf16) |
 //! | `fused_attention` | the allocations the size of attention scores dropped with their frees: in each run of consecutive allocations at one attention site (its site or call path names `attention`, `attn`, `softmax`, `scaled_dot_product` or `sdpa`), those freed before the run ends (the attention's own temporaries, not its output), at least half the largest of them, when there are at least 3; not listed without them |
+//! | `in_place` | each allocation whose predecessor (the allocation op just before it: same size, same stream, still live) is freed by the very next op, made in place: the allocation and that free dropped, and the predecessor's memory kept until the new allocation's free (`y = f(x); del x` becomes `x.f_()`); not listed without them |
 //!
 //! Sizes are scaled and rounded to the allocation's granule (the largest
 //! power of two up to 512 dividing its size, at least one granule), as
@@ -26,7 +27,7 @@
 //! keep their size (they are other by role). When the recording ends at the
 //! OOM, a lever that fits says so ([`ends_at_failure_clause`]).
 //!
-//! Not done yet: an in-place op, the imbalance between devices or ranks.
+//! Not done yet: the imbalance between devices or ranks.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -43,7 +44,8 @@ use reservoir::format::format_size;
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Lever {
     /// Which lever: `micro_batch`, `optimizer_sharding`,
-    /// `activation_checkpointing`, `lower_precision`, `fused_attention`.
+    /// `activation_checkpointing`, `lower_precision`, `fused_attention`,
+    /// `in_place`.
     pub lever: &'static str,
     /// What was transformed and replayed, and what it gave, in words.
     pub replayed: String,
@@ -300,10 +302,11 @@ fn activation_sites<'s>(
 
 mod checkpoint;
 mod fused;
+mod inplace;
 
 /// Every lever that applies, in order: a smaller micro-batch, optimizer
 /// state sharded, activation checkpointing, lower-precision activations,
-/// fused attention.
+/// fused attention, in-place ops.
 pub fn levers(input: &LeverInput<'_>) -> Result<Vec<Lever>, ReplayError> {
     let roles = Roles::classify(input.trace, input.sites);
     let mut out = Vec::new();
@@ -312,6 +315,7 @@ pub fn levers(input: &LeverInput<'_>) -> Result<Vec<Lever>, ReplayError> {
     out.extend(checkpoint::activation_checkpointing(input, &roles)?);
     out.extend(lower_precision(input, &roles)?);
     out.extend(fused::fused_attention(input)?);
+    out.extend(inplace::in_place(input)?);
     Ok(out)
 }
 
