@@ -9,7 +9,10 @@ use anyhow::{Context, Result};
 use crate::table::shown_name;
 use reservoir::format::format_size;
 use reservoir_replay::oracle_trace::Trace;
-use reservoir_replay::replay::explain::{explain_on_device, Explanation, SiteUsage, Unusable};
+use reservoir_replay::replay::explain::{
+    add_levers, explain_on_device, Explanation, SiteUsage, Unusable,
+};
+use reservoir_replay::replay::levers::Lever;
 use reservoir_replay::replay::recorded::overlay_config;
 use reservoir_replay::replay::roles::{basis_words, largest, RoleBytes};
 use reservoir_replay::replay::sites::Sites;
@@ -64,8 +67,9 @@ pub fn explain_all(
     settings
         .iter()
         .zip(reports)
-        .map(|(s, r)| {
-            explain_on_device(
+        .enumerate()
+        .map(|(i, (s, r))| {
+            let mut e = explain_on_device(
                 trace,
                 start,
                 s,
@@ -75,9 +79,47 @@ pub fn explain_all(
                 &candidates(s),
                 device_total,
             )
-            .with_context(|| format!("explaining the peak and OOM of {}", s.name))
+            .with_context(|| format!("explaining the peak and OOM of {}", s.name))?;
+            // The program levers of the first setting, the one the
+            // summary reads (each costs a few replays).
+            if i == 0 {
+                add_levers(&mut e, trace, start, s, &options, sites)
+                    .with_context(|| format!("replaying the program levers of {}", s.name))?;
+            }
+            Ok(e)
         })
         .collect()
+}
+
+/// The program levers as text lines, each with the peak its replay gave.
+pub fn levers_text(out: &mut String, levers: &[Lever], heading: &str) {
+    if levers.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "  {heading}:");
+    for l in levers {
+        let _ = writeln!(
+            out,
+            "    {:26} {:>12} reserved {:>4}  {}",
+            lever_name(l.lever),
+            format_size(l.peak_reserved),
+            if l.fits { "fits" } else { "no" },
+            l.replayed
+        );
+    }
+}
+
+/// A lever's key in words.
+pub fn lever_name(key: &str) -> &str {
+    match key {
+        "micro_batch" => "smaller micro-batch",
+        "optimizer_sharding" => "optimizer state sharded",
+        "activation_checkpointing" => "activation checkpointing",
+        "lower_precision" => "bf16 activations",
+        "fused_attention" => "fused attention",
+        "in_place" => "in-place ops",
+        k => k,
+    }
 }
 
 fn sites_text(out: &mut String, sites: &[SiteUsage]) {
@@ -141,6 +183,11 @@ pub fn render_text(ex: &[Explanation]) -> String {
                 "  live bytes by role: {}",
                 roles_text(&p.roles, &p.role_basis)
             );
+            levers_text(
+                &mut out,
+                &p.levers,
+                "program levers to cut the peak (each proven by a replay)",
+            );
         }
         if let Some(o) = &e.oom {
             let _ = writeln!(
@@ -178,6 +225,11 @@ pub fn render_text(ex: &[Explanation]) -> String {
                 roles_text(&o.roles, &o.role_basis)
             );
             crate::diagnose::render_text(&mut out, &o.diagnosis);
+            levers_text(
+                &mut out,
+                &o.levers,
+                "program levers, after the settings fix (each proven by a replay)",
+            );
         }
     }
     out

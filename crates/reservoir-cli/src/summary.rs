@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use reservoir::format::format_size;
 use reservoir_replay::replay::explain::Explanation;
+use reservoir_replay::replay::levers::Lever;
 use reservoir_replay::replay::roles::{largest, Role};
 use reservoir_replay::replay::ReplayReport;
 
@@ -72,6 +73,10 @@ pub struct Summary {
     /// What to do: the diagnosis's verdict (the cheapest proven fix's
     /// sentence, or why none was found); `null` without an OOM.
     pub fix: Option<String>,
+    /// The program levers, after the settings fix: those of the OOM, or
+    /// without one those that cut the reserved peak, each proven by a
+    /// replay (`reservoir_replay::replay::levers`).
+    pub levers: Vec<Lever>,
     /// What fits: the `--min-capacity` headline (with the clause saying
     /// the recording ends at its OOM when it does); `null` when not
     /// measured.
@@ -148,6 +153,11 @@ impl Summary {
             roles,
             roles_at,
             fix: oom.map(|o| o.diagnosis.verdict.clone()),
+            levers: match (oom, explanation.and_then(|e| e.peak.as_ref())) {
+                (Some(o), _) => o.levers.clone(),
+                (None, Some(p)) => p.levers.clone(),
+                (None, None) => Vec::new(),
+            },
             fits,
         }
     }
@@ -166,6 +176,20 @@ impl Summary {
             .collect();
         let at = if at == "oom" { "the OOM" } else { "the peak" };
         Some(format!("memory by role at {at}: {}", parts.join(", ")))
+    }
+
+    /// The words above the levers: after the settings fix at an OOM, or
+    /// to cut the peak without one (`None` without levers).
+    fn levers_heading(&self) -> Option<String> {
+        if self.levers.is_empty() {
+            return None;
+        }
+        Some(if self.oom_op.is_some() {
+            "then the program levers, each proven by replaying the changed trace".to_string()
+        } else {
+            "to cut the peak, the program levers, each proven by replaying the changed trace"
+                .to_string()
+        })
     }
 
     /// The summary as text: a block of labelled lines.
@@ -200,6 +224,22 @@ impl Summary {
         }
         if let Some(f) = &self.fix {
             let _ = writeln!(out, "  what to do:    {f}");
+        }
+        if let Some(head) = self.levers_heading() {
+            let label = if self.fix.is_some() {
+                "               "
+            } else {
+                "what to do:    "
+            };
+            let _ = writeln!(out, "  {label}{head}:");
+            for l in &self.levers {
+                let _ = writeln!(
+                    out,
+                    "                 - {}: {}",
+                    crate::explain::lever_name(l.lever),
+                    l.replayed
+                );
+            }
         }
         match &self.fits {
             Some(f) => {
@@ -243,8 +283,25 @@ impl Summary {
             }
             out.push_str("</ul></dd>\n");
         }
-        if let Some(f) = &self.fix {
-            let _ = writeln!(out, "<dt>What to do</dt><dd>{}</dd>", esc(f));
+        if self.fix.is_some() || !self.levers.is_empty() {
+            out.push_str("<dt>What to do</dt><dd>");
+            if let Some(f) = &self.fix {
+                out.push_str(&esc(f));
+            }
+            if let Some(head) = self.levers_heading() {
+                let _ = write!(out, "<p>{}:</p><ul class=\"levers\">", esc(&head));
+                for l in &self.levers {
+                    let _ = write!(
+                        out,
+                        "<li><b>{}</b>{}: {}</li>",
+                        esc(crate::explain::lever_name(l.lever)),
+                        if l.fits { " (fits)" } else { "" },
+                        esc(&l.replayed)
+                    );
+                }
+                out.push_str("</ul>");
+            }
+            out.push_str("</dd>\n");
         }
         let _ = writeln!(
             out,

@@ -1578,3 +1578,111 @@ fn a_real_snapshot_has_its_summary_first() {
     assert!(first.contains("<dt>What to do</dt>"));
     assert!(page.contains(&format!("data-setting=\"pytorch\" data-op=\"{op}\"")));
 }
+
+/// Program levers (issue 41 item 2): after the cheapest settings fix (or
+/// the proven "free" when no setting helps), each lever's transformed trace
+/// replayed, in the text, the summary, `--json` and the HTML summary.
+#[test]
+fn program_levers_follow_the_settings_fix_in_text_json_and_html() {
+    // On 600 MiB no setting avoids gpt-train's OOM: the levers replay with
+    // PyTorch's defaults; halving the micro-batch fits, sharding the
+    // optimizer state does not.
+    let html = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("levers.html");
+    let args = [
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "--capacity",
+        "600MiB",
+        "--html",
+        html.to_str().unwrap(),
+    ];
+    let o = reservoir(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let micro = "halved the micro-batch (factor 1/2): the 1530 activation and temporary allocations of the trace (6.05 GiB in all) made half their size, every other allocation kept; replayed with PyTorch's default settings: peak reserved 592.00 MiB (allocated 535.42 MiB), fits in 600.00 MiB";
+    for needle in [
+        "  program levers, after the settings fix (each proven by a replay):",
+        "    smaller micro-batch          592.00 MiB reserved fits  halved",
+        micro,
+        "sharded the optimizer state over 8 ranks (ZeRO stage 1; none of 2, 4, 8 ranks fits; 8 shown)",
+        "does not fit in 600.00 MiB (its replay there runs out of memory); on an unbounded device it peaks at ",
+        "checkpointed the 2 of 4 sites holding the most saved activations when they peak (op ",
+        "                 then the program levers, each proven by replaying the changed trace:",
+        "                 - smaller micro-batch: halved the micro-batch",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    // In the summary, after the fix and before what fits.
+    let (todo, then, fits) = (
+        out.find("  what to do:    free ").unwrap(),
+        out.find("then the program levers").unwrap(),
+        out.find("  what fits:").unwrap(),
+    );
+    assert!(todo < then && then < fits, "{out}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<ul class=\"levers\"><li><b>smaller micro-batch</b> (fits): halved"));
+
+    let o = reservoir(&[&args[..7], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let levers = v[0]["explain"]["oom"]["levers"].as_array().unwrap();
+    let names: Vec<&str> = levers
+        .iter()
+        .map(|l| l["lever"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "micro_batch",
+            "optimizer_sharding",
+            "activation_checkpointing",
+            "lower_precision",
+            "in_place"
+        ]
+    );
+    assert_eq!(levers[0]["fits"], true);
+    assert_eq!(levers[0]["peak_reserved"], 592 << 20);
+    assert!(levers[0]["peak_allocated"].as_u64().unwrap() < 600 << 20);
+    assert_eq!(levers[0]["replayed"], micro);
+    assert_eq!(levers[1]["fits"], false);
+    assert_eq!(v[0]["summary"]["levers"], v[0]["explain"]["oom"]["levers"]);
+
+    // On 860 MiB expandable segments avoid the OOM: the levers replay
+    // with them.
+    let o = reservoir(&[
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "--capacity",
+        "860MiB",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let needle = "replayed with `expandable_segments:True`: peak reserved 564.00 MiB (allocated 530.42 MiB), fits in 860.00 MiB";
+    assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+
+    // Without an OOM, the levers cut the peak.
+    let o = reservoir(&[
+        "replay",
+        "--workload",
+        "gpt-train",
+        "-p",
+        "pytorch",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let peak = &v[0]["explain"]["peak"];
+    let levers = peak["levers"].as_array().unwrap();
+    assert_eq!(levers.len(), 5, "{peak}");
+    for l in levers {
+        assert!(
+            l["peak_reserved"].as_u64().unwrap() < v[0]["peak_reserved"].as_u64().unwrap(),
+            "{l}"
+        );
+    }
+}

@@ -303,7 +303,7 @@ fn rule_bytes(a: &Alloc, factor: f64) -> f64 {
 }
 
 /// The largest power of two up to 512 dividing every size.
-fn granule(sizes: impl Iterator<Item = u64>) -> u64 {
+pub(crate) fn granule(sizes: impl Iterator<Item = u64>) -> u64 {
     let mut g = 512u64;
     for s in sizes.filter(|&s| s > 0) {
         g = g.min(1 << s.trailing_zeros().min(9));

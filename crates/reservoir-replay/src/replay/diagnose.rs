@@ -169,6 +169,11 @@ pub struct ProvenFix {
     pub peak_reserved: u64,
     /// One plain-English sentence.
     pub sentence: String,
+    /// For [`FixKind::Setting`] and [`FixKind::Policy`], the whole
+    /// settings string the proving replay ran with (the program levers
+    /// are replayed with it, see [`levers`](super::levers)); not in JSON.
+    #[serde(skip)]
+    pub config: Option<String>,
 }
 
 /// Why an OOM happened and what avoids it.
@@ -742,6 +747,7 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
             break;
         }
         replays += 1;
+        let mut config_used = None;
         let (kind, change, peak) = match c {
             Candidate::Setting(kind, config, change) => {
                 let setting = ReplaySetting {
@@ -753,6 +759,7 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
                 let peak = setting.allocator_config().ok().and_then(|_| {
                     peak_without_oom(input.trace, input.start, &setting, input.options)
                 });
+                config_used = Some(setting.config);
                 (kind, change, peak)
             }
             Candidate::SyncEmptyCache => {
@@ -799,6 +806,7 @@ pub fn diagnose(input: &DiagnoseInput<'_, '_>, s: &OomState<'_>) -> Diagnosis {
                     "{what}: proven by replay: no OOM, peak reserved {}",
                     format_size(peak)
                 ),
+                config: config_used,
             });
             break;
         }

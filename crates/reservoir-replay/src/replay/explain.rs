@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::levers::{levers, Lever, LeverInput};
 use super::roles::{RoleBytes, RoleUsage, Roles};
 
 use super::diagnose::{diagnose, DiagnoseInput, Diagnosis, FixKind, OomState};
@@ -56,6 +57,11 @@ pub struct PeakExplanation {
     /// The same bytes by how sure each role is (role -> `frames`,
     /// `phase_and_lifetime`, `lifetime`).
     pub role_basis: BTreeMap<&'static str, RoleBytes>,
+    /// Program levers that cut the peak, each proven by a replay
+    /// ([`levers`](super::levers)); empty until
+    /// [`add_levers`] fills them, and without an
+    /// OOM only.
+    pub levers: Vec<Lever>,
 }
 
 /// Why a free block could not serve the failed request.
@@ -117,6 +123,11 @@ pub struct OomExplanation {
     /// The shortfall, the causes with their bytes and the cheapest change
     /// that avoids the OOM, proven by replay (issue 30).
     pub diagnosis: Diagnosis,
+    /// Program levers for the OOM, each proven by a replay with the
+    /// diagnosis's settings fix when it found one
+    /// ([`levers`](super::levers)); empty until
+    /// [`add_levers`] fills them.
+    pub levers: Vec<Lever>,
 }
 
 /// The peak and first OOM of one setting.
@@ -286,6 +297,7 @@ pub fn explain_on_device(
                 top_sites: top_sites(&r, sites),
                 roles: usage.bytes_by_key(),
                 role_basis: usage.basis_by_key(),
+                levers: Vec::new(),
             })
         }
         None => None,
@@ -337,6 +349,7 @@ pub fn explain_on_device(
                 unusable_free: unusable_free(&r, rounded, o.stream, setting),
                 avoided_by,
                 diagnosis,
+                levers: Vec::new(),
             })
         }
         None => None,
@@ -346,4 +359,59 @@ pub fn explain_on_device(
         peak,
         oom,
     })
+}
+
+/// Fill in the program levers ([`levers`](super::levers)) of explanation `e` of a replay of `trace` from
+/// `start` with `setting` on `options`: at its first OOM (replayed with the
+/// diagnosis's settings fix when it found one) or, without an OOM, at its
+/// reserved peak.
+pub fn add_levers(
+    e: &mut Explanation,
+    trace: &Trace,
+    start: Option<&StartState>,
+    setting: &ReplaySetting,
+    options: &ReplayOptions,
+    sites: &Sites,
+) -> Result<(), ReplayError> {
+    let quiet = start.map(|s| StartState {
+        record_placements: false,
+        ..s.clone()
+    });
+    let start = quiet.as_ref();
+    if let Some(o) = &mut e.oom {
+        let fixed = o
+            .diagnosis
+            .fix
+            .as_ref()
+            .filter(|f| matches!(f.kind, FixKind::Setting | FixKind::Policy))
+            .and_then(|f| {
+                f.config.as_ref().map(|c| ReplaySetting {
+                    name: f.change.clone(),
+                    config: c.clone(),
+                    allocator: setting.allocator,
+                })
+            });
+        let input = LeverInput {
+            trace,
+            start,
+            setting: fixed.as_ref().unwrap_or(setting),
+            options,
+            sites,
+            moment: o.op,
+            ends_at: o.diagnosis.recording_ends_at_failure.then_some(o.op),
+        };
+        o.levers = levers(&input)?;
+    } else if let Some(p) = &mut e.peak {
+        let input = LeverInput {
+            trace,
+            start,
+            setting,
+            options,
+            sites,
+            moment: trace.ops.len().saturating_sub(1) as u64,
+            ends_at: None,
+        };
+        p.levers = levers(&input)?;
+    }
+    Ok(())
 }

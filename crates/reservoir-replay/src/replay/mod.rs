@@ -61,6 +61,7 @@ pub mod capacity;
 pub mod diagnose;
 pub mod explain;
 pub mod frames;
+pub mod levers;
 pub mod lints;
 mod live;
 mod measure;

@@ -258,5 +258,6 @@ fn free_fix(sites: Vec<SiteUsage>, dropped: u64, peak_reserved: u64) -> ProvenFi
         ),
         sites,
         dropped_allocations: dropped,
+        config: None,
     }
 }
