@@ -125,7 +125,7 @@ pub(super) fn in_place(input: &LeverInput<'_>) -> Result<Option<Lever>, ReplayEr
     }
     let o = input.outcome(&in_placed(input.trace, &ops))?;
     let what = format!(
-        "in-place ops: the {} allocations whose predecessor (the allocation made just before, of the same size, on the same stream) is freed right after them made in place: each dropped, its predecessor's memory reused until its own free ({} not allocated again), every other allocation kept; at {}",
+        "made in place the {} allocations whose predecessor (the allocation made just before, of the same size, on the same stream) is freed right after them: each dropped, its predecessor's memory reused until its own free ({} not allocated again), every other allocation kept; at {}",
         ops.len(),
         format_size(bytes),
         named.join(", ")
