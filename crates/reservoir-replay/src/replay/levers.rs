@@ -119,7 +119,15 @@ impl LeverInput<'_> {
     /// The peaks of `trace`: on the device when it fits, else on an
     /// unbounded one.
     fn outcome(&self, trace: &Trace) -> Result<Outcome, ReplayError> {
-        if let Some(o) = self.try_fit(trace)? {
+        let fit = self.try_fit(trace)?;
+        self.outcome_after(fit, trace)
+    }
+
+    /// [`outcome`](Self::outcome) of `trace` whose [`try_fit`](Self::try_fit)
+    /// gave `fit`: a trace that did not fit is replayed once more, on an
+    /// unbounded device, not tried on the device again.
+    fn outcome_after(&self, fit: Option<Outcome>, trace: &Trace) -> Result<Outcome, ReplayError> {
+        if let Some(o) = fit {
             return Ok(o);
         }
         let big = ReplayOptions {
@@ -241,10 +249,6 @@ fn optimizer_sharding(input: &LeverInput<'_>, roles: &Roles) -> Result<Option<Le
         let fit = input.try_fit(&t)?;
         let last = n == 8;
         if fit.is_some() || last {
-            let o = match fit {
-                Some(o) => o,
-                None => input.outcome(&t)?,
-            };
             let why = if fit.is_some() {
                 format!("the smallest of 2, 4, 8 ranks that fits is {n}")
             } else {
@@ -254,6 +258,7 @@ fn optimizer_sharding(input: &LeverInput<'_>, roles: &Roles) -> Result<Option<Le
                 "sharded the optimizer state over {n} ranks (ZeRO stage 1; {why}): the {count} optimizer-state allocations ({} in all) made 1/{n} their size, every other allocation kept",
                 format_size(bytes)
             );
+            let o = input.outcome_after(fit, &t)?;
             found = Some(input.lever("optimizer_sharding", what, o));
             break;
         }
@@ -298,6 +303,22 @@ fn activation_sites<'s>(
     let mut v: Vec<(&str, u64)> = best.into_iter().filter(|g| g.1 > 0).collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     (v, at)
+}
+
+/// `items` (allocation, bytes) summed by site: (site, bytes, allocations),
+/// the most bytes first (then by name).
+fn by_site(
+    sites: &Sites,
+    items: impl IntoIterator<Item = (AllocId, u64)>,
+) -> Vec<(&str, u64, u64)> {
+    let mut groups: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
+    for (id, bytes) in items {
+        let g = groups.entry(sites.site(id)).or_default();
+        (g.0, g.1) = (g.0 + bytes, g.1 + 1);
+    }
+    let mut v: Vec<(&str, u64, u64)> = groups.into_iter().map(|(s, (b, n))| (s, b, n)).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    v
 }
 
 mod checkpoint;

@@ -196,10 +196,7 @@ pub(super) fn activation_checkpointing(
         if fit.is_none() && !last {
             continue;
         }
-        let o = match fit {
-            Some(o) => o,
-            None => input.outcome(&t)?,
-        };
+        let o = input.outcome_after(fit, &t)?;
         let named: Vec<String> = groups[..k]
             .iter()
             .take(NAMED)

@@ -4,7 +4,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{reused_ids, Lever, LeverInput};
+use super::{by_site, reused_ids, Lever, LeverInput};
 use crate::oracle_trace::{AllocId, Op, Trace};
 use crate::replay::ReplayError;
 use reservoir::format::format_size;
@@ -104,19 +104,11 @@ pub(super) fn fused_attention(input: &LeverInput<'_>) -> Result<Option<Lever>, R
         return Ok(None);
     }
     let bytes: u64 = scores.iter().map(|a| a.1).sum();
-    let mut by_site: Vec<(&str, u64)> = Vec::new();
-    for (id, b) in &scores {
-        let s = input.sites.site(*id);
-        match by_site.iter_mut().find(|g| g.0 == s) {
-            Some(g) => g.1 += b,
-            None => by_site.push((s, *b)),
-        }
-    }
-    by_site.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let by_site = by_site(input.sites, scores.iter().copied());
     let mut named: Vec<String> = by_site
         .iter()
         .take(SITES_NAMED)
-        .map(|(s, b)| format!("{s} ({})", format_size(*b)))
+        .map(|(s, b, _)| format!("{s} ({})", format_size(*b)))
         .collect();
     if by_site.len() > SITES_NAMED {
         named.push(format!("{} more", by_site.len() - SITES_NAMED));

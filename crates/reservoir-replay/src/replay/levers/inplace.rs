@@ -4,9 +4,9 @@
 //! (`y = f(x); del x`); the in-place op (`x.f_()`) writes into the input's
 //! memory instead.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{alloc_streams, reused_ids, Lever, LeverInput};
+use super::{alloc_streams, by_site, reused_ids, Lever, LeverInput};
 use crate::oracle_trace::{AllocId, Op, Trace};
 use crate::replay::ReplayError;
 use reservoir::format::format_size;
@@ -31,7 +31,7 @@ pub(super) struct InPlace {
 pub(super) fn in_place_ops(trace: &Trace) -> Vec<InPlace> {
     let reused = reused_ids(trace);
     let streams = alloc_streams(trace);
-    let mut live: FxHashMap<AllocId, ()> = FxHashMap::default();
+    let mut live: FxHashSet<AllocId> = FxHashSet::default();
     let mut prev: Option<(usize, AllocId, u64)> = None;
     let mut out = Vec::new();
     for (i, op) in trace.ops.iter().enumerate() {
@@ -41,7 +41,7 @@ pub(super) fn in_place_ops(trace: &Trace) -> Vec<InPlace> {
                 if let Some((j, old, b)) = prev {
                     if b == *bytes
                         && streams[j] == streams[i]
-                        && live.contains_key(&old)
+                        && live.contains(&old)
                         && next_frees(old)
                         && !reused.contains(&old)
                         && !reused.contains(id)
@@ -54,7 +54,7 @@ pub(super) fn in_place_ops(trace: &Trace) -> Vec<InPlace> {
                         });
                     }
                 }
-                live.insert(*id, ());
+                live.insert(*id);
                 prev = Some((i, *id, *bytes));
             }
             Op::Free { id } => {
@@ -106,15 +106,7 @@ pub(super) fn in_place(input: &LeverInput<'_>) -> Result<Option<Lever>, ReplayEr
         return Ok(None);
     }
     let bytes: u64 = ops.iter().map(|p| p.bytes).sum();
-    let mut by_site: Vec<(&str, u64, u64)> = Vec::new();
-    for p in &ops {
-        let s = input.sites.site(p.new);
-        match by_site.iter_mut().find(|g| g.0 == s) {
-            Some(g) => (g.1, g.2) = (g.1 + p.bytes, g.2 + 1),
-            None => by_site.push((s, p.bytes, 1)),
-        }
-    }
-    by_site.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let by_site = by_site(input.sites, ops.iter().map(|p| (p.new, p.bytes)));
     let mut named: Vec<String> = by_site
         .iter()
         .take(SITES_NAMED)
