@@ -353,10 +353,7 @@ pub fn measure(
     pytorch_mode: bool,
 ) -> Result<Measured, ReplayError> {
     let (report, fid) = replay_recorded(rec, setting, options, pytorch_mode, &mut |_| {})?;
-    let quiet = crate::replay::StartState {
-        record_placements: false,
-        ..rec.start.clone()
-    };
+    let quiet = rec.start.quiet();
     let peak = report.peak_allocated;
     let (peak_op, reserved_at_peak, sites) = match setting.allocator {
         AllocatorKind::Caching => sites_at_peak(

@@ -80,10 +80,7 @@ pub fn min_capacity(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<MinCapacity, ReplayError> {
     // Placements and the device-call log are not needed.
-    let quiet = start.map(|s| StartState {
-        record_placements: false,
-        ..s.clone()
-    });
+    let quiet = start.map(StartState::quiet);
     let start = quiet.as_ref();
     let mut replays = 0;
     let mut fits = |capacity: u64| {

@@ -280,10 +280,7 @@ pub fn explain_on_device(
     device_total: Option<u64>,
 ) -> Result<Explanation, ReplayError> {
     // Placements and the device-call log are not needed.
-    let quiet = start.map(|s| StartState {
-        record_placements: false,
-        ..s.clone()
-    });
+    let quiet = start.map(StartState::quiet);
     let start = quiet.as_ref();
     let roles = Roles::classify(trace, sites);
     let peak = match &report.peak {
@@ -373,10 +370,7 @@ pub fn add_levers(
     options: &ReplayOptions,
     sites: &Sites,
 ) -> Result<(), ReplayError> {
-    let quiet = start.map(|s| StartState {
-        record_placements: false,
-        ..s.clone()
-    });
+    let quiet = start.map(StartState::quiet);
     let start = quiet.as_ref();
     if let Some(o) = &mut e.oom {
         let fixed = o

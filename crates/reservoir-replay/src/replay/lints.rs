@@ -256,10 +256,7 @@ pub fn lints(
             lints: Vec::new(),
         });
     }
-    let quiet = start.map(|s| StartState {
-        record_placements: false,
-        ..s.clone()
-    });
+    let quiet = start.map(StartState::quiet);
     let mut r: Replay<'_> = Replay::build(trace, quiet.as_ref(), setting, options)?;
     r.track_peak = false;
     let mut acc = Accumulator::new(setting.allocator_config()?);

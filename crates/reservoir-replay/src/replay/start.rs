@@ -51,6 +51,15 @@ pub struct StartState {
 }
 
 impl StartState {
+    /// This start state without the placements and the device-call log
+    /// (`record_placements` off), for replays that only measure.
+    pub fn quiet(&self) -> StartState {
+        StartState {
+            record_placements: false,
+            ..self.clone()
+        }
+    }
+
     /// Every allocated block it seeds, those of `segments` first, then those
     /// of `expandable`: its segment's base address and stream, the block,
     /// and its trace id.
