@@ -561,14 +561,15 @@ impl DeviceState {
         } else {
             self.config.torch_release.rules().free_block_order
         };
-        if order == self.pools.order() {
+        let rule = block_rank(order);
+        if rule == self.store.block_rank() {
             return;
         }
         // Each block carries its rank: the store re-ranks every live block
         // by the new rule, then the cached free blocks are re-keyed.
-        self.store.set_block_rank(block_rank(order));
+        self.store.set_block_rank(rule);
         let store = &self.store;
-        (self.pools).reorder(order, |id| free_key_of(store.block(id), id));
+        self.pools.rekey(|id| free_key_of(store.block(id), id));
     }
 
     /// PyTorch's `BlockPool::insert_into_blocks`: insert and reset the GC age.

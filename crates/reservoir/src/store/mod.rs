@@ -157,9 +157,15 @@ impl BlockStore {
         self.rank_by_address = on;
     }
 
+    /// The rule blocks are ranked by (see [`set_block_rank`](Self::set_block_rank)).
+    #[inline]
+    pub fn block_rank(&self) -> BlockRank {
+        self.block_rank
+    }
+
     /// Rank blocks by `rule` from now on, re-ranking every live block (the
-    /// owner takes its free blocks out of their lists first and puts them
-    /// back after, under their new ranks).
+    /// owner then re-keys its free lists, which find each block by the key
+    /// they hold for it).
     pub fn set_block_rank(&mut self, rule: BlockRank) {
         self.block_rank = rule;
         for i in 0..self.blocks.items.len() {

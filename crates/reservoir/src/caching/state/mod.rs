@@ -87,7 +87,7 @@ impl DeviceState {
             device,
             config,
             store,
-            pools: Pools::new(free_order),
+            pools: Pools::new(),
             allocated: PointerMap::default(),
             acct,
             events: Events::new(device),

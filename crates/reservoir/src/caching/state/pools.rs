@@ -144,42 +144,27 @@ pub(crate) struct UnmappedKey {
     pub id: BlockId,
 }
 
-/// Every pool's free lists and the rule their keys are built by: PyTorch's
-/// `large_blocks`, `small_blocks` and the private pools' `BlockPool`s, as
-/// one owner.
+/// Every pool's free lists: PyTorch's `large_blocks`, `small_blocks` and the
+/// private pools' `BlockPool`s, as one owner.
 ///
 /// Slots: [`POOL_LARGE`], [`POOL_SMALL`], then the slots of private pools
 /// (see `caching/pools.rs`); read and changed per slot (`pools[slot]`), a
 /// slot added only by [`Pools::add_slot`].
 ///
-/// Invariant: every [`FreeKey`] in every slot was built under
-/// [`Pools::order`] (`DeviceState::free_key`); [`Pools::reorder`] re-keys
-/// them all when the order changes, so no key of another order is left.
+/// Invariant: every [`FreeKey`] in every slot carries its block's rank as
+/// the store holds it (`DeviceState::free_key`); when the store's rule
+/// changes, [`Pools::rekey`] builds them all again, so no key of another
+/// rule is left.
 pub(crate) struct Pools {
     slots: Vec<BlockPool>,
-    /// What ranks free blocks of equal size (see `DeviceState::free_key`):
-    /// the release's
-    /// [`ReleaseRules::free_block_order`](crate::config::ReleaseRules::free_block_order),
-    /// or the segment's `seq` when the store ranks segments by address
-    /// (`BlockStore::ranks_by_address`: torch 2.11's order, what recorded
-    /// traces show; set by replays, see `caching::seed`). Decided once, not
-    /// on each key.
-    order: FreeBlockOrder,
 }
 
 impl Pools {
-    /// The global large and small pools, keyed by `order`.
-    pub fn new(order: FreeBlockOrder) -> Pools {
+    /// The global large and small pools.
+    pub fn new() -> Pools {
         Pools {
             slots: vec![BlockPool::new(false, None), BlockPool::new(true, None)],
-            order,
         }
-    }
-
-    /// What ranks free blocks of equal size in every pool.
-    #[inline]
-    pub fn order(&self) -> FreeBlockOrder {
-        self.order
     }
 
     /// A new slot at the end, for a private pool's small or large blocks.
@@ -188,13 +173,10 @@ impl Pools {
         (self.slots.len() - 1) as PoolId
     }
 
-    /// Rank free blocks of equal size by `order` from now on: every cached
-    /// free block is taken out and put back under `key_of` (its key under
-    /// the new order). Re-keyed, not freed again: the GC age goes on.
-    pub fn reorder(&mut self, order: FreeBlockOrder, mut key_of: impl FnMut(BlockId) -> FreeKey) {
-        if order == self.order {
-            return;
-        }
+    /// Every cached free block taken out and put back under `key_of` (its
+    /// key under the store's new rank rule). Re-keyed, not freed again: the
+    /// GC age goes on.
+    pub fn rekey(&mut self, mut key_of: impl FnMut(BlockId) -> FreeKey) {
         let cached: Vec<(usize, FreeKey)> = (self.slots.iter().enumerate())
             .flat_map(|(pool, p)| p.iter().map(move |key| (pool, key)))
             .collect();
@@ -202,7 +184,6 @@ impl Pools {
             let removed = self.slots[*pool].remove(key);
             debug_assert!(removed, "block missing from its pool");
         }
-        self.order = order;
         for (pool, old) in cached {
             self.slots[pool].insert(key_of(old.id));
         }
