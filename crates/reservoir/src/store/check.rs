@@ -51,7 +51,7 @@ impl BlockStore {
                     || !registrations.insert(b.registration)
                 {
                     "a block's registration is not one of its own"
-                } else if b.rank != self.rank_of(b) {
+                } else if b.rank != self.rank_of(b.segment, b.registration) {
                     "a block's rank is not its rule's"
                 } else {
                     ""

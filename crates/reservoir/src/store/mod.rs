@@ -170,19 +170,21 @@ impl BlockStore {
         self.block_rank = rule;
         for i in 0..self.blocks.items.len() {
             if self.blocks.items[i].live {
-                let rank = self.rank_of(&self.blocks.items[i]);
+                let b = &self.blocks.items[i];
+                let rank = self.rank_of(b.segment, b.registration);
                 self.blocks.items[i].rank = rank;
             }
         }
     }
 
-    /// The rank `block` has under the store's rule.
+    /// The rank, under the store's rule, of a block of `segment` made with
+    /// `registration`.
     #[inline]
-    fn rank_of(&self, b: &Block) -> u64 {
+    fn rank_of(&self, segment: SegmentId, registration: u64) -> u64 {
         match self.block_rank {
-            BlockRank::SegmentSeq => self.segments[b.segment].seq,
-            BlockRank::SegmentAddress => self.segments[b.segment].addr,
-            BlockRank::Registration => b.registration,
+            BlockRank::SegmentSeq => self.segments[segment].seq,
+            BlockRank::SegmentAddress => self.segments[segment].addr,
+            BlockRank::Registration => registration,
         }
     }
 
@@ -211,11 +213,7 @@ impl BlockStore {
         expandable: bool,
     ) -> BlockId {
         let registration = self.next_registration();
-        let rank = match self.block_rank {
-            BlockRank::SegmentSeq => self.segments[segment].seq,
-            BlockRank::SegmentAddress => self.segments[segment].addr,
-            BlockRank::Registration => registration,
-        };
+        let rank = self.rank_of(segment, registration);
         self.blocks.insert(Block {
             addr,
             size,
