@@ -15,6 +15,25 @@ fn defaults() -> ReplaySetting {
     ReplaySetting::new("defaults", "")
 }
 
+/// The levers' input over `trace` from a cold start, explained at op 0,
+/// its recording not ending at an OOM.
+fn input_of<'a>(
+    trace: &'a Trace,
+    sites: &'a Sites,
+    setting: &'a ReplaySetting,
+    options: &'a ReplayOptions,
+) -> LeverInput<'a> {
+    LeverInput {
+        trace,
+        start: None,
+        setting,
+        options,
+        sites,
+        moment: 0,
+        ends_at: None,
+    }
+}
+
 /// The peak of the bytes live, each allocation counted as `size(id,
 /// bytes)` rounded up to 512 bytes (the allocator's rounding, spec 1.3).
 fn requested_peak(trace: &Trace, size: &dyn Fn(AllocId, u64) -> u64) -> u64 {
@@ -41,15 +60,7 @@ fn levers_at(capacity: u64) -> (Vec<Lever>, Outcome, Trace, Roles) {
     let (trace, sites) = workload();
     let setting = defaults();
     let options = ReplayOptions::without_timeline(capacity);
-    let input = LeverInput {
-        trace: &trace,
-        start: None,
-        setting: &setting,
-        options: &options,
-        sites: &sites,
-        moment: 0,
-        ends_at: None,
-    };
+    let input = input_of(&trace, &sites, &setting, &options);
     let base = replay_peaks(&trace, None, &setting, &options, false)
         .unwrap()
         .unwrap();
@@ -267,13 +278,8 @@ fn a_lever_says_when_the_recording_ends_at_the_oom() {
     let options = ReplayOptions::without_timeline(80 << 30);
     let roles = Roles::classify(&trace, &sites);
     let mut input = LeverInput {
-        trace: &trace,
-        start: None,
-        setting: &setting,
-        options: &options,
-        sites: &sites,
-        moment: 0,
         ends_at: Some(7),
+        ..input_of(&trace, &sites, &setting, &options)
     };
     let l = micro_batch(&input, &roles).unwrap().unwrap();
     assert!(l.fits);
@@ -298,13 +304,8 @@ fn levers_of(spec: &str) -> (Vec<Lever>, Outcome, Trace, Sites) {
         .unwrap()
         .unwrap();
     let input = LeverInput {
-        trace: &trace,
-        start: None,
-        setting: &setting,
-        options: &options,
-        sites: &sites,
         moment: trace.ops.len().saturating_sub(1) as u64,
-        ends_at: None,
+        ..input_of(&trace, &sites, &setting, &options)
     };
     let levers = levers(&input).unwrap();
     (levers, base, trace, sites)
@@ -324,15 +325,7 @@ fn fused_attention_drops_the_scores_of_eager_attention() {
     assert!(l.peak_allocated < base.peak_allocated, "{}", l.replayed);
     let setting = defaults();
     let options = ReplayOptions::without_timeline(80 << 30);
-    let input = LeverInput {
-        trace: &trace,
-        start: None,
-        setting: &setting,
-        options: &options,
-        sites: &sites,
-        moment: 0,
-        ends_at: None,
-    };
+    let input = input_of(&trace, &sites, &setting, &options);
     let scores = fused::score_allocations(&input);
     let attention: Vec<u64> = trace
         .ops
