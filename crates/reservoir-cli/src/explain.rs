@@ -12,7 +12,7 @@ use reservoir_replay::oracle_trace::Trace;
 use reservoir_replay::replay::explain::{
     add_levers, explain_on_device, Explanation, SiteUsage, Unusable,
 };
-use reservoir_replay::replay::levers::Lever;
+use reservoir_replay::replay::levers::{Imbalance, Lever};
 use reservoir_replay::replay::recorded::overlay_config;
 use reservoir_replay::replay::roles::{basis_words, largest, RoleBytes};
 use reservoir_replay::replay::sites::Sites;
@@ -44,7 +44,10 @@ fn candidates(setting: &ReplaySetting) -> Vec<ReplaySetting> {
 }
 
 /// Explain every report of one input, on a device of `device_total` bytes
-/// in all when given (`--device-total`: an error if below `capacity`).
+/// in all when given (`--device-total`: an error if below `capacity`);
+/// `imbalance`: the devices of the input's file (or ranks) when it is the
+/// heaviest of several and imbalanced (the `imbalance` lever).
+#[allow(clippy::too_many_arguments)]
 pub fn explain_all(
     trace: &Trace,
     start: Option<&StartState>,
@@ -53,6 +56,7 @@ pub fn explain_all(
     capacity: u64,
     device_total: Option<u64>,
     sites: &Sites,
+    imbalance: Option<&Imbalance>,
 ) -> Result<Vec<Explanation>> {
     if let Some(total) = device_total.filter(|&t| t < capacity) {
         anyhow::bail!(
@@ -83,7 +87,7 @@ pub fn explain_all(
             // The program levers of the first setting, the one the
             // summary reads (each costs a few replays).
             if i == 0 {
-                add_levers(&mut e, trace, start, s, &options, sites)
+                add_levers(&mut e, trace, start, s, &options, sites, imbalance)
                     .with_context(|| format!("replaying the program levers of {}", s.name))?;
             }
             Ok(e)
@@ -118,6 +122,7 @@ pub fn lever_name(key: &str) -> &str {
         "lower_precision" => "bf16 activations",
         "fused_attention" => "fused attention",
         "in_place" => "in-place ops",
+        "imbalance" => "balanced devices",
         k => k,
     }
 }

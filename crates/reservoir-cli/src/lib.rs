@@ -23,6 +23,7 @@ mod diagnose;
 mod diff;
 mod explain;
 mod html;
+mod imbalance;
 mod limit;
 mod lints;
 pub mod output;

@@ -11,8 +11,9 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 
 use crate::{
-    check_work, explain, html, limit, lints, load_recorded, load_workload_counted, max_replay_ooms,
-    par, replays_per_setting, settings, summary::Summary, table, RecordedInput, ReplayArgs,
+    check_work, explain, html, imbalance, limit, lints, load_recorded, load_workload_counted,
+    max_replay_ooms, par, replays_per_setting, settings, summary::Summary, table, RecordedInput,
+    ReplayArgs,
 };
 use reservoir::format::format_size;
 use reservoir::sim::DEFAULT_CAPACITY;
@@ -21,6 +22,7 @@ use reservoir_replay::placement::Limit;
 use reservoir_replay::replay::capacity::{min_capacity, MinCapacity};
 use reservoir_replay::replay::diagnose::recording_ends_at;
 use reservoir_replay::replay::explain::Explanation;
+use reservoir_replay::replay::levers::Imbalance;
 use reservoir_replay::replay::lints::SettingLints;
 use reservoir_replay::replay::recorded::{
     describe_skipped, replay_recorded, Fidelity, RecordedReport, StartMode,
@@ -99,13 +101,7 @@ fn replay_inputs(args: &ReplayArgs) -> Result<()> {
         },
     };
     let (parts, last) = rayon::join(
-        || {
-            recorded
-                .par_iter()
-                .with_max_len(1)
-                .map(|input| run.recorded(input))
-                .collect::<Vec<_>>()
-        },
+        || run.all_recorded(&recorded),
         || {
             wl.as_ref()
                 .map(|(w, trace, sites, settings)| run.workload(w, trace, sites, settings))
@@ -149,10 +145,48 @@ struct Output {
     text: String,
 }
 
+/// The replays of one recorded input: each setting's report and fidelity,
+/// and its JSON report.
+struct Replayed {
+    reports: Vec<ReplayReport>,
+    fids: Vec<(String, Option<Fidelity>)>,
+    json: Vec<serde_json::Value>,
+}
+
 impl Run<'_> {
-    /// Replay one recorded input with each of its settings (at once) and
-    /// report it.
-    fn recorded(&self, input: &RecordedInput) -> Result<Part> {
+    /// Replay every recorded input (at once), then report each (at once),
+    /// the heaviest of the devices (or ranks) side by side with the
+    /// imbalance lever ([`crate::imbalance`]). The first error, in input
+    /// order, is returned.
+    fn all_recorded(&self, recorded: &[RecordedInput]) -> Vec<Result<Part>> {
+        let replayed: Vec<Result<Replayed>> = recorded
+            .par_iter()
+            .with_max_len(1)
+            .map(|input| self.replay_recorded(input))
+            .collect();
+        let members: Vec<imbalance::Member<'_>> = recorded
+            .iter()
+            .zip(&replayed)
+            .map(|(input, r)| imbalance::Member {
+                file: &input.file,
+                device: input.rec.device,
+                trace: &input.rec.trace,
+                sites: &input.rec.sites,
+                report: r.as_ref().ok().and_then(|r| r.reports.first()),
+            })
+            .collect();
+        let imbalances = imbalance::imbalances(&members);
+        recorded
+            .par_iter()
+            .zip(replayed)
+            .zip(imbalances)
+            .with_max_len(1)
+            .map(|((input, r), im)| self.recorded(input, r?, im.as_ref()))
+            .collect()
+    }
+
+    /// Replay one recorded input with each of its settings (at once).
+    fn replay_recorded(&self, input: &RecordedInput) -> Result<Replayed> {
         let args = self.args;
         let replays: Vec<Result<_>> = input
             .settings
@@ -200,6 +234,27 @@ impl Run<'_> {
             fids.push((s.name.clone(), rr.fidelity.clone()));
             reports.push(rr.report);
         }
+        Ok(Replayed {
+            reports,
+            fids,
+            json,
+        })
+    }
+
+    /// Report one recorded input from its replays; `imbalance`: the
+    /// devices side by side when it is the heaviest and imbalanced.
+    fn recorded(
+        &self,
+        input: &RecordedInput,
+        replayed: Replayed,
+        imbalance: Option<&Imbalance>,
+    ) -> Result<Part> {
+        let args = self.args;
+        let Replayed {
+            reports,
+            fids,
+            mut json,
+        } = replayed;
         let title = format!("{} (device {})", input.file, input.rec.device);
         let (explanations, lints, analysis, limit_html, summary) = Analysed {
             label: &title,
@@ -210,6 +265,7 @@ impl Run<'_> {
             capacity: input.capacity,
             device_total: args.device_total,
             bars: &self.progress.bars,
+            imbalance,
         }
         .analyse(&reports, args.min_capacity, &mut json)?;
         let start = match args.start {
@@ -315,6 +371,7 @@ impl Run<'_> {
             capacity: options.capacity,
             device_total: self.args.device_total,
             bars: &self.progress.bars,
+            imbalance: None,
         }
         .analyse(&reports, self.args.min_capacity, &mut json)?;
         let mut text = String::new();
@@ -482,6 +539,9 @@ struct Analysed<'a> {
     /// Where the `--min-capacity` progress bars are drawn (beside those of
     /// the other inputs searched at once).
     bars: &'a MultiProgress,
+    /// The devices side by side when this one is the heaviest and
+    /// imbalanced (the `imbalance` lever).
+    imbalance: Option<&'a Imbalance>,
 }
 
 /// What [`Analysed::analyse`] returns: the explanations, the lints, the
@@ -524,6 +584,7 @@ impl Analysed<'_> {
             self.capacity,
             self.device_total,
             self.sites,
+            self.imbalance,
         )?;
         add_explanations(json, &explanations)?;
         let mins = if min_capacity {

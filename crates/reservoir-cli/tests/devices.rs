@@ -7,6 +7,8 @@
 //! * A recording of device 1: every out-of-memory message of its replays
 //!   (the recorded setting and the what-ifs) names `GPU 1`.
 //! * `reservoir diff --device A:B`: a different device on each side.
+//! * The `imbalance` lever: the heaviest device of a file, or rank of a
+//!   folder, made to carry the mean share of the work (issue 41 item 2).
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -49,6 +51,24 @@ fn recording(index: i8, conf: &str) -> Snapshot {
     }
     held.push(alloc.raw_alloc(24 * MIB - 64, StreamId::DEFAULT).unwrap());
     alloc.empty_cache().unwrap();
+    alloc.snapshot(None)
+}
+
+/// The snapshot of device `index` running two steps of a batch `k` times
+/// a unit: 64 MiB held throughout (other, by its lifetime), then per step
+/// 30 and 20 MiB times `k` made and freed (temporaries: the work).
+fn batch_recording(index: i8, k: u64) -> Snapshot {
+    let dev = SimDevice::new(SimConfig::default());
+    let alloc = CachingAllocator::with_device(dev, AllocatorConfig::default(), index);
+    alloc.record_history(Some(usize::MAX));
+    let held = alloc.raw_alloc(64 * MIB, StreamId::DEFAULT).unwrap();
+    for _ in 0..2 {
+        let a = alloc.raw_alloc(k * 30 * MIB, StreamId::DEFAULT).unwrap();
+        let b = alloc.raw_alloc(k * 20 * MIB, StreamId::DEFAULT).unwrap();
+        alloc.raw_free(b).unwrap();
+        alloc.raw_free(a).unwrap();
+    }
+    let _ = held;
     alloc.snapshot(None)
 }
 
@@ -200,4 +220,88 @@ fn diff_compares_a_different_device_on_each_side() {
         );
     }
     let _ = std::fs::remove_file(path);
+}
+
+/// The `imbalance` lever of a run's reports (`explain.peak.levers`), if any.
+fn imbalance_lever(report: &Value) -> Option<&Value> {
+    report["explain"]["peak"]["levers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no peak levers in {report}"))
+        .iter()
+        .find(|l| l["lever"] == "imbalance")
+}
+
+/// Issue 41 item 2, the imbalance between devices: a file whose device 1
+/// runs 4 times device 0's batch gets the `imbalance` lever on device 1
+/// only (JSON, the summary, the text), its replay below device 1's peak; a
+/// folder of two rank files gets it on the heavier rank; two equal devices
+/// get none.
+#[test]
+fn the_heaviest_device_or_rank_gets_the_imbalance_lever() {
+    let two = |k0: u64, k1: u64| {
+        let mut snap = batch_recording(0, k0);
+        let one = batch_recording(1, k1);
+        snap.segments.extend(one.segments);
+        snap.device_traces = vec![snap.device_traces[0].clone(), one.device_traces[1].clone()];
+        snap
+    };
+    let path = tmp("imbalanced.pickle");
+    std::fs::write(&path, two(1, 4).to_pickle().unwrap()).unwrap();
+    let v = replay_json(&path, &["-p", "pytorch"]);
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(imbalance_lever(&v[0]).is_none(), "{}", v[0]["explain"]);
+    let l = imbalance_lever(&v[1]).unwrap_or_else(|| panic!("{}", v[1]["explain"]));
+    let heavy = v[1]["peak_reserved"].as_u64().unwrap();
+    assert!(l["peak_reserved"].as_u64().unwrap() < heavy, "{l}");
+    assert_eq!(l["fits"], true);
+    let replayed = l["replayed"].as_str().unwrap();
+    for needle in [
+        "device 1 peaks at ",
+        ", device 0 at ",
+        "moving work so device 1 carries the mean share of the 2 devices",
+        "(its activations and temporaries peak at 200.00 MiB live, the mean is 125.00 MiB): its 4 activation and temporary allocations (400.00 MiB in all) made 0.62 of their size",
+    ] {
+        assert!(replayed.contains(needle), "{needle:?} in {replayed}");
+    }
+    assert!(v[1]["summary"]["levers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x == l));
+    let out = reservoir(&["replay", path.to_str().unwrap(), "-p", "pytorch"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("    balanced devices "), "{text}");
+    assert_eq!(text.matches("device 1 peaks at ").count(), 2, "{text}");
+
+    // Two rank files of one folder: the heavier rank.
+    let dir = tmp("ranks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files = Vec::new();
+    for (rank, k) in [(0, 3), (1, 1)] {
+        let mut snap = batch_recording(0, k);
+        snap.device_traces.truncate(1);
+        let f = dir.join(format!("rank{rank}.pickle"));
+        std::fs::write(&f, snap.to_pickle().unwrap()).unwrap();
+        files.push(f.to_str().unwrap().to_string());
+    }
+    let mut args = vec!["replay", "-p", "pytorch", "--json"];
+    args.extend(files.iter().map(String::as_str));
+    let out = reservoir(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Vec<Value> = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v.len(), 2);
+    assert!(imbalance_lever(&v[1]).is_none());
+    let l = imbalance_lever(&v[0]).unwrap_or_else(|| panic!("{}", v[0]["explain"]));
+    let replayed = l["replayed"].as_str().unwrap();
+    assert!(replayed.starts_with("rank 0 peaks at "), "{replayed}");
+    assert!(replayed.contains(", rank 1 at "), "{replayed}");
+    assert!(l["peak_reserved"].as_u64().unwrap() < v[0]["peak_reserved"].as_u64().unwrap());
+
+    // Balanced: no imbalance lever.
+    std::fs::write(&path, two(2, 2).to_pickle().unwrap()).unwrap();
+    let v = replay_json(&path, &["-p", "pytorch"]);
+    assert!(v.iter().all(|r| imbalance_lever(r).is_none()), "{v:?}");
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::levers::{levers, Lever, LeverInput};
+use super::levers::{levers, Imbalance, Lever, LeverInput};
 use super::roles::{RoleBytes, RoleUsage, Roles};
 
 use super::diagnose::{diagnose, DiagnoseInput, Diagnosis, FixKind, OomState};
@@ -361,7 +361,8 @@ pub fn explain_on_device(
 /// Fill in the program levers ([`levers`](super::levers)) of explanation `e` of a replay of `trace` from
 /// `start` with `setting` on `options`: at its first OOM (replayed with the
 /// diagnosis's settings fix when it found one) or, without an OOM, at its
-/// reserved peak.
+/// reserved peak. `imbalance`: the devices of the input when `trace` is
+/// the heaviest of several and imbalanced (the `imbalance` lever).
 pub fn add_levers(
     e: &mut Explanation,
     trace: &Trace,
@@ -369,6 +370,7 @@ pub fn add_levers(
     setting: &ReplaySetting,
     options: &ReplayOptions,
     sites: &Sites,
+    imbalance: Option<&Imbalance>,
 ) -> Result<(), ReplayError> {
     let quiet = start.map(StartState::quiet);
     let start = quiet.as_ref();
@@ -393,6 +395,7 @@ pub fn add_levers(
             sites,
             moment: o.op,
             ends_at: o.diagnosis.recording_ends_at_failure.then_some(o.op),
+            imbalance,
         };
         o.levers = levers(&input)?;
     } else if let Some(p) = &mut e.peak {
@@ -404,6 +407,7 @@ pub fn add_levers(
             sites,
             moment: trace.ops.len().saturating_sub(1) as u64,
             ends_at: None,
+            imbalance,
         };
         p.levers = levers(&input)?;
     }

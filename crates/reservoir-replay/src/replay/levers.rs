@@ -20,14 +20,13 @@
 //! | `lower_precision` | every activation allocation made half its size (fp32 activations kept in bf16) |
 //! | `fused_attention` | the allocations the size of attention scores dropped with their frees: in each run of consecutive allocations at one attention site (its site or call path names `attention`, `attn`, `softmax`, `scaled_dot_product` or `sdpa`), those freed before the run ends (the attention's own temporaries, not its output), at least half the largest of them, when there are at least 3; not listed without them |
 //! | `in_place` | each allocation whose predecessor (the allocation op just before it: same size, same stream, still live) is freed by the very next op, made in place: the allocation and that free dropped, and the predecessor's memory kept until the new allocation's free (`y = f(x); del x` becomes `x.f_()`); not listed without them |
+//! | `imbalance` | for a file with several devices or a folder of ranks (`reservoir replay` of several rank files), on the heaviest device only, when its peak reserved is at least 1.25 times the mean of the others' ([`IMBALANCE_RATIO`]): its activation and temporary allocations scaled by the mean work of the devices over its own (work: the most bytes of activations and temporaries live at once), the heaviest carrying the mean share; not listed otherwise, nor when its work is not above the mean ([`imbalance`](self::imbalance)) |
 //!
 //! Sizes are scaled and rounded to the allocation's granule (the largest
 //! power of two up to 512 dividing its size, at least one granule), as
 //! [`predict`](crate::predict) scales. Blocks allocated before the trace
 //! keep their size (they are other by role). When the recording ends at the
 //! OOM, a lever that fits says so ([`ends_at_failure_clause`]).
-//!
-//! Not done yet: the imbalance between devices or ranks.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -45,7 +44,7 @@ use reservoir::format::format_size;
 pub struct Lever {
     /// Which lever: `micro_batch`, `optimizer_sharding`,
     /// `activation_checkpointing`, `lower_precision`, `fused_attention`,
-    /// `in_place`.
+    /// `in_place`, `imbalance`.
     pub lever: &'static str,
     /// What was transformed and replayed, and what it gave, in words.
     pub replayed: String,
@@ -76,6 +75,10 @@ pub struct LeverInput<'a> {
     pub moment: u64,
     /// The recording ends at this failed op (its OOM).
     pub ends_at: Option<u64>,
+    /// The devices (or ranks) of the input when the trace is the heaviest
+    /// of several and imbalanced ([`Imbalance::of`]): the `imbalance`
+    /// lever; `None` otherwise.
+    pub imbalance: Option<&'a Imbalance>,
 }
 
 /// Peaks of one replay.
@@ -323,11 +326,14 @@ fn by_site(
 
 mod checkpoint;
 mod fused;
+pub mod imbalance;
 mod inplace;
+
+pub use imbalance::{work_bytes, Imbalance, Peer, IMBALANCE_RATIO};
 
 /// Every lever that applies, in order: a smaller micro-batch, optimizer
 /// state sharded, activation checkpointing, lower-precision activations,
-/// fused attention, in-place ops.
+/// fused attention, in-place ops, the imbalance between devices.
 pub fn levers(input: &LeverInput<'_>) -> Result<Vec<Lever>, ReplayError> {
     let roles = Roles::classify(input.trace, input.sites);
     let mut out = Vec::new();
@@ -337,6 +343,7 @@ pub fn levers(input: &LeverInput<'_>) -> Result<Vec<Lever>, ReplayError> {
     out.extend(lower_precision(input, &roles)?);
     out.extend(fused::fused_attention(input)?);
     out.extend(inplace::in_place(input)?);
+    out.extend(imbalance::imbalance(input, &roles)?);
     Ok(out)
 }
 

@@ -31,6 +31,7 @@ fn input_of<'a>(
         sites,
         moment: 0,
         ends_at: None,
+        imbalance: None,
     }
 }
 
@@ -241,7 +242,7 @@ fn a_capacity_oom_gets_levers_on_its_device() {
         .rev()
         .find_map(|k| capacity_oom(k * 5))
         .expect("a capacity OOM");
-    add_levers(&mut e, &trace, None, &setting, &options, &sites).unwrap();
+    add_levers(&mut e, &trace, None, &setting, &options, &sites, None).unwrap();
     let o = e.oom.as_ref().unwrap();
     assert!(o.diagnosis.fix.as_ref().is_none_or(|f| f.config.is_none()));
     let m = find(&o.levers, "micro_batch");
@@ -418,5 +419,118 @@ fn in_place_on_a_workload_keeps_the_trace_valid() {
             .contains(&format!("the {} allocations whose predecessor", ops.len())),
         "{}",
         l.replayed
+    );
+}
+
+/// The device of one gpt-train workload of `batch` sequences per step:
+/// named `name`, with its peaks on an unbounded device and its work.
+fn device(name: &str, batch: u64) -> (Trace, Sites, Peer) {
+    let (trace, sites) = Workload::parse(&format!("{SPEC},batch={batch}"))
+        .unwrap()
+        .trace_and_sites();
+    let options = ReplayOptions::without_timeline(80 << 30);
+    let o = replay_peaks(&trace, None, &defaults(), &options, false)
+        .unwrap()
+        .unwrap();
+    let peer = Peer {
+        name: name.to_string(),
+        peak_reserved: o.peak_reserved,
+        peak_allocated: o.peak_allocated,
+        work: work_bytes(&trace, &sites),
+    };
+    (trace, sites, peer)
+}
+
+/// The heaviest of the peaks is imbalanced from 1.25 times the mean of the
+/// others' on; fewer than 2 devices never are.
+#[test]
+fn imbalance_starts_at_a_quarter_above_the_mean_of_the_others() {
+    let peer = |name: &str, peak: u64| Peer {
+        name: name.into(),
+        peak_reserved: peak,
+        peak_allocated: peak,
+        work: peak,
+    };
+    let at = |peaks: &[u64]| {
+        let peers = peaks
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| peer(&format!("device {i}"), p))
+            .collect();
+        Imbalance::of(peers).map(|im| im.heaviest)
+    };
+    assert_eq!(at(&[100, 125]), Some(1));
+    assert_eq!(at(&[100, 124]), None);
+    assert_eq!(at(&[300, 100, 140]), Some(0)); // 300 >= 1.25 * 120
+    assert_eq!(at(&[149, 100, 140]), None); // the mean of the others: 120
+    assert_eq!(at(&[0, 0]), None);
+    assert_eq!(at(&[5, 0]), Some(0));
+    assert_eq!(at(&[5]), None);
+    assert_eq!(at(&[7, 7]), None);
+}
+
+/// Device 1 runs 4 times device 0's batch: the imbalance lever, on device
+/// 1 only, scales its activations and temporaries to the mean work and its
+/// replay peaks below device 1's own; two equal devices list none.
+#[test]
+fn the_heaviest_device_carrying_the_mean_share_peaks_lower() {
+    let (_, _, light) = device("device 0", 2);
+    let (trace, sites, heavy) = device("device 1", 8);
+    assert!(heavy.work > 3 * light.work, "{heavy:?} {light:?}");
+    let im = Imbalance::of(vec![light.clone(), heavy.clone()]).expect("imbalanced");
+    assert_eq!(im.heaviest, 1);
+    let setting = defaults();
+    let options = ReplayOptions::without_timeline(80 << 30);
+    let input = LeverInput {
+        imbalance: Some(&im),
+        ..input_of(&trace, &sites, &setting, &options)
+    };
+    let all = levers(&input).unwrap();
+    assert_eq!(all.last().map(|l| l.lever), Some("imbalance"), "{all:?}");
+    let l = find(&all, "imbalance");
+    assert!(l.fits, "{}", l.replayed);
+    assert!(l.peak_reserved < heavy.peak_reserved, "{l:?} {heavy:?}");
+    assert!(l.peak_allocated < heavy.peak_allocated, "{l:?} {heavy:?}");
+    // Above the light device's: only the activations and temporaries move.
+    assert!(l.peak_allocated > light.peak_allocated, "{l:?} {light:?}");
+    let head = format!(
+        "device 1 peaks at {} reserved ({} allocated), device 0 at {}; moving work so device 1 carries the mean share of the 2 devices (its activations and temporaries peak at {} live, the mean is {}): its ",
+        format_size(heavy.peak_reserved),
+        format_size(heavy.peak_allocated),
+        format_size(light.peak_reserved),
+        format_size(heavy.work),
+        format_size((heavy.work + light.work) / 2),
+    );
+    assert!(l.replayed.starts_with(&head), "{}\n{head}", l.replayed);
+    assert!(l
+        .replayed
+        .contains("; replayed with PyTorch's default settings: peak reserved "));
+    // The imbalance's replay is the micro-batch lever's with the factor
+    // of the mean share: the same transformation.
+    let roles = Roles::classify(&trace, &sites);
+    let mean = (heavy.work + light.work) / 2;
+    let (t, _, _) = resized(
+        &trace,
+        &roles,
+        &[Role::Activations, Role::Temporaries],
+        mean,
+        heavy.work,
+    );
+    let o = input.outcome(&t).unwrap();
+    assert_eq!(
+        (o.peak_reserved, o.peak_allocated),
+        (l.peak_reserved, l.peak_allocated)
+    );
+
+    // Two equal devices are balanced: no imbalance, no lever.
+    let twin = Peer {
+        name: "device 0".into(),
+        ..heavy.clone()
+    };
+    assert!(Imbalance::of(vec![twin, heavy.clone()]).is_none());
+    let balanced = levers(&input_of(&trace, &sites, &setting, &options)).unwrap();
+    assert!(
+        balanced.iter().all(|l| l.lever != "imbalance"),
+        "{balanced:?}"
     );
 }

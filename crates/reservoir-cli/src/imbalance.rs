@@ -1,0 +1,131 @@
+//! The devices of one `reservoir replay` that run side by side, for the
+//! `imbalance` lever (`reservoir_replay::replay::levers::imbalance`): the
+//! devices of a file with several, or the ranks of one job (files of one
+//! folder whose names differ only in the rank, as `reservoir compare`
+//! groups them: [`crate::ranks::rank_of`]), each device of a rank's file a
+//! member. Each member's peaks are its first setting's replay (already
+//! run); its work is counted only when the group is imbalanced.
+
+use std::collections::BTreeMap;
+
+use reservoir_replay::oracle_trace::Trace;
+use reservoir_replay::replay::levers::{work_bytes, Imbalance, Peer};
+use reservoir_replay::replay::sites::Sites;
+use reservoir_replay::replay::ReplayReport;
+
+use crate::ranks::rank_of;
+
+/// One replayed device trace of the command.
+pub(crate) struct Member<'a> {
+    /// The file it was read from.
+    pub file: &'a str,
+    /// Its device.
+    pub device: u32,
+    pub trace: &'a Trace,
+    pub sites: &'a Sites,
+    /// The replay of its first setting (`None`: it has none).
+    pub report: Option<&'a ReplayReport>,
+}
+
+/// The rank of each file that is one of two or more ranks of one job
+/// (distinct files, distinct numbers, one folder and name pattern).
+fn ranks_of<'a>(files: impl Iterator<Item = &'a str>) -> BTreeMap<&'a str, (String, u64)> {
+    // pattern -> rank -> files
+    let mut groups: BTreeMap<String, BTreeMap<u64, Vec<&str>>> = BTreeMap::new();
+    for file in files {
+        let (dir, name) = match file.rsplit_once('/') {
+            Some((d, n)) => (format!("{d}/"), n),
+            None => (String::new(), file),
+        };
+        if let Some((pattern, rank)) = rank_of(name) {
+            let files = groups.entry(format!("{dir}{pattern}")).or_default();
+            let at = files.entry(rank).or_default();
+            if !at.contains(&file) {
+                at.push(file);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (pattern, files) in groups {
+        if files.len() < 2 || files.values().any(|f| f.len() > 1) {
+            continue;
+        }
+        for (rank, f) in files {
+            out.insert(f[0], (pattern.clone(), rank));
+        }
+    }
+    out
+}
+
+/// For each member (in order), the imbalance of its group when it is the
+/// heaviest of an imbalanced group of two or more; `None` for the others.
+pub(crate) fn imbalances(members: &[Member<'_>]) -> Vec<Option<Imbalance>> {
+    let mut devices: BTreeMap<&str, usize> = BTreeMap::new();
+    for m in members {
+        *devices.entry(m.file).or_default() += 1;
+    }
+    let ranks = ranks_of(members.iter().map(|m| m.file));
+    // group key -> (member index, its name)
+    let mut groups: BTreeMap<String, Vec<(usize, String)>> = BTreeMap::new();
+    for (i, m) in members.iter().enumerate() {
+        if m.report.is_none() {
+            continue;
+        }
+        let (key, name) = match ranks.get(m.file) {
+            Some((pattern, rank)) if devices[m.file] > 1 => (
+                format!("ranks {pattern}"),
+                format!("rank {rank} device {}", m.device),
+            ),
+            Some((pattern, rank)) => (format!("ranks {pattern}"), format!("rank {rank}")),
+            None => (format!("file {}", m.file), format!("device {}", m.device)),
+        };
+        groups.entry(key).or_default().push((i, name));
+    }
+    let mut out: Vec<Option<Imbalance>> = members.iter().map(|_| None).collect();
+    for group in groups.into_values() {
+        let peers = group
+            .iter()
+            .filter_map(|(i, name)| {
+                let r = members[*i].report?;
+                Some(Peer {
+                    name: name.clone(),
+                    peak_reserved: r.peak_reserved,
+                    peak_allocated: r.peak_allocated,
+                    work: 0,
+                })
+            })
+            .collect();
+        // Imbalanced by the peaks alone: then count every member's work.
+        if let Some(mut im) = Imbalance::of(peers) {
+            for (p, (i, _)) in im.peers.iter_mut().zip(&group) {
+                p.work = work_bytes(members[*i].trace, members[*i].sites);
+            }
+            let heaviest = group[im.heaviest].0;
+            out[heaviest] = Some(im);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_files_of_one_folder_are_one_job() {
+        let r = ranks_of(
+            [
+                "run/rank0.pickle",
+                "run/rank1.pickle",
+                "run/rank1.pickle",
+                "other/rank0.pickle",
+                "solo.pickle",
+                "dup/r1.pickle",
+                "dup/r01.pickle",
+            ]
+            .into_iter(),
+        );
+        let got: Vec<(&str, u64)> = r.iter().map(|(f, (_, n))| (*f, *n)).collect();
+        assert_eq!(got, [("run/rank0.pickle", 0), ("run/rank1.pickle", 1)]);
+    }
+}
