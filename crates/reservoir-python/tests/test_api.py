@@ -7,6 +7,7 @@ The traces are ../shared/traces (RESERVOIR_SHARED_TRACES overrides).
 
 from __future__ import annotations
 
+import html as html_mod
 import json
 import os
 import re
@@ -133,6 +134,90 @@ def test_repr_html_is_the_commands_report(rep, tmp_path):
         assert marker in html
     rep.save_html(tmp_path / "saved.html")
     assert (tmp_path / "saved.html").read_text() == html
+
+
+def test_repr_html_shows_the_program_levers(rep):
+    """Issue 41 item 2: the notebook report carries the summary's program
+    levers (what was replayed, whether it fits), as the text and page do."""
+    levers = rep[0].levers
+    assert levers and levers == rep[0].summary["levers"]
+    html = rep._repr_html_()
+    assert '<ul class="levers">' in html
+    for lv in levers:
+        assert html_mod.escape(lv["replayed"], quote=False) in html
+    # A single report shows its summary with the levers as a table.
+    one = rep[0]._repr_html_()
+    assert one.startswith('<div class="summary">') and '<table class="levers">' in one
+    assert one.count("<tr><td><b>") == len(levers)
+
+
+# A summary as `reservoir replay --json` writes it: an OOM, a settings fix,
+# two program levers (one fits, one does not).
+SUMMARY = {
+    "setting": "pytorch",
+    "oom_op": 1234,
+    "shortfall": 3 << 30,
+    "peak_reserved": 78 << 30,
+    "happened": "OOM at op 1234: short by 3.00 GiB (1 OOMs in all)",
+    "why": [{"cause": "capacity", "bytes": 3 << 30, "sentence": "the live bytes exceed the device"}],
+    "roles": [{"role": "activations", "bytes": 40 << 30}, {"role": "optimizer_state", "bytes": 20 << 30}],
+    "roles_at": "oom",
+    "fix": "no setting avoids it",
+    "levers": [
+        {
+            "lever": "micro_batch",
+            "replayed": "halved the micro-batch (factor 1/2) <& more>",
+            "peak_reserved": 592 << 20,
+            "peak_allocated": 535 << 20,
+            "fits": True,
+        },
+        {
+            "lever": "imbalance",
+            "replayed": "device 1 peaks at 78.00 GiB reserved, device 0 at 8.00 GiB; ...",
+            "peak_reserved": (81 << 30) + (1 << 29),
+            "peak_allocated": 80 << 30,
+            "fits": False,
+        },
+    ],
+    "fits": None,
+}
+
+
+def test_the_summary_html_of_a_dict_lists_each_lever():
+    """The notebook's summary, from the JSON alone (no page: a replay on an
+    executor, or one report): each lever with what was replayed, its peak
+    reserved and whether it fits."""
+    d = {"setting": "pytorch", "file": "run/snap.pickle", "device": 1, "summary": SUMMARY}
+    html = reservoir.Report(d)._repr_html_()
+    assert html.startswith('<div class="summary"><h3>run/snap.pickle (device 1) Summary (pytorch)</h3>')
+    assert "<dt>What happened</dt><dd>OOM at op 1234: short by 3.00 GiB (1 OOMs in all)</dd>" in html
+    assert "<li><b>capacity</b> 3.00 GiB: the live bytes exceed the device</li>" in html
+    assert "memory by role at the OOM: activations 40.00 GiB, optimizer state 20.00 GiB" in html
+    assert "<dt>What to do</dt><dd>no setting avoids it<p>then the program levers" in html
+    assert (
+        "<tr><td><b>smaller micro-batch</b></td><td>halved the micro-batch (factor 1/2) "
+        "&lt;&amp; more&gt;</td><td>592.00 MiB</td><td>fits</td></tr>"
+    ) in html
+    assert (
+        "<tr><td><b>balanced devices</b></td><td>device 1 peaks at 78.00 GiB reserved, device 0 "
+        "at 8.00 GiB; ...</td><td>81.50 GiB</td><td>no</td></tr>"
+    ) in html
+    assert "<dt>What fits</dt><dd>not measured (replay with min_capacity=True)</dd>" in html
+    assert reservoir.Report(d).levers == SUMMARY["levers"]
+    # Without a summary: the text repr.
+    assert reservoir.Report({"setting": "pytorch"})._repr_html_() is None
+    # A replay without a page: each input's summary once (its settings'
+    # reports carry the same one), then the next input's.
+    other = dict(SUMMARY, levers=[], happened="no OOM, peak reserved 1.00 GiB", oom_op=None)
+    reports = [
+        dict(d, setting="pytorch"),
+        dict(d, setting="expandable"),
+        {"setting": "pytorch", "file": None, "device": None, "summary": other},
+    ]
+    shown = reservoir.Replay(json.dumps(reports), None)._repr_html_()
+    assert shown.count('<div class="summary">') == 2 and shown.count("balanced devices") == 1
+    assert "<h3>workload Summary (pytorch)</h3>" in shown
+    assert reservoir.Replay(json.dumps([{"setting": "pytorch"}]), None)._repr_html_() is None
 
 
 def test_a_failed_save_html_keeps_the_previous_file(rep, tmp_path):

@@ -196,7 +196,11 @@ def test_replay_of_many_inputs_on_an_executor_equals_the_one_process_run():
         got = reservoir.replay(sources, **kw, executor=ex)
     assert untimed(json.loads(got.to_json())) == untimed(json.loads(whole.to_json()))
     assert [r.file for r in got] == [str(LOG)] * 2 + [str(SNAP)] * 2 + [None] * 2
-    assert got.failed == [] and got.html == "" and got._repr_html_() is None
+    assert got.failed == [] and got.html == ""
+    # No page: the notebook shows each input's summary, its levers in it.
+    shown = got._repr_html_()
+    assert shown is not None and shown.count('<div class="summary">') == 3, shown
+    assert '<table class="levers">' in shown
     # The one-input form is unchanged.
     one = reservoir.replay(str(LOG), policies=POLICIES, min_capacity=True)
     assert untimed(json.loads(one.to_json())) == untimed(json.loads(got.to_json()))[:2]

@@ -7,7 +7,9 @@ This distribution holds
 * a Python API over the same engine: :func:`replay` (a memory snapshot or a
   built-in workload, replayed under each policy: peaks, driver calls, OOMs
   and their explanation, fidelity, per-site live bytes; ``_repr_html_`` shows
-  the HTML report in Jupyter) and :func:`compare` (a folder of snapshots);
+  the HTML report in Jupyter, its summary first with the program levers (a
+  replay on an executor, which writes no page, and a single report show
+  the summary alone)) and :func:`compare` (a folder of snapshots);
   both take ``executor=``, a cluster engine's ``concurrent.futures``
   executor (Dask, Ray, MPI), and run one input per task there;
 * :mod:`reservoir.torch`, which serves PyTorch's CUDA allocations from

@@ -20,7 +20,7 @@ import os
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _executor, _native, _remote
+from . import _executor, _native, _remote, _summary
 from ._native import ReservoirError
 from ._outfile import write_file as _write_file
 
@@ -392,6 +392,23 @@ class Report(_JsonObject):
         s = self._d.get("summary")
         return dict(s) if s is not None else None
 
+    @property
+    def levers(self) -> List[Dict[str, Any]]:
+        """The program levers of the summary (``lever``, ``replayed``,
+        ``peak_reserved``, ``peak_allocated``, ``fits``); docs/replay.md,
+        "Program levers"."""
+        return list((self._d.get("summary") or {}).get("levers") or [])
+
+    def _repr_html_(self) -> Optional[str]:
+        # The summary (with the program levers); None (the text repr)
+        # without one.
+        s = self._d.get("summary")
+        if not s:
+            return None
+        where = self.file if self.file is not None else "workload"
+        title = f"{where} (device {self.device})" if self.file is not None else where
+        return _summary.summary_html(s, title)
+
     def row(self) -> Dict[str, Any]:
         """The scalar numbers of the report, for a table."""
         return {
@@ -498,8 +515,10 @@ class Replay:
         _write_file(path, self.html.encode("utf-8"))
 
     def _repr_html_(self) -> Optional[str]:
-        # None (no page: a replay on an executor) shows the text repr.
-        return self._html or None
+        # The page; without one (a replay on an executor) the summary of
+        # each input, the program levers in it; None (the text repr)
+        # without either.
+        return self._html or _summary.reports_html(r._d for r in self._reports)
 
     def __repr__(self) -> str:
         return f"Replay({len(self._reports)} reports: {', '.join(self.settings)})"
