@@ -92,7 +92,7 @@ impl DeviceState {
             } else {
                 rules::should_split(block_size, p.size, small, &self.config)
             };
-        let id = self.alloc_found_block(&p, orig_size, split);
+        let id = self.alloc_found_block(&p, found, orig_size, split);
         if p.stream != stream {
             self.record_stream(id, stream);
         }
@@ -318,20 +318,21 @@ impl DeviceState {
             block: Some(block),
             own_segment: false,
         };
-        self.alloc_found_block(&p, size, split)
+        self.alloc_found_block(&p, block, size, split)
     }
 
-    /// spec 1.7: hand out the found block, splitting off the remainder.
-    /// Inlined into malloc: one call layer less on every hand-out.
+    /// spec 1.7: hand out the found block `id` (`p.block`), splitting off
+    /// the remainder. Inlined into malloc: one call layer less on every
+    /// hand-out.
     #[inline(always)]
     pub(super) fn alloc_found_block(
         &mut self,
         p: &AllocParams,
+        mut id: BlockId,
         orig_size: u64,
         split: bool,
     ) -> BlockId {
         let st = p.stat_type;
-        let mut id = p.block.expect("alloc_found_block is given a found block");
         let (already_split, expandable) = {
             let b = self.store.block(id);
             (b.is_split(), b.expandable())

@@ -308,7 +308,8 @@ impl Block {
     /// True when the block shares its segment with other blocks.
     #[inline]
     pub fn is_split(&self) -> bool {
-        self.prev.is_some() || self.next.is_some()
+        // Not `||`: both links read at once, one test (as `prev | next != 0`).
+        self.prev.is_some() | self.next.is_some()
     }
 }
 
