@@ -71,9 +71,9 @@ macro_rules! slab_id {
             }
 
             /// The id counted from 0 (its slot less the placeholder), for
-            /// messages and hashing.
+            /// messages and hashing: the store's alone.
             #[inline]
-            pub(crate) fn index(self) -> u32 {
+            pub(super) fn index(self) -> u32 {
                 self.0.get() - 1
             }
         }
