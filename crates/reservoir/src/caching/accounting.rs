@@ -9,7 +9,7 @@ use crate::store::{BlockId, PoolId};
 impl DeviceState {
     #[inline]
     pub(crate) fn stat_type(&self, pool: PoolId) -> StatType {
-        StatType::for_pool(self.pools[pool as usize].is_small())
+        StatType::for_pool(self.pools[pool.index()].is_small())
     }
 
     /// Enters the allocated block `id` (`size` bytes at `addr`, `requested`

@@ -8,7 +8,7 @@ use super::state::pools::UnmappedKey;
 use super::state::DeviceState;
 use crate::observe::snapshot::BlockState;
 use crate::stats::{DeviceStats, StatArray, StatType};
-use crate::store::{Block, BlockId, Expandable, Segment};
+use crate::store::{Block, BlockId, Expandable, Segment, SegmentId};
 
 /// A broken invariant, with what was expected and what was found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -101,12 +101,12 @@ impl DeviceState {
     /// One live segment: its blocks, their pages, pools and neighbours.
     fn recount_segment(
         &self,
-        sid: u32,
+        sid: SegmentId,
         seg: &Segment,
         pending: &HashMap<BlockId, u32>,
         r: &mut Recount,
     ) -> Result<(), InvariantViolation> {
-        let st = StatType::for_pool(self.pools[seg.pool() as usize].is_small());
+        let st = StatType::for_pool(self.pools[seg.pool().index()].is_small());
         let expandable = seg.expandable();
         let owner = self.owner(seg.pool());
         if expandable.is_none() {
@@ -185,7 +185,7 @@ impl DeviceState {
             id,
         };
         ensure!(
-            self.pools[b.pool() as usize].contains_unmapped(&key),
+            self.pools[b.pool().index()].contains_unmapped(&key),
             "unmapped block {:#x} missing from the unmapped set",
             b.addr()
         );
@@ -215,7 +215,7 @@ impl DeviceState {
         let b = self.store.block(id);
         let in_map = self.allocated.get(&b.addr()) == Some(&id);
         let key = self.free_key(id);
-        let in_pool = self.pools[b.pool() as usize].contains(&key);
+        let in_pool = self.pools[b.pool().index()].contains(&key);
         ensure!(
             events == b.event_count(),
             "block {:#x}: event_count {} but {} queued events",

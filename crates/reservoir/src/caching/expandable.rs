@@ -6,7 +6,7 @@ use super::request::MallocError;
 use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, StreamId, VirtualMemory};
 use crate::observe::trace::TraceAction;
-use crate::store::{BlockId, Expandable, PoolId, SegmentId, NIL};
+use crate::store::{BlockId, Expandable, PoolId, SegmentId};
 
 /// The virtual-memory capability of a backend that holds an expandable
 /// segment (`find_expandable_block` checked it when creating the segment).
@@ -43,20 +43,16 @@ impl DeviceState {
     /// Free for reuse: not allocated and not waiting for other streams.
     #[inline]
     pub(super) fn allocatable(&self, id: BlockId) -> bool {
-        id != NIL && {
-            let b = self.store.block(id);
-            !b.allocated() && b.event_count() == 0 && b.stream_uses().is_empty()
-        }
+        let b = self.store.block(id);
+        !b.allocated() && b.event_count() == 0 && b.stream_uses().is_empty()
     }
 
     /// Where a run of free and unmapped blocks through the unmapped block
     /// `unmapped` starts: the free block before it, if any, else itself.
     pub(super) fn run_start(&self, unmapped: BlockId) -> BlockId {
-        let prev = self.store.block(unmapped).prev();
-        if self.allocatable(prev) {
-            prev
-        } else {
-            unmapped
+        match self.store.block(unmapped).prev() {
+            Some(prev) if self.allocatable(prev) => prev,
+            _ => unmapped,
         }
     }
 
@@ -68,9 +64,12 @@ impl DeviceState {
             unmapped: 0,
             ends_mapped: false,
         };
-        let mut b = start;
-        while run.bytes < size && self.allocatable(b) {
-            let block = self.store.block(b);
+        let mut b = Some(start);
+        while let Some(id) = b {
+            if run.bytes >= size || !self.allocatable(id) {
+                break;
+            }
+            let block = self.store.block(id);
             if !block.mapped() {
                 run.unmapped += block.size().min(size - run.bytes);
             }
@@ -96,7 +95,7 @@ impl DeviceState {
                 return Ok(run.start);
             }
         }
-        for k in self.pools[pool as usize].unmapped_of(stream) {
+        for k in self.pools[pool.index()].unmapped_of(stream) {
             let c = self.run_start(k.id);
             if self.run_bytes(c, size).bytes >= size {
                 return Ok(c);
@@ -108,7 +107,7 @@ impl DeviceState {
                 backend: backend.name(),
                 what: "virtual memory (needed by expandable segments)",
             })?;
-        let page_size = self.expandable_page_size(self.pools[pool as usize].is_small());
+        let page_size = self.expandable_page_size(self.pools[pool.index()].is_small());
         // Address space beyond the device's size, so unmapped holes early in
         // the segment can be refilled at its end.
         let total = backend.mem_info()?.total;
@@ -160,7 +159,14 @@ impl DeviceState {
         let st = self.stat_type(pool);
         let owner = self.owner(pool);
         self.acct.pages_mapped(st, owner, mapped, 1);
-        self.record_trace(TraceAction::SegmentMap, addr, mapped, stream, pool, id);
+        self.record_trace(
+            TraceAction::SegmentMap,
+            addr,
+            mapped,
+            stream,
+            pool,
+            Some(id),
+        );
         Ok(true)
     }
 
@@ -203,7 +209,8 @@ impl DeviceState {
         }
         while self.store.block(candidate).size() < size {
             let remaining = size - self.store.block(candidate).size();
-            let next = self.store.block(candidate).next();
+            let next = (self.store.block(candidate).next())
+                .expect("the blocks found reach the size asked for");
             let len = remaining.min(self.store.block(next).size());
             if !self.map_block(backend, next, len)? {
                 return Ok(None);
@@ -273,7 +280,7 @@ impl DeviceState {
             unmapped_size,
             stream,
             pool,
-            id,
+            Some(id),
         );
         Ok(())
     }

@@ -6,7 +6,7 @@ use super::state::DeviceState;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::error::AllocError;
 use crate::observe::trace::TraceAction;
-use crate::store::{BlockId, NIL};
+use crate::store::BlockId;
 
 impl DeviceState {
     /// spec 1.10: free the block allocated at `ptr`, taking it out of the
@@ -120,7 +120,7 @@ impl DeviceState {
             requested,
             stream,
             pool,
-            id,
+            Some(id),
         );
     }
 
@@ -146,12 +146,12 @@ impl DeviceState {
             requested,
             stream,
             pool,
-            id,
+            Some(id),
         );
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for candidate in [prev, next] {
-            if candidate == NIL {
+            if candidate.is_none() {
                 continue;
             }
             let subsumed = self.try_merge_blocks(id, candidate);
@@ -179,10 +179,10 @@ impl DeviceState {
 
     /// PyTorch's `try_merge_blocks`: absorb `src` into `dst` if it is free.
     #[inline(always)]
-    pub(super) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
-        if src == NIL {
+    pub(super) fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> u64 {
+        let Some(src) = src else {
             return 0;
-        }
+        };
         // One read of each block.
         let (mapped, src_before, key, pool) = {
             let s = self.store.block(src);
@@ -193,10 +193,15 @@ impl DeviceState {
             if s.mapped() != d.mapped() {
                 return 0;
             }
-            (s.mapped(), d.prev() == src, free_key_of(s, src), s.pool())
+            (
+                s.mapped(),
+                d.prev() == Some(src),
+                free_key_of(s, src),
+                s.pool(),
+            )
         };
         if mapped {
-            let removed = self.pools[pool as usize].remove(&key);
+            let removed = self.pools[pool.index()].remove(&key);
             debug_assert!(removed, "block missing from its pool");
         } else {
             self.remove_from_unmapped(src);

@@ -24,7 +24,7 @@ use crate::format::format_size;
 use crate::observe::callbacks::{AllocatorEvent, EventType};
 use crate::observe::debug::{DebugVerbosity, TARGET};
 use crate::observe::trace::{Context, TraceAction};
-use crate::store::{BlockId, PoolId, NIL};
+use crate::store::{BlockId, PoolId};
 impl DeviceState {
     /// Allocation stacks are held only by live active blocks, and the slow
     /// path is on while any exists (so freeing drops the stack).
@@ -79,7 +79,7 @@ impl DeviceState {
     }
 
     /// PyTorch's `record_trace`: one branch unless something observes.
-    /// `block` is the block or segment head the event is about ([`NIL`]
+    /// `block` is the block or segment head the event is about (`None`
     /// for `oom` and `snapshot`), `pool` its pool.
     #[inline]
     pub(crate) fn record_trace(
@@ -89,7 +89,7 @@ impl DeviceState {
         size: u64,
         stream: StreamId,
         pool: PoolId,
-        block: BlockId,
+        block: Option<BlockId>,
     ) {
         if self.obs.is_observing() {
             self.observe_slow(action, addr, size, stream, pool, block);
@@ -104,50 +104,45 @@ impl DeviceState {
         size: u64,
         stream: StreamId,
         pool: PoolId,
-        block: BlockId,
+        block: Option<BlockId>,
     ) {
         let cur = self.obs.current_context().cloned();
-        let block_ctx = |s: &Self| {
-            (block != NIL)
-                .then(|| s.block_context(block).cloned())
-                .flatten()
-        };
-        let seg_ctx = |s: &Self| {
-            (block != NIL)
-                .then(|| s.segment_context(block).cloned())
-                .flatten()
-        };
-        let ctx = match action {
-            TraceAction::Alloc => {
+        let block_ctx = |s: &Self| block.and_then(|b| s.block_context(b).cloned());
+        let seg_ctx = |s: &Self| block.and_then(|b| s.segment_context(b).cloned());
+        let ctx = match (action, block) {
+            (TraceAction::Alloc, Some(block)) => {
                 self.obs.set_block_context(block, cur.clone());
                 cur
             }
-            TraceAction::FreeRequested => cur.or_else(|| block_ctx(self)),
-            TraceAction::FreeCompleted => {
+            (TraceAction::FreeRequested, _) => cur.or_else(|| block_ctx(self)),
+            (TraceAction::FreeCompleted, Some(block)) => {
                 let c = cur.or_else(|| block_ctx(self));
                 self.obs.set_block_context(block, None);
                 c
             }
-            TraceAction::SegmentAlloc => {
+            (TraceAction::SegmentAlloc, Some(block)) => {
                 self.set_segment_context(block, cur.clone());
                 cur
             }
-            TraceAction::SegmentMap => {
-                if self.store.block(block).prev() == NIL && self.segment_context(block).is_none() {
+            (TraceAction::SegmentMap, Some(block)) => {
+                if self.store.block(block).prev().is_none() && self.segment_context(block).is_none()
+                {
                     self.set_segment_context(block, cur.clone());
                 }
                 cur
             }
-            TraceAction::SegmentFree => {
+            (TraceAction::SegmentFree, Some(block)) => {
                 let c = cur.or_else(|| seg_ctx(self));
                 self.obs.take_segment_context(block);
                 c
             }
-            TraceAction::SegmentUnmap => cur.or_else(|| seg_ctx(self)),
-            TraceAction::Oom => cur,
-            TraceAction::Snapshot => None,
+            (TraceAction::SegmentUnmap, _) => cur.or_else(|| seg_ctx(self)),
+            (TraceAction::Oom, _) => cur,
+            (TraceAction::Snapshot, _) => None,
+            // A block event without its block: no caller records one.
+            (_, None) => cur,
         };
-        let small = self.pools[pool as usize].is_small();
+        let small = self.pools[pool.index()].is_small();
         let owner = self.owner(pool).unwrap_or_default();
         if self.obs.takes_entries() {
             let rec = Recorded::new(action, addr, size, stream, now_us(), owner, ctx);
@@ -164,12 +159,12 @@ impl DeviceState {
         size: u64,
         stream: StreamId,
         small: bool,
-        block: BlockId,
+        block: Option<BlockId>,
     ) {
         let v = self.obs.verbosity();
         let pool_name = if small { "small" } else { "large" };
-        let event = match action {
-            TraceAction::Alloc => {
+        let event = match (action, block) {
+            (TraceAction::Alloc, Some(block)) => {
                 let fresh = self.obs.take_fresh();
                 let block_size = self.store.block(block).size();
                 if fresh && v.logs(DebugVerbosity::ALLOCATIONS, small) {
@@ -199,7 +194,7 @@ impl DeviceState {
                 };
                 Some((kind, block_size))
             }
-            TraceAction::FreeCompleted => {
+            (TraceAction::FreeCompleted, Some(block)) => {
                 let block_size = self.store.block(block).size();
                 if v.logs(DebugVerbosity::RELEASES, small) {
                     tracing::info!(
@@ -211,7 +206,7 @@ impl DeviceState {
                 }
                 Some((EventType::Freed, block_size))
             }
-            TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
+            (TraceAction::SegmentAlloc | TraceAction::SegmentMap, _) => {
                 if v.logs(DebugVerbosity::ALLOCATIONS, small) {
                     let what = if action == TraceAction::SegmentAlloc {
                         "segment"
@@ -228,7 +223,7 @@ impl DeviceState {
                 }
                 None
             }
-            TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
+            (TraceAction::SegmentFree | TraceAction::SegmentUnmap, _) => {
                 if v.logs(DebugVerbosity::RELEASES, small) {
                     let what = if action == TraceAction::SegmentFree {
                         "segment"
@@ -245,7 +240,7 @@ impl DeviceState {
                 }
                 Some((EventType::Released, size))
             }
-            TraceAction::Oom => {
+            (TraceAction::Oom, _) => {
                 if v.contains(DebugVerbosity::PROFILING) {
                     tracing::info!(
                         target: TARGET,
@@ -258,7 +253,8 @@ impl DeviceState {
                 }
                 None
             }
-            TraceAction::FreeRequested | TraceAction::Snapshot => None,
+            // A block event without its block: no caller records one.
+            (TraceAction::FreeRequested | TraceAction::Snapshot, _) | (_, None) => None,
         };
         if let Some((event, size)) = event {
             self.obs.callbacks().fire(&AllocatorEvent {

@@ -12,7 +12,7 @@ use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::observe::trace::TraceAction;
 use crate::stats::StatType;
-use crate::store::{BlockId, NIL};
+use crate::store::BlockId;
 
 impl DeviceState {
     /// spec 1.5: malloc. Returns the allocated block.
@@ -63,13 +63,13 @@ impl DeviceState {
         // The pool serves sizes of its kind (spec 1.4): its stat type
         // follows from the size without reading the pool.
         let small = rules::is_small(size);
-        debug_assert_eq!(small, self.pools[pool as usize].is_small());
+        debug_assert_eq!(small, self.pools[pool.index()].is_small());
         let mut p = AllocParams {
             size,
             stream,
             pool,
             stat_type: StatType::for_pool(small),
-            block: NIL,
+            block: None,
             own_segment: false,
         };
 
@@ -80,8 +80,11 @@ impl DeviceState {
         // spec 1.7: never split in a `MemPool(no_split=True)` pool.
         // Expandable segments are inactive for a pool with its own allocator
         // and for a block borrowed from a `use_on_oom` pool (torch 2.15).
-        let block_size = self.store.block(p.block).size();
-        let split = !self.pools[p.pool as usize].no_split()
+        let found = p
+            .block
+            .expect("a fit or a cache miss finds a block or fails");
+        let block_size = self.store.block(found).size();
+        let split = !self.pools[p.pool.index()].no_split()
             && if self.config.expandable_segments
                 && (p.pool != pool || self.pool_allocator(p.pool).is_some())
             {
@@ -89,7 +92,7 @@ impl DeviceState {
             } else {
                 rules::should_split(block_size, p.size, small, &self.config)
             };
-        let id = self.alloc_found_block(&p, orig_size, split);
+        let id = self.alloc_found_block(&p, found, orig_size, split);
         if p.stream != stream {
             self.record_stream(id, stream);
         }
@@ -154,7 +157,7 @@ impl DeviceState {
     #[inline]
     pub(super) fn get_free_block(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
-        let pool = &mut self.pools[p.pool as usize];
+        let pool = &mut self.pools[p.pool.index()];
         let Some((mut it, slot)) = pool.lower_bound(p.stream, p.size, gc) else {
             return false;
         };
@@ -169,9 +172,9 @@ impl DeviceState {
         if rules::oversize_misfit(p.size, it.size, &self.config) {
             return false;
         }
-        let removed = self.pools[p.pool as usize].erase(slot, &it);
+        let removed = self.pools[p.pool.index()].erase(slot, &it);
         debug_assert!(removed, "the block is in its pool");
-        p.block = it.id;
+        p.block = Some(it.id);
         true
     }
 
@@ -190,7 +193,7 @@ impl DeviceState {
         keeps_whole: bool,
     ) -> Option<FreeKey> {
         // The blocks after `it` (the first one is `it`).
-        let mut next = self.pools[p.pool as usize].from(&it);
+        let mut next = self.pools[p.pool.index()].from(&it);
         next.next();
         if !self.config.expandable_segments {
             // Expandable segments were turned off: skip their blocks.
@@ -202,10 +205,9 @@ impl DeviceState {
         let expandable_size = |k: &FreeKey| {
             let b = store.block(k.id);
             b.size()
-                + if b.next() != NIL && !store.block(b.next()).mapped() {
-                    store.block(b.next()).size()
-                } else {
-                    0
+                + match b.next() {
+                    Some(next) if !store.block(next).mapped() => store.block(next).size(),
+                    _ => 0,
                 }
         };
         for next in next {
@@ -263,7 +265,7 @@ impl DeviceState {
         if self.config.expandable_segments && !p.own_segment && own.is_none() {
             return match self.try_allocate_expandable_block(backend, p.stream, p.pool, p.size)? {
                 Some(id) => {
-                    p.block = id;
+                    p.block = Some(id);
                     self.count_private_malloc(p.pool, true);
                     Ok(true)
                 }
@@ -285,9 +287,16 @@ impl DeviceState {
         };
         self.count_private_malloc(p.pool, true);
         let (_, id) = (self.store).new_segment(ptr.0, size, p.stream, p.pool, None, true);
-        p.block = id;
+        p.block = Some(id);
         self.note_segment_allocated(size, p.pool);
-        self.record_trace(TraceAction::SegmentAlloc, ptr.0, size, p.stream, p.pool, id);
+        self.record_trace(
+            TraceAction::SegmentAlloc,
+            ptr.0,
+            size,
+            p.stream,
+            p.pool,
+            Some(id),
+        );
         Ok(true)
     }
 
@@ -306,23 +315,24 @@ impl DeviceState {
             stream,
             pool,
             stat_type: self.stat_type(pool),
-            block,
+            block: Some(block),
             own_segment: false,
         };
-        self.alloc_found_block(&p, size, split)
+        self.alloc_found_block(&p, block, size, split)
     }
 
-    /// spec 1.7: hand out the found block, splitting off the remainder.
-    /// Inlined into malloc: one call layer less on every hand-out.
+    /// spec 1.7: hand out the found block `id` (`p.block`), splitting off
+    /// the remainder. Inlined into malloc: one call layer less on every
+    /// hand-out.
     #[inline(always)]
     pub(super) fn alloc_found_block(
         &mut self,
         p: &AllocParams,
+        mut id: BlockId,
         orig_size: u64,
         split: bool,
     ) -> BlockId {
         let st = p.stat_type;
-        let mut id = p.block;
         let (already_split, expandable) = {
             let b = self.store.block(id);
             (b.is_split(), b.expandable())
@@ -354,7 +364,14 @@ impl DeviceState {
 
         let b = self.store.hand_out(id, orig_size);
         let (addr, size, stream) = (b.addr(), b.size(), b.stream());
-        self.record_trace(TraceAction::Alloc, addr, orig_size, stream, p.pool, id);
+        self.record_trace(
+            TraceAction::Alloc,
+            addr,
+            orig_size,
+            stream,
+            p.pool,
+            Some(id),
+        );
         self.note_allocated(id, addr, size, orig_size, st);
         id
     }

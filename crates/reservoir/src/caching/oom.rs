@@ -9,7 +9,6 @@ use crate::error::{AllocError, OutOfMemoryError};
 use crate::format::format_size;
 use crate::ids::{DeviceKind, StreamId};
 use crate::observe::trace::TraceAction;
-use crate::store::NIL;
 
 impl DeviceState {
     /// spec 1.5: a request of 1 EB or more fails before anything is tried.
@@ -43,7 +42,7 @@ impl DeviceState {
         orig_size: u64,
     ) -> Result<OomReport, MallocError> {
         let info = backend.mem_info()?;
-        self.record_trace(TraceAction::Oom, info.free, p.size, p.stream, p.pool, NIL);
+        self.record_trace(TraceAction::Oom, info.free, p.size, p.stream, p.pool, None);
         self.acct.oom();
 
         let allocated = self.acct.allocated_bytes();

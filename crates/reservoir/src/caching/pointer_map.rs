@@ -72,12 +72,12 @@ mod tests {
     fn insert_get_remove() {
         let mut m = PointerMap::default();
         for i in 0..1000u64 {
-            m.insert(i * 512, i as BlockId);
+            m.insert(i * 512, BlockId::for_test(i as u32));
         }
         assert_eq!(m.len(), 1000);
-        assert_eq!(m.get(&(7 * 512)), Some(&7));
+        assert_eq!(m.get(&(7 * 512)), Some(&BlockId::for_test(7)));
         assert_eq!(m.get(&1), None);
-        assert_eq!(m.remove(&(7 * 512)), Some(7));
+        assert_eq!(m.remove(&(7 * 512)), Some(BlockId::for_test(7)));
         assert_eq!(m.remove(&(7 * 512)), None);
         assert_eq!(m.len(), 999);
         let mut keys: Vec<u64> = m.keys().copied().collect();

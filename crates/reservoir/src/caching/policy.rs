@@ -37,6 +37,7 @@ use super::state::pools::POOL_LARGE;
 use super::state::DeviceState;
 use crate::backend::Backend;
 use crate::config::ReservoirPolicy;
+use crate::store::PoolId;
 
 impl DeviceState {
     /// Hook, "choose the fit" (spec 1.6): take the free block that serves
@@ -77,7 +78,7 @@ impl DeviceState {
                 // on its own stream (see `policy/cross_stream.rs`).
                 match self.take_from_other_stream(backend, p.pool, p.size, p.stream)? {
                     Some(id) => {
-                        p.block = id;
+                        p.block = Some(id);
                         p.stream = self.store.block(id).stream();
                         Ok(true)
                     }
@@ -101,7 +102,7 @@ impl DeviceState {
     /// `block_size` bytes. Never in PyTorch mode; under the `reservoir`
     /// policy a whole segment serves only a request it fits tightly.
     #[inline]
-    pub(super) fn skips_whole_block(&self, pool: u32, size: u64, block_size: u64) -> bool {
+    pub(super) fn skips_whole_block(&self, pool: PoolId, size: u64, block_size: u64) -> bool {
         pool == POOL_LARGE
             && self.config.expandable_segments
             && self.maps_fewest_pages()

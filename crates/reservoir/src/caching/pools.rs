@@ -16,7 +16,7 @@ use crate::config::{AllocatorConfig, FreeBlockOrder};
 use crate::error::AllocError;
 use crate::ids::MempoolId;
 use crate::pluggable::PluggableAllocator;
-use crate::store::{Block, BlockId, PoolId, NIL};
+use crate::store::{Block, BlockId, PoolId};
 
 /// Which allocations go to a private pool while it is being allocated to.
 #[derive(Clone)]
@@ -116,7 +116,7 @@ impl DeviceState {
         let pool = BlockPool::new(is_small, Some(owner));
         match self.private.take_free_slot() {
             Some(slot) => {
-                self.pools[slot as usize] = pool;
+                self.pools[slot.index()] = pool;
                 slot
             }
             None => self.pools.add_slot(pool),
@@ -141,7 +141,7 @@ impl DeviceState {
 
     pub(crate) fn erase_private_pool(&mut self, id: MempoolId) {
         for slot in self.private.erase(id).into_iter().flatten() {
-            self.pools[slot as usize].disown();
+            self.pools[slot.index()].disown();
         }
     }
 
@@ -181,8 +181,8 @@ impl DeviceState {
             return Err(err(format!("setNoSplit: unknown private pool {id:?}")));
         };
         let (small, large) = (p.small(), p.large());
-        self.pools[small as usize].set_no_split();
-        self.pools[large as usize].set_no_split();
+        self.pools[small.index()].set_no_split();
+        self.pools[large.index()].set_no_split();
         Ok(())
     }
 
@@ -368,7 +368,7 @@ impl DeviceState {
             }
             segments.push(SegmentCheckpoint {
                 blocks,
-                is_small: self.pools[self.store.block(head).pool() as usize].is_small(),
+                is_small: self.pools[self.store.block(head).pool().index()].is_small(),
             });
         }
         Ok(PoolCheckpoint {
@@ -465,15 +465,15 @@ impl DeviceState {
         // Free everything allocated in the pool.
         for &h in &heads {
             let seg = self.store.block(h).segment();
-            let mut cur = self.store.segment(seg).head();
-            while cur != NIL {
+            let mut next = Some(self.store.segment(seg).head());
+            while let Some(cur) = next {
                 if self.store.block(cur).allocated() {
                     let addr = self.store.block(cur).addr();
                     rr.allocations_freed.push(DevicePtr(addr));
                     // Freeing merges free neighbours into `cur`, which stays live.
                     self.free_ptr(backend, DevicePtr(addr))?;
                 }
-                cur = self.store.block(cur).next();
+                next = self.store.block(cur).next();
             }
         }
         // Re-create each checkpointed segment's blocks.
@@ -484,16 +484,17 @@ impl DeviceState {
                 .find(|(_, s)| s.addr() == seg.blocks[0].ptr.0)
                 .expect("validated above")
                 .0;
-            let mut cur = self.store.segment(segment).head();
+            let mut next = Some(self.store.segment(segment).head());
             let mut created = Vec::new();
             for b in &seg.blocks {
+                let cur = next.expect("validated above: the blocks tile the segment");
                 if !self.store.block(cur).mapped() {
                     // An unmapped block of an expandable segment (validated
                     // above: the checkpoint's, free): left as it is, as
                     // PyTorch skips it.
                     debug_assert_eq!(self.store.block(cur).addr(), b.ptr.0);
                     debug_assert_eq!(self.store.block(cur).size(), b.size);
-                    cur = self.store.block(cur).next();
+                    next = self.store.block(cur).next();
                     continue;
                 }
                 debug_assert!(!self.store.block(cur).allocated());
@@ -501,7 +502,7 @@ impl DeviceState {
                 let split = self.store.block(cur).size() > b.size;
                 let id = self.alloc_found_block_for_restore(cur, b.size, b.stream, split);
                 created.push((id, b.allocated));
-                cur = self.store.block(id).next();
+                next = self.store.block(id).next();
             }
             for (id, allocated) in created {
                 if allocated {
@@ -584,14 +585,14 @@ impl DeviceState {
     /// once).
     #[inline(always)]
     pub(crate) fn insert_key_into_pool(&mut self, pool: PoolId, key: FreeKey) {
-        let (inserted, gc_count) = self.pools[pool as usize].insert_into_blocks(key);
+        let (inserted, gc_count) = self.pools[pool.index()].insert_into_blocks(key);
         self.store.start_gc_age(key.id, gc_count);
         debug_assert!(inserted, "block inserted twice into its pool");
     }
 
     #[inline(always)]
     pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
-        let pool = self.store.block(id).pool() as usize;
+        let pool = self.store.block(id).pool().index();
         let key = self.free_key(id);
         let removed = self.pools[pool].remove(&key);
         debug_assert!(removed, "block missing from its pool");
@@ -609,14 +610,14 @@ impl DeviceState {
 
     pub(crate) fn insert_into_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
-        let pool = self.store.block(id).pool() as usize;
+        let pool = self.store.block(id).pool().index();
         let inserted = self.pools[pool].insert_unmapped(key);
         debug_assert!(inserted, "unmapped block inserted twice");
     }
 
     pub(super) fn remove_from_unmapped(&mut self, id: BlockId) {
         let key = self.unmapped_key(id);
-        let pool = self.store.block(id).pool() as usize;
+        let pool = self.store.block(id).pool().index();
         let removed = self.pools[pool].remove_unmapped(&key);
         debug_assert!(removed, "unmapped block missing from its set");
     }
@@ -649,7 +650,7 @@ impl DeviceState {
     /// The private pool that owns a pool slot, if any.
     #[inline]
     pub(crate) fn owner(&self, pool: PoolId) -> Option<MempoolId> {
-        self.pools[pool as usize].owner()
+        self.pools[pool.index()].owner()
     }
 }
 

@@ -38,11 +38,11 @@ impl DeviceState {
         }
         let target = self.acct.total_allocated_memory() - gc_threshold;
         let mut reclaimed = 0u64;
-        let clock = self.pools[POOL_LARGE as usize].gc_clock();
+        let clock = self.pools[POOL_LARGE.index()].gc_clock();
         let age = |b: &Block| (clock - b.gc_count_base()) as i32 as i64 as u64;
         let mut total_age: u64 = 0;
         let mut freeable: u64 = 0;
-        for k in self.pools[POOL_LARGE as usize].iter() {
+        for k in self.pools[POOL_LARGE.index()].iter() {
             let b = self.store.block(k.id);
             if !b.is_split() {
                 total_age += age(b);
@@ -56,7 +56,7 @@ impl DeviceState {
         while reclaimed < target && block_freed && freeable > 0 {
             let threshold = total_age as f64 / freeable as f64;
             block_freed = false;
-            let candidates: Vec<BlockId> = self.pools[POOL_LARGE as usize]
+            let candidates: Vec<BlockId> = self.pools[POOL_LARGE.index()]
                 .iter()
                 .map(|k| k.id)
                 .filter(|&id| {
@@ -88,7 +88,7 @@ impl DeviceState {
             return Ok(false);
         }
         let key_size = p.size.max(max_split);
-        let pool = &self.pools[p.pool as usize];
+        let pool = &self.pools[p.pool.index()];
         let search = FreeKey::search(p.stream, key_size);
         // Blocks at or above max_split_size are never split while the setting
         // is unchanged; one split by an earlier setting stays (PyTorch would
@@ -243,7 +243,7 @@ impl DeviceState {
     ) -> Result<(), BackendError> {
         let mut victims = Vec::new();
         let mut to_unmap = Vec::new();
-        for k in self.pools[pool as usize].iter() {
+        for k in self.pools[pool.index()].iter() {
             let b = self.store.block(k.id);
             if b.expandable() {
                 to_unmap.push(k.id);
@@ -286,7 +286,7 @@ impl DeviceState {
             None => backend.free(DevicePtr(addr), size)?,
         }
         self.acct.device_free();
-        self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, id);
+        self.record_trace(TraceAction::SegmentFree, addr, size, stream, pool, Some(id));
         self.count_private_malloc(pool, false);
         self.note_segment_released(size, pool);
         self.remove_from_pool(id);

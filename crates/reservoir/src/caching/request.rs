@@ -39,7 +39,8 @@ pub(super) struct AllocParams {
     pub stream: StreamId,
     pub pool: PoolId,
     pub stat_type: StatType,
-    pub block: BlockId,
+    /// The block found for the request, once found.
+    pub block: Option<BlockId>,
     /// Whether a growth for this request is a segment of its own
     /// (`cudaMalloc` of the allocation size, spec 1.9) even though expandable
     /// segments are on: the `reservoir` policy's choice on this call's cache

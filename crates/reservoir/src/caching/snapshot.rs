@@ -53,7 +53,7 @@ impl DeviceState {
             total_active,
             StreamId::DEFAULT,
             pool,
-            crate::store::NIL,
+            None,
         );
         Snapshot {
             segments,
@@ -79,7 +79,7 @@ impl DeviceState {
             if pool.is_some_and(|p| p != owner) {
                 continue;
             }
-            let segment_type = if self.pools[s.pool() as usize].is_small() {
+            let segment_type = if self.pools[s.pool().index()].is_small() {
                 SegmentType::Small
             } else {
                 SegmentType::Large
@@ -174,7 +174,7 @@ impl DeviceState {
         segs.into_iter()
             .map(|(s, e)| StreamSegmentSize {
                 stream: s.stream(),
-                is_small_pool: self.pools[s.pool() as usize].is_small(),
+                is_small_pool: self.pools[s.pool().index()].is_small(),
                 total_size: e.mapped_bytes(),
             })
             .collect()

@@ -1,6 +1,7 @@
 //! The constants, usage flags and pool kinds of `MPSAllocator.h` (spec 4.1),
 //! and the MPS allocator's `format_size` of each PyTorch era.
 
+use crate::store::PoolId;
 use std::fmt;
 
 pub use crate::format::{format_size_2_6, SizeFormat};
@@ -161,8 +162,15 @@ impl PoolKind {
         self as usize
     }
 
-    pub(crate) fn from_index(i: u32) -> PoolKind {
-        PoolKind::ALL[i as usize]
+    /// The pool the store's pool id `pool` names (the heap numbers its
+    /// pools by [`index`](Self::index), see [`pool_id`](Self::pool_id)).
+    pub(crate) fn from_pool(pool: PoolId) -> PoolKind {
+        PoolKind::ALL[pool.index()]
+    }
+
+    /// The store's pool id of this pool.
+    pub(crate) fn pool_id(self) -> PoolId {
+        PoolId::new(self as u32)
     }
 }
 

@@ -2,23 +2,142 @@
 
 use crate::ids::StreamId;
 
-/// Index of a block in the block slab.
-pub(crate) type BlockId = u32;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::num::NonZeroU32;
 
-/// Index of a segment in the segment slab.
-pub(crate) type SegmentId = u32;
+/// A block: its slot in the block slab. Only the store's slab makes one.
+/// It holds the slab's slot number, which is never 0 (the slab's slot 0 is
+/// a placeholder), so `Option<BlockId>` is four bytes, "no block" costs no
+/// sentinel and indexing costs no arithmetic. Ids order as their slots;
+/// they hash and print as their [`index`](BlockId::index) (the slot
+/// counted from 0, as bare `u32` ids were, so side tables keep their
+/// order).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(transparent)]
+pub(crate) struct BlockId(NonZeroU32);
 
-/// Index of the free list set (pool) a block returns to when free. The
-/// store only carries it; its owner numbers the pools.
-pub(crate) type PoolId = u32;
+/// A segment: its slot in the segment slab. Only the store's slab makes one
+/// (held as [`BlockId`] is); ids order as their slots, hash and print as
+/// their [`index`](SegmentId::index).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(transparent)]
+pub(crate) struct SegmentId(NonZeroU32);
 
-/// "No block".
-pub(crate) const NIL: BlockId = u32::MAX;
+const _: () = assert!(std::mem::size_of::<Option<BlockId>>() == 4);
+const _: () = assert!(std::mem::size_of::<Option<SegmentId>>() == 4);
+
+/// The slab ids: made from a slot number, read back as one, by the store's
+/// slab alone (the trait is not exported from the store).
+pub(crate) trait SlabId: Copy {
+    /// The id of slot `slot` (`0 < slot`; slot 0 is the slab's placeholder).
+    fn from_slot(slot: u32) -> Self;
+    /// The slot this id names (never 0).
+    fn slot(self) -> usize;
+}
+
+/// What a slab keeps in its placeholder slot 0, which no id names.
+pub(crate) trait Placeholder {
+    /// A dead record.
+    fn placeholder() -> Self;
+}
+
+macro_rules! slab_id {
+    ($t:ident) => {
+        impl SlabId for $t {
+            #[inline]
+            fn from_slot(slot: u32) -> Self {
+                match NonZeroU32::new(slot) {
+                    Some(n) => $t(n),
+                    None => panic!("slot 0 is the slab's placeholder"),
+                }
+            }
+            #[inline]
+            fn slot(self) -> usize {
+                self.0.get() as usize
+            }
+        }
+
+        impl $t {
+            /// The lowest id (index 0): a lower bound for ordered keys.
+            #[allow(dead_code)]
+            pub(crate) const FIRST: $t = $t(NonZeroU32::MIN);
+
+            /// The id of index `index`, for tests of side tables keyed by id.
+            #[cfg(test)]
+            #[allow(dead_code)]
+            pub(crate) fn for_test(index: u32) -> $t {
+                <$t as SlabId>::from_slot(index + 1)
+            }
+
+            /// The id counted from 0 (its slot less the placeholder), for
+            /// messages and hashing: the store's alone.
+            #[inline]
+            pub(super) fn index(self) -> u32 {
+                self.0.get() - 1
+            }
+        }
+
+        impl Hash for $t {
+            #[inline]
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                self.index().hash(state);
+            }
+        }
+
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($t), self.index())
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.index())
+            }
+        }
+    };
+}
+
+slab_id!(BlockId);
+slab_id!(SegmentId);
+
+/// The free list set (pool) a block returns to when free. The store only
+/// carries it; its owner numbers the pools ([`PoolId::new`]).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub(crate) struct PoolId(u32);
+
+impl PoolId {
+    /// Pool number `n`, as its owner numbers them.
+    #[inline]
+    pub(crate) const fn new(n: u32) -> PoolId {
+        PoolId(n)
+    }
+
+    /// The pool's number, to index its owner's table.
+    #[inline]
+    pub(crate) const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Debug for PoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PoolId({})", self.0)
+    }
+}
+
+impl fmt::Display for PoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// A piece of a segment, free or allocated (PyTorch's `Block`).
 #[derive(Clone, Debug)]
 pub(crate) struct Block {
-    /// First byte. Invariant: `addr == prev.addr + prev.size` when `prev != NIL`.
+    /// First byte. Invariant: `addr == prev.addr + prev.size` when there is a `prev`.
     pub(super) addr: u64,
     /// Bytes (rounded). Invariant: the blocks of a segment tile it exactly.
     pub(super) size: u64,
@@ -31,10 +150,10 @@ pub(crate) struct Block {
     pub(super) pool: PoolId,
     /// The segment the block belongs to.
     pub(super) segment: SegmentId,
-    /// Neighbour at lower address in the same segment, or [`NIL`].
-    pub(super) prev: BlockId,
-    /// Neighbour at higher address in the same segment, or [`NIL`].
-    pub(super) next: BlockId,
+    /// Neighbour at lower address in the same segment, if any.
+    pub(super) prev: Option<BlockId>,
+    /// Neighbour at higher address in the same segment, if any.
+    pub(super) next: Option<BlockId>,
     /// Handed out to a caller. Invariant: allocated blocks are in the
     /// pointer map, free blocks with no pending events are in their pool.
     pub(super) allocated: bool,
@@ -62,6 +181,30 @@ pub(crate) struct Block {
     /// The slot holds a live block (false on the slab's free list).
     /// (Stacks recorded for blocks live in side tables, see `history.rs`.)
     pub(super) live: bool,
+}
+
+impl Placeholder for Block {
+    fn placeholder() -> Block {
+        Block {
+            addr: 0,
+            size: 0,
+            requested_size: 0,
+            stream: StreamId::DEFAULT,
+            pool: PoolId(0),
+            segment: SegmentId(NonZeroU32::MIN),
+            prev: None,
+            next: None,
+            allocated: false,
+            mapped: false,
+            expandable: false,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_count_base: 0,
+            registration: 0,
+            rank: 0,
+            live: false,
+        }
+    }
 }
 
 impl Block {
@@ -101,15 +244,15 @@ impl Block {
         self.segment
     }
 
-    /// Neighbour at lower address, or [`NIL`].
+    /// Neighbour at lower address, if any.
     #[inline]
-    pub fn prev(&self) -> BlockId {
+    pub fn prev(&self) -> Option<BlockId> {
         self.prev
     }
 
-    /// Neighbour at higher address, or [`NIL`].
+    /// Neighbour at higher address, if any.
     #[inline]
-    pub fn next(&self) -> BlockId {
+    pub fn next(&self) -> Option<BlockId> {
         self.next
     }
 
@@ -165,7 +308,8 @@ impl Block {
     /// True when the block shares its segment with other blocks.
     #[inline]
     pub fn is_split(&self) -> bool {
-        self.prev != NIL || self.next != NIL
+        // Not `||`: both links read at once, one test (as `prev | next != 0`).
+        self.prev.is_some() | self.next.is_some()
     }
 }
 
@@ -186,10 +330,25 @@ pub(crate) struct Segment {
     pub(super) stream: StreamId,
     /// Pool of its blocks.
     pub(super) pool: PoolId,
-    /// The block at `addr`. Invariant: its `prev` is [`NIL`].
+    /// The block at `addr`. Invariant: it has no `prev`.
     pub(super) head: BlockId,
     /// The slot holds a live segment.
     pub(super) live: bool,
+}
+
+impl Placeholder for Segment {
+    fn placeholder() -> Segment {
+        Segment {
+            addr: 0,
+            seq: 0,
+            size: 0,
+            expandable: None,
+            stream: StreamId::DEFAULT,
+            pool: PoolId(0),
+            head: BlockId(NonZeroU32::MIN),
+            live: false,
+        }
+    }
 }
 
 impl Segment {

@@ -2,7 +2,7 @@
 //! of the store's module (numbered there, and here on each check).
 //! Allocators run it first in their own checkers (see `caching/check.rs`).
 
-use super::{BlockStore, NIL};
+use super::BlockStore;
 
 impl BlockStore {
     /// Check the store's invariants (1-7 of the module documentation); the
@@ -10,20 +10,19 @@ impl BlockStore {
     pub fn check_tiling(&self) -> Result<(), String> {
         let mut seen = 0usize;
         let mut registrations = std::collections::HashSet::new();
-        for (sid, seg) in self.segments.items.iter().enumerate() {
+        for (sid, seg) in self.segments.iter() {
             if !seg.live {
                 continue;
             }
-            let sid = sid as u32;
             // 1.
-            if seg.head == NIL {
-                return Err(format!("segment {:#x} has no head block", seg.addr));
+            if !self.is_live_block(seg.head) {
+                return Err(format!("segment {:#x} has no live head block", seg.addr));
             }
-            if self.blocks[seg.head].prev != NIL {
+            if self.blocks[seg.head].prev.is_some() {
                 return Err(format!("head of segment {:#x} has a prev block", seg.addr));
             }
             let mut expect_addr = seg.addr;
-            let mut prev = NIL;
+            let mut prev = None;
             for id in self.segment_blocks(sid) {
                 let b = &self.blocks[id];
                 seen += 1;
@@ -63,7 +62,7 @@ impl BlockStore {
                     ));
                 }
                 expect_addr += b.size;
-                prev = id;
+                prev = Some(id);
             }
             if expect_addr != seg.addr + seg.size {
                 return Err(format!(

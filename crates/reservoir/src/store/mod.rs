@@ -6,8 +6,10 @@
 //! (the caching allocator in `caching/`, after PyTorch's
 //! `DeviceCachingAllocator`).
 //!
-//! * [`Slab`]: values addressed by `u32` ids; blocks and segments refer to
-//!   each other by id, so splitting and merging are index updates and no
+//! * [`Slab`]: values addressed by typed ids ([`BlockId`], [`SegmentId`]:
+//!   newtypes only the slab makes); blocks and segments refer to each other
+//!   by id, a block's neighbours as `Option<BlockId>` (four bytes, no
+//!   sentinel), so splitting and merging are index updates and no
 //!   operation allocates once the slabs are warm.
 //! * [`Block`], [`Segment`]: PyTorch's `Block` and segment; a segment's
 //!   blocks form a doubly linked list in address order from its `head`.
@@ -33,7 +35,7 @@
 //! and event counts, and the slot releases). Between events, and as
 //! [`check_tiling`](BlockStore::check_tiling) checks:
 //!
-//! 1. Every live segment has a live `head` block whose `prev` is [`NIL`].
+//! 1. Every live segment has a live `head` block, which has no `prev`.
 //! 2. The blocks reached from a live segment's `head` by `next` are live,
 //!    non-empty, name that segment, have `prev` mirroring `next`, and tile
 //!    the segment exactly in address order (the first at the segment's
@@ -58,7 +60,7 @@ mod ranked;
 mod size_classes;
 mod slab;
 
-pub(crate) use block::{Block, BlockId, PoolId, Segment, SegmentId, NIL};
+pub(crate) use block::{Block, BlockId, PoolId, Segment, SegmentId};
 
 pub(crate) use expandable::Expandable;
 pub(crate) use free_list::FreeList;
@@ -75,9 +77,9 @@ use crate::ids::StreamId;
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BlockStore {
     /// The blocks.
-    blocks: Slab<Block>,
+    blocks: Slab<Block, BlockId>,
     /// The segments.
-    segments: Slab<Segment>,
+    segments: Slab<Segment, SegmentId>,
     /// Blocks made so far (the next block's `registration`).
     registrations: u64,
     /// Segments made so far (the next segment's creation number).
@@ -123,7 +125,7 @@ impl BlockStore {
 
     /// True when `id` names a live block.
     pub fn is_live_block(&self, id: BlockId) -> bool {
-        self.blocks.items.get(id as usize).is_some_and(|b| b.live)
+        self.blocks.get(id).is_some_and(|b| b.live)
     }
 
     /// Live segments.
@@ -133,9 +135,7 @@ impl BlockStore {
 
     /// The live segments with their ids, in slot order.
     pub fn live_segments(&self) -> impl Iterator<Item = (SegmentId, &Segment)> + '_ {
-        (self.segments.items.iter().enumerate())
-            .filter(|(_, s)| s.live)
-            .map(|(i, s)| (i as SegmentId, s))
+        self.segments.iter().filter(|(_, s)| s.live)
     }
 
     /// Segments made so far (each [`new_segment`](Self::new_segment) counts one).
@@ -221,8 +221,8 @@ impl BlockStore {
             stream,
             pool,
             segment,
-            prev: NIL,
-            next: NIL,
+            prev: None,
+            next: None,
             allocated: false,
             mapped,
             expandable,
@@ -256,6 +256,9 @@ impl BlockStore {
             self.segments_made
         };
         let expandable = mapping.is_some();
+        // The head is the block made right below, in the slot the block
+        // slab gives next.
+        let head = self.blocks.next_id();
         let seg = self.segments.insert(Segment {
             addr,
             seq,
@@ -263,12 +266,12 @@ impl BlockStore {
             expandable: mapping,
             stream,
             pool,
-            head: NIL,
+            head,
             live: true,
         });
-        let head = self.new_block(addr, size, stream, pool, seg, mapped, expandable);
-        self.segments[seg].head = head;
-        (seg, head)
+        let made = self.new_block(addr, size, stream, pool, seg, mapped, expandable);
+        debug_assert_eq!(made, head, "the head is made in the slot reserved for it");
+        (seg, made)
     }
 
     /// Give a dead block's slot back (dropping its stream list).
@@ -396,10 +399,10 @@ impl BlockStore {
     fn link_before(&mut self, new: BlockId, at: BlockId) {
         let prev = self.blocks[at].prev;
         self.blocks[new].prev = prev;
-        self.blocks[new].next = at;
-        self.blocks[at].prev = new;
-        if prev != NIL {
-            self.blocks[prev].next = new;
+        self.blocks[new].next = Some(at);
+        self.blocks[at].prev = Some(new);
+        if let Some(prev) = prev {
+            self.blocks[prev].next = Some(new);
         } else {
             let seg = self.blocks[at].segment;
             self.segments[seg].head = new;
@@ -410,11 +413,11 @@ impl BlockStore {
     #[inline]
     fn link_after(&mut self, new: BlockId, at: BlockId) {
         let next = self.blocks[at].next;
-        self.blocks[new].prev = at;
+        self.blocks[new].prev = Some(at);
         self.blocks[new].next = next;
-        self.blocks[at].next = new;
-        if next != NIL {
-            self.blocks[next].prev = new;
+        self.blocks[at].next = Some(new);
+        if let Some(next) = next {
+            self.blocks[next].prev = Some(new);
         }
     }
 
@@ -468,21 +471,21 @@ impl BlockStore {
             let b = &self.blocks[src];
             (b.addr, b.size, b.prev, b.next, b.segment)
         };
-        if self.blocks[dst].prev == src {
+        if self.blocks[dst].prev == Some(src) {
             // [src dst]
             let d = &mut self.blocks[dst];
             d.addr = addr;
             d.prev = prev;
-            if prev != NIL {
-                self.blocks[prev].next = dst;
+            if let Some(prev) = prev {
+                self.blocks[prev].next = Some(dst);
             } else {
                 self.segments[segment].head = dst;
             }
         } else {
             // [dst src]
             self.blocks[dst].next = next;
-            if next != NIL {
-                self.blocks[next].prev = dst;
+            if let Some(next) = next {
+                self.blocks[next].prev = Some(dst);
             }
         }
         self.blocks[dst].size += size;
@@ -493,24 +496,21 @@ impl BlockStore {
     pub fn segment_blocks(&self, seg: SegmentId) -> SegmentBlocks<'_> {
         SegmentBlocks {
             blocks: &self.blocks,
-            next: self.segments[seg].head,
+            next: Some(self.segments[seg].head),
         }
     }
 }
 
 /// Iterator over the blocks of one segment, in address order.
 pub(crate) struct SegmentBlocks<'a> {
-    blocks: &'a Slab<Block>,
-    next: BlockId,
+    blocks: &'a Slab<Block, BlockId>,
+    next: Option<BlockId>,
 }
 
 impl Iterator for SegmentBlocks<'_> {
     type Item = BlockId;
     fn next(&mut self) -> Option<BlockId> {
-        if self.next == NIL {
-            return None;
-        }
-        let id = self.next;
+        let id = self.next?;
         self.next = self.blocks[id].next;
         Some(id)
     }
@@ -523,12 +523,13 @@ mod tests {
     /// A store with one 4 KiB segment at 0x1000, one block covering it.
     fn one_segment() -> (BlockStore, BlockId) {
         let mut s = BlockStore::default();
-        let (_, id) = s.new_segment(0x1000, 4096, StreamId::DEFAULT, 0, None, true);
+        let (_, id) = s.new_segment(0x1000, 4096, StreamId::DEFAULT, PoolId::new(0), None, true);
         (s, id)
     }
 
     fn layout(s: &BlockStore) -> Vec<(u64, u64)> {
-        s.segment_blocks(0)
+        let (first, _) = s.live_segments().next().unwrap();
+        s.segment_blocks(first)
             .map(|b| (s.blocks[b].addr, s.blocks[b].size))
             .collect()
     }
@@ -539,7 +540,8 @@ mod tests {
     #[test]
     fn blocks_carry_the_rank_of_the_rule() {
         let (mut s, whole) = one_segment();
-        let (seg2, other) = s.new_segment(0x9000, 4096, StreamId::DEFAULT, 0, None, true);
+        let (seg2, other) =
+            s.new_segment(0x9000, 4096, StreamId::DEFAULT, PoolId::new(0), None, true);
         let front = s.split_front(whole, 1024, StreamId::DEFAULT);
         let ranks = |s: &BlockStore| [whole, front, other].map(|b| s.blocks[b].rank);
         // The default rule: the segment's creation number.
@@ -571,7 +573,7 @@ mod tests {
 
         assert_eq!(s.merge(whole, front), 1024);
         s.free_block_slot(front);
-        assert_eq!(s.segments[0].head, whole);
+        assert_eq!(s.segments[s.blocks[whole].segment].head, whole);
         assert_eq!(s.merge(whole, back), 2048);
         s.free_block_slot(back);
         assert_eq!(layout(&s), [(0x1000, 4096)]);

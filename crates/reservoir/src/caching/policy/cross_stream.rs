@@ -36,7 +36,7 @@ use crate::backend::{Backend, BackendError, StreamId};
 use crate::caching::rules;
 use crate::caching::state::pools::FreeKey;
 use crate::caching::state::DeviceState;
-use crate::store::{BlockId, PoolId, NIL};
+use crate::store::{BlockId, PoolId};
 
 impl DeviceState {
     /// Take the best-fitting free block of `pool` cached on a stream other
@@ -62,10 +62,10 @@ impl DeviceState {
             Err(BackendError::Unsupported { .. }) => return Ok(None),
             Err(e) => return Err(e),
         }
-        self.pools[pool as usize].remove(&key);
+        self.pools[pool.index()].remove(&key);
         self.streams.note_cross_stream_reuse();
         let b = self.store.block(key.id);
-        if b.prev() == NIL && b.next() == NIL {
+        if b.prev().is_none() && b.next().is_none() {
             // A whole free segment moves to the borrowing stream for good:
             // every earlier use of it is ordered before the wait above.
             let seg = b.segment();
@@ -82,7 +82,7 @@ impl DeviceState {
         size: u64,
         stream: StreamId,
     ) -> Option<FreeKey> {
-        let blocks = &self.pools[pool as usize];
+        let blocks = &self.pools[pool.index()];
         let mut best: Option<FreeKey> = None;
         let mut next = blocks.iter().next().map(|k| k.stream);
         while let Some(s) = next {

@@ -59,7 +59,7 @@ use crate::caching::state::pools::FreeKey;
 use crate::caching::state::pools::{POOL_LARGE, POOL_SMALL};
 use crate::caching::state::DeviceState;
 use crate::config::waste_bound;
-use crate::store::{BlockId, PoolId, NIL};
+use crate::store::{BlockId, PoolId};
 
 /// A run of free and unmapped blocks of an expandable segment that can
 /// hold a request.
@@ -168,7 +168,7 @@ impl DeviceState {
         size: u64,
     ) -> Option<GrowthRun> {
         let mut best: Option<GrowthRun> = None;
-        for k in self.pools[pool as usize].unmapped_of(stream) {
+        for k in self.pools[pool.index()].unmapped_of(stream) {
             let start = self.run_start(k.id);
             let run = self.run_bytes(start, size);
             // A run that ends in a mapped block past unmapped ones leaves
@@ -225,7 +225,7 @@ impl DeviceState {
         });
         let mut free: Vec<(u64, BlockId)> = [POOL_LARGE, POOL_SMALL]
             .iter()
-            .flat_map(|&pool| self.pools[pool as usize].iter())
+            .flat_map(|&pool| self.pools[pool.index()].iter())
             .filter(|k| {
                 let b = self.store.block(k.id);
                 b.expandable() && !used.as_ref().is_some_and(|u| u.contains(&b.addr()))
@@ -252,7 +252,7 @@ impl DeviceState {
         backend: &B,
         over: u64,
     ) -> Result<(), BackendError> {
-        let mut whole: Vec<(u64, BlockId)> = self.pools[POOL_LARGE as usize]
+        let mut whole: Vec<(u64, BlockId)> = self.pools[POOL_LARGE.index()]
             .iter()
             .filter(|k| {
                 let b = self.store.block(k.id);
@@ -308,7 +308,9 @@ impl DeviceState {
             return (b.addr(), b.addr());
         }
         let len = bytes.div_ceil(page).saturating_mul(page).min(last - first);
-        let prev_unmapped = b.prev() != NIL && !self.store.block(b.prev()).mapped();
+        let prev_unmapped = b
+            .prev()
+            .is_some_and(|prev| !self.store.block(prev).mapped());
         if prev_unmapped {
             (first, first + len)
         } else {
@@ -322,7 +324,7 @@ impl DeviceState {
     #[cold]
     #[inline(never)]
     fn next_block_not_skipped(&self, p: &AllocParams) -> Option<FreeKey> {
-        self.pools[p.pool as usize]
+        self.pools[p.pool.index()]
             .from(&FreeKey::search(p.stream, p.size))
             .find(|k| {
                 k.stream != p.stream
@@ -342,7 +344,7 @@ impl DeviceState {
     #[inline(never)]
     pub(in crate::caching) fn reservoir_fit(&mut self, p: &mut AllocParams) -> bool {
         let gc = self.gc_enabled();
-        let pool = &mut self.pools[p.pool as usize];
+        let pool = &mut self.pools[p.pool.index()];
         let Some((mut hit, slot)) = pool.lower_bound(p.stream, p.size, gc) else {
             return false;
         };
@@ -361,13 +363,13 @@ impl DeviceState {
                 None => return false,
             }
         }
-        let pool = &mut self.pools[p.pool as usize];
+        let pool = &mut self.pools[p.pool.index()];
         if rules::oversize_misfit(p.size, hit.size, &self.config) {
             return false;
         }
         let removed = pool.erase(slot, &hit);
         debug_assert!(removed, "the hit is in its pool");
-        p.block = hit.id;
+        p.block = Some(hit.id);
         true
     }
 }

@@ -237,17 +237,21 @@ impl Events {
 mod tests {
     use super::*;
 
+    fn b(slot: u32) -> BlockId {
+        BlockId::for_test(slot)
+    }
+
     /// Recording counts the events on the block, and a walk that empties a
     /// queue erases it; an empty queue left behind is reported.
     #[test]
     fn record_counts_events_and_an_emptied_queue_is_erased() {
         let mut ev = Events::new(0);
         let count = ev.record(
-            7,
+            b(7),
             vec![(StreamId(1), EventId(10)), (StreamId(2), EventId(11))],
         );
         assert_eq!(count, 2);
-        assert_eq!(ev.queued_per_block().get(&7), Some(&2));
+        assert_eq!(ev.queued_per_block().get(&b(7)), Some(&2));
         let at = ev.first_queue().expect("a queue");
         let taken = ev.take_queue(at);
         assert_eq!(taken.len(), 1);
@@ -265,18 +269,18 @@ mod tests {
     #[test]
     fn deferred_and_captured_blocks_must_be_live() {
         let mut ev = Events::new(0);
-        ev.defer(3);
+        ev.defer(b(3));
         assert!(ev.has_deferred() && !ev.is_idle());
-        assert!(ev.check(|id| id == 3).is_ok());
+        assert!(ev.check(|id| id == b(3)).is_ok());
         assert!(ev.check(|_| false).is_err());
-        ev.defer(3);
+        ev.defer(b(3));
         assert!(ev.check(|_| true).is_err(), "deferred twice");
-        assert_eq!(ev.take_deferred(), vec![3, 3]);
-        ev.note_capture_use(5, StreamId(2));
-        ev.note_capture_use(5, StreamId(2));
-        assert!(ev.check(|id| id != 5).is_err());
-        ev.forget_capture_uses(5);
-        assert_eq!(ev.take_capture_uses(5), None);
+        assert_eq!(ev.take_deferred(), vec![b(3), b(3)]);
+        ev.note_capture_use(b(5), StreamId(2));
+        ev.note_capture_use(b(5), StreamId(2));
+        assert!(ev.check(|id| id != b(5)).is_err());
+        ev.forget_capture_uses(b(5));
+        assert_eq!(ev.take_capture_uses(b(5)), None);
         assert!(ev.check(|_| false).is_ok());
         assert!(ev.is_idle());
     }

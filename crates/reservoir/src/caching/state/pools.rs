@@ -15,9 +15,9 @@ use crate::store::{
 };
 
 /// The global large pool (free blocks above 1 MiB).
-pub(crate) const POOL_LARGE: PoolId = 0;
+pub(crate) const POOL_LARGE: PoolId = PoolId::new(0);
 /// The global small pool (free blocks of at most 1 MiB).
-pub(crate) const POOL_SMALL: PoolId = 1;
+pub(crate) const POOL_SMALL: PoolId = PoolId::new(1);
 
 /// Ordering key of free blocks: (stream, size, rank, address), the order of
 /// PyTorch's comparator of `BlockPool::blocks`. The rank breaks ties among
@@ -59,7 +59,7 @@ impl FreeKey {
             size,
             rank: 0,
             addr: 0,
-            id: 0,
+            id: BlockId::FIRST,
         }
     }
 
@@ -170,7 +170,7 @@ impl Pools {
     /// A new slot at the end, for a private pool's small or large blocks.
     pub fn add_slot(&mut self, pool: BlockPool) -> PoolId {
         self.slots.push(pool);
-        (self.slots.len() - 1) as PoolId
+        PoolId::new((self.slots.len() - 1) as u32)
     }
 
     /// Every cached free block taken out and put back under `key_of` (its
@@ -387,7 +387,7 @@ impl BlockPool {
         let from = UnmappedKey {
             stream,
             addr: 0,
-            id: 0,
+            id: BlockId::FIRST,
         };
         self.unmapped
             .range(from..)

@@ -76,7 +76,7 @@ impl State {
         if !seg.live() {
             return Err(format!("heap #{} is not a live segment", heap.id));
         }
-        let pool = PoolKind::from_index(seg.pool());
+        let pool = PoolKind::from_pool(seg.pool());
         let pi = pool.index();
         let st = StatType::for_pool(pool.is_small());
         let mut live = 0;
@@ -247,7 +247,7 @@ impl State {
             .into_iter()
             .map(|h| {
                 let seg = self.store.segment(h);
-                let pool = PoolKind::from_index(seg.pool());
+                let pool = PoolKind::from_pool(seg.pool());
                 let blocks: Vec<Block> = self
                     .store
                     .segment_blocks(h)

@@ -361,7 +361,7 @@ impl State {
     }
 
     pub fn pool_of(&self, b: BlockId) -> PoolKind {
-        PoolKind::from_index(self.store.block(b).pool())
+        PoolKind::from_pool(self.store.block(b).pool())
     }
 
     fn buffer_key(&self, b: BlockId) -> (u64, u64, BlockId) {
@@ -419,7 +419,7 @@ impl State {
     /// Refresh a heap's available size, keeping its pool's heap set sorted.
     pub fn update_heap(&mut self, h: SegmentId) {
         let attached = self.heaps[&h].attached;
-        let pool = self.store.segment(h).pool() as usize;
+        let pool = self.store.segment(h).pool().index();
         if attached {
             let key = self.heap_key(h);
             self.pools[pool].heaps.remove(&key);
@@ -453,7 +453,7 @@ impl State {
         // (c) best fit by (size, address).
         let hit = self.pools[pool]
             .buffers
-            .range((p.size, 0, 0)..)
+            .range((p.size, 0, BlockId::FIRST)..)
             .next()
             .map(|k| k.2);
         if let Some(b) = hit {
@@ -461,7 +461,7 @@ impl State {
                 p.found = Some(b);
             } else if self.pools[pool]
                 .heaps
-                .range((p.size, 0, 0)..)
+                .range((p.size, 0, SegmentId::FIRST)..)
                 .next()
                 .is_some()
             {
@@ -513,7 +513,11 @@ impl State {
         p: &Params,
     ) -> Result<Option<SegmentId>, AllocError> {
         let pool = p.pool.index();
-        if let Some(&key) = self.pools[pool].heaps.range((p.size, 0, 0)..).next() {
+        if let Some(&key) = self.pools[pool]
+            .heaps
+            .range((p.size, 0, SegmentId::FIRST)..)
+            .next()
+        {
             self.pools[pool].heaps.remove(&key);
             return Ok(Some(key.2));
         }
@@ -538,7 +542,7 @@ impl State {
             Err(e) => return Err(e.into()),
         };
         let (h, _) =
-            (self.store).new_segment(ptr.0, size, StreamId::DEFAULT, pool as u32, None, true);
+            (self.store).new_segment(ptr.0, size, StreamId::DEFAULT, p.pool.pool_id(), None, true);
         self.next_heap_id += 1;
         self.heaps.insert(
             h,

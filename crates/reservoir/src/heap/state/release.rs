@@ -12,7 +12,7 @@ use crate::observe::callbacks::EventType;
 use crate::observe::debug::{DebugVerbosity, TARGET};
 use crate::observe::trace::TraceAction;
 use crate::stats::StatType;
-use crate::store::{BlockId, SegmentId, NIL};
+use crate::store::{BlockId, SegmentId};
 
 impl State {
     /// `free_buffer`: an in-use or pending buffer goes back to its pool's
@@ -180,16 +180,18 @@ impl State {
         self.bufs.remove(&b);
         self.store.give_back(b);
         let mut at = b;
-        let prev = self.store.block(at).prev();
-        if prev != NIL && !self.store.block(prev).allocated() {
-            self.store.merge(prev, at);
-            self.store.free_block_slot(at);
-            at = prev;
+        if let Some(prev) = self.store.block(at).prev() {
+            if !self.store.block(prev).allocated() {
+                self.store.merge(prev, at);
+                self.store.free_block_slot(at);
+                at = prev;
+            }
         }
-        let next = self.store.block(at).next();
-        if next != NIL && !self.store.block(next).allocated() {
-            self.store.merge(at, next);
-            self.store.free_block_slot(next);
+        if let Some(next) = self.store.block(at).next() {
+            if !self.store.block(next).allocated() {
+                self.store.merge(at, next);
+                self.store.free_block_slot(next);
+            }
         }
     }
 
@@ -197,7 +199,7 @@ impl State {
     /// went back to the device already (`release_buffer` freed it), or goes
     /// back once its zombies complete.
     fn release_heap(&mut self, dev: &dyn Backend, h: SegmentId) {
-        let pool = PoolKind::from_index(self.store.segment(h).pool());
+        let pool = PoolKind::from_pool(self.store.segment(h).pool());
         let size = self.store.segment(h).size();
         self.pools[pool.index()].heaps_pending_update.remove(&h);
         let heap = self.heaps.get_mut(&h).expect("a heap");
@@ -300,7 +302,7 @@ impl State {
                 continue;
             }
             let key = self.heap_key(h);
-            let pool = self.store.segment(h).pool() as usize;
+            let pool = self.store.segment(h).pool().index();
             self.pools[pool].heaps.remove(&key);
             self.release_heap(dev, h);
         }
@@ -320,7 +322,7 @@ impl State {
         if p.buffers.len() == 0 {
             return Ok(false);
         }
-        if let Some(&(_, _, b)) = p.buffers.range((size, 0, 0)..).next() {
+        if let Some(&(_, _, b)) = p.buffers.range((size, 0, BlockId::FIRST)..).next() {
             self.release_buffer(dev, b, true)?;
             return Ok(true);
         }
@@ -458,7 +460,7 @@ impl State {
                     .segment_blocks(h)
                     .any(|x| self.zombies.contains(&x));
                 if !still_busy {
-                    let pool = self.store.segment(h).pool() as usize;
+                    let pool = self.store.segment(h).pool().index();
                     self.pools[pool].heaps_pending_update.remove(&h);
                 }
             }
