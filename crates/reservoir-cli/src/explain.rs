@@ -105,25 +105,11 @@ pub fn levers_text(out: &mut String, levers: &[Lever], heading: &str) {
         let _ = writeln!(
             out,
             "    {:26} {:>12} reserved {:>4}  {}",
-            lever_name(l.lever),
+            l.name,
             format_size(l.peak_reserved),
             if l.fits { "fits" } else { "no" },
             l.replayed
         );
-    }
-}
-
-/// A lever's key in words.
-pub fn lever_name(key: &str) -> &str {
-    match key {
-        "micro_batch" => "smaller micro-batch",
-        "optimizer_sharding" => "optimizer state sharded",
-        "activation_checkpointing" => "activation checkpointing",
-        "lower_precision" => "bf16 activations",
-        "fused_attention" => "fused attention",
-        "in_place" => "in-place ops",
-        "imbalance" => "balanced devices",
-        k => k,
     }
 }
 

@@ -233,12 +233,7 @@ impl Summary {
             };
             let _ = writeln!(out, "  {label}{head}:");
             for l in &self.levers {
-                let _ = writeln!(
-                    out,
-                    "                 - {}: {}",
-                    crate::explain::lever_name(l.lever),
-                    l.replayed
-                );
+                let _ = writeln!(out, "                 - {}: {}", l.name, l.replayed);
             }
         }
         match &self.fits {
@@ -294,7 +289,7 @@ impl Summary {
                     let _ = write!(
                         out,
                         "<li><b>{}</b>{}: {}</li>",
-                        esc(crate::explain::lever_name(l.lever)),
+                        esc(l.name),
                         if l.fits { " (fits)" } else { "" },
                         esc(&l.replayed)
                     );

@@ -254,6 +254,8 @@ fn the_heaviest_device_or_rank_gets_the_imbalance_lever() {
     let heavy = v[1]["peak_reserved"].as_u64().unwrap();
     assert!(l["peak_reserved"].as_u64().unwrap() < heavy, "{l}");
     assert_eq!(l["fits"], true);
+    // Its name in words travels with it (the notebook reads it there).
+    assert_eq!(l["name"], "balanced devices");
     let replayed = l["replayed"].as_str().unwrap();
     for needle in [
         "device 1 peaks at ",

@@ -166,6 +166,7 @@ SUMMARY = {
     "levers": [
         {
             "lever": "micro_batch",
+            "name": "smaller micro-batch",
             "replayed": "halved the micro-batch (factor 1/2) <& more>",
             "peak_reserved": 592 << 20,
             "peak_allocated": 535 << 20,
@@ -173,6 +174,7 @@ SUMMARY = {
         },
         {
             "lever": "imbalance",
+            "name": "balanced devices",
             "replayed": "device 1 peaks at 78.00 GiB reserved, device 0 at 8.00 GiB; ...",
             "peak_reserved": (81 << 30) + (1 << 29),
             "peak_allocated": 80 << 30,

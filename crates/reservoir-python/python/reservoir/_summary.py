@@ -12,17 +12,6 @@ import html
 import json
 from typing import Any, Dict, Iterable, List, Optional
 
-# The levers' keys in words, as the command's text and page name them
-# (crates/reservoir-cli/src/explain.rs, `lever_name`).
-LEVER_NAMES = {
-    "micro_batch": "smaller micro-batch",
-    "optimizer_sharding": "optimizer state sharded",
-    "activation_checkpointing": "activation checkpointing",
-    "lower_precision": "bf16 activations",
-    "fused_attention": "fused attention",
-    "in_place": "in-place ops",
-    "imbalance": "balanced devices",
-}
 
 def format_size(n: int) -> str:
     """Bytes as the command prints them (PyTorch's ``format_size``):
@@ -36,17 +25,12 @@ def format_size(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def lever_name(key: str) -> str:
-    """A lever's key (``micro_batch``) in words."""
-    return LEVER_NAMES.get(key, key)
-
-
 def levers_html(levers: Iterable[Dict[str, Any]]) -> str:
     """The program levers as a table: lever, what was replayed, peak
     reserved, fits ("" without levers)."""
     rows = [
         "<tr><td><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
-            html.escape(lever_name(str(lv.get("lever", "")))),
+            html.escape(str(lv.get("name") or lv.get("lever", ""))),
             html.escape(str(lv.get("replayed", ""))),
             html.escape(format_size(int(lv.get("peak_reserved") or 0))),
             "fits" if lv.get("fits") else "no",

@@ -46,6 +46,9 @@ pub struct Lever {
     /// `activation_checkpointing`, `lower_precision`, `fused_attention`,
     /// `in_place`, `imbalance`.
     pub lever: &'static str,
+    /// The lever in words, as the text, the page and the notebook name it
+    /// ([`lever_name`]).
+    pub name: &'static str,
     /// What was transformed and replayed, and what it gave, in words.
     pub replayed: String,
     /// Peak reserved bytes of the replay (on an unbounded device when it
@@ -55,6 +58,20 @@ pub struct Lever {
     pub peak_allocated: u64,
     /// Its replay on the device meets no out-of-memory error.
     pub fits: bool,
+}
+
+/// A lever's key in words (`micro_batch`: "smaller micro-batch").
+pub fn lever_name(key: &'static str) -> &'static str {
+    match key {
+        "micro_batch" => "smaller micro-batch",
+        "optimizer_sharding" => "optimizer state sharded",
+        "activation_checkpointing" => "activation checkpointing",
+        "lower_precision" => "bf16 activations",
+        "fused_attention" => "fused attention",
+        "in_place" => "in-place ops",
+        "imbalance" => "balanced devices",
+        k => k,
+    }
 }
 
 /// What the levers are computed from.
@@ -175,6 +192,7 @@ impl LeverInput<'_> {
         };
         Lever {
             lever,
+            name: lever_name(lever),
             replayed: format!("{what}; replayed with {with}: {result}"),
             peak_reserved: o.peak_reserved,
             peak_allocated: o.peak_allocated,
