@@ -13,7 +13,7 @@ use reservoir_replay::replay::levers::{work_bytes, Imbalance, Peer};
 use reservoir_replay::replay::sites::Sites;
 use reservoir_replay::replay::ReplayReport;
 
-use crate::ranks::rank_of;
+use crate::ranks::rank_files;
 
 /// One replayed device trace of the command.
 pub(crate) struct Member<'a> {
@@ -27,36 +27,6 @@ pub(crate) struct Member<'a> {
     pub report: Option<&'a ReplayReport>,
 }
 
-/// The rank of each file that is one of two or more ranks of one job
-/// (distinct files, distinct numbers, one folder and name pattern).
-fn ranks_of<'a>(files: impl Iterator<Item = &'a str>) -> BTreeMap<&'a str, (String, u64)> {
-    // pattern -> rank -> files
-    let mut groups: BTreeMap<String, BTreeMap<u64, Vec<&str>>> = BTreeMap::new();
-    for file in files {
-        let (dir, name) = match file.rsplit_once('/') {
-            Some((d, n)) => (format!("{d}/"), n),
-            None => (String::new(), file),
-        };
-        if let Some((pattern, rank)) = rank_of(name) {
-            let files = groups.entry(format!("{dir}{pattern}")).or_default();
-            let at = files.entry(rank).or_default();
-            if !at.contains(&file) {
-                at.push(file);
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for (pattern, files) in groups {
-        if files.len() < 2 || files.values().any(|f| f.len() > 1) {
-            continue;
-        }
-        for (rank, f) in files {
-            out.insert(f[0], (pattern.clone(), rank));
-        }
-    }
-    out
-}
-
 /// For each member (in order), the imbalance of its group when it is the
 /// heaviest of an imbalanced group of two or more; `None` for the others.
 pub(crate) fn imbalances(members: &[Member<'_>]) -> Vec<Option<Imbalance>> {
@@ -64,7 +34,7 @@ pub(crate) fn imbalances(members: &[Member<'_>]) -> Vec<Option<Imbalance>> {
     for m in members {
         *devices.entry(m.file).or_default() += 1;
     }
-    let ranks = ranks_of(members.iter().map(|m| m.file));
+    let ranks = rank_files(members.iter().map(|m| m.file));
     // group key -> (member index, its name)
     let mut groups: BTreeMap<String, Vec<(usize, String)>> = BTreeMap::new();
     for (i, m) in members.iter().enumerate() {
@@ -105,27 +75,4 @@ pub(crate) fn imbalances(members: &[Member<'_>]) -> Vec<Option<Imbalance>> {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rank_files_of_one_folder_are_one_job() {
-        let r = ranks_of(
-            [
-                "run/rank0.pickle",
-                "run/rank1.pickle",
-                "run/rank1.pickle",
-                "other/rank0.pickle",
-                "solo.pickle",
-                "dup/r1.pickle",
-                "dup/r01.pickle",
-            ]
-            .into_iter(),
-        );
-        let got: Vec<(&str, u64)> = r.iter().map(|(f, (_, n))| (*f, *n)).collect();
-        assert_eq!(got, [("run/rank0.pickle", 0), ("run/rank1.pickle", 1)]);
-    }
 }

@@ -98,46 +98,67 @@ pub(crate) fn rank_of(name: &str) -> Option<(String, u64)> {
     ))
 }
 
-/// The jobs among `rows` (the inputs that are trace files, `FILE#DEVICE`;
-/// workloads are no rank), in the order of their patterns.
-pub(crate) fn jobs(rows: &[CompareRow]) -> Vec<Job> {
-    // pattern -> rank -> (file, rows)
-    type Files<'a> = BTreeMap<u64, (String, Vec<&'a CompareRow>)>;
-    let mut groups: BTreeMap<String, (Files<'_>, bool)> = BTreeMap::new();
-    for row in rows {
-        if row.input.starts_with("workload ") {
-            continue;
-        }
-        let Some((file, _device)) = row.input.rsplit_once('#') else {
-            continue;
-        };
+/// The rank of each file that is one of two or more ranks of one job:
+/// file -> (its folder and pattern, its rank). A job's files are distinct,
+/// with distinct numbers, in one folder, around one pattern; two files with
+/// the same number (`rank01`, `rank1`) make the pattern no job.
+pub(crate) fn rank_files<'a>(
+    files: impl Iterator<Item = &'a str>,
+) -> BTreeMap<&'a str, (String, u64)> {
+    // pattern -> rank -> files
+    let mut groups: BTreeMap<String, BTreeMap<u64, Vec<&str>>> = BTreeMap::new();
+    for file in files {
         let (dir, name) = match file.rsplit_once('/') {
             Some((d, n)) => (format!("{d}/"), n),
             None => (String::new(), file),
         };
-        let Some((pattern, rank)) = rank_of(name) else {
-            continue;
-        };
-        let (files, ambiguous) = groups.entry(format!("{dir}{pattern}")).or_default();
-        let entry = files
-            .entry(rank)
-            .or_insert_with(|| (file.to_string(), Vec::new()));
-        if entry.0 != file {
-            // Two files with the same number (`rank01`, `rank1`): not
-            // one job's ranks.
-            *ambiguous = true;
+        if let Some((pattern, rank)) = rank_of(name) {
+            let files = groups.entry(format!("{dir}{pattern}")).or_default();
+            let at = files.entry(rank).or_default();
+            if !at.contains(&file) {
+                at.push(file);
+            }
         }
-        entry.1.push(row);
+    }
+    let mut out = BTreeMap::new();
+    for (pattern, files) in groups {
+        if files.len() < 2 || files.values().any(|f| f.len() > 1) {
+            continue;
+        }
+        for (rank, f) in files {
+            out.insert(f[0], (pattern.clone(), rank));
+        }
+    }
+    out
+}
+
+/// The jobs among `rows` (the inputs that are trace files, `FILE#DEVICE`;
+/// workloads are no rank), in the order of their patterns.
+pub(crate) fn jobs(rows: &[CompareRow]) -> Vec<Job> {
+    let file_of = |row: &CompareRow| -> Option<String> {
+        if row.input.starts_with("workload ") {
+            return None;
+        }
+        Some(row.input.rsplit_once('#')?.0.to_string())
+    };
+    let files: Vec<Option<String>> = rows.iter().map(file_of).collect();
+    let ranks = rank_files(files.iter().flatten().map(String::as_str));
+    // pattern -> rank -> rows
+    let mut groups: BTreeMap<String, BTreeMap<u64, Vec<&CompareRow>>> = BTreeMap::new();
+    for (row, file) in rows.iter().zip(&files) {
+        if let Some((pattern, rank)) = file.as_deref().and_then(|f| ranks.get(f)) {
+            let files = groups.entry(pattern.clone()).or_default();
+            files.entry(*rank).or_default().push(row);
+        }
     }
     groups
         .into_iter()
-        .filter(|(_, (files, ambiguous))| files.len() >= 2 && !ambiguous)
-        .filter_map(|(pattern, (files, _))| {
-            let first = files.values().next()?.1.first()?;
+        .filter_map(|(pattern, files)| {
+            let first = files.values().next()?.first()?;
             let policies: Vec<String> = first.policies.iter().map(|p| p.policy.clone()).collect();
             let ranks = files
                 .into_iter()
-                .map(|(rank, (_, rows))| {
+                .map(|(rank, rows)| {
                     let rows = &rows;
                     let per_policy = |name: &String| {
                         let name = name.clone();
@@ -256,6 +277,24 @@ pub(crate) fn json(jobs: &[Job]) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_files_of_one_folder_are_one_job() {
+        let r = rank_files(
+            [
+                "run/rank0.pickle",
+                "run/rank1.pickle",
+                "run/rank1.pickle",
+                "other/rank0.pickle",
+                "solo.pickle",
+                "dup/r1.pickle",
+                "dup/r01.pickle",
+            ]
+            .into_iter(),
+        );
+        let got: Vec<(&str, u64)> = r.iter().map(|(f, (_, n))| (*f, *n)).collect();
+        assert_eq!(got, [("run/rank0.pickle", 0), ("run/rank1.pickle", 1)]);
+    }
 
     #[test]
     fn the_rank_is_the_number_after_rank_else_the_last_number() {
