@@ -127,8 +127,11 @@ if [ -z "$pack" ]; then
     pack=$work/pack
     mkdir -p "$pack/bin" "$pack/wheels"
     echo "$label: making a pack from target/wheels and debug builds"
-    cargo build --locked -q -p reservoir-cuda --example gpu_integrity &&
+    # (RESERVOIR_PREBUILT_DEBUG=1, CI: built with the workspace's selection,
+    # tools/torch-proof.sh says why.)
+    if [ "${RESERVOIR_PREBUILT_DEBUG:-0}" = 1 ] || cargo build --locked -q -p reservoir-cuda --example gpu_integrity; then
       cp target/debug/examples/gpu_integrity "$pack/bin/"
+    fi
     if [ -x target/debug/reservoir ]; then cp target/debug/reservoir "$pack/bin/"; fi
     cp target/wheels/reservoir_allocator-*.whl "$pack/wheels/" 2>/dev/null ||
       echo "$label: no wheel in target/wheels (tools/torch-proof.sh builds it)"

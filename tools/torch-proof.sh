@@ -76,9 +76,19 @@ fi
 snapshot=${RESERVOIR_PROOF_SNAPSHOT:-../shared/traces/cs336-bcrafton/06f51ae4_memory_snapshot.pickle}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cargo run --locked -q -p reservoir-cli -- convert "$snapshot" --oracle-trace "$work/trace.txt"
-cargo run --locked -q -p reservoir-python --example oracle_trace_stats -- \
-  "$work/trace.txt" "${FAKECUDA_TOTAL_MEM:-85045870592}" >"$work/sim.json"
+# RESERVOIR_PREBUILT_DEBUG=1 (CI): the workspace's debug command and examples
+# are built (`cargo build --workspace --bins --examples`, what `cargo test
+# --workspace` compiled): run them from target/debug. A `cargo run -p` of its
+# own resolves the package's own features and compiles most of the graph again.
+if [ "${RESERVOIR_PREBUILT_DEBUG:-0}" = 1 ]; then
+  reservoir_cmd=(target/debug/reservoir)
+  trace_stats=(target/debug/examples/oracle_trace_stats)
+else
+  reservoir_cmd=(cargo run --locked -q -p reservoir-cli --)
+  trace_stats=(cargo run --locked -q -p reservoir-python --example oracle_trace_stats --)
+fi
+"${reservoir_cmd[@]}" convert "$snapshot" --oracle-trace "$work/trace.txt"
+"${trace_stats[@]}" "$work/trace.txt" "${FAKECUDA_TOTAL_MEM:-85045870592}" >"$work/sim.json"
 export RESERVOIR_PROOF_SOURCE=$snapshot RESERVOIR_PROOF_TRACE=$work/trace.txt RESERVOIR_PROOF_SIM_STATS=$work/sim.json
 
 # The fake CUDA stack (what ../shared/oracle/env.sh sets), with our python.
