@@ -83,6 +83,9 @@ trap 'rm -rf "$work"' EXIT
 if [ "${RESERVOIR_PREBUILT_DEBUG:-0}" = 1 ]; then
   reservoir_cmd=(target/debug/reservoir)
   trace_stats=(target/debug/examples/oracle_trace_stats)
+  # The proof's `reservoir replay` (crates/reservoir-python/tests/test_native_api.py).
+  RESERVOIR_PROOF_REPLAY_BIN=${RESERVOIR_PROOF_REPLAY_BIN:-$root/target/debug/reservoir}
+  export RESERVOIR_PROOF_REPLAY_BIN
 else
   reservoir_cmd=(cargo run --locked -q -p reservoir-cli --)
   trace_stats=(cargo run --locked -q -p reservoir-python --example oracle_trace_stats --)
