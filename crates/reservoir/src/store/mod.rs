@@ -212,6 +212,25 @@ impl BlockStore {
         mapped: bool,
         expandable: bool,
     ) -> BlockId {
+        let links = (None, None);
+        self.new_linked_block(addr, size, stream, pool, segment, mapped, expandable, links)
+    }
+
+    /// [`new_block`](Self::new_block) whose `prev` and `next` links are
+    /// `links` from the start (the caller links its neighbours to it).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn new_linked_block(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolId,
+        segment: SegmentId,
+        mapped: bool,
+        expandable: bool,
+        (prev, next): (Option<BlockId>, Option<BlockId>),
+    ) -> BlockId {
         let registration = self.next_registration();
         let rank = self.rank_of(segment, registration);
         self.blocks.insert(Block {
@@ -221,8 +240,8 @@ impl BlockStore {
             stream,
             pool,
             segment,
-            prev: None,
-            next: None,
+            prev,
+            next,
             allocated: false,
             mapped,
             expandable,
@@ -394,21 +413,6 @@ impl BlockStore {
 
     // -- Splitting and merging
 
-    /// Link the unlinked block `new` right before `at` in `at`'s segment.
-    #[inline]
-    fn link_before(&mut self, new: BlockId, at: BlockId) {
-        let prev = self.blocks[at].prev;
-        self.blocks[new].prev = prev;
-        self.blocks[new].next = Some(at);
-        self.blocks[at].prev = Some(new);
-        if let Some(prev) = prev {
-            self.blocks[prev].next = Some(new);
-        } else {
-            let seg = self.blocks[at].segment;
-            self.segments[seg].head = new;
-        }
-    }
-
     /// Link the unlinked block `new` right after `at`.
     #[inline]
     fn link_after(&mut self, new: BlockId, at: BlockId) {
@@ -426,15 +430,21 @@ impl BlockStore {
     /// a free list (its key changes).
     #[inline]
     pub fn split_front(&mut self, at: BlockId, size: u64, stream: StreamId) -> BlockId {
-        let (addr, segment, pool, expandable) = {
+        let (addr, segment, pool, expandable, prev) = {
             let r = &self.blocks[at];
-            (r.addr, r.segment, r.pool, r.expandable)
+            (r.addr, r.segment, r.pool, r.expandable, r.prev)
         };
-        let id = self.new_block(addr, size, stream, pool, segment, true, expandable);
-        self.link_before(id, at);
+        // Made linked between `prev` and `at`.
+        let links = (prev, Some(at));
+        let id = self.new_linked_block(addr, size, stream, pool, segment, true, expandable, links);
         let r = &mut self.blocks[at];
+        r.prev = Some(id);
         r.addr += size;
         r.size -= size;
+        match prev {
+            Some(prev) => self.blocks[prev].next = Some(id),
+            None => self.segments[segment].head = id,
+        }
         id
     }
 

@@ -591,7 +591,9 @@ impl<K: SizeClassed> SizeClassList<K> {
                     // smallest (always in a class of one size): no search.
                     Class::Sorted(v) => match v.last() {
                         Some(first) if inner <= *first => Some((*first, 0, v.len() - 1)),
-                        _ => {
+                        // An empty class (most exact classes): no search.
+                        None => None,
+                        Some(_) => {
                             // The last of the keys at or after `inner` (descending).
                             let n = at_or_after_descending(v, &inner);
                             n.checked_sub(1).map(|at| (v[at], 0, at))
