@@ -27,6 +27,9 @@
 #
 # Prints lines starting "torch proof" and closes with "torch-proof: N passed, M failed".
 # Usage: tools/torch-proof.sh [--skip-build | --build-only]
+# RESERVOIR_PREBUILT_DEBUG=1 runs target/debug/reservoir and
+# target/debug/examples/oracle_trace_stats as `cargo build --workspace --bins
+# --examples` left them (CI), instead of `cargo run -p` of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
