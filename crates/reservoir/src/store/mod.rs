@@ -198,29 +198,12 @@ impl BlockStore {
         self.registrations
     }
 
-    /// A new live block (not linked, not in any free list), registered
-    /// after every block made before it.
+    /// A new live block, in no free list, registered after every block made
+    /// before it, its `prev` and `next` links `links` from the start (the
+    /// caller links its neighbours to it; `(None, None)`: not linked).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn new_block(
-        &mut self,
-        addr: u64,
-        size: u64,
-        stream: StreamId,
-        pool: PoolId,
-        segment: SegmentId,
-        mapped: bool,
-        expandable: bool,
-    ) -> BlockId {
-        let links = (None, None);
-        self.new_linked_block(addr, size, stream, pool, segment, mapped, expandable, links)
-    }
-
-    /// [`new_block`](Self::new_block) whose `prev` and `next` links are
-    /// `links` from the start (the caller links its neighbours to it).
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    fn new_linked_block(
         &mut self,
         addr: u64,
         size: u64,
@@ -288,7 +271,16 @@ impl BlockStore {
             head,
             live: true,
         });
-        let made = self.new_block(addr, size, stream, pool, seg, mapped, expandable);
+        let made = self.new_block(
+            addr,
+            size,
+            stream,
+            pool,
+            seg,
+            mapped,
+            expandable,
+            (None, None),
+        );
         debug_assert_eq!(made, head, "the head is made in the slot reserved for it");
         (seg, made)
     }
@@ -436,7 +428,7 @@ impl BlockStore {
         };
         // Made linked between `prev` and `at`.
         let links = (prev, Some(at));
-        let id = self.new_linked_block(addr, size, stream, pool, segment, true, expandable, links);
+        let id = self.new_block(addr, size, stream, pool, segment, true, expandable, links);
         let r = &mut self.blocks[at];
         r.prev = Some(id);
         r.addr += size;
@@ -464,6 +456,7 @@ impl BlockStore {
             segment,
             mapped,
             expandable,
+            (None, None),
         );
         self.link_after(rest, at);
         self.blocks[at].size = keep;
