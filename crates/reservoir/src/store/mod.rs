@@ -405,18 +405,6 @@ impl BlockStore {
 
     // -- Splitting and merging
 
-    /// Link the unlinked block `new` right after `at`.
-    #[inline]
-    fn link_after(&mut self, new: BlockId, at: BlockId) {
-        let next = self.blocks[at].next;
-        self.blocks[new].prev = Some(at);
-        self.blocks[new].next = next;
-        self.blocks[at].next = Some(new);
-        if let Some(next) = next {
-            self.blocks[next].prev = Some(new);
-        }
-    }
-
     /// Split the first `size` bytes off `at` as a new mapped block of
     /// `stream`, linked before it; `at` keeps the rest. `at` must not be in
     /// a free list (its key changes).
@@ -444,22 +432,28 @@ impl BlockStore {
     /// (same stream, pool and segment; `mapped` as given) linked after it.
     /// `at` must not be in a free list.
     pub fn split_back(&mut self, at: BlockId, keep: u64, mapped: bool) -> BlockId {
-        let (addr, size, stream, pool, segment, expandable) = {
+        let (addr, size, stream, pool, segment, expandable, next) = {
             let b = &self.blocks[at];
-            (b.addr, b.size, b.stream, b.pool, b.segment, b.expandable)
+            (
+                b.addr,
+                b.size,
+                b.stream,
+                b.pool,
+                b.segment,
+                b.expandable,
+                b.next,
+            )
         };
-        let rest = self.new_block(
-            addr + keep,
-            size - keep,
-            stream,
-            pool,
-            segment,
-            mapped,
-            expandable,
-            (None, None),
-        );
-        self.link_after(rest, at);
-        self.blocks[at].size = keep;
+        // Made linked between `at` and `next`.
+        let links = (Some(at), next);
+        let (addr, size) = (addr + keep, size - keep);
+        let rest = self.new_block(addr, size, stream, pool, segment, mapped, expandable, links);
+        let b = &mut self.blocks[at];
+        b.next = Some(rest);
+        b.size = keep;
+        if let Some(next) = next {
+            self.blocks[next].prev = Some(rest);
+        }
         rest
     }
 
