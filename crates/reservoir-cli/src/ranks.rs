@@ -147,16 +147,16 @@ pub(crate) fn jobs(rows: &[CompareRow]) -> Vec<Job> {
     let mut groups: BTreeMap<String, BTreeMap<u64, Vec<&CompareRow>>> = BTreeMap::new();
     for (row, file) in rows.iter().zip(&files) {
         if let Some((pattern, rank)) = file.as_deref().and_then(|f| ranks.get(f)) {
-            let files = groups.entry(pattern.clone()).or_default();
-            files.entry(*rank).or_default().push(row);
+            let by_rank = groups.entry(pattern.clone()).or_default();
+            by_rank.entry(*rank).or_default().push(row);
         }
     }
     groups
         .into_iter()
-        .filter_map(|(pattern, files)| {
-            let first = files.values().next()?.first()?;
+        .filter_map(|(pattern, by_rank)| {
+            let first = by_rank.values().next()?.first()?;
             let policies: Vec<String> = first.policies.iter().map(|p| p.policy.clone()).collect();
-            let ranks = files
+            let ranks = by_rank
                 .into_iter()
                 .map(|(rank, rows)| {
                     let rows = &rows;
